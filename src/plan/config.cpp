@@ -1,0 +1,49 @@
+#include "plan/config.h"
+
+#include <sstream>
+
+namespace tpfuse {
+
+size_t GemmConfig::smem_bytes() const {
+  const size_t bf16 = 2;
+  const size_t stage = size_t(block_m + block_n) * block_k * bf16;
+  const size_t epilogue = size_t(consumer_warpgroups) * kEpilogueBuffers * 64 * kEpilogueChunkCols * bf16;
+  const size_t barriers = size_t(2 * stages) * 8;
+  const size_t alignment_slack = 1024;  // swizzled TMA tiles need 1024-byte alignment
+  return size_t(stages) * stage + epilogue + barriers + alignment_slack;
+}
+
+std::string GemmConfig::to_string() const {
+  std::ostringstream os;
+  os << "tile " << block_m << "x" << block_n << "x" << block_k << ", stages " << stages
+     << ", consumer warpgroups " << consumer_warpgroups << ", threads " << threads()
+     << ", group_rows " << group_rows << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
+  return os.str();
+}
+
+Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
+  if (config == nullptr) return Status::InvalidArgument("config must not be null");
+  if (device.cc_major != 9) {
+    return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
+                               std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
+  }
+  GemmConfig c;
+  // A segment of at most 64 rows (M=512 at P=8) would waste half of a 128-row tile: use 64-row
+  // tiles there, the two consumer warpgroups splitting the columns instead of the rows.
+  if (problem.rows_per_rank() <= 64) {
+    c.block_m = 64;
+  }
+  c.num_ctas = device.num_sms;
+  if (c.smem_bytes() > size_t(device.max_smem_per_block)) {
+    c.stages = 3;
+  }
+  if (c.smem_bytes() > size_t(device.max_smem_per_block)) {
+    return Status::Unsupported("the GEMM tiles need " + std::to_string(c.smem_bytes()) +
+                               " bytes of shared memory; the device allows " +
+                               std::to_string(device.max_smem_per_block));
+  }
+  *config = c;
+  return Status::Ok();
+}
+
+}  // namespace tpfuse

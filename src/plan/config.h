@@ -1,0 +1,45 @@
+// Config choice: a pure function of the problem and the device (no CUDA), so it is testable on a CPU
+// and every choice can print itself.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "tpfuse/problem.h"
+#include "tpfuse/status.h"
+
+namespace tpfuse {
+
+// What the config choice needs to know about the GPU.
+struct DeviceInfo {
+  int num_sms = 132;
+  int max_smem_per_block = 232448;  // bytes of dynamic shared memory a block may opt in to (H100/H200)
+  int cc_major = 9;
+  int cc_minor = 0;
+};
+
+// One compiled GEMM mainloop variant and how it is launched.
+struct GemmConfig {
+  int block_m = 128;             // rows of a tile (one 64-row slab per consumer warpgroup)
+  int block_n = 256;             // columns of a tile
+  int block_k = 64;              // K per pipeline stage (128 bytes of BF16: one TMA swizzle row)
+  int stages = 4;                // shared-memory pipeline depth
+  int consumer_warpgroups = 2;   // warpgroups issuing WGMMA; one more warpgroup produces (TMA)
+  int group_rows = 8;            // raster group: row tiles visited together for L2 reuse
+  int num_ctas = 0;              // persistent grid size
+
+  int threads() const { return 128 * (consumer_warpgroups + 1); }
+  // Shared memory the kernel needs: the stages of A and W tiles, the epilogue staging, barriers.
+  size_t smem_bytes() const;
+  std::string to_string() const;
+};
+
+// Epilogue staging: each consumer warpgroup stores its 64-row slab in 64 x 64 chunks through
+// shared memory, double-buffered.
+constexpr int kEpilogueChunkCols = 64;
+constexpr int kEpilogueBuffers = 2;
+
+// Picks the GEMM config for one rank's partial product. Fails (never aborts) on an unsupported device.
+Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);
+
+}  // namespace tpfuse
