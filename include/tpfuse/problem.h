@@ -8,6 +8,9 @@
 
 namespace tpfuse {
 
+// The largest tensor-parallel degree (ranks of one NVLink node).
+constexpr int kMaxWorldSize = 8;
+
 // How the weight's K-slice is stored.
 enum class WeightLayout {
   kKxN,  // K/P x N, row-major (N contiguous)
@@ -30,7 +33,8 @@ struct Problem {
   std::string to_string() const;
 };
 
-// Checks the shape: P in 1..8, m divisible by P and by 8 per rank-slice rules, n and k multiples of 8.
+// Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), n and
+// k_per_rank multiples of 8.
 // The message names the bad argument and its value.
 Status validate(const Problem& problem);
 

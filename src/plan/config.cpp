@@ -9,8 +9,10 @@ size_t GemmConfig::smem_bytes() const {
   const size_t stage = size_t(block_m + block_n) * block_k * bf16;
   const size_t epilogue = size_t(consumer_warpgroups) * kEpilogueBuffers * 64 * kEpilogueChunkCols * bf16;
   const size_t barriers = size_t(2 * stages) * 8;
-  const size_t alignment_slack = 1024;  // swizzled TMA tiles need 1024-byte alignment
-  return size_t(stages) * stage + epilogue + barriers + alignment_slack;
+  // The storage is 1024-byte aligned (swizzled TMA tiles need it), and the launch adds 1024 bytes of
+  // slack to align the dynamic shared memory base.
+  const size_t storage = (size_t(stages) * stage + epilogue + barriers + 1023) / 1024 * 1024;
+  return storage + 1024;
 }
 
 std::string GemmConfig::to_string() const {

@@ -1,0 +1,86 @@
+#include "tpfuse/problem.h"
+
+#include <cstdint>
+#include <limits>
+#include <sstream>
+
+namespace tpfuse {
+
+namespace {
+
+// BF16 rows must be whole 16-byte units (TMA and vector loads).
+constexpr int64_t kElementsPer16Bytes = 8;
+
+Status check_extent(const char* name, int64_t value) {
+  if (value <= 0) {
+    return Status::InvalidArgument("problem." + std::string(name) + " = " + std::to_string(value) +
+                                   " must be positive");
+  }
+  if (value > std::numeric_limits<int32_t>::max()) {
+    return Status::InvalidArgument("problem." + std::string(name) + " = " + std::to_string(value) +
+                                   " exceeds INT32_MAX (2147483647): the kernels use 32-bit indices");
+  }
+  return Status::Ok();
+}
+
+Status check_row_bytes(const char* name, int64_t value) {
+  if (value % kElementsPer16Bytes != 0) {
+    return Status::InvalidArgument("problem." + std::string(name) + " = " + std::to_string(value) +
+                                   " is not a multiple of 8 (BF16 rows must be multiples of 16 bytes)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* to_string(WeightLayout layout) {
+  switch (layout) {
+    case WeightLayout::kKxN: return "KxN";
+    case WeightLayout::kNxK: return "NxK";
+  }
+  return "unknown";
+}
+
+std::string Problem::to_string() const {
+  std::ostringstream os;
+  os << "m=" << m << " n=" << n << " k_per_rank=" << k_per_rank << " world_size=" << world_size
+     << " weight_layout=" << tpfuse::to_string(weight_layout);
+  return os.str();
+}
+
+Status validate(const Problem& problem) {
+  if (problem.world_size < 1 || problem.world_size > kMaxWorldSize) {
+    return Status::InvalidArgument("problem.world_size = " + std::to_string(problem.world_size) +
+                                   " is out of range: tpfuse supports 1 to " + std::to_string(kMaxWorldSize) +
+                                   " ranks");
+  }
+  TPFUSE_RETURN_IF_ERROR(check_extent("m", problem.m));
+  TPFUSE_RETURN_IF_ERROR(check_extent("n", problem.n));
+  TPFUSE_RETURN_IF_ERROR(check_extent("k_per_rank", problem.k_per_rank));
+  // Any m that splits evenly over the ranks: a segment of m/P rows need not fill whole tiles.
+  if (problem.m % problem.world_size != 0) {
+    return Status::InvalidArgument("problem.m = " + std::to_string(problem.m) +
+                                   " is not divisible by world_size = " + std::to_string(problem.world_size));
+  }
+  TPFUSE_RETURN_IF_ERROR(check_row_bytes("n", problem.n));
+  TPFUSE_RETURN_IF_ERROR(check_row_bytes("k_per_rank", problem.k_per_rank));
+  if (problem.weight_layout != WeightLayout::kKxN && problem.weight_layout != WeightLayout::kNxK) {
+    return Status::InvalidArgument("problem.weight_layout = " + std::to_string(int(problem.weight_layout)) +
+                                   " is not a WeightLayout (kKxN or kNxK)");
+  }
+  return Status::Ok();
+}
+
+Status validate_operand(const void* ptr, const char* name) {
+  const std::string what = name != nullptr ? name : "pointer";
+  if (ptr == nullptr) return Status::InvalidArgument(what + " must not be null");
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  if (address % 16 != 0) {
+    std::ostringstream os;
+    os << what << " = 0x" << std::hex << address << " is not 16-byte aligned";
+    return Status::InvalidArgument(os.str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace tpfuse

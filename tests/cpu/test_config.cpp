@@ -1,0 +1,141 @@
+// select_gemm_config: the chosen configs fit the device (shared memory, registers, WGMMA shapes),
+// and unsupported devices get an error, not a config.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "plan/config.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse {
+namespace {
+
+Problem make(int64_t m, int64_t n, int64_t k_total, int world_size) {
+  Problem p;
+  p.m = m;
+  p.n = n;
+  p.k_per_rank = k_total / world_size;
+  p.world_size = world_size;
+  return p;
+}
+
+std::vector<Problem> sweep(int world_size) {
+  std::vector<Problem> out;
+  for (int64_t m : {512, 2048, 8192, 32768}) {
+    for (const auto& nk : {std::pair<int64_t, int64_t>{8192, 8192}, {8192, 28672}, {6144, 6144}, {6144, 16384}}) {
+      out.push_back(make(m, nk.first, nk.second, world_size));
+    }
+  }
+  return out;
+}
+
+DeviceInfo h100() { return DeviceInfo{}; }  // the defaults: 132 SMs, 227 KiB opt-in shared memory, cc 9.0
+
+// Registers: 65536 per SM for one CTA. With setmaxnreg the producer warpgroup drops to 40 per thread
+// and the consumers get the rest, in multiples of 8.
+int consumer_register_budget(const GemmConfig& c) {
+  const int producer_threads = 128, producer_registers = 40;
+  const int per_consumer = (65536 - producer_threads * producer_registers) / (128 * c.consumer_warpgroups);
+  return per_consumer / 8 * 8;
+}
+
+void expect_fits(const GemmConfig& c, const DeviceInfo& device, const std::string& what) {
+  EXPECT_LE(c.smem_bytes(), size_t(device.max_smem_per_block)) << what;
+  EXPECT_EQ(c.threads(), 384) << what;
+  EXPECT_EQ(c.block_k * 2, 128) << what << ": block_k must be one 128-byte swizzle row of BF16";
+  EXPECT_EQ(c.block_m % 64, 0) << what;
+  EXPECT_GT(c.block_n, 0) << what;
+  EXPECT_LE(c.block_n, 256) << what << ": WGMMA's N is at most 256";
+  EXPECT_EQ(c.block_n % 8, 0) << what;
+  EXPECT_GE(c.stages, 2) << what;
+  EXPECT_GE(c.group_rows, 1) << what;
+  EXPECT_EQ(c.num_ctas, device.num_sms) << what << ": one persistent CTA per SM";
+  // FP32 accumulators per consumer thread, plus headroom for fragments and addresses.
+  const int accumulators = c.block_m * c.block_n / (128 * c.consumer_warpgroups);
+  EXPECT_LE(accumulators + 64, consumer_register_budget(c)) << what;
+  EXPECT_FALSE(c.to_string().empty()) << what;
+}
+
+TEST(Config, SweepShapesFitTheDevice) {
+  for (int world_size : {1, 8}) {
+    for (const Problem& p : sweep(world_size)) {
+      GemmConfig c;
+      const Status s = select_gemm_config(p, h100(), &c);
+      ASSERT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
+      expect_fits(c, h100(), p.to_string() + " -> " + c.to_string());
+    }
+  }
+}
+
+TEST(Config, SmallSegmentsUse64RowTiles) {
+  GemmConfig c;
+  ASSERT_TRUE(select_gemm_config(make(512, 8192, 8192, 8), h100(), &c).ok());  // 64 rows per rank
+  EXPECT_EQ(c.block_m, 64);
+  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, 8), h100(), &c).ok());
+  EXPECT_EQ(c.block_m, 128);
+}
+
+TEST(Config, OddShapesGetAConfig) {
+  for (const Problem& p : {make(8, 8, 64, 8), make(1000, 1000, 8000, 8), make(520, 264, 1032, 8), make(24, 8, 8, 1)}) {
+    GemmConfig c;
+    const Status s = select_gemm_config(p, h100(), &c);
+    ASSERT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
+    expect_fits(c, h100(), p.to_string());
+  }
+}
+
+TEST(Config, NonHopperIsUnsupported) {
+  for (const auto& cc : {std::pair<int, int>{8, 0}, {8, 9}, {10, 0}, {12, 0}}) {
+    DeviceInfo device = h100();
+    device.cc_major = cc.first;
+    device.cc_minor = cc.second;
+    GemmConfig c;
+    c.block_m = -1;  // must stay untouched
+    const Status s = select_gemm_config(make(2048, 8192, 8192, 8), device, &c);
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << cc.first << "." << cc.second;
+    EXPECT_NE(s.message().find(std::to_string(cc.first) + "." + std::to_string(cc.second)), std::string::npos)
+        << s.message();
+    EXPECT_EQ(c.block_m, -1);
+  }
+}
+
+TEST(Config, LessSharedMemoryFewerStagesOrError) {
+  DeviceInfo device = h100();
+  device.max_smem_per_block = 200 * 1024;
+  GemmConfig c;
+  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, 8), device, &c).ok());
+  expect_fits(c, device, c.to_string());
+
+  device.max_smem_per_block = 64 * 1024;
+  const Status s = select_gemm_config(make(8192, 8192, 8192, 8), device, &c);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("shared memory"), std::string::npos) << s.message();
+}
+
+TEST(Config, NullOutputIsAnError) {
+  EXPECT_EQ(select_gemm_config(make(2048, 8192, 8192, 8), h100(), nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Config, SmemAccountsForEveryPart) {
+  GemmConfig c;
+  c.block_m = 128;
+  c.block_n = 256;
+  c.block_k = 64;
+  c.stages = 4;
+  c.consumer_warpgroups = 2;
+  // 4 stages of (128 + 256) x 64 BF16, 2 warpgroups x 2 buffers of 64 x 64 BF16, 8 barriers; plus at
+  // most 2 KiB for aligning the storage and the dynamic shared memory base to 1024 bytes.
+  const size_t parts = size_t(4 * 384 * 64 * 2 + 2 * 2 * 64 * 64 * 2 + 8 * 8);
+  EXPECT_GE(c.smem_bytes(), parts);
+  EXPECT_LE(c.smem_bytes(), parts + 2048);
+  // One stage more costs one stage's bytes.
+  GemmConfig deeper = c;
+  deeper.stages = 5;
+  EXPECT_GE(deeper.smem_bytes(), c.smem_bytes() + size_t(384 * 64 * 2) - 1024);
+  const std::string s = c.to_string();
+  EXPECT_NE(s.find("128x256x64"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace tpfuse

@@ -1,0 +1,266 @@
+// TileSchedule: every rank computes every tile of its partial exactly once, in the rotated segment
+// order, and every owner gets each of its tiles from all P ranks (P-1 peers and itself).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "plan/schedule.h"
+
+namespace tpfuse {
+namespace {
+
+struct Case {
+  int m, n, world_size, block_m, block_n, group_rows;
+  std::string name() const {
+    std::ostringstream os;
+    os << "m=" << m << " n=" << n << " P=" << world_size << " tile=" << block_m << "x" << block_n
+       << " group_rows=" << group_rows;
+    return os.str();
+  }
+};
+
+TileSchedule schedule_of(const Case& c, int rank) {
+  TileSchedule s;
+  s.world_size = c.world_size;
+  s.rank = rank;
+  s.m = c.m;
+  s.n = c.n;
+  s.block_m = c.block_m;
+  s.block_n = c.block_n;
+  s.group_rows = c.group_rows;
+  return s;
+}
+
+// Element-level coverage is affordable up to this many elements per case.
+constexpr int64_t kMaxElementsForCoverage = int64_t(1) << 22;
+
+// Checks one case; returns the number of failures (so the caller can stop after a few bad cases).
+int check_case(const Case& c) {
+  const int P = c.world_size;
+  const int rows = c.m / P;
+  int failures = 0;
+  auto fail = [&](const std::string& what) {
+    ADD_FAILURE() << c.name() << ": " << what;
+    ++failures;
+  };
+
+  // (owner, row_begin, col_begin) -> the ranks that computed that tile, and the tile's bounds.
+  std::map<std::tuple<int, int, int>, std::pair<uint32_t, Tile>> received;
+
+  for (int rank = 0; rank < P && failures < 5; ++rank) {
+    const TileSchedule s = schedule_of(c, rank);
+    const int per_segment = s.tiles_per_segment();
+    if (s.num_tiles() != P * per_segment) fail("num_tiles() != P * tiles_per_segment()");
+    if (per_segment != ((rows + c.block_m - 1) / c.block_m) * ((c.n + c.block_n - 1) / c.block_n)) {
+      fail("tiles_per_segment() is not ceil(rows/block_m) * ceil(n/block_n)");
+    }
+
+    const bool per_element = int64_t(c.m) * c.n <= kMaxElementsForCoverage;
+    std::vector<uint8_t> covered(per_element ? size_t(c.m) * size_t(c.n) : 0, 0);
+    int64_t area = 0;
+
+    for (int step = 0; step < s.num_tiles() && failures < 5; ++step) {
+      const Tile t = s.tile(step);
+      const int segment_step = step / per_segment;
+      std::ostringstream where;
+      where << "rank " << rank << " step " << step << " (owner " << t.owner_rank << ", rows [" << t.row_begin << ", "
+            << t.row_end << "), cols [" << t.col_begin << ", " << t.col_end << ")): ";
+
+      // Rotated order: the owner is rank+1+s (mod P) for the whole segment-step; own rows last.
+      if (t.owner_rank != (rank + 1 + segment_step) % P) fail(where.str() + "owner is not (rank + 1 + s) mod P");
+      if (t.owner_rank != s.owner_at_segment_step(segment_step)) fail(where.str() + "owner_at_segment_step disagrees");
+      if (step == 0 && t.owner_rank != (rank + 1) % P) fail(where.str() + "first segment is not rank+1's");
+      if (step == s.num_tiles() - 1 && t.owner_rank != rank) fail(where.str() + "last segment is not the rank's own");
+
+      // Inside the owner's segment, on the tile grid, clipped to the segment and to n.
+      const int segment_begin = t.owner_rank * rows, segment_end = segment_begin + rows;
+      if (t.row_begin < segment_begin || t.row_end > segment_end || t.row_begin >= t.row_end) {
+        fail(where.str() + "rows outside the owner's segment or empty");
+        continue;
+      }
+      if (t.col_begin < 0 || t.col_end > c.n || t.col_begin >= t.col_end) {
+        fail(where.str() + "columns outside [0, n) or empty");
+        continue;
+      }
+      if (t.segment_row != t.row_begin - segment_begin) fail(where.str() + "segment_row != row_begin - segment start");
+      if (t.segment_row % c.block_m != 0) fail(where.str() + "row_begin is not on the tile grid of the segment");
+      if (t.col_begin % c.block_n != 0) fail(where.str() + "col_begin is not on the tile grid");
+      if (t.row_end != std::min(t.row_begin + c.block_m, segment_end)) fail(where.str() + "row_end clipped wrongly");
+      if (t.col_end != std::min(t.col_begin + c.block_n, c.n)) fail(where.str() + "col_end clipped wrongly");
+
+      area += int64_t(t.row_end - t.row_begin) * (t.col_end - t.col_begin);
+      if (per_element) {
+        for (int i = t.row_begin; i < t.row_end; ++i)
+          for (int j = t.col_begin; j < t.col_end; ++j) ++covered[size_t(i) * size_t(c.n) + size_t(j)];
+      }
+
+      auto& entry = received[std::make_tuple(t.owner_rank, t.row_begin, t.col_begin)];
+      if (entry.first & (1u << rank)) fail(where.str() + "the owner receives this tile twice from this rank");
+      if (entry.first != 0 && (entry.second.row_end != t.row_end || entry.second.col_end != t.col_end ||
+                               entry.second.segment_row != t.segment_row)) {
+        fail(where.str() + "ranks disagree on the bounds of the same tile");
+      }
+      entry.first |= 1u << rank;
+      entry.second = t;
+    }
+
+    // Tiles on the grid with distinct corners are disjoint, so their areas summing to m*n means the
+    // partial is covered exactly once; the per-element count checks it directly where affordable.
+    if (area != int64_t(c.m) * c.n) fail("rank " + std::to_string(rank) + ": tiles cover " + std::to_string(area) +
+                                         " elements, not m*n");
+    if (per_element) {
+      const auto bad = std::find_if(covered.begin(), covered.end(), [](uint8_t v) { return v != 1; });
+      if (bad != covered.end()) {
+        const size_t e = size_t(bad - covered.begin());
+        fail("rank " + std::to_string(rank) + ": element (" + std::to_string(e / size_t(c.n)) + ", " +
+             std::to_string(e % size_t(c.n)) + ") is covered " + std::to_string(int(*bad)) + " times");
+      }
+    }
+  }
+
+  // Each owner reduces exactly P partials of each of its tiles: its own and one from each peer.
+  const uint32_t all_ranks = (1u << P) - 1;  // P <= 8
+  for (const auto& [key, entry] : received) {
+    if (entry.first != all_ranks) {
+      fail("owner " + std::to_string(std::get<0>(key)) + " tile at (" + std::to_string(std::get<1>(key)) + ", " +
+           std::to_string(std::get<2>(key)) + ") does not get a partial from every rank");
+      if (failures >= 5) break;
+    }
+  }
+  return failures;
+}
+
+// At each segment-step the owners of the P ranks form a permutation: every link is used, none twice.
+int check_permutation(const Case& c) {
+  const int P = c.world_size;
+  int failures = 0;
+  for (int s = 0; s < P; ++s) {
+    std::vector<int> seen(size_t(P), 0);
+    for (int rank = 0; rank < P; ++rank) {
+      const TileSchedule sch = schedule_of(c, rank);
+      const int per_segment = sch.tiles_per_segment();
+      const int owner = sch.tile(s * per_segment).owner_rank;
+      // Every tile of the segment-step has that owner.
+      for (int t = 0; t < per_segment; ++t) {
+        if (sch.tile(s * per_segment + t).owner_rank != owner) {
+          ADD_FAILURE() << c.name() << ": rank " << rank << " changes owner inside segment-step " << s;
+          return ++failures;
+        }
+      }
+      if (owner >= 0 && owner < P) ++seen[size_t(owner)];
+    }
+    for (int d = 0; d < P; ++d) {
+      if (seen[size_t(d)] != 1) {
+        ADD_FAILURE() << c.name() << ": at segment-step " << s << " owner " << d << " is sent to by "
+                      << seen[size_t(d)] << " ranks";
+        ++failures;
+      }
+    }
+  }
+  return failures;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  const int tiles[][2] = {{128, 256}, {64, 256}, {128, 128}, {64, 128}};
+  for (int P : {1, 2, 4, 8}) {
+    // Rows per rank: one row, a few, under a 64-row tile, exactly 64 / 128, odd, several tiles.
+    for (int rows : {1, 3, 8, 64, 65, 128, 200, 384}) {
+      for (int n : {8, 200, 256, 264, 520, 1000}) {
+        for (const auto& tile : tiles) {
+          for (int group_rows : {1, 2, 3, 8}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows});
+        }
+      }
+    }
+  }
+  // M = 512 at P = 8 (64 rows per rank) with the sweep's N, both tile heights.
+  for (int n : {6144, 8192})
+    for (int block_m : {64, 128}) out.push_back({512, n, 8, block_m, 256, 8});
+  return out;
+}
+
+TEST(Schedule, EveryTileOnceToItsOwner) {
+  int bad_cases = 0;
+  for (const Case& c : cases()) {
+    if (check_case(c) > 0 && ++bad_cases >= 3) break;
+  }
+}
+
+TEST(Schedule, OwnersArePermutationAtEachSegmentStep) {
+  int bad_cases = 0;
+  for (const Case& c : cases()) {
+    if (check_permutation(c) > 0 && ++bad_cases >= 3) break;
+  }
+}
+
+// The 16 sweep shapes at P = 8 with the default tiles (grid-level checks: too big for per-element).
+TEST(Schedule, SweepShapes) {
+  for (int m : {512, 2048, 8192, 32768}) {
+    for (int n : {6144, 8192}) {
+      for (int block_m : {64, 128}) {
+        const Case c{m, n, 8, block_m, 256, 8};
+        EXPECT_EQ(check_case(c), 0);
+        EXPECT_EQ(check_permutation(c), 0);
+      }
+    }
+  }
+}
+
+// The raster picture in schedule.h: group_rows = 2, a segment of 4 x 3 tiles.
+TEST(Schedule, GroupRasterMatchesTheDiagram) {
+  const int expected[4][3] = {{0, 2, 4}, {1, 3, 5}, {6, 8, 10}, {7, 9, 11}};
+  for (int P : {1, 4}) {
+    TileSchedule s;
+    s.world_size = P;
+    s.rank = P - 1;  // so that segment-step 0 is rank 0's segment
+    s.block_m = 16;
+    s.block_n = 32;
+    s.m = 4 * s.block_m * P;
+    s.n = 3 * s.block_n;
+    s.group_rows = 2;
+    ASSERT_EQ(s.tiles_per_segment(), 12);
+    for (int step = 0; step < 12; ++step) {
+      const Tile t = s.tile(step);
+      EXPECT_EQ(t.owner_rank, 0);
+      const int row_tile = t.row_begin / s.block_m, col_tile = t.col_begin / s.block_n;
+      EXPECT_EQ(expected[row_tile][col_tile], step) << "P=" << P << " tile (" << row_tile << ", " << col_tile << ")";
+    }
+  }
+}
+
+// The last row tile of a segment is clipped to the segment, not to m: M=8*65 at P=8, 128-row tiles.
+TEST(Schedule, ClipsAtTheSegmentNotAtM) {
+  TileSchedule s;
+  s.world_size = 8;
+  s.rank = 3;
+  s.m = 8 * 65;
+  s.n = 264;
+  s.block_m = 128;
+  s.block_n = 256;
+  s.group_rows = 8;
+  ASSERT_EQ(s.row_tiles_per_segment(), 1);
+  ASSERT_EQ(s.col_tiles(), 2);
+  const Tile first = s.tile(0);
+  EXPECT_EQ(first.owner_rank, 4);
+  EXPECT_EQ(first.row_begin, 4 * 65);
+  EXPECT_EQ(first.row_end, 5 * 65);
+  EXPECT_EQ(first.segment_row, 0);
+  EXPECT_EQ(first.col_begin, 0);
+  EXPECT_EQ(first.col_end, 256);
+  const Tile second = s.tile(1);
+  EXPECT_EQ(second.col_begin, 256);
+  EXPECT_EQ(second.col_end, 264);
+  const Tile last = s.tile(s.num_tiles() - 1);
+  EXPECT_EQ(last.owner_rank, 3);
+  EXPECT_EQ(last.row_begin, 3 * 65);
+  EXPECT_EQ(last.row_end, 4 * 65);
+}
+
+}  // namespace
+}  // namespace tpfuse
