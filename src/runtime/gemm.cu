@@ -1,9 +1,39 @@
+// tpfuse::gemm: one rank's partial product with the mainloop the fused op is built on.
+#include <cstdio>
+
+#include "kernels/tile_store.cuh"
+#include "runtime/device_info.h"
+#include "runtime/launch.cuh"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse {
 
-Status gemm(const Problem&, const void*, const void*, void*, cudaStream_t) {
-  return Status::Unsupported("gemm: not implemented yet");
+Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cudaStream_t stream) {
+  // One rank's partial product: no reduce-scatter, so the whole of C is one segment.
+  Problem problem = problem_in;
+  problem.world_size = 1;
+  TPFUSE_RETURN_IF_ERROR(validate(problem));
+  TPFUSE_RETURN_IF_ERROR(validate_operand(a, "a"));
+  TPFUSE_RETURN_IF_ERROR(validate_operand(w, "w"));
+  TPFUSE_RETURN_IF_ERROR(validate_operand(c, "c"));
+
+  DeviceInfo device;
+  TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
+  GemmConfig config;
+  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, &config));
+  if (params::debug()) {
+    std::fprintf(stderr, "tpfuse: gemm %s -> %s\n", problem.to_string().c_str(), config.to_string().c_str());
+  }
+
+  return with_mainloop_config(config, problem.weight_layout, [&](auto mainloop_config) {
+    using Config = decltype(mainloop_config);
+    using Epilogue = kernels::StoreTileEpilogue;
+    kernels::KernelParams<Epilogue> params{};
+    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, config, /*rank=*/0, a, w, &params.mainloop));
+    TPFUSE_RETURN_IF_ERROR(
+        make_tensor_map_bf16(c, problem.m, problem.n, problem.n, kernels::kChunkRows, kernels::kChunkCols, &params.epilogue.c));
+    return launch_gemm_kernel<Config>(params, config, stream);
+  });
 }
 
 }  // namespace tpfuse

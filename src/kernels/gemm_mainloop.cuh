@@ -1,0 +1,234 @@
+// The per-rank GEMM: a persistent, warp-specialized Hopper kernel (TMA loads, WGMMA, FP32
+// accumulation) whose epilogue is a policy, so the same mainloop serves the plain GEMM (store the
+// tile locally) and the fused op (push the tile to its owner, or reduce it there).
+//
+//   warpgroup 0        producer: one thread issues the TMA loads of A and W into a ring of stages
+//   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
+//
+// The CTAs walk the tile schedule (plan/schedule.h) persistently: CTA b takes steps b, b + grid, ...
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <utility>
+
+#include "kernels/ptx.cuh"
+#include "plan/schedule.h"
+
+namespace tpfuse::kernels {
+
+template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_>
+struct MainloopConfig {
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kBlockK = 64;  // 128 bytes of BF16: one 128-byte-swizzled TMA row
+  static constexpr int kStages = kStages_;
+  // W stored N x K (nn.Linear, K contiguous) when true; K x N (N contiguous) when false.
+  static constexpr bool kWeightKMajor = kWeightKMajor_;
+
+  // Two consumer warpgroups, each owning a 64-row slab: stacked along M for 128-row tiles, side by
+  // side along N for 64-row tiles.
+  static constexpr int kConsumers = 2;
+  static constexpr int kWgRows = 64;
+  static constexpr int kWgAlongM = kBlockM / kWgRows;
+  static constexpr int kWgAlongN = kConsumers / kWgAlongM;
+  static constexpr int kWgCols = kBlockN / kWgAlongN;
+  static constexpr int kAccPerThread = kWgRows * kWgCols / 128;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+
+  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kWBytes = kBlockN * kBlockK * 2;
+  static constexpr int kWChunkBytes = 64 * kBlockK * 2;  // one 64-column chunk of an MN-major W tile
+
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+
+  static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
+  static_assert(kWgCols == 128 || kWgCols == 256, "a consumer issues m64n128 or m64n256 WGMMAs");
+};
+
+// Epilogue staging: each consumer stages its slab in 64 x 64 chunks, double-buffered.
+constexpr int kChunkRows = 64;
+constexpr int kChunkCols = 64;
+constexpr int kChunkBuffers = 2;
+constexpr int kChunkElems = kChunkRows * kChunkCols;
+
+template <class Config>
+struct alignas(1024) SharedStorage {
+  __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
+  __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
+  __nv_bfloat16 chunks[Config::kConsumers][kChunkBuffers][kChunkElems];
+  uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
+  uint64_t empty[Config::kStages];  // every consumer is done reading a stage
+};
+
+struct MainloopParams {
+  CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM
+  CUtensorMap w;  // K-major: box 64 x kBlockN; MN-major: box 64 x 64
+  TileSchedule schedule;
+  int num_k_blocks;
+};
+
+// The dynamic shared memory, aligned to 1024 bytes (swizzled TMA tiles need it; launches reserve the slack).
+template <class Config>
+__device__ __forceinline__ SharedStorage<Config>& aligned_shared_storage() {
+  extern __shared__ uint8_t smem_raw[];
+  return *reinterpret_cast<SharedStorage<Config>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
+
+template <class Epilogue>
+struct KernelParams {
+  MainloopParams mainloop;
+  typename Epilogue::Params epilogue;
+};
+
+// One m64nNk16 WGMMA, A and W from shared memory, accumulating into `acc` (N/2 floats a thread).
+template <int N, bool kWeightKMajor>
+struct Wgmma {
+  static constexpr auto kMajorW = kWeightKMajor ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
+  using Op = std::conditional_t<
+      N == 256, cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>;
+
+  template <size_t... I>
+  __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate,
+                                              std::index_sequence<I...>) {
+    Op::fma(desc_a, desc_w, acc[I]...,
+            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  }
+  __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate) {
+    call(desc_a, desc_w, acc, accumulate, std::make_index_sequence<N / 2>{});
+  }
+};
+
+// Where a consumer's 64-row slab sits inside the tile.
+template <class Config>
+struct Slab {
+  int row;  // first row within the tile
+  int col;  // first column within the tile
+  __device__ static Slab of_consumer(int consumer) {
+    return {(consumer % Config::kWgAlongM) * Config::kWgRows, (consumer / Config::kWgAlongM) * Config::kWgCols};
+  }
+};
+
+template <class Config>
+__device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<Config>& smem, int cta, int num_ctas) {
+  int stage = 0;
+  uint32_t phase = 0;
+  const int num_tiles = p.schedule.num_tiles();
+  for (int step = cta; step < num_tiles; step += num_ctas) {
+    const Tile tile = p.schedule.tile(step);
+    for (int kb = 0; kb < p.num_k_blocks; ++kb) {
+      ptx::mbarrier_wait(&smem.empty[stage], phase ^ 1);
+      ptx::mbarrier_arrive_expect_tx(&smem.full[stage], Config::kABytes + Config::kWBytes);
+      const int k = kb * Config::kBlockK;
+      ptx::tma_load_2d(smem.a[stage], &p.a, &smem.full[stage], k, tile.row_begin);
+      if constexpr (Config::kWeightKMajor) {
+        ptx::tma_load_2d(smem.w[stage], &p.w, &smem.full[stage], k, tile.col_begin);
+      } else {
+#pragma unroll
+        for (int chunk = 0; chunk < Config::kBlockN / 64; ++chunk) {
+          ptx::tma_load_2d(smem.w[stage] + chunk * 64 * Config::kBlockK, &p.w, &smem.full[stage],
+                           tile.col_begin + chunk * 64, k);
+        }
+      }
+      if (++stage == Config::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+}
+
+// Accumulates one tile's slab over all K blocks. `stage`/`phase` carry the ring position across tiles.
+template <class Config>
+__device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
+                                             float (&acc)[Config::kAccPerThread], int& stage, uint32_t& phase) {
+  using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
+  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
+  constexpr uint64_t kStepA = 32 >> 4;
+  constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
+  // Byte offset of the slab's columns inside a W stage (the same for both layouts: kWgCols x 64 BF16).
+  const int w_offset_elems = slab.col * Config::kBlockK;
+
+  int prev_stage = -1;
+  for (int kb = 0; kb < p.num_k_blocks; ++kb) {
+    ptx::mbarrier_wait(&smem.full[stage], phase);
+    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
+    const uint64_t desc_w = Config::kWeightKMajor
+                                ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
+                                : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+    }
+    cute::warpgroup_commit_batch();
+    // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
+    cute::warpgroup_wait<1>();
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    if (prev_stage >= 0 && threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.empty[prev_stage]);
+    prev_stage = stage;
+    if (++stage == Config::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+  if (prev_stage >= 0 && threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.empty[prev_stage]);
+}
+
+// The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks steps cta, cta + num_ctas,
+// ... of the schedule. The epilogue is an object per consumer warpgroup:
+//   Epilogue(params, consumer, chunk buffers); store<Config>(tile, slab, acc) per tile; finish() at the end.
+// Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
+template <class Config, class Epilogue>
+__device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
+                                               SharedStorage<Config>& smem, int cta, int num_ctas) {
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensor_map(&mainloop.a);
+    ptx::prefetch_tensor_map(&mainloop.w);
+    for (int s = 0; s < Config::kStages; ++s) {
+      ptx::mbarrier_init(&smem.full[s], 1);
+      ptx::mbarrier_init(&smem.empty[s], Config::kConsumers);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<Config::kProducerRegs>();
+    if (threadIdx.x == 0) produce<Config>(mainloop, smem, cta, num_ctas);
+  } else {
+    ptx::setmaxnreg_inc<Config::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
+    Epilogue epilogue(epilogue_params, consumer, smem.chunks[consumer]);
+    float acc[Config::kAccPerThread];
+    int stage = 0;
+    uint32_t phase = 0;
+    const int num_tiles = mainloop.schedule.num_tiles();
+    for (int step = cta; step < num_tiles; step += num_ctas) {
+      const Tile tile = mainloop.schedule.tile(step);
+      consume_tile<Config>(mainloop, smem, slab, acc, stage, phase);
+      epilogue.template store<Config>(tile, slab, acc);
+    }
+    epilogue.finish();
+  }
+}
+
+// The plain GEMM kernel: one rank, the whole grid.
+template <class Config, class Epilogue>
+__global__ void __launch_bounds__(Config::kThreads, 1) gemm_kernel(const __grid_constant__ KernelParams<Epilogue> params) {
+  run_persistent<Config, Epilogue>(params.mainloop, params.epilogue, aligned_shared_storage<Config>(), blockIdx.x,
+                                   gridDim.x);
+}
+
+}  // namespace tpfuse::kernels

@@ -1,0 +1,205 @@
+// The fused op's epilogue: a finished tile of another rank's rows is pushed (BF16, TMA store) into
+// that owner's receive slot and signalled with an epoch flag; a tile of this rank's own rows waits
+// for its P-1 partials, adds them to the FP32 accumulators in rank order, and is rounded once.
+//
+// Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
+// parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
+//   recv[parity][source rank][rows_per_rank][n]          BF16
+//   flags[parity][source rank][tile in segment][slab]    u32 epoch values
+// A rank's calls alternate parity, so the pushes of call e+1 never land on the data of call e. A
+// peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
+// it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
+//
+// NOTE (memory ordering, per pushed slab): the chunk stores go out as TMA bulk groups; before the
+// flag is raised the pushing thread waits for the groups to COMPLETE (cp.async.bulk.wait_group, not
+// the .read variant), fences the async proxy, then stores the flag with release semantics at system
+// scope. The owner's waiting thread loads the flag with acquire at system scope, then a barrier
+// hands the data to the warpgroup. The signal of a slab is deferred until the next slab's stores are
+// issued, so compute never waits for NVLink; it is flushed before any wait on incoming flags.
+#pragma once
+
+#include "kernels/peer_error.h"
+#include "kernels/tile_store.cuh"
+#include "tpfuse/problem.h"
+
+namespace tpfuse::kernels {
+
+// Flag values compare modulo 2^32, so the epoch may wrap.
+__device__ __forceinline__ bool epoch_reached(uint32_t flag, uint32_t epoch) { return int32_t(flag - epoch) >= 0; }
+
+class PushReduceEpilogue {
+ public:
+  struct Params {
+    int rank;
+    int world_size;
+    int rows_per_rank;
+    int n;
+    int col_tiles;
+    int block_m;
+    int block_n;
+    int tiles_per_segment;
+    CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
+    CUtensorMap out;                 // rows_per_rank x n, this rank's output
+    const __nv_bfloat16* recv;       // this rank's receive buffer
+    size_t recv_parity_elems;        // distance between the two parity halves of a receive buffer
+    uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
+    size_t flags_parity_words;       // distance between the two parity halves of a flag array
+    const uint32_t* epoch_counter;   // calls completed on this rank; this call's epoch is one more
+    uint32_t* failed;                // set by the first wait of this rank that times out
+    PeerError* error;                // host-mapped
+    uint64_t timeout_ns;
+  };
+
+  __device__ PushReduceEpilogue(const Params& params, int consumer, __nv_bfloat16 (*buffers)[kChunkElems])
+      : p_(params), consumer_(consumer), chunks_(consumer, buffers) {
+    epoch_ = *reinterpret_cast<const volatile uint32_t*>(p_.epoch_counter) + 1;
+    parity_ = epoch_ & 1;
+  }
+
+  template <class Config>
+  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const int segment_row = tile.segment_row + slab.row;
+    const int col_begin = tile.col_begin + slab.col;
+    // A slab past the segment's rows or the last column holds nothing: neither pushed nor awaited.
+    if (tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end) return;
+    if (tile.owner_rank == p_.rank) {
+      reduce<Config>(tile, segment_row, col_begin, acc);
+    } else {
+      push<Config>(tile, segment_row, col_begin, acc);
+    }
+  }
+
+  __device__ void finish() {
+    chunks_.drain();
+    signal_pending();
+  }
+
+ private:
+  template <class Config>
+  __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
+    const CUtensorMap* recv = &p_.recv_at[tile.owner_rank];
+    int groups = 0;
+#pragma unroll
+    for (int c = 0; c < Config::kWgCols / kChunkCols; ++c) {
+      const int col = col_begin + c * kChunkCols;
+      if (col < tile.col_end) {
+        chunks_.store(acc + c * 32, [&](const __nv_bfloat16* buffer) {
+          ptx::tma_store_4d(recv, buffer, col, segment_row, p_.rank, parity_);
+        });
+        ++groups;
+      }
+    }
+    if (chunks_.leader()) {
+      // The previous slab's groups are all older than this slab's `groups`: wait for them to land.
+      wait_all_but(groups);
+      signal_pending();
+      pending_flag_ = flag_at(tile.owner_rank, p_.rank, tile);
+    }
+  }
+
+  template <class Config>
+  __device__ void reduce(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
+    if (chunks_.leader()) {
+      // NOTE: flush our own pending push first: a peer may be waiting for it while we wait for it.
+      ptx::bulk_wait_group<0>();
+      signal_pending();
+      wait_for_partials(tile, segment_row, col_begin);
+    }
+    chunks_.sync();
+
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x / 32) % 4;
+#pragma unroll
+    for (int c = 0; c < Config::kWgCols / kChunkCols; ++c) {
+      const int col0 = col_begin + c * kChunkCols;
+      if (col0 >= tile.col_end) continue;
+      float* sum = acc + c * 32;
+      // Add the peers' partials in rank order: the result does not depend on arrival order.
+      for (int source = 0; source < p_.world_size; ++source) {
+        if (source == p_.rank) continue;
+        const __nv_bfloat16* slot =
+            p_.recv + parity_ * p_.recv_parity_elems + size_t(source) * p_.rows_per_rank * size_t(p_.n);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = segment_row + 16 * warp + lane / 4 + 8 * half;
+            const int col = col0 + 8 * j + 2 * (lane % 4);
+            if (row < p_.rows_per_rank && col < p_.n) {
+              const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot + size_t(row) * p_.n + col));
+              sum[4 * j + 2 * half] += v.x;
+              sum[4 * j + 2 * half + 1] += v.y;
+            }
+          }
+        }
+      }
+      chunks_.store(sum, [&](const __nv_bfloat16* buffer) { ptx::tma_store_2d(&p_.out, buffer, col0, segment_row); });
+    }
+  }
+
+  // Leader only: waits, boundedly, for every peer's flag of this slab.
+  __device__ void wait_for_partials(const Tile& tile, int segment_row, int col_begin) {
+    for (int source = 0; source < p_.world_size; ++source) {
+      if (source == p_.rank) continue;
+      const uint32_t* flag = flag_at(p_.rank, source, tile);
+      const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
+      while (!epoch_reached(ptx::load_acquire_sys(flag), epoch_)) {
+        if (*reinterpret_cast<volatile uint32_t*>(p_.failed) != 0) return;  // this call already failed
+        if (ptx::globaltimer_ns() > deadline) {
+          report_timeout(source, tile.row_begin + (segment_row - tile.segment_row), col_begin);
+          return;
+        }
+        __nanosleep(100);
+      }
+    }
+  }
+
+  // The first timeout of this rank's call records what it waited for; the host reads it after the call.
+  __device__ void report_timeout(int source, int row, int col) {
+    if (atomicCAS(p_.failed, 0u, 1u) != 0u) return;
+    volatile PeerError* error = p_.error;
+    error->waiting_rank = p_.rank;
+    error->missing_rank = source;
+    error->row = row;
+    error->col = col;
+    __threadfence_system();
+    error->code = 1;
+    __threadfence_system();
+  }
+
+  // Flag of (owner's flag array, source, tile, this slab) for this call's parity.
+  __device__ uint32_t* flag_at(int owner, int source, const Tile& tile) const {
+    const int row_tile = tile.segment_row / p_.block_m;
+    const int col_tile = tile.col_begin / p_.block_n;
+    const int tile_idx = row_tile * p_.col_tiles + col_tile;
+    const size_t index = (size_t(source) * p_.tiles_per_segment + tile_idx) * 2 + consumer_;
+    return p_.flags_at[owner] + parity_ * p_.flags_parity_words + index;
+  }
+
+  __device__ static void wait_all_but(int groups) {
+    switch (groups) {
+      case 0: ptx::bulk_wait_group<0>(); break;
+      case 1: ptx::bulk_wait_group<1>(); break;
+      case 2: ptx::bulk_wait_group<2>(); break;
+      case 3: ptx::bulk_wait_group<3>(); break;
+      default: ptx::bulk_wait_group<4>(); break;
+    }
+  }
+
+  // Leader only: raises the flag of the last pushed slab, whose stores have landed.
+  __device__ void signal_pending() {
+    if (pending_flag_ == nullptr) return;
+    ptx::fence_proxy_async_global();
+    ptx::store_release_sys(pending_flag_, epoch_);
+    pending_flag_ = nullptr;
+  }
+
+  const Params& p_;
+  int consumer_;
+  ChunkStore chunks_;
+  uint32_t epoch_;
+  int parity_;
+  uint32_t* pending_flag_ = nullptr;
+};
+
+}  // namespace tpfuse::kernels

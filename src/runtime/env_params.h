@@ -1,0 +1,24 @@
+// Tunables and switches come from one place: TPFUSE_PARAM(name, "ENV", default) defines
+// `int64_t name()`, read once from the environment.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+
+#define TPFUSE_PARAM(name, env, default_value)                              \
+  inline int64_t name() {                                                   \
+    static const int64_t value = [] {                                       \
+      const char* text = std::getenv(env);                                  \
+      return text != nullptr ? std::strtoll(text, nullptr, 10) : int64_t(default_value); \
+    }();                                                                    \
+    return value;                                                           \
+  }
+
+namespace tpfuse::params {
+
+// 1: log each chosen config and launch shape to stderr.
+TPFUSE_PARAM(debug, "TPFUSE_DEBUG", 0)
+// How long a rank waits for a peer's partial before the call fails with kPeerTimeout.
+TPFUSE_PARAM(peer_timeout_ms, "TPFUSE_PEER_TIMEOUT_MS", 10000)
+
+}  // namespace tpfuse::params

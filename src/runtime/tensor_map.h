@@ -1,0 +1,24 @@
+// TMA tensor maps for row-major BF16 matrices, encoded through the driver entry point (so the
+// library does not link libcuda and loads on machines without a GPU driver).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "tpfuse/status.h"
+
+namespace tpfuse {
+
+// A rows x cols row-major BF16 matrix (row pitch `pitch_elems`), read or written in boxes of
+// box_rows x box_cols with 128-byte swizzle (box_cols * 2 must be 128).
+Status make_tensor_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t pitch_elems, int box_rows,
+                            int box_cols, CUtensorMap* map);
+
+// A receive buffer: for each of 2 parities (`parity_stride_elems` apart), `sources` dense rows x cols
+// matrices one after another. A 4D map (x = column, y = row, z = source, w = parity) with boxes of
+// box_rows x box_cols x 1 x 1.
+Status make_receive_tensor_map(const void* base, int64_t sources, int64_t rows, int64_t cols,
+                               int64_t parity_stride_elems, int box_rows, int box_cols, CUtensorMap* map);
+
+}  // namespace tpfuse
