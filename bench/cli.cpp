@@ -1,0 +1,235 @@
+#include "cli.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+namespace tpfuse::bench {
+
+namespace {
+
+struct Projection {
+  const char* name;
+  int64_t n;
+  int64_t k_total;
+};
+
+constexpr Projection kProjections[] = {
+    {"llama3-70b.o_proj", 8192, 8192},
+    {"llama3-70b.down_proj", 8192, 28672},
+    {"mixtral-8x22b.o_proj", 6144, 6144},
+    {"mixtral-8x22b.down_proj", 6144, 16384},
+};
+
+constexpr int64_t kSweepTokens[] = {512, 2048, 8192, 32768};
+constexpr int kMaxTp = 8;
+
+// A decimal integer in [min, max], or nullopt.
+std::optional<int64_t> parse_int(const std::string& text, int64_t min, int64_t max) {
+  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-')) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size() || value < min || value > max) return std::nullopt;
+  return value;
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, separator)) parts.push_back(part);
+  if (!text.empty() && text.back() == separator) parts.push_back("");
+  return parts;
+}
+
+// "M,N,Kpr;M,N,Kpr" -> shapes; false with `error` set on a bad entry.
+bool parse_shape_list(const std::string& text, int tp, std::vector<Shape>* shapes, std::string* error) {
+  constexpr int64_t kMaxExtent = std::numeric_limits<int32_t>::max();
+  for (const std::string& entry : split(text, ';')) {
+    const std::vector<std::string> fields = split(entry, ',');
+    if (fields.size() != 3) {
+      *error = "--shapes: '" + entry + "' is not M,N,Kpr (three integers separated by commas)";
+      return false;
+    }
+    int64_t values[3];
+    for (int i = 0; i < 3; ++i) {
+      const std::optional<int64_t> value = parse_int(fields[i], 1, kMaxExtent);
+      if (!value) {
+        *error = "--shapes: in '" + entry + "', '" + fields[i] + "' is not an integer in 1.." +
+                 std::to_string(kMaxExtent);
+        return false;
+      }
+      values[i] = *value;
+    }
+    shapes->push_back({projection_name(values[1], values[2] * tp), values[0], values[1], values[2]});
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string projection_name(int64_t n, int64_t k_total) {
+  for (const Projection& p : kProjections) {
+    if (p.n == n && p.k_total == k_total) return p.name;
+  }
+  return "custom";
+}
+
+const char* layout_flag(WeightLayout layout) { return layout == WeightLayout::kNxK ? "nk" : "kn"; }
+
+std::vector<Shape> sweep_shapes(int tp, std::string* error) {
+  std::vector<Shape> shapes;
+  for (const Projection& p : kProjections) {
+    if (p.k_total % tp != 0) {
+      *error = "--tp " + std::to_string(tp) + ": K = " + std::to_string(p.k_total) + " of " + p.name +
+               " is not divisible by it";
+      return {};
+    }
+    for (int64_t m : kSweepTokens) shapes.push_back({p.name, m, p.n, p.k_total / tp});
+  }
+  return shapes;
+}
+
+std::string usage(const std::vector<std::string>& mode_names) {
+  std::string modes;
+  for (const std::string& name : mode_names) modes += (modes.empty() ? "" : "|") + name;
+  return "Usage: tpfuse_bench [options]\n"
+         "Times the row-parallel linear layer (per-rank GEMM, then reduce-scatter) over a shape sweep.\n"
+         "\n"
+         "  --mode " + modes + "\n"
+         "                   baseline: cuBLAS GEMM, NCCL reduce-scatter and both in sequence, on every GPU\n"
+         "                   gemm: tpfuse's GEMM against cuBLAS on the per-rank shapes, on GPU 0\n"
+         "                   (default: baseline)\n"
+         "  --warmup N       warm-up iterations per timing (default 20)\n"
+         "  --iters N        timed iterations; the median is reported (default 200)\n"
+         "  --check          check results against an FP32 reference on the GPU\n"
+         "  --shapes S       'sweep' (SPEC's 16 shapes, the default) or a list 'M,N,Kpr;M,N,Kpr'\n"
+         "                   (Kpr: K per rank)\n"
+         "  --tp P           tensor-parallel degree: K per rank = K_total / P in the sweep (default 8)\n"
+         "  --layout kn|nk   weight layout: kn = K/P x N row-major (default), nk = N x K/P (nn.Linear)\n"
+         "  --gpus N         use GPUs 0..N-1 (default: every visible GPU)\n"
+         "  --seed N         seed of the random inputs (default: drawn at start, and printed)\n"
+         "  --no-gate        align GPUs only by synchronizing (host launch time then counts in the times)\n"
+         "  --json FILE      write the results as JSON\n"
+         "  --csv FILE       write the results as CSV\n"
+         "  --help           print this help\n"
+         "\n"
+         "Exit status: 0 all good, 1 a wrong result or a failed call, 2 bad arguments.\n";
+}
+
+ParseResult parse_args(const std::vector<std::string>& args, const std::vector<std::string>& mode_names) {
+  ParseResult result;
+  Options& options = result.options;
+  auto fail = [&result](std::string message) {
+    result.outcome = ParseOutcome::kError;
+    result.error = std::move(message);
+    return result;
+  };
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::optional<std::string> inline_value;  // --flag=value
+    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    auto value = [&]() -> std::optional<std::string> {
+      if (inline_value) return inline_value;
+      if (i + 1 < args.size()) return args[++i];
+      return std::nullopt;
+    };
+    auto int_value = [&](int64_t min, int64_t max, int64_t* out) -> bool {
+      const std::optional<std::string> text = value();
+      if (!text) {
+        result.error = flag + ": missing value";
+        return false;
+      }
+      const std::optional<int64_t> number = parse_int(*text, min, max);
+      if (!number) {
+        result.error = flag + ": expected an integer in " + std::to_string(min) + ".." + std::to_string(max) +
+                       ", got '" + *text + "'";
+        return false;
+      }
+      *out = *number;
+      return true;
+    };
+    auto no_value = [&]() {
+      if (!inline_value) return true;
+      result.error = flag + " takes no value";
+      return false;
+    };
+
+    int64_t number = 0;
+    if (flag == "--help" || flag == "-h") {
+      result.outcome = ParseOutcome::kHelp;
+      return result;
+    } else if (flag == "--mode") {
+      const std::optional<std::string> text = value();
+      if (!text) return fail("--mode: missing value");
+      if (std::find(mode_names.begin(), mode_names.end(), *text) == mode_names.end()) {
+        std::string known;
+        for (const std::string& name : mode_names) known += (known.empty() ? "" : ", ") + name;
+        return fail("--mode: unknown mode '" + *text + "' (known: " + known + ")");
+      }
+      options.mode = *text;
+    } else if (flag == "--warmup") {
+      if (!int_value(0, 1000000, &number)) return fail(result.error);
+      options.warmup = int(number);
+    } else if (flag == "--iters") {
+      if (!int_value(1, 1000000, &number)) return fail(result.error);
+      options.iters = int(number);
+    } else if (flag == "--check") {
+      if (!no_value()) return fail(result.error);
+      options.check = true;
+    } else if (flag == "--no-gate") {
+      if (!no_value()) return fail(result.error);
+      options.gate = false;
+    } else if (flag == "--json" || flag == "--csv") {
+      const std::optional<std::string> text = value();
+      if (!text || text->empty()) return fail(flag + ": missing file name");
+      (flag == "--json" ? options.json_path : options.csv_path) = *text;
+    } else if (flag == "--shapes") {
+      const std::optional<std::string> text = value();
+      if (!text || text->empty()) return fail("--shapes: missing value ('sweep' or 'M,N,Kpr;M,N,Kpr')");
+      options.shapes_arg = *text;
+    } else if (flag == "--tp") {
+      if (!int_value(1, kMaxTp, &number)) return fail(result.error);
+      options.tp = int(number);
+    } else if (flag == "--layout") {
+      const std::optional<std::string> text = value();
+      if (!text) return fail("--layout: missing value (kn or nk)");
+      if (*text == "kn") {
+        options.weight_layout = WeightLayout::kKxN;
+      } else if (*text == "nk") {
+        options.weight_layout = WeightLayout::kNxK;
+      } else {
+        return fail("--layout: expected kn or nk, got '" + *text + "'");
+      }
+    } else if (flag == "--gpus") {
+      if (!int_value(1, 1024, &number)) return fail(result.error);
+      options.gpus = int(number);
+    } else if (flag == "--seed") {
+      // Seeds stay below 2^53 so that the JSON (a double) records them exactly.
+      if (!int_value(0, (int64_t(1) << 53) - 1, &number)) return fail(result.error);
+      options.seed = uint64_t(number);
+    } else {
+      return fail("unknown argument '" + args[i] + "'");
+    }
+  }
+
+  // The shapes depend on --tp, which may come after --shapes.
+  std::string error;
+  if (options.shapes_arg == "sweep") {
+    options.shapes = sweep_shapes(options.tp, &error);
+    if (options.shapes.empty()) return fail(error);
+  } else if (!parse_shape_list(options.shapes_arg, options.tp, &options.shapes, &error)) {
+    return fail(error);
+  }
+  return result;
+}
+
+}  // namespace tpfuse::bench

@@ -1,0 +1,61 @@
+// The benchmark's command line: options, the shape list, and their parsing. Pure C++ (no CUDA), so
+// the CPU tests can link it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tpfuse/problem.h"
+
+namespace tpfuse::bench {
+
+// One row of a sweep: a per-rank GEMM shape and the projection it comes from.
+struct Shape {
+  std::string projection;  // e.g. "llama3-70b.o_proj"; "custom" when it matches none
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k_per_rank = 0;
+};
+
+struct Options {
+  std::string mode = "baseline";
+  int warmup = 20;
+  int iters = 200;
+  bool check = false;
+  std::string json_path;  // empty: no JSON
+  std::string csv_path;   // empty: no CSV
+  std::string shapes_arg = "sweep";  // as given, for the record
+  std::vector<Shape> shapes;
+  int tp = 8;  // P: K per rank = K_total / P
+  WeightLayout weight_layout = WeightLayout::kKxN;
+  int gpus = 0;  // 0: every visible GPU
+  std::optional<uint64_t> seed;  // unset: the benchmark draws one
+  bool gate = true;              // see TimingOptions::gate
+};
+
+enum class ParseOutcome { kRun, kHelp, kError };
+
+struct ParseResult {
+  ParseOutcome outcome = ParseOutcome::kRun;
+  Options options;
+  std::string error;  // for kError: what is wrong, naming the option
+};
+
+// Parses the arguments after the program name. `mode_names` are the accepted --mode values.
+ParseResult parse_args(const std::vector<std::string>& args, const std::vector<std::string>& mode_names);
+
+std::string usage(const std::vector<std::string>& mode_names);
+
+// SPEC's 16 shapes: M in {512, 2048, 8192, 32768} for each projection, K per rank = K_total / tp.
+// Fails (empty, with `error` set) if tp does not divide some projection's K.
+std::vector<Shape> sweep_shapes(int tp, std::string* error);
+
+// The projection with this N and K_total, or "custom".
+std::string projection_name(int64_t n, int64_t k_total);
+
+// "kn" or "nk", as on the command line.
+const char* layout_flag(WeightLayout layout);
+
+}  // namespace tpfuse::bench

@@ -1,0 +1,45 @@
+// The GPUs one benchmark process drives (devices 0..count-1): each gets a stream, a cuBLAS handle
+// bound to it, and, when asked for, an NCCL communicator (rank = device index, ncclCommInitAll).
+#pragma once
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
+#include <vector>
+
+#include "device_buffer.h"
+
+namespace tpfuse::bench {
+
+struct Gpu {
+  int device = -1;
+  std::string name;
+  size_t l2_bytes = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  ncclComm_t comm = nullptr;  // null unless the set was made with NCCL
+  DeviceBuffer cublas_workspace;
+};
+
+class GpuSet {
+ public:
+  GpuSet(int count, bool with_nccl);
+  ~GpuSet();
+  GpuSet(const GpuSet&) = delete;
+  GpuSet& operator=(const GpuSet&) = delete;
+
+  int size() const { return int(gpus_.size()); }
+  Gpu& operator[](int i) { return gpus_[i]; }
+  std::vector<Gpu>::iterator begin() { return gpus_.begin(); }
+  std::vector<Gpu>::iterator end() { return gpus_.end(); }
+
+  // Waits until every GPU's stream is idle.
+  void synchronize();
+
+ private:
+  std::vector<Gpu> gpus_;
+};
+
+}  // namespace tpfuse::bench

@@ -1,0 +1,93 @@
+#include "meta.h"
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <ctime>
+
+#include "errors.h"
+
+#ifndef TPFUSE_GIT_COMMIT
+#define TPFUSE_GIT_COMMIT "unknown"
+#endif
+
+namespace tpfuse::bench {
+
+namespace {
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string hostname() {
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? name : "unknown";
+}
+
+// 13000 -> "13.0"
+std::string cuda_version(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+std::string cublas_version() {
+  int major = 0, minor = 0, patch = 0;
+  BENCH_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
+  BENCH_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
+  BENCH_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+// 22809 -> "2.28.9"
+std::string nccl_version() {
+  int version = 0;
+  BENCH_CHECK(ncclGetVersion(&version));
+  return std::to_string(version / 10000) + "." + std::to_string(version % 10000 / 100) + "." +
+         std::to_string(version % 100);
+}
+
+}  // namespace
+
+Fields collect_meta(int num_gpus) {
+  int driver = 0, runtime = 0, visible = 0;
+  BENCH_CHECK(cudaDriverGetVersion(&driver));
+  BENCH_CHECK(cudaRuntimeGetVersion(&runtime));
+  BENCH_CHECK(cudaGetDeviceCount(&visible));
+  cudaDeviceProp prop{};
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return {
+      {"date", utc_now()},
+      {"hostname", hostname()},
+      {"gpu", std::string(prop.name)},
+      {"gpu_count", double(num_gpus)},
+      {"gpus_visible", double(visible)},
+      {"cuda_driver_api", cuda_version(driver)},
+      {"cuda_runtime", cuda_version(runtime)},
+      {"cublas", cublas_version()},
+      {"nccl", nccl_version()},
+      {"git_commit", std::string(TPFUSE_GIT_COMMIT)},
+  };
+}
+
+Fields options_fields(const Options& options) {
+  return {
+      {"mode", options.mode},
+      {"warmup", double(options.warmup)},
+      {"iters", double(options.iters)},
+      {"check", options.check},
+      {"shapes", options.shapes_arg},
+      {"tp", double(options.tp)},
+      {"layout", std::string(layout_flag(options.weight_layout))},
+      {"gpus", double(options.gpus)},
+      {"seed", options.seed ? Value(double(*options.seed)) : Value{}},
+      {"gate", options.gate},
+  };
+}
+
+}  // namespace tpfuse::bench

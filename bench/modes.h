@@ -1,0 +1,47 @@
+// The benchmark's modes, and what they share. A mode runs every shape of the options on
+// options.gpus GPUs, adds one report row per shape as it finishes, and ends with a summary line;
+// adding a mode is adding one such function and its name in main.cu's table.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cli.h"
+#include "device_buffer.h"
+#include "gpus.h"
+#include "report.h"
+#include "timing.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse::bench {
+
+using ModeFn = void (*)(const Options& options, Report& report);
+
+// T_gemm (cuBLAS), T_comm (NCCL reduce-scatter), T_seq (both on one stream) on every GPU.
+void run_baseline(const Options& options, Report& report);
+// tpfuse::gemm against cuBLAS on the per-rank shapes, on GPU 0.
+void run_gemm(const Options& options, Report& report);
+
+// ---- Shared by the modes ----
+
+// proj, M, N, K/P: the first columns of every mode.
+std::vector<Column> shape_columns();
+Row shape_row(const Shape& shape);
+
+// One rank's problem for this shape: world_size = --tp, the layout of --layout.
+Problem make_problem(const Shape& shape, const Options& options);
+TimingOptions timing_options(const Options& options);
+double tflops(double flops, double ms);
+
+// A seed per tensor, so that every rank, input set and shape draws different numbers.
+uint64_t tensor_seed(uint64_t run_seed, uint64_t shape_index, int gpu, int set, int tensor);
+
+// Half of the device's free memory: what the rotated input sets may take, leaving room for the
+// check's FP32 references.
+size_t rotation_budget_bytes(int device);
+
+// `num_sets` BF16 buffers of `count` elements on `device`, random (seeded per set from `seed`) or poisoned.
+std::vector<DeviceBuffer> random_bf16_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed);
+std::vector<DeviceBuffer> poisoned_bf16_sets(Gpu& gpu, size_t count, int num_sets);
+
+}  // namespace tpfuse::bench

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Plots a tpfuse_bench result JSON as a PNG.
+
+    python3 bench/plot.py results.json -o plot.png
+
+gemm mode:     TFLOP/s of ours and cuBLAS per shape (grouped bars).
+baseline mode: T_gemm, T_comm, T_seq per shape (grouped bars, log scale), and T_fused when the
+               results have it; then a second panel of the overlap efficiency E (and E_hideable)
+               per shape, against SPEC's 0.9 target, when the results have it.
+A missing or null number leaves its bar out.
+"""
+import argparse
+import json
+import math
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+TIME_SERIES = [("t_gemm_ms", "T_gemm (cuBLAS)"), ("t_comm_ms", "T_comm (NCCL reduce-scatter)"),
+               ("t_seq_ms", "T_seq (GEMM, then reduce-scatter)"), ("t_fused_ms", "T_fused (tpfuse)")]
+TFLOPS_SERIES = [("tflops_cublas", "cuBLAS"), ("tflops_ours", "tpfuse")]
+EFFICIENCY_SERIES = [("E", "E"), ("E_hideable", "E_hideable")]
+E_TARGET = 0.9
+
+
+def number(row, key):
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def present(rows, series):
+    """The series of which at least one row has a number."""
+    return [(key, name) for key, name in series if any(not math.isnan(number(row, key)) for row in rows)]
+
+
+def shape_label(row):
+    return f"{row.get('proj', '?')} M={int(number(row, 'm')) if not math.isnan(number(row, 'm')) else '?'}"
+
+
+def grouped_bars(ax, rows, series, ylabel, log=False):
+    width = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(rows))]
+        ax.bar(xs, [number(row, key) for row in rows], width, label=name)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([shape_label(row) for row in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def title(data):
+    meta = data.get("meta", {})
+    options = meta.get("options", {})
+    parts = [f"tpfuse_bench {options.get('mode', '?')}", f"{meta.get('gpu_count', '?')} x {meta.get('gpu', '?')}",
+             f"P={options.get('tp', '?')}, layout {options.get('layout', '?')}",
+             f"commit {meta.get('git_commit', '?')}", str(meta.get("date", ""))]
+    return ", ".join(parts)
+
+
+def plot(data, out_path):
+    rows = data.get("results") or []
+    if not rows:
+        raise ValueError("the JSON has no results")
+
+    tflops = present(rows, TFLOPS_SERIES)
+    times = present(rows, TIME_SERIES)
+    efficiency = present(rows, EFFICIENCY_SERIES)
+    if tflops:
+        panels = [("tflops", tflops)]
+    elif times:
+        panels = [("times", times)] + ([("efficiency", efficiency)] if efficiency else [])
+    else:
+        raise ValueError("the results have neither times nor TFLOP/s to plot")
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 0.7 * len(rows) + 3), 5 * len(panels)), squeeze=False)
+    for ax, (kind, series) in zip(axes[:, 0], panels):
+        if kind == "tflops":
+            grouped_bars(ax, rows, series, "TFLOP/s (per rank)")
+        elif kind == "times":
+            grouped_bars(ax, rows, series, "time (ms, median)", log=True)
+        else:
+            grouped_bars(ax, rows, series, "overlap efficiency")
+            ax.axhline(E_TARGET, color="black", linestyle="--", linewidth=1, label=f"target {E_TARGET}")
+            ax.legend(fontsize=8)
+    axes[0, 0].set_title(title(data), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=150)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Plot a tpfuse_bench result JSON.")
+    parser.add_argument("json", help="result file written by tpfuse_bench --json")
+    parser.add_argument("-o", "--output", default="plot.png", help="PNG to write (default: plot.png)")
+    args = parser.parse_args()
+    try:
+        with open(args.json) as f:
+            data = json.load(f)
+        plot(data, args.output)
+    except (OSError, ValueError) as e:
+        print(f"plot.py: {args.json}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

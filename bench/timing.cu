@@ -1,0 +1,155 @@
+#include "timing.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace tpfuse::bench {
+
+namespace {
+
+// Queuing an iteration on 8 GPUs takes well under a millisecond; a gate held this long means that
+// something in the queued work waited for the GPU (a synchronizing call, or a module load).
+constexpr uint64_t kGateTimeoutNs = 5'000'000'000ull;
+
+__device__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until the host publishes `epoch`; bounded, so a host that never releases is an error.
+__global__ void wait_for_release(const volatile uint32_t* released_epoch, uint32_t epoch,
+                                 volatile uint32_t* timed_out) {
+  const uint64_t start = global_timer_ns();
+  while (*released_epoch < epoch) {
+    if (global_timer_ns() - start > kGateTimeoutNs) {
+      *timed_out = 1;
+      return;
+    }
+  }
+}
+
+// Two words of pinned, mapped host memory every GPU polls: the released epoch, and a timeout flag.
+// With unified addressing the host pointer is valid on every device.
+class StartGate {
+ public:
+  StartGate() {
+    BENCH_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&words_), 2 * sizeof(uint32_t),
+                              cudaHostAllocMapped | cudaHostAllocPortable));
+    words_[0] = 0;
+    words_[1] = 0;
+  }
+  ~StartGate() { cudaFreeHost(words_); }
+  StartGate(const StartGate&) = delete;
+  StartGate& operator=(const StartGate&) = delete;
+
+  // Queues the hold on `stream` for the next epoch (call once per GPU, then release()).
+  void hold(cudaStream_t stream) {
+    wait_for_release<<<1, 1, 0, stream>>>(&words_[0], epoch_ + 1, &words_[1]);
+    BENCH_CHECK(cudaGetLastError());
+  }
+  void release() {
+    ++epoch_;
+    __atomic_store_n(&words_[0], epoch_, __ATOMIC_RELEASE);
+  }
+  bool timed_out() const { return __atomic_load_n(&words_[1], __ATOMIC_ACQUIRE) != 0; }
+
+ private:
+  uint32_t* words_ = nullptr;
+  uint32_t epoch_ = 0;
+};
+
+// A start and a stop event on one GPU.
+class EventPair {
+ public:
+  explicit EventPair(int device) : device_(device) {
+    BENCH_CHECK(cudaSetDevice(device));
+    BENCH_CHECK(cudaEventCreate(&start));
+    BENCH_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    cudaSetDevice(device_);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+
+ private:
+  int device_;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+}  // namespace
+
+double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch) {
+  launch(0);
+  gpus.synchronize();
+
+  StartGate gate;
+  std::vector<std::unique_ptr<EventPair>> events;
+  for (Gpu& gpu : gpus) events.push_back(std::make_unique<EventPair>(gpu.device));
+
+  std::vector<double> times_ms;
+  times_ms.reserve(options.iters);
+  for (int iteration = 0; iteration < options.warmup + options.iters; ++iteration) {
+    try {
+      for (int g = 0; g < gpus.size(); ++g) {
+        BENCH_CHECK(cudaSetDevice(gpus[g].device));
+        if (options.gate) gate.hold(gpus[g].stream);
+        BENCH_CHECK(cudaEventRecord(events[g]->start, gpus[g].stream));
+      }
+      launch(iteration);
+      for (int g = 0; g < gpus.size(); ++g) {
+        BENCH_CHECK(cudaSetDevice(gpus[g].device));
+        BENCH_CHECK(cudaEventRecord(events[g]->stop, gpus[g].stream));
+      }
+    } catch (...) {
+      // Let the held GPUs go before the gate's memory is freed.
+      gate.release();
+      for (Gpu& gpu : gpus) {
+        cudaSetDevice(gpu.device);
+        cudaStreamSynchronize(gpu.stream);
+      }
+      throw;
+    }
+    gate.release();
+    gpus.synchronize();
+    if (gate.timed_out()) {
+      throw CallFailed("the start gate timed out: the queued work waited for a GPU while the GPUs were held "
+                       "(run with --no-gate to time without it)");
+    }
+
+    double slowest_ms = 0;
+    for (int g = 0; g < gpus.size(); ++g) {
+      float ms = 0;
+      BENCH_CHECK(cudaEventElapsedTime(&ms, events[g]->start, events[g]->stop));
+      slowest_ms = std::max(slowest_ms, double(ms));
+    }
+    if (iteration >= options.warmup) times_ms.push_back(slowest_ms);
+  }
+  return median(times_ms);
+}
+
+int rotation_sets(size_t bytes_per_set, size_t l2_bytes, size_t budget_bytes) {
+  constexpr int kMaxSets = 16;
+  constexpr size_t kL2Multiple = 4;
+  if (bytes_per_set == 0) return 1;
+  const size_t wanted = (kL2Multiple * l2_bytes + bytes_per_set - 1) / bytes_per_set;
+  const size_t affordable = budget_bytes / bytes_per_set;
+  return int(std::max<size_t>(1, std::min({wanted, affordable, size_t(kMaxSets)})));
+}
+
+}  // namespace tpfuse::bench

@@ -1,0 +1,307 @@
+// The fused GEMM + reduce-scatter with P ranks emulated on one GPU: real cross-rank stores and
+// flags, all ranks' CTAs resident in one cooperative launch.
+#include <cublas_v2.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <tuple>
+
+#include "gpu_testing.cuh"
+#include "runtime/communicator.h"
+#include "tpfuse/tpfuse.h"
+
+namespace tpfuse::testing {
+namespace {
+
+// P ranks' operands and outputs on device 0, and the references computed from them.
+struct EmulatedRanks {
+  Problem problem;
+  Communicator* comm = nullptr;
+  std::vector<std::unique_ptr<DeviceBuffer<__nv_bfloat16>>> a, w, out;
+  std::vector<cudaStream_t> streams;
+
+  EmulatedRanks(const Problem& p, double timeout_s = 0) : problem(p) {
+    CommunicatorOptions options;
+    options.max_m = p.m;
+    options.max_n = p.n;
+    options.peer_timeout_s = timeout_s;
+    const std::vector<int> devices(p.world_size, 0);
+    const Status s = communicator_create_local(devices.data(), p.world_size, options, &comm);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    for (int r = 0; r < p.world_size; ++r) {
+      a.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.m) * p.k_per_rank));
+      w.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.k_per_rank) * p.n));
+      out.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.rows_per_rank()) * p.n));
+    }
+    streams.assign(p.world_size, nullptr);
+  }
+  ~EmulatedRanks() {
+    if (comm != nullptr) communicator_destroy(comm);
+  }
+
+  void fill(bool exact, uint64_t seed) {
+    for (int r = 0; r < problem.world_size; ++r) {
+      (exact ? fill_small_ints : fill_random)(a[r]->ptr, a[r]->count, seed * 1000 + 2 * r);
+      (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 2 * r + 1);
+      poison(out[r]->ptr, out[r]->count);
+    }
+  }
+
+  Status run(const Problem& p) {
+    std::vector<const void*> ap, wp;
+    std::vector<void*> op;
+    for (int r = 0; r < p.world_size; ++r) {
+      ap.push_back(a[r]->ptr);
+      wp.push_back(w[r]->ptr);
+      op.push_back(out[r]->ptr);
+    }
+    return gemm_reduce_scatter_local(comm, p, ap.data(), wp.data(), op.data(), streams.data());
+  }
+
+  // Every rank's FP32 partial (m x n).
+  std::vector<std::vector<float>> partials(const Problem& p) {
+    std::vector<std::vector<float>> result;
+    DeviceBuffer<float> ref(size_t(p.m) * p.n);
+    for (int r = 0; r < p.world_size; ++r) {
+      reference_gemm(p, a[r]->ptr, w[r]->ptr, ref.ptr);
+      result.push_back(ref.to_host());
+    }
+    return result;
+  }
+};
+
+// Rank d's rows of the sum of the partials, each partial first rounded to BF16 when `round` (the
+// unfused path on one GPU: cuBLAS's BF16 partials summed in FP32), exact FP32 products otherwise.
+std::vector<float> reduce_rows(const std::vector<std::vector<float>>& partials, const Problem& p, int d, bool round) {
+  const int64_t rows = p.rows_per_rank();
+  std::vector<float> sum(size_t(rows) * p.n, 0.0f);
+  for (const auto& partial : partials) {
+    for (size_t i = 0; i < sum.size(); ++i) {
+      const float v = partial[size_t(d) * rows * p.n + i];
+      sum[i] += round ? __bfloat162float(__float2bfloat16(v)) : v;
+    }
+  }
+  return sum;
+}
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
+  return out;
+}
+
+Problem make_problem(int64_t m, int64_t n, int64_t k, int p, WeightLayout layout) {
+  Problem problem;
+  problem.m = m;
+  problem.n = n;
+  problem.k_per_rank = k;
+  problem.world_size = p;
+  problem.weight_layout = layout;
+  return problem;
+}
+
+// Exact mode: small integers, every partial and total exact in BF16: bit for bit.
+class FusedExact : public ::testing::TestWithParam<std::tuple<int, int, int, WeightLayout>> {};
+
+TEST_P(FusedExact, BitForBit) {
+  const auto [p, m, n, layout] = GetParam();
+  // |partial| <= k and |sum| <= p * k: at most 256, exact in BF16.
+  const Problem problem = make_problem(m, n, 256 / p, p, layout);
+  EmulatedRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 1);
+  const Status s = ranks.run(problem);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_TRUE(communicator_status(ranks.comm).ok());
+  const auto partials = ranks.partials(problem);
+  for (int d = 0; d < p; ++d) {
+    const int64_t bad = first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false));
+    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at row " << bad / n << ", column " << bad % n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
+                         ::testing::Values(std::make_tuple(1, 256, 512, WeightLayout::kNxK),
+                                           std::make_tuple(2, 512, 776, WeightLayout::kKxN),
+                                           std::make_tuple(4, 1000, 1024, WeightLayout::kNxK),
+                                           std::make_tuple(8, 512, 8192, WeightLayout::kKxN),
+                                           std::make_tuple(8, 512, 8192, WeightLayout::kNxK),
+                                           std::make_tuple(8, 2048, 1000, WeightLayout::kNxK),
+                                           std::make_tuple(8, 64, 264, WeightLayout::kKxN)));
+
+// Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
+class FusedRandom : public ::testing::TestWithParam<std::tuple<int, int, int, int, WeightLayout>> {};
+
+TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
+  const auto [p, m, n, k, layout] = GetParam();
+  const Problem problem = make_problem(m, n, k, p, layout);
+  EmulatedRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/false, 7);
+  ASSERT_TRUE(ranks.run(problem).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto partials = ranks.partials(problem);
+  std::vector<std::vector<__nv_bfloat16>> first;
+  for (int d = 0; d < p; ++d) {
+    first.push_back(ranks.out[d]->to_host());
+    const auto ref = reduce_rows(partials, problem, d, false);
+    const Errors fused = compare(first.back(), ref);
+    const Errors unfused = compare(to_bf16(reduce_rows(partials, problem, d, true)), ref);
+    EXPECT_EQ(fused.non_finite, 0u) << "rank " << d << ": unwritten or non-finite outputs";
+    EXPECT_LE(fused.max_rel, 1.1 * unfused.max_rel) << "rank " << d;
+    EXPECT_LE(fused.norm_rel, 1.1 * unfused.norm_rel) << "rank " << d;
+  }
+  // The same inputs again (the other parity of the buffers): bit-identical outputs.
+  for (int d = 0; d < p; ++d) poison(ranks.out[d]->ptr, ranks.out[d]->count);
+  ASSERT_TRUE(ranks.run(problem).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  for (int d = 0; d < p; ++d) {
+    const auto again = ranks.out[d]->to_host();
+    EXPECT_EQ(0, std::memcmp(again.data(), first[d].data(), again.size() * 2)) << "rank " << d << " not deterministic";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
+                         ::testing::Values(std::make_tuple(8, 2048, 8192, 1024, WeightLayout::kKxN),
+                                           std::make_tuple(8, 512, 6144, 768, WeightLayout::kNxK),
+                                           std::make_tuple(4, 1000, 2056, 520, WeightLayout::kKxN),
+                                           std::make_tuple(2, 4096, 1024, 2048, WeightLayout::kNxK)));
+
+// Back-to-back calls with random m, no host synchronization between them; every 50th is checked.
+TEST(FusedStress, ThousandCallsBackToBack) {
+  const int p = 8;
+  const Problem max_problem = make_problem(2048, 1024, 32, p, WeightLayout::kNxK);
+  EmulatedRanks ranks(max_problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 3);
+  std::mt19937 rng(42);
+  for (int call = 0; call < 1000; ++call) {
+    const int m = p * int(1 + rng() % (max_problem.m / p));
+    const Problem problem = make_problem(m, max_problem.n, max_problem.k_per_rank, p, WeightLayout::kNxK);
+    const bool check = call % 50 == 49;
+    if (check) {
+      for (int d = 0; d < p; ++d) poison(ranks.out[d]->ptr, ranks.out[d]->count);
+    }
+    ASSERT_TRUE(ranks.run(problem).ok()) << "call " << call;
+    if (!check) continue;
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    ASSERT_TRUE(communicator_status(ranks.comm).ok());
+    const auto partials = ranks.partials(problem);
+    for (int d = 0; d < p; ++d) {
+      auto out = ranks.out[d]->to_host();
+      out.resize(size_t(problem.rows_per_rank()) * problem.n);
+      const int64_t bad = first_mismatch(out, reduce_rows(partials, problem, d, false));
+      ASSERT_EQ(bad, -1) << "call " << call << " (m = " << m << "), rank " << d << ": first mismatch at row "
+                         << bad / problem.n << ", column " << bad % problem.n;
+    }
+  }
+}
+
+// Calls captured once in a CUDA graph and replayed: the epoch lives on the device, not in the graph.
+TEST(FusedGraph, ReplaysStayCorrect) {
+  const Problem problem = make_problem(1024, 512, 32, 4, WeightLayout::kKxN);
+  EmulatedRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ranks.streams.assign(problem.world_size, stream);
+  cudaGraph_t graph;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status s = ranks.run(problem);
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  cudaGraphExec_t exec;
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 5; ++replay) {
+    ranks.fill(/*exact=*/true, 100 + replay);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    const auto partials = ranks.partials(problem);
+    for (int d = 0; d < problem.world_size; ++d) {
+      EXPECT_EQ(first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false)), -1)
+          << "replay " << replay << ", rank " << d;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
+TEST(FusedErrors, MissingPeerTimesOut) {
+  const Problem problem = make_problem(1024, 1024, 64, 4, WeightLayout::kNxK);
+  EmulatedRanks ranks(problem, /*timeout_s=*/0.2);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(false, 5);
+  std::vector<const void*> a, w;
+  std::vector<void*> out;
+  for (int r = 0; r < 3; ++r) {
+    a.push_back(ranks.a[r]->ptr);
+    w.push_back(ranks.w[r]->ptr);
+    out.push_back(ranks.out[r]->ptr);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(launch_fused(ranks.comm, problem, {0, 1, 2}, a.data(), w.data(), out.data(), ranks.streams.data()).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Status s = communicator_status(ranks.comm);
+  EXPECT_EQ(s.code(), StatusCode::kPeerTimeout) << s.to_string();
+  EXPECT_NE(s.message().find("for rank 3"), std::string::npos) << s.message();
+  EXPECT_LT(seconds, 5.0) << "the timeout is 0.2 s";
+  // Later calls report the failure instead of running.
+  EXPECT_EQ(ranks.run(problem).code(), StatusCode::kPeerTimeout);
+}
+
+TEST(FusedErrors, BadCallsAreReported) {
+  const Problem problem = make_problem(512, 512, 64, 4, WeightLayout::kNxK);
+  EmulatedRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  Problem wrong = problem;
+  wrong.world_size = 2;
+  EXPECT_EQ(ranks.run(wrong).code(), StatusCode::kInvalidArgument);
+  wrong = problem;
+  wrong.m = 1024;
+  const Status too_big = ranks.run(wrong);
+  EXPECT_EQ(too_big.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_big.message().find("max_m"), std::string::npos) << too_big.message();
+  std::vector<const void*> a(4, nullptr), w(4, ranks.w[0]->ptr);
+  std::vector<void*> out(4, ranks.out[0]->ptr);
+  EXPECT_EQ(gemm_reduce_scatter_local(ranks.comm, problem, a.data(), w.data(), out.data(), ranks.streams.data()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_reduce_scatter(ranks.comm, problem, ranks.a[0]->ptr, ranks.w[0]->ptr, ranks.out[0]->ptr, nullptr).code(),
+            StatusCode::kInvalidArgument)
+      << "a local communicator of 4 ranks needs gemm_reduce_scatter_local";
+}
+
+// One rank through NCCL (a communicator of one GPU): the symmetric-memory path end to end.
+TEST(FusedNccl, SingleRankMatchesGemm) {
+  ncclComm_t nccl;
+  int device = 0;
+  ASSERT_EQ(ncclCommInitAll(&nccl, 1, &device), ncclSuccess);
+  const Problem problem = make_problem(512, 1024, 256, 1, WeightLayout::kNxK);
+  CommunicatorOptions options;
+  options.max_m = problem.m;
+  options.max_n = problem.n;
+  Communicator* comm = nullptr;
+  const Status created = communicator_create(nccl, options, &comm);
+  ASSERT_TRUE(created.ok()) << created.to_string();
+  DeviceBuffer<__nv_bfloat16> a(size_t(problem.m) * problem.k_per_rank), w(size_t(problem.k_per_rank) * problem.n),
+      out(size_t(problem.m) * problem.n), c(size_t(problem.m) * problem.n);
+  fill_random(a.ptr, a.count, 11);
+  fill_random(w.ptr, w.count, 12);
+  poison(out.ptr, out.count);
+  ASSERT_TRUE(gemm_reduce_scatter(comm, problem, a.ptr, w.ptr, out.ptr, nullptr).ok());
+  ASSERT_TRUE(gemm(problem, a.ptr, w.ptr, c.ptr, nullptr).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto fused = out.to_host(), plain = c.to_host();
+  EXPECT_EQ(0, std::memcmp(fused.data(), plain.data(), fused.size() * 2)) << "P = 1: the fused op is the GEMM";
+  EXPECT_TRUE(communicator_destroy(comm).ok());
+  ncclCommDestroy(nccl);
+}
+
+}  // namespace
+}  // namespace tpfuse::testing
