@@ -48,17 +48,16 @@ struct MainloopConfig {
   static_assert(kWgCols == 128 || kWgCols == 256, "a consumer issues m64n128 or m64n256 WGMMAs");
 };
 
-// Epilogue staging: each consumer stages its slab in 64 x 64 chunks, double-buffered.
+// Epilogue staging: each consumer stages its whole slab, one 64 x 64 chunk per buffer.
 constexpr int kChunkRows = 64;
 constexpr int kChunkCols = 64;
-constexpr int kChunkBuffers = 2;
 constexpr int kChunkElems = kChunkRows * kChunkCols;
 
 template <class Config>
 struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
-  __nv_bfloat16 chunks[Config::kConsumers][kChunkBuffers][kChunkElems];
+  __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
 };

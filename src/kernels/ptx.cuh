@@ -101,6 +101,15 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
 
+// Stores four 8x8 BF16 matrices to shared memory: register i of every thread is its piece of matrix
+// i (row lane / 4, columns 2 * (lane % 4) + {0, 1}); thread t gives the address of row t % 8 of
+// matrix t / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- barriers among a subset of warps -----------------------------------------------------------
 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

@@ -51,7 +51,7 @@ class PushReduceEpilogue {
   };
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, __nv_bfloat16 (*buffers)[kChunkElems])
-      : p_(params), consumer_(consumer), chunks_(consumer, buffers) {
+      : p_(params), consumer_(consumer), slabs_(consumer, buffers) {
     epoch_ = *reinterpret_cast<const volatile uint32_t*>(p_.epoch_counter) + 1;
     parity_ = epoch_ & 1;
   }
@@ -70,7 +70,7 @@ class PushReduceEpilogue {
   }
 
   __device__ void finish() {
-    chunks_.drain();
+    slabs_.drain();
     signal_pending();
   }
 
@@ -78,20 +78,14 @@ class PushReduceEpilogue {
   template <class Config>
   __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
     const CUtensorMap* recv = &p_.recv_at[tile.owner_rank];
-    int groups = 0;
-#pragma unroll
-    for (int c = 0; c < Config::kWgCols / kChunkCols; ++c) {
-      const int col = col_begin + c * kChunkCols;
-      if (col < tile.col_end) {
-        chunks_.store(acc + c * 32, [&](const __nv_bfloat16* buffer) {
-          ptx::tma_store_4d(recv, buffer, col, segment_row, p_.rank, parity_);
-        });
-        ++groups;
-      }
-    }
-    if (chunks_.leader()) {
-      // The previous slab's groups are all older than this slab's `groups`: wait for them to land.
-      wait_all_but(groups);
+    slabs_.store<Config::kWgCols / kChunkCols>(acc, chunks_before<Config>(col_begin, tile.col_end),
+                                               [&](int c, const __nv_bfloat16* buffer) {
+                                                 ptx::tma_store_4d(recv, buffer, col_begin + c * kChunkCols,
+                                                                   segment_row, p_.rank, parity_);
+                                               });
+    if (slabs_.leader()) {
+      // The previous slab's bulk group is older than this one: once it has landed, raise its flag.
+      ptx::bulk_wait_group<1>();
       signal_pending();
       pending_flag_ = flag_at(tile.owner_rank, p_.rank, tile);
     }
@@ -99,20 +93,20 @@ class PushReduceEpilogue {
 
   template <class Config>
   __device__ void reduce(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
-    if (chunks_.leader()) {
+    if (slabs_.leader()) {
       // NOTE: flush our own pending push first: a peer may be waiting for it while we wait for it.
       ptx::bulk_wait_group<0>();
       signal_pending();
       wait_for_partials(tile, segment_row, col_begin);
     }
-    chunks_.sync();
+    slabs_.sync();
 
     const int lane = threadIdx.x % 32;
     const int warp = (threadIdx.x / 32) % 4;
+    const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
 #pragma unroll
     for (int c = 0; c < Config::kWgCols / kChunkCols; ++c) {
-      const int col0 = col_begin + c * kChunkCols;
-      if (col0 >= tile.col_end) continue;
+      if (c >= num_chunks) continue;
       float* sum = acc + c * 32;
       // Add the peers' partials in rank order: the result does not depend on arrival order.
       for (int source = 0; source < p_.world_size; ++source) {
@@ -124,7 +118,7 @@ class PushReduceEpilogue {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = segment_row + 16 * warp + lane / 4 + 8 * half;
-            const int col = col0 + 8 * j + 2 * (lane % 4);
+            const int col = col_begin + c * kChunkCols + 8 * j + 2 * (lane % 4);
             if (row < p_.rows_per_rank && col < p_.n) {
               const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot + size_t(row) * p_.n + col));
               sum[4 * j + 2 * half] += v.x;
@@ -133,8 +127,10 @@ class PushReduceEpilogue {
           }
         }
       }
-      chunks_.store(sum, [&](const __nv_bfloat16* buffer) { ptx::tma_store_2d(&p_.out, buffer, col0, segment_row); });
     }
+    slabs_.store<Config::kWgCols / kChunkCols>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
+      ptx::tma_store_2d(&p_.out, buffer, col_begin + c * kChunkCols, segment_row);
+    });
   }
 
   // Leader only: waits, boundedly, for every peer's flag of this slab.
@@ -176,16 +172,6 @@ class PushReduceEpilogue {
     return p_.flags_at[owner] + parity_ * p_.flags_parity_words + index;
   }
 
-  __device__ static void wait_all_but(int groups) {
-    switch (groups) {
-      case 0: ptx::bulk_wait_group<0>(); break;
-      case 1: ptx::bulk_wait_group<1>(); break;
-      case 2: ptx::bulk_wait_group<2>(); break;
-      case 3: ptx::bulk_wait_group<3>(); break;
-      default: ptx::bulk_wait_group<4>(); break;
-    }
-  }
-
   // Leader only: raises the flag of the last pushed slab, whose stores have landed.
   __device__ void signal_pending() {
     if (pending_flag_ == nullptr) return;
@@ -196,7 +182,7 @@ class PushReduceEpilogue {
 
   const Params& p_;
   int consumer_;
-  ChunkStore chunks_;
+  SlabStore slabs_;
   uint32_t epoch_;
   int parity_;
   uint32_t* pending_flag_ = nullptr;

@@ -1,5 +1,6 @@
 // Moving a finished slab out of the accumulators: registers -> BF16 in swizzled shared memory ->
-// TMA store, in 64 x 64 chunks, double-buffered per consumer warpgroup. Shared by every epilogue.
+// TMA stores, one 64 x 64 chunk per buffer, the whole slab as one bulk group. Shared by every
+// epilogue.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,54 +10,62 @@
 
 namespace tpfuse::kernels {
 
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
 // Accumulator element i of a m64nNk16 WGMMA, for this thread of the warpgroup:
 //   row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2),   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2
-// Chunk c holds columns [64c, 64c + 64): accumulator elements [32c, 32c + 32).
+// so each group of 4 elements is this thread's piece of two 8x8 matrices (rows 0-7 and 8-15 of an
+// 8-column block), the layout stmatrix takes. Chunk c holds columns [64c, 64c + 64): accumulator
+// elements [32c, 32c + 32).
 //
-// Rounds one chunk of accumulators to BF16 and writes it to a
-// 64 x 64 buffer in the TMA SWIZZLE_128B layout: 128-byte rows whose 16-byte pieces are permuted by
-// (piece ^ row % 8), which also keeps the warp's stores free of bank conflicts.
+// Rounds one chunk of accumulators to BF16 and writes it to a 64 x 64 buffer in the TMA
+// SWIZZLE_128B layout: 128-byte rows whose 16-byte pieces are permuted by (piece ^ row % 8), which
+// also keeps stmatrix free of bank conflicts.
 __device__ __forceinline__ void stage_chunk_bf16(const float* acc_chunk, __nv_bfloat16* buffer) {
   const int lane = threadIdx.x % 32;
   const int warp = (threadIdx.x / 32) % 4;
-  uint8_t* base = reinterpret_cast<uint8_t*>(buffer);
+  // This thread addresses row (lane % 8) of matrix (lane / 8): rows 0-7 or 8-15 of column block
+  // 2p + (lane / 16).
+  const int row = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
+  const uint32_t row_addr = ptx::smem_addr(buffer) + row * 128;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = 16 * warp + lane / 4 + 8 * half;
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(acc_chunk[4 * j + 2 * half], acc_chunk[4 * j + 2 * half + 1]);
-      const int offset = row * 128 + ((j ^ (row % 8)) << 4) + (lane % 4) * 4;
-      *reinterpret_cast<__nv_bfloat162*>(base + offset) = pair;
-    }
+  for (int pair = 0; pair < 4; ++pair) {
+    const int block = 2 * pair + lane / 16;
+    const float* a = acc_chunk + 8 * pair;  // blocks 2p and 2p + 1: elements [8p, 8p + 8)
+    ptx::stmatrix_x4(row_addr + ((block ^ (row % 8)) << 4), pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]),
+                     pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
   }
 }
 
-// The double-buffered chunk pipeline of one consumer warpgroup.
-class ChunkStore {
+// Stores one consumer warpgroup's slabs: all chunks of a slab staged at once, then stored as one
+// bulk group by the warpgroup's first thread.
+class SlabStore {
  public:
-  __device__ ChunkStore(int consumer, __nv_bfloat16 (*buffers)[kChunkElems]) : consumer_(consumer), buffers_(buffers) {}
+  __device__ SlabStore(int consumer, __nv_bfloat16 (*buffers)[kChunkElems]) : consumer_(consumer), buffers_(buffers) {}
 
   __device__ bool leader() const { return threadIdx.x % 128 == 0; }
   __device__ void sync() const { ptx::named_barrier_sync(1 + consumer_, 128); }
 
-  // Stages accumulator chunk `acc_chunk` in a free buffer, then the leader issues the store of that
-  // buffer (`issue_store(buffer)`) as one bulk group.
-  template <class StoreFn>
-  __device__ void store(const float* acc_chunk, StoreFn&& issue_store) {
-    __nv_bfloat16* buffer = buffers_[count_ % kChunkBuffers];
-    // The store that last used this buffer must have finished reading it.
-    if (leader()) ptx::bulk_wait_group_read<kChunkBuffers - 1>();
+  // Stages chunks [0, num_chunks) of `acc`, then the leader issues store_chunk(c, buffer) for each.
+  template <int kMaxChunks, class StoreFn>
+  __device__ void store(const float* acc, int num_chunks, StoreFn&& store_chunk) {
+    // The previous slab's stores must have finished reading the buffers.
+    if (leader()) ptx::bulk_wait_group_read<0>();
     sync();
-    stage_chunk_bf16(acc_chunk, buffer);
+#pragma unroll
+    for (int c = 0; c < kMaxChunks; ++c) {
+      if (c < num_chunks) stage_chunk_bf16(acc + 32 * c, buffers_[c]);
+    }
     // NOTE: generic-proxy smem writes -> proxy fence in every writer -> barrier -> TMA store.
     ptx::fence_proxy_async_shared();
     sync();
     if (leader()) {
-      issue_store(buffer);
+      for (int c = 0; c < num_chunks; ++c) store_chunk(c, buffers_[c]);
       ptx::bulk_commit_group();
     }
-    ++count_;
   }
 
   // Waits until every store issued so far has landed in global memory (not only read its source).
@@ -67,8 +76,14 @@ class ChunkStore {
  private:
   int consumer_;
   __nv_bfloat16 (*buffers_)[kChunkElems];
-  int count_ = 0;
 };
+
+// Chunks of a slab starting at column `col_begin` that lie before `col_end`.
+template <class Config>
+__device__ __forceinline__ int chunks_before(int col_begin, int col_end) {
+  const int chunks = (col_end - col_begin + kChunkCols - 1) / kChunkCols;
+  return chunks < Config::kWgCols / kChunkCols ? chunks : Config::kWgCols / kChunkCols;
+}
 
 // The plain GEMM's epilogue: store the tile into C (m x n) on this GPU.
 class StoreTileEpilogue {
@@ -78,28 +93,26 @@ class StoreTileEpilogue {
   };
 
   __device__ StoreTileEpilogue(const Params& params, int consumer, __nv_bfloat16 (*buffers)[kChunkElems])
-      : params_(params), chunks_(consumer, buffers) {}
+      : params_(params), slabs_(consumer, buffers) {}
 
   template <class Config>
   __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const int row = tile.row_begin + slab.row;
-    // A slab past the tile's last row (a 64-row segment in a 128-row tile) has nothing to store;
-    // rows past m inside a slab are clipped by the TMA store.
-    if (row >= tile.row_end) return;
-#pragma unroll
-    for (int c = 0; c < Config::kWgCols / kChunkCols; ++c) {
-      const int col = tile.col_begin + slab.col + c * kChunkCols;
-      if (col < tile.col_end) {
-        chunks_.store(acc + c * 32, [&](const __nv_bfloat16* buffer) { ptx::tma_store_2d(&params_.c, buffer, col, row); });
-      }
-    }
+    const int col = tile.col_begin + slab.col;
+    // A slab past the tile's last row (a 64-row segment in a 128-row tile) or column has nothing to
+    // store; rows past m inside a slab are clipped by the TMA store.
+    if (row >= tile.row_end || col >= tile.col_end) return;
+    slabs_.store<Config::kWgCols / kChunkCols>(acc, chunks_before<Config>(col, tile.col_end),
+                                               [&](int c, const __nv_bfloat16* buffer) {
+                                                 ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
+                                               });
   }
 
-  __device__ void finish() { chunks_.drain(); }
+  __device__ void finish() { slabs_.drain(); }
 
  private:
   const Params& params_;
-  ChunkStore chunks_;
+  SlabStore slabs_;
 };
 
 }  // namespace tpfuse::kernels

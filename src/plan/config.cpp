@@ -7,7 +7,8 @@ namespace tpfuse {
 size_t GemmConfig::smem_bytes() const {
   const size_t bf16 = 2;
   const size_t stage = size_t(block_m + block_n) * block_k * bf16;
-  const size_t epilogue = size_t(consumer_warpgroups) * kEpilogueBuffers * 64 * kEpilogueChunkCols * bf16;
+  // The epilogue stages a whole tile in BF16.
+  const size_t epilogue = size_t(block_m) * block_n * bf16;
   const size_t barriers = size_t(2 * stages) * 8;
   // The storage is 1024-byte aligned (swizzled TMA tiles need it), and the launch adds 1024 bytes of
   // slack to align the dynamic shared memory base.
@@ -36,9 +37,10 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
     c.block_m = 64;
   }
   c.num_ctas = device.num_sms;
-  if (c.smem_bytes() > size_t(device.max_smem_per_block)) {
-    c.stages = 3;
-  }
+  // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 for 64 x 256).
+  constexpr int kMaxStages = 4;
+  c.stages = kMaxStages;
+  while (c.stages > 2 && c.smem_bytes() > size_t(device.max_smem_per_block)) --c.stages;
   if (c.smem_bytes() > size_t(device.max_smem_per_block)) {
     return Status::Unsupported("the GEMM tiles need " + std::to_string(c.smem_bytes()) +
                                " bytes of shared memory; the device allows " +

@@ -23,7 +23,7 @@ struct GemmConfig {
   int block_m = 128;             // rows of a tile (one 64-row slab per consumer warpgroup)
   int block_n = 256;             // columns of a tile
   int block_k = 64;              // K per pipeline stage (128 bytes of BF16: one TMA swizzle row)
-  int stages = 4;                // shared-memory pipeline depth
+  int stages = 4;                // shared-memory pipeline depth (as many as fit, at most 4)
   int consumer_warpgroups = 2;   // warpgroups issuing WGMMA; one more warpgroup produces (TMA)
   int group_rows = 8;            // raster group: row tiles visited together for L2 reuse
   int num_ctas = 0;              // persistent grid size
@@ -33,11 +33,6 @@ struct GemmConfig {
   size_t smem_bytes() const;
   std::string to_string() const;
 };
-
-// Epilogue staging: each consumer warpgroup stores its 64-row slab in 64 x 64 chunks through
-// shared memory, double-buffered.
-constexpr int kEpilogueChunkCols = 64;
-constexpr int kEpilogueBuffers = 2;
 
 // Picks the GEMM config for one rank's partial product. Fails (never aborts) on an unsupported device.
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs the GPU checks and benchmarks from an already-built tree (e.g. built elsewhere and copied to
+# the GPU machine) and collects logs, JSON and tables in one folder, plus an archive of it.
+#
+#   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
+#
+# Steps (default: all, in this order): env tests sanitize gemm proxy baseline fused.
+# Each step's output goes to OUT_DIR/<step>.log; its last lines are echoed. Every step is bounded by
+# STEP_TIMEOUT seconds (default 300). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -uo pipefail
+
+build=$(cd "$1" && pwd)
+out=$(mkdir -p "$2" && cd "$2" && pwd)
+shift 2
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(env tests sanitize gemm proxy baseline fused)
+bench="${build}/bench/tpfuse_bench"
+
+export NCCL_NVLS_ENABLE=0
+# The NCCL device API is inlined from the headers we built with (2.28.9): prefer a matching library,
+# PyTorch's, when it is there.
+if nccl_dir=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null); then
+  export LD_LIBRARY_PATH="${nccl_dir}:${LD_LIBRARY_PATH:-}"
+fi
+
+run_step() {
+  local name=$1
+  shift
+  echo "== ${name}: $*"
+  local start=${SECONDS}
+  timeout "${STEP_TIMEOUT:-300}" "$@" >"${out}/${name}.log" 2>&1
+  local rc=$?
+  echo "   exit ${rc} after $((SECONDS - start)) s"
+  tail -n "${TAIL_LINES:-6}" "${out}/${name}.log" | sed 's/^/   /'
+}
+
+for step in "${steps[@]}"; do
+  case "${step}" in
+    env)
+      run_step env bash -c 'nvidia-smi; nvidia-smi topo -m; nvcc --version | tail -1; echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"'
+      ;;
+    tests)
+      run_step test_gemm "${build}/tests/gpu/test_gemm"
+      run_step test_fused "${build}/tests/gpu/test_fused"
+      ;;
+    sanitize)
+      small_gemm='*GemmShapes*/0:*GemmShapes*/17:*GemmExact*'
+      small_fused='*FusedExact*/3:*FusedErrors.BadCalls*'
+      run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
+      run_step memcheck_fused compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter="${small_fused}"
+      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/0'
+      run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/0'
+      ;;
+    gemm)
+      run_step gemm_kn "${bench}" --mode gemm --layout kn --check --json "${out}/gemm_kn.json" --csv "${out}/gemm_kn.csv"
+      run_step gemm_nk "${bench}" --mode gemm --layout nk --check --json "${out}/gemm_nk.json" --csv "${out}/gemm_nk.csv"
+      ;;
+    proxy)
+      run_step proxy_kn "${bench}" --mode proxy --layout kn --json "${out}/proxy_kn.json" --csv "${out}/proxy_kn.csv"
+      ;;
+    baseline)
+      run_step baseline "${bench}" --mode baseline --check --json "${out}/baseline.json" --csv "${out}/baseline.csv"
+      ;;
+    fused)
+      run_step fused "${bench}" --mode fused --check --json "${out}/fused.json" --csv "${out}/fused.csv"
+      ;;
+    *)
+      echo "unknown step '${step}'" >&2
+      exit 2
+      ;;
+  esac
+done
+tar -C "$(dirname "${out}")" -czf "${out}.tgz" "$(basename "${out}")"
+echo "archive: ${out}.tgz"
