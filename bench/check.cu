@@ -155,9 +155,11 @@ __global__ void __launch_bounds__(kThreads) error_sums_kernel(const bf16* out, c
   }
 }
 
-__global__ void add_kernel(float* sum, const float* addend, size_t count) {
+// sum += addend in FP32; the addend FP32 or BF16.
+template <class T>
+__global__ void add_kernel(float* sum, const T* addend, size_t count) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    sum[i] += addend[i];
+    sum[i] += static_cast<float>(addend[i]);
   }
 }
 
@@ -193,6 +195,11 @@ void reference_gemm(const Problem& problem, const bf16* a, const bf16* w, float*
   const dim3 grid(unsigned((problem.n + kRefTile - 1) / kRefTile), unsigned((problem.m + kRefTile - 1) / kRefTile));
   reference_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, w, ref, problem.m, problem.n, problem.k_per_rank,
                                                        problem.weight_layout == WeightLayout::kNxK);
+  BENCH_CHECK(cudaGetLastError());
+}
+
+void add_bf16_to_ref(float* sum, const bf16* addend, size_t count, cudaStream_t stream) {
+  add_kernel<<<grid_for(count), kThreads, 0, stream>>>(sum, addend, count);
   BENCH_CHECK(cudaGetLastError());
 }
 

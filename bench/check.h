@@ -27,6 +27,9 @@ void poison_bf16(bf16* data, size_t count, cudaStream_t stream);
 // `w` is laid out as problem.weight_layout says.
 void reference_gemm(const Problem& problem, const bf16* a, const bf16* w, float* ref, cudaStream_t stream);
 
+// sum += addend, element by element in FP32: a BF16 partial added into an FP32 reference.
+void add_bf16_to_ref(float* sum, const bf16* addend, size_t count, cudaStream_t stream);
+
 // The sums behind ErrorStats, kept apart so that the outputs of several ranks can be measured together.
 struct ErrorSums {
   double max_abs_diff = 0;

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tpfuse/status.h"
+
 namespace tpfuse::bench {
 
 class CallFailed : public std::runtime_error {
@@ -45,6 +47,11 @@ inline void check_call(ncclResult_t result, const char* call, const char* file, 
     throw CallFailed(call_site(call, file, line) + " failed: " + ncclGetErrorString(result) + " (" +
                      ncclGetLastError(nullptr) + ")");
   }
+}
+
+// Throws OpFailed with the Status's text if a tpfuse call failed.
+inline void check_op(const Status& status) {
+  if (!status.ok()) throw OpFailed(status.to_string());
 }
 
 }  // namespace tpfuse::bench

@@ -4,28 +4,12 @@
 #include <cmath>
 #include <string>
 
-#include "baselines.h"
-#include "check.h"
 #include "modes.h"
+#include "unfused.h"
 
 namespace tpfuse::bench {
 
 namespace {
-
-enum Tensor { kA, kW, kPartial };
-
-// One GPU's buffers, one of each per input set.
-struct RankBuffers {
-  std::vector<DeviceBuffer> a;        // m x k_per_rank
-  std::vector<DeviceBuffer> w;        // k_per_rank x n or n x k_per_rank
-  std::vector<DeviceBuffer> partial;  // m x n: the GEMM's output, the reduce-scatter's input
-  std::vector<DeviceBuffer> out;      // m/G x n: the reduce-scatter's output (empty without it)
-};
-
-struct ShapeErrors {
-  ErrorSums gemm;
-  ErrorSums reduce_scatter;
-};
 
 std::vector<Column> baseline_columns(bool check) {
   std::vector<Column> columns = shape_columns();
@@ -54,69 +38,6 @@ std::vector<Column> baseline_columns(bool check) {
   return columns;
 }
 
-void gemm_all(GpuSet& gpus, std::vector<RankBuffers>& ranks, const Problem& problem, int set) {
-  for (int g = 0; g < gpus.size(); ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
-    cublas_gemm(gpus[g].cublas, problem, ranks[g].a[set].get(), ranks[g].w[set].get(), ranks[g].partial[set].get());
-  }
-}
-
-void reduce_scatter_all(GpuSet& gpus, std::vector<RankBuffers>& ranks, size_t partial_count, int set) {
-  BENCH_CHECK(ncclGroupStart());
-  for (int g = 0; g < gpus.size(); ++g) {
-    nccl_reduce_scatter(gpus[g].comm, ranks[g].partial[set].get(), ranks[g].out[set].get(), partial_count,
-                        gpus.size(), gpus[g].stream);
-  }
-  BENCH_CHECK(ncclGroupEnd());
-}
-
-// Runs the unfused path once on input set 0 into poisoned outputs and measures it against FP32
-// references: each GPU's GEMM against its own, each reduce-scatter output against the sum of the
-// references' rows it owns.
-ShapeErrors check_shape(GpuSet& gpus, std::vector<RankBuffers>& ranks, const Problem& problem, bool with_comm) {
-  const int num_gpus = gpus.size();
-  const size_t partial_count = size_t(problem.m) * size_t(problem.n);
-  const size_t out_count = partial_count / size_t(num_gpus);
-  for (int g = 0; g < num_gpus; ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
-    poison_bf16(ranks[g].partial[0].as<bf16>(), partial_count, gpus[g].stream);
-    if (with_comm) poison_bf16(ranks[g].out[0].as<bf16>(), out_count, gpus[g].stream);
-  }
-  gemm_all(gpus, ranks, problem, 0);
-  if (with_comm) reduce_scatter_all(gpus, ranks, partial_count, 0);
-
-  std::vector<DeviceBuffer> partial_refs;
-  for (int g = 0; g < num_gpus; ++g) {
-    partial_refs.emplace_back(gpus[g].device, partial_count * sizeof(float));
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
-    reference_gemm(problem, ranks[g].a[0].as<bf16>(), ranks[g].w[0].as<bf16>(), partial_refs[g].as<float>(),
-                   gpus[g].stream);
-  }
-  ShapeErrors errors;
-  for (int g = 0; g < num_gpus; ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
-    errors.gemm.merge(
-        measure_error(ranks[g].partial[0].as<bf16>(), partial_refs[g].as<float>(), partial_count, gpus[g].stream));
-  }
-  if (!with_comm) return errors;
-
-  std::vector<DeviceBuffer> out_refs;
-  std::vector<const float*> partial_ptrs;
-  std::vector<float*> out_ptrs;
-  for (int g = 0; g < num_gpus; ++g) {
-    out_refs.emplace_back(gpus[g].device, out_count * sizeof(float));
-    partial_ptrs.push_back(partial_refs[g].as<float>());
-    out_ptrs.push_back(out_refs[g].as<float>());
-  }
-  reference_reduce_scatter(gpus, partial_ptrs, out_ptrs, problem.m, problem.n);
-  for (int g = 0; g < num_gpus; ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
-    errors.reduce_scatter.merge(
-        measure_error(ranks[g].out[0].as<bf16>(), out_refs[g].as<float>(), out_count, gpus[g].stream));
-  }
-  return errors;
-}
-
 Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& report) {
   const Shape& shape = options.shapes[shape_index];
   const Problem problem = make_problem(shape, options);
@@ -127,27 +48,13 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     row["note"] = "M not divisible by " + std::to_string(num_gpus) + " GPUs: no reduce-scatter";
   }
 
-  const size_t a_count = size_t(problem.m) * size_t(problem.k_per_rank);
-  const size_t w_count = size_t(problem.k_per_rank) * size_t(problem.n);
-  const size_t partial_count = size_t(problem.m) * size_t(problem.n);
-  const size_t out_count = with_comm ? partial_count / size_t(num_gpus) : 0;
-  const size_t set_bytes = (a_count + w_count + partial_count + out_count) * sizeof(bf16);
-  const int num_sets = rotation_sets(set_bytes, gpus[0].l2_bytes, rotation_budget_bytes(gpus[0].device));
-
-  std::vector<RankBuffers> ranks(num_gpus);
-  for (int g = 0; g < num_gpus; ++g) {
-    const uint64_t seed = *options.seed;
-    ranks[g].a = random_bf16_sets(gpus[g], a_count, num_sets, tensor_seed(seed, shape_index, g, 0, kA));
-    ranks[g].w = random_bf16_sets(gpus[g], w_count, num_sets, tensor_seed(seed, shape_index, g, 0, kW));
-    // Random partials: the reduce-scatter alone adds real numbers, not left-over memory.
-    ranks[g].partial =
-        random_bf16_sets(gpus[g], partial_count, num_sets, tensor_seed(seed, shape_index, g, 0, kPartial));
-    if (with_comm) ranks[g].out = poisoned_bf16_sets(gpus[g], out_count, num_sets);
-  }
+  const RankCounts counts = rank_counts(problem, num_gpus, with_comm);
+  const int num_sets = rotation_sets(counts.bf16_bytes(), gpus[0].l2_bytes, rotation_budget_bytes(gpus[0].device));
+  UnfusedBuffers buffers = make_unfused_buffers(gpus, counts, num_sets, *options.seed, shape_index);
   gpus.synchronize();
 
   if (options.check) {
-    const ShapeErrors errors = check_shape(gpus, ranks, problem, with_comm);
+    const UnfusedErrors errors = check_unfused(gpus, buffers, problem, make_references(gpus, buffers, problem));
     const ErrorStats gemm = errors.gemm.stats();
     row["gemm_max_rel"] = gemm.max_rel;
     row["gemm_norm_rel"] = gemm.norm_rel;
@@ -161,23 +68,16 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     if (wrong > 0) report.count_failure();
   }
 
-  const TimingOptions timing = timing_options(options);
-  const double t_gemm = time_median_ms(gpus, timing, [&](int i) { gemm_all(gpus, ranks, problem, i % num_sets); });
-  row["t_gemm_ms"] = t_gemm;
-  row["tflops_gemm"] = tflops(problem.flops_per_rank(), t_gemm);
+  const UnfusedTimes times = time_unfused(gpus, buffers, problem, timing_options(options));
+  row["t_gemm_ms"] = times.gemm;
+  row["tflops_gemm"] = tflops(problem.flops_per_rank(), times.gemm);
   if (with_comm) {
-    const double t_comm = time_median_ms(
-        gpus, timing, [&](int i) { reduce_scatter_all(gpus, ranks, partial_count, i % num_sets); });
-    const double t_seq = time_median_ms(gpus, timing, [&](int i) {
-      gemm_all(gpus, ranks, problem, i % num_sets);
-      reduce_scatter_all(gpus, ranks, partial_count, i % num_sets);
-    });
     // nccl-tests' reduce-scatter bandwidths: algbw over the whole m x n buffer, busbw = algbw (G-1)/G.
-    const double algbw = double(partial_count * sizeof(bf16)) / (t_comm * 1e-3) / 1e9;
-    row["t_comm_ms"] = t_comm;
+    const double algbw = double(counts.partial * sizeof(bf16)) / (times.comm * 1e-3) / 1e9;
+    row["t_comm_ms"] = times.comm;
     row["algbw_gbps"] = algbw;
     row["busbw_gbps"] = algbw * (num_gpus - 1) / num_gpus;
-    row["t_seq_ms"] = t_seq;
+    row["t_seq_ms"] = times.seq;
     row["comm_gpus"] = double(num_gpus);
   }
   row["input_sets"] = double(num_sets);

@@ -78,4 +78,19 @@ std::vector<DeviceBuffer> poisoned_bf16_sets(Gpu& gpu, size_t count, int num_set
   return sets;
 }
 
+bool attempt(const std::function<void()>& step, std::string* failure) {
+  try {
+    step();
+    return true;
+  } catch (const OpFailed& e) {
+    if (failure->empty()) *failure = e.what();
+    return false;
+  }
+}
+
+const double* number_in(const Row& row, const std::string& key) {
+  const auto it = row.find(key);
+  return it == row.end() ? nullptr : std::get_if<double>(&it->second);
+}
+
 }  // namespace tpfuse::bench

@@ -48,9 +48,7 @@ std::vector<Column> gemm_columns(bool check) {
 
 // Ours on input set `set`; a bad Status becomes OpFailed.
 void run_ours(const Problem& problem, Buffers& buffers, int set, cudaStream_t stream) {
-  const Status status =
-      tpfuse::gemm(problem, buffers.a[set].get(), buffers.w[set].get(), buffers.c_ours[set].get(), stream);
-  if (!status.ok()) throw OpFailed(status.to_string());
+  check_op(tpfuse::gemm(problem, buffers.a[set].get(), buffers.w[set].get(), buffers.c_ours[set].get(), stream));
 }
 
 Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index, Report& report) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "cli.h"
@@ -21,6 +23,10 @@ using ModeFn = void (*)(const Options& options, Report& report);
 void run_baseline(const Options& options, Report& report);
 // tpfuse::gemm against cuBLAS on the per-rank shapes, on GPU 0.
 void run_gemm(const Options& options, Report& report);
+// The solo-rank proxy of the fused op on GPU 0: rank 0 of P emulated ranks alone, against tpfuse::gemm.
+void run_proxy(const Options& options, Report& report);
+// The fused op on every GPU (2 or more) against the unfused path: T_fused, E, E_hideable, speedup.
+void run_fused(const Options& options, Report& report);
 
 // ---- Shared by the modes ----
 
@@ -43,5 +49,12 @@ size_t rotation_budget_bytes(int device);
 // `num_sets` BF16 buffers of `count` elements on `device`, random (seeded per set from `seed`) or poisoned.
 std::vector<DeviceBuffer> random_bf16_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed);
 std::vector<DeviceBuffer> poisoned_bf16_sets(Gpu& gpu, size_t count, int num_sets);
+
+// Runs `step`, a part of a shape that calls tpfuse: an OpFailed it throws goes into `failure` (the
+// first of the shape is kept) instead of ending the sweep. Returns whether `step` succeeded.
+bool attempt(const std::function<void()>& step, std::string* failure);
+
+// The row's number under `key`, or null if it has none.
+const double* number_in(const Row& row, const std::string& key);
 
 }  // namespace tpfuse::bench
