@@ -26,6 +26,8 @@ struct Mode {
 constexpr Mode kModes[] = {
     {"baseline", run_baseline, 0},
     {"gemm", run_gemm, 1},
+    {"proxy", run_proxy, 1},
+    {"fused", run_fused, 0},
 };
 
 std::vector<std::string> mode_names() {
