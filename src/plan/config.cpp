@@ -24,6 +24,20 @@ std::string GemmConfig::to_string() const {
   return os.str();
 }
 
+namespace {
+
+// Relative time of a config: the waves of tiles over the SMs times a tile's cost, which grows with
+// its columns plus a fixed part (pipeline fill and epilogue) worth about 32 columns.
+double relative_time(const Problem& problem, const DeviceInfo& device, int block_m, int block_n) {
+  const int64_t rows = problem.rows_per_rank();
+  const int64_t tiles = int64_t(problem.world_size) * ((rows + block_m - 1) / block_m) * ((problem.n + block_n - 1) / block_n);
+  const int64_t waves = (tiles + device.num_sms - 1) / device.num_sms;
+  constexpr double kFixedCols = 32;
+  return double(waves) * (block_m / 128.0) * (block_n + kFixedCols);
+}
+
+}  // namespace
+
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   if (device.cc_major != 9) {
@@ -31,13 +45,16 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
                                std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
   GemmConfig c;
-  // A segment of at most 64 rows (M=512 at P=8) would waste half of a 128-row tile: use 64-row
-  // tiles there, the two consumer warpgroups splitting the columns instead of the rows.
   if (problem.rows_per_rank() <= 64) {
+    // A segment of at most 64 rows (M=512 at P=8) would waste half of a 128-row tile: 64-row tiles,
+    // the two consumer warpgroups splitting the columns instead of the rows.
     c.block_m = 64;
+  } else if (relative_time(problem, device, 128, 192) < relative_time(problem, device, 128, 256)) {
+    // Narrower tiles where 256-wide ones would leave SMs idle in the last wave (M=512, N=6144).
+    c.block_n = 192;
   }
   c.num_ctas = device.num_sms;
-  // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 for 64 x 256).
+  // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 otherwise).
   constexpr int kMaxStages = 4;
   c.stages = kMaxStages;
   while (c.stages > 2 && c.smem_bytes() > size_t(device.max_smem_per_block)) --c.stages;

@@ -15,9 +15,9 @@
 namespace tpfuse {
 namespace {
 
-// The smallest tile the configs use: flags are sized for it.
+// At most as many tiles as with 64 x 128 tiles (smaller than any config's): flags are sized for it.
 constexpr int64_t kMinBlockM = 64;
-constexpr int64_t kMinBlockN = 256;
+constexpr int64_t kMinBlockN = 128;
 constexpr int kSlabsPerTile = 2;
 constexpr size_t kAlign = 256;
 constexpr int kCounterWords = 4;  // epoch, done, failed, spare

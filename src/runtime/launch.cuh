@@ -18,11 +18,14 @@ template <class Fn>
 Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
   using kernels::MainloopConfig;
   const bool k_major = layout == WeightLayout::kNxK;
-  if (c.block_n == 256 && c.block_k == 64 && c.consumer_warpgroups == 2) {
-    if (c.block_m == 128 && c.stages == 3) {
+  if (c.block_k == 64 && c.consumer_warpgroups == 2) {
+    if (c.block_m == 128 && c.block_n == 256 && c.stages == 3) {
       return k_major ? fn(MainloopConfig<128, 256, 3, true>{}) : fn(MainloopConfig<128, 256, 3, false>{});
     }
-    if (c.block_m == 64 && c.stages == 4) {
+    if (c.block_m == 128 && c.block_n == 192 && c.stages == 4) {
+      return k_major ? fn(MainloopConfig<128, 192, 4, true>{}) : fn(MainloopConfig<128, 192, 4, false>{});
+    }
+    if (c.block_m == 64 && c.block_n == 256 && c.stages == 4) {
       return k_major ? fn(MainloopConfig<64, 256, 4, true>{}) : fn(MainloopConfig<64, 256, 4, false>{});
     }
   }

@@ -117,6 +117,20 @@ TEST(Config, NullOutputIsAnError) {
   EXPECT_EQ(select_gemm_config(make(2048, 8192, 8192, 8), h100(), nullptr).code(), StatusCode::kInvalidArgument);
 }
 
+// Tile width follows the waves: 128 x 256 tiles of M=512, N=6144 are 96 tiles on 132 SMs (a third
+// idle), 128 x 192 tiles are 128; at N=8192, 128 x 256 tiles already fill one wave.
+TEST(Config, NarrowerTilesWhereTheLastWaveWouldIdle) {
+  GemmConfig c;
+  ASSERT_TRUE(select_gemm_config(make(512, 6144, 768, 1), h100(), &c).ok());
+  EXPECT_EQ(c.block_n, 192) << c.to_string();
+  ASSERT_TRUE(select_gemm_config(make(512, 8192, 1024, 1), h100(), &c).ok());
+  EXPECT_EQ(c.block_n, 256) << c.to_string();
+  ASSERT_TRUE(select_gemm_config(make(32768, 8192, 3584, 1), h100(), &c).ok());
+  EXPECT_EQ(c.block_n, 256) << c.to_string();
+  ASSERT_TRUE(select_gemm_config(make(512, 8192, 1024 * 8, 8), h100(), &c).ok());
+  EXPECT_EQ(c.block_m, 64) << "64 rows per rank: " << c.to_string();
+}
+
 TEST(Config, SmemAccountsForEveryPart) {
   GemmConfig c;
   c.block_m = 128;
