@@ -22,13 +22,9 @@ std::vector<Column> baseline_columns(bool check) {
       {"t_seq_ms", "T_seq(ms)", 10, Format::kFixed, 4},
   });
   if (check) {
-    columns.insert(columns.end(), {
-        {"gemm_max_rel", "gemm_maxrel", 11, Format::kScientific, 2},
-        {"gemm_norm_rel", "gemm_l2rel", 10, Format::kScientific, 2},
-        {"rs_max_rel", "rs_maxrel", 10, Format::kScientific, 2},
-        {"rs_norm_rel", "rs_l2rel", 10, Format::kScientific, 2},
-        {"wrong", "#wrong", 7, Format::kInteger},
-    });
+    add_error_columns(columns, "gemm", "gemm");
+    add_error_columns(columns, "rs", "rs");
+    columns.push_back({"wrong", "#wrong", 7, Format::kInteger});
   }
   columns.insert(columns.end(), {
       {"comm_gpus", "P_comm", 6, Format::kInteger, 0, false},
@@ -55,14 +51,8 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
 
   if (options.check) {
     const UnfusedErrors errors = check_unfused(gpus, buffers, problem, make_references(gpus, buffers, problem));
-    const ErrorStats gemm = errors.gemm.stats();
-    row["gemm_max_rel"] = gemm.max_rel;
-    row["gemm_norm_rel"] = gemm.norm_rel;
-    if (with_comm) {
-      const ErrorStats rs = errors.reduce_scatter.stats();
-      row["rs_max_rel"] = rs.max_rel;
-      row["rs_norm_rel"] = rs.norm_rel;
-    }
+    set_errors(row, "gemm", errors.gemm.stats());
+    if (with_comm) set_errors(row, "rs", errors.reduce_scatter.stats());
     const uint64_t wrong = errors.gemm.num_nonfinite + errors.reduce_scatter.num_nonfinite;
     row["wrong"] = double(wrong);
     if (wrong > 0) report.count_failure();

@@ -1,5 +1,8 @@
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "check.h"
 #include "modes.h"
 
@@ -21,6 +24,53 @@ Row shape_row(const Shape& shape) {
       {"n", double(shape.n)},
       {"k_per_rank", double(shape.k_per_rank)},
   };
+}
+
+void add_error_columns(std::vector<Column>& columns, const std::string& key, const std::string& label) {
+  for (const auto& [measure, suffix] : {std::pair{"_max_rel", "_maxrel"}, std::pair{"_norm_rel", "_l2rel"}}) {
+    const std::string header = label + suffix;
+    columns.push_back({key + measure, header, std::max(10, int(header.size())), Format::kScientific, 2});
+  }
+}
+
+void set_errors(Row& row, const std::string& key, const ErrorStats& stats) {
+  row[key + "_max_rel"] = stats.max_rel;
+  row[key + "_norm_rel"] = stats.norm_rel;
+}
+
+void add_outcome_columns(std::vector<Column>& columns, bool check) {
+  if (check) columns.push_back({"rule", "rule", 4, Format::kText});
+  columns.insert(columns.end(), {
+      {"wrong", "#wrong", 9, Format::kInteger},
+      {"input_sets", "sets", 4, Format::kInteger, 0, false},
+      {"status", "status", 0, Format::kText},
+  });
+}
+
+void finish_row(Row& row, Report& report, const Options& options, const Outcome& outcome, size_t output_count,
+                int num_sets) {
+  const bool failed = !outcome.failure.empty();
+  const uint64_t wrong = failed && !options.check ? uint64_t(output_count) : outcome.wrong;
+  if (failed || wrong > 0 || outcome.rule_failed) report.count_failure();
+  row["wrong"] = double(wrong);
+  row["status"] = failed ? outcome.failure : std::string("ok");
+  row["input_sets"] = double(num_sets);
+}
+
+void OutcomeTally::add(const Row& row) {
+  if (const double* count = number_in(row, "wrong")) wrong += uint64_t(*count);
+  if (const auto it = row.find("rule"); it != row.end() && std::get<std::string>(it->second) != "pass") {
+    ++rule_failures;
+  }
+}
+
+void OutcomeTally::summarize(const Options& options, std::string& line, Row& summary) const {
+  if (options.check) {
+    line += "; rule failures " + std::to_string(rule_failures);
+    summary["rule_failures"] = double(rule_failures);
+  }
+  line += "; #wrong " + std::to_string(wrong);
+  summary["wrong"] = double(wrong);
 }
 
 Problem make_problem(const Shape& shape, const Options& options) {

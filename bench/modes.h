@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "device_buffer.h"
 #include "gpus.h"
+#include "plan/reference.h"
 #include "report.h"
 #include "timing.h"
 #include "tpfuse/problem.h"
@@ -33,6 +34,36 @@ void run_fused(const Options& options, Report& report);
 // proj, M, N, K/P: the first columns of every mode.
 std::vector<Column> shape_columns();
 Row shape_row(const Shape& shape);
+
+// SPEC's two error measures of one path: columns "<key>_max_rel" and "<key>_norm_rel", headed
+// "<label>_maxrel" and "<label>_l2rel"; set_errors fills them.
+void add_error_columns(std::vector<Column>& columns, const std::string& key, const std::string& label);
+void set_errors(Row& row, const std::string& key, const ErrorStats& stats);
+
+// How a shape of a mode that calls tpfuse ended.
+struct Outcome {
+  std::string failure;       // the first failed tpfuse call (see attempt); empty: none
+  uint64_t wrong = 0;        // output elements the check found not finite
+  bool rule_failed = false;  // the check found an error outside its tolerance
+};
+
+// The last columns of a mode that calls tpfuse: the rule (pass/FAIL, the mode sets it; with --check),
+// #wrong, the input sets (JSON and CSV only), the status.
+void add_outcome_columns(std::vector<Column>& columns, bool check);
+// Fills them but the rule, and counts a failed shape in `report`. Without --check a failed call's
+// output was never measured: all `output_count` elements of it count as wrong.
+void finish_row(Row& row, Report& report, const Options& options, const Outcome& outcome, size_t output_count,
+                int num_sets);
+
+// The outcome columns over the rows of a sweep, for the summary.
+struct OutcomeTally {
+  uint64_t wrong = 0;
+  int rule_failures = 0;
+
+  void add(const Row& row);
+  // Appends "; rule failures N" (with --check) and "; #wrong N" to the line, and their numbers.
+  void summarize(const Options& options, std::string& line, Row& summary) const;
+};
 
 // One rank's problem for this shape: world_size = --tp, the layout of --layout.
 Problem make_problem(const Shape& shape, const Options& options);

@@ -4,7 +4,10 @@
     python3 bench/plot.py results.json -o plot.png
 
 gemm mode:     TFLOP/s of ours and cuBLAS per shape (grouped bars).
-baseline mode: T_gemm, T_comm, T_seq per shape (grouped bars, log scale), and T_fused when the
+proxy mode:    T_gemm (tpfuse::gemm) and T_fused_solo per shape (grouped bars, log scale), then
+               their ratio per shape against the 1.05 target.
+baseline and fused modes:
+               T_gemm, T_comm, T_seq per shape (grouped bars, log scale), and T_fused when the
                results have it; then a second panel of the overlap efficiency E (and E_hideable)
                per shape, against SPEC's 0.9 target, when the results have it.
 A missing or null number leaves its bar out.
@@ -24,6 +27,9 @@ TIME_SERIES = [("t_gemm_ms", "T_gemm (cuBLAS)"), ("t_comm_ms", "T_comm (NCCL red
 TFLOPS_SERIES = [("tflops_cublas", "cuBLAS"), ("tflops_ours", "tpfuse")]
 EFFICIENCY_SERIES = [("E", "E"), ("E_hideable", "E_hideable")]
 E_TARGET = 0.9
+PROXY_TIME_SERIES = [("t_gemm_ms", "T_gemm (tpfuse::gemm)"), ("t_fused_solo_ms", "T_fused_solo (rank 0 alone)")]
+PROXY_RATIO_SERIES = [("fused_over_gemm", "T_fused_solo / T_gemm")]
+PROXY_TARGET = 1.05
 
 
 def number(row, key):
@@ -63,19 +69,32 @@ def title(data):
     return ", ".join(parts)
 
 
+def target_line(ax, value):
+    ax.axhline(value, color="black", linestyle="--", linewidth=1, label=f"target {value}")
+    ax.legend(fontsize=8)
+
+
+def choose_panels(data, rows):
+    """(kind, series) per panel, from the mode that wrote the results, else from what they hold."""
+    mode = data.get("meta", {}).get("options", {}).get("mode")
+    if mode == "proxy" or present(rows, PROXY_TIME_SERIES[1:]):
+        times = present(rows, PROXY_TIME_SERIES)
+        ratio = present(rows, PROXY_RATIO_SERIES)
+        return ([("times", times)] if times else []) + ([("ratio", ratio)] if ratio else [])
+    tflops = present(rows, TFLOPS_SERIES)
+    if tflops:
+        return [("tflops", tflops)]
+    times = present(rows, TIME_SERIES)
+    efficiency = present(rows, EFFICIENCY_SERIES)
+    return ([("times", times)] if times else []) + ([("efficiency", efficiency)] if times and efficiency else [])
+
+
 def plot(data, out_path):
     rows = data.get("results") or []
     if not rows:
         raise ValueError("the JSON has no results")
-
-    tflops = present(rows, TFLOPS_SERIES)
-    times = present(rows, TIME_SERIES)
-    efficiency = present(rows, EFFICIENCY_SERIES)
-    if tflops:
-        panels = [("tflops", tflops)]
-    elif times:
-        panels = [("times", times)] + ([("efficiency", efficiency)] if efficiency else [])
-    else:
+    panels = choose_panels(data, rows)
+    if not panels:
         raise ValueError("the results have neither times nor TFLOP/s to plot")
 
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8, 0.7 * len(rows) + 3), 5 * len(panels)), squeeze=False)
@@ -84,10 +103,15 @@ def plot(data, out_path):
             grouped_bars(ax, rows, series, "TFLOP/s (per rank)")
         elif kind == "times":
             grouped_bars(ax, rows, series, "time (ms, median)", log=True)
+        elif kind == "ratio":
+            grouped_bars(ax, rows, series, "T_fused_solo / T_gemm")
+            # Around 1, where the few percent that matter are visible.
+            ratios = [r for r in (number(row, key) for row in rows for key, _ in series) if not math.isnan(r)]
+            ax.set_ylim(min(0.9, min(ratios) - 0.05), max(PROXY_TARGET, max(ratios)) + 0.05)
+            target_line(ax, PROXY_TARGET)
         else:
             grouped_bars(ax, rows, series, "overlap efficiency")
-            ax.axhline(E_TARGET, color="black", linestyle="--", linewidth=1, label=f"target {E_TARGET}")
-            ax.legend(fontsize=8)
+            target_line(ax, E_TARGET)
     axes[0, 0].set_title(title(data), fontsize=9)
     fig.tight_layout()
     fig.savefig(out_path, dpi=150)
