@@ -6,6 +6,13 @@
 //   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
 //
 // The CTAs walk the tile schedule (plan/schedule.h) persistently: CTA b takes steps b, b + grid, ...
+//
+// With clusters of two, CTAs 2p and 2p+1 take adjacent steps, which usually lie in the same tile
+// column (the schedule goes column-major inside a raster group): then each CTA loads half of the W
+// tile and multicasts it to both, halving W's traffic from L2. NOTE: the two CTAs run in lockstep:
+// the same number of steps (a CTA whose step is past the end recomputes its partner's tile and
+// stores nothing) over the same K, and every consumer releases each stage in both CTAs, so a stage
+// is refilled (by either producer) only once all four consumers are done with it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,7 +25,7 @@
 
 namespace tpfuse::kernels {
 
-template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_>
+template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kCluster_>
 struct MainloopConfig {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -37,14 +44,23 @@ struct MainloopConfig {
   static constexpr int kAccPerThread = kWgRows * kWgCols / 128;
   static constexpr int kThreads = 128 * (kConsumers + 1);
 
+  static constexpr int kCluster = kCluster_;  // CTAs sharing W tiles by multicast (1 or 2)
+
   static constexpr int kABytes = kBlockM * kBlockK * 2;
   static constexpr int kWBytes = kBlockN * kBlockK * 2;
   static constexpr int kWChunkBytes = 64 * kBlockK * 2;  // one 64-column chunk of an MN-major W tile
+  // W tiles are loaded in pieces (split between the CTAs of a cluster): K-major, two halves of the
+  // tile's rows; MN-major, its 64-column chunks.
+  static constexpr int kWPieces = kWeightKMajor ? 2 : kBlockN / 64;
+  static constexpr int kWPieceElems = kBlockN * kBlockK / kWPieces;
+  static constexpr int kWPieceBoxRows = kWeightKMajor ? kBlockN / 2 : kBlockK;
+  static constexpr int kWPieceBoxCols = kWeightKMajor ? kBlockK : 64;
 
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
 
   static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(kWgCols == 128 || kWgCols == 192 || kWgCols == 256, "a consumer issues m64n{128,192,256} WGMMAs");
 };
 
@@ -82,6 +98,34 @@ struct KernelParams {
   typename Epilogue::Params epilogue;
 };
 
+// What a CTA does at one step of its persistent loop.
+struct Work {
+  Tile tile;
+  bool store;             // false: a duplicate of the partner's tile, computed only to keep the pair in lockstep
+  bool share_w;           // both CTAs of the pair need the same W tile: load half each, multicast
+  bool partner_reduces;   // the partner's tile is of its own rows: it may wait for peers, stalling this CTA
+};
+
+// Steps run while this is true (for a pair: while its first step is a tile).
+template <class Config>
+__device__ __forceinline__ bool has_work(int step, int num_tiles) {
+  return Config::kCluster == 1 ? step < num_tiles : (step & ~1) < num_tiles;
+}
+
+template <class Config>
+__device__ __forceinline__ Work work_at(const TileSchedule& schedule, int step, int num_tiles) {
+  if constexpr (Config::kCluster == 1) {
+    return {schedule.tile(step), true, false, false};
+  } else {
+    const int partner = step ^ 1;
+    const bool mine = step < num_tiles;
+    const Tile tile = schedule.tile(mine ? step : partner);
+    const Tile partner_tile = partner < num_tiles ? schedule.tile(partner) : tile;
+    return {tile, mine, partner_tile.col_begin == tile.col_begin,
+            partner < num_tiles && partner_tile.owner_rank == schedule.rank};
+  }
+}
+
 // One m64nNk16 WGMMA, A and W from shared memory, accumulating into `acc` (N/2 floats a thread).
 template <int N, bool kWeightKMajor>
 struct Wgmma {
@@ -117,20 +161,25 @@ __device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<C
   int stage = 0;
   uint32_t phase = 0;
   const int num_tiles = p.schedule.num_tiles();
-  for (int step = cta; step < num_tiles; step += num_ctas) {
-    const Tile tile = p.schedule.tile(step);
+  const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
+  for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
+    const Work work = work_at<Config>(p.schedule, step, num_tiles);
     for (int kb = 0; kb < p.num_k_blocks; ++kb) {
       ptx::mbarrier_wait(&smem.empty[stage], phase ^ 1);
-      ptx::mbarrier_arrive_expect_tx(&smem.full[stage], Config::kABytes + Config::kWBytes);
+      uint64_t* full = &smem.full[stage];
+      // Both halves of a shared W tile arrive here: the expected bytes are the same either way.
+      ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
       const int k = kb * Config::kBlockK;
-      ptx::tma_load_2d(smem.a[stage], &p.a, &smem.full[stage], k, tile.row_begin);
-      if constexpr (Config::kWeightKMajor) {
-        ptx::tma_load_2d(smem.w[stage], &p.w, &smem.full[stage], k, tile.col_begin);
-      } else {
+      ptx::tma_load_2d(smem.a[stage], &p.a, full, k, work.tile.row_begin);
 #pragma unroll
-        for (int chunk = 0; chunk < Config::kBlockN / 64; ++chunk) {
-          ptx::tma_load_2d(smem.w[stage] + chunk * 64 * Config::kBlockK, &p.w, &smem.full[stage],
-                           tile.col_begin + chunk * 64, k);
+      for (int piece = 0; piece < Config::kWPieces; ++piece) {
+        __nv_bfloat16* dst = smem.w[stage] + piece * Config::kWPieceElems;
+        const int x = Config::kWeightKMajor ? k : work.tile.col_begin + piece * 64;
+        const int y = Config::kWeightKMajor ? work.tile.col_begin + piece * (Config::kBlockN / 2) : k;
+        if (!work.share_w) {
+          ptx::tma_load_2d(dst, &p.w, full, x, y);
+        } else if (piece % Config::kCluster == cluster_rank) {
+          ptx::tma_load_2d_multicast(dst, &p.w, full, x, y, (1u << Config::kCluster) - 1);
         }
       }
       if (++stage == Config::kStages) {
@@ -139,6 +188,15 @@ __device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<C
       }
     }
   }
+}
+
+// Hands a stage back to the producers: this CTA's, and in a cluster the partner's too (see the NOTE
+// at the top).
+template <class Config>
+__device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int stage) {
+  if (threadIdx.x % 128 != 0) return;
+  ptx::mbarrier_arrive(&smem.empty[stage]);
+  if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
 // Accumulates one tile's slab over all K blocks. `stage`/`phase` carry the ring position across tiles.
@@ -171,7 +229,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     cute::warpgroup_wait<1>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    if (prev_stage >= 0 && threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.empty[prev_stage]);
+    if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
     if (++stage == Config::kStages) {
       stage = 0;
@@ -181,12 +239,13 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-  if (prev_stage >= 0 && threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.empty[prev_stage]);
+  if (prev_stage >= 0) release_stage(smem, prev_stage);
 }
 
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks steps cta, cta + num_ctas,
-// ... of the schedule. The epilogue is an object per consumer warpgroup:
-//   Epilogue(params, consumer, chunk buffers); store<Config>(tile, slab, acc) per tile; finish() at the end.
+// ... of the schedule (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
+// The epilogue is an object per consumer warpgroup:
+//   Epilogue(params, consumer, chunk buffers); store<Config>(work, slab, acc) per tile; finish() at the end.
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
@@ -197,11 +256,16 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::prefetch_tensor_map(&mainloop.w);
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.full[s], 1);
-      ptx::mbarrier_init(&smem.empty[s], Config::kConsumers);
+      ptx::mbarrier_init(&smem.empty[s], Config::kConsumers * Config::kCluster);
     }
     ptx::fence_barrier_init();
   }
-  __syncthreads();
+  // The partner's barriers must be initialized before any multicast or remote arrive reaches them.
+  if constexpr (Config::kCluster == 2) {
+    ptx::cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
@@ -215,13 +279,15 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     int stage = 0;
     uint32_t phase = 0;
     const int num_tiles = mainloop.schedule.num_tiles();
-    for (int step = cta; step < num_tiles; step += num_ctas) {
-      const Tile tile = mainloop.schedule.tile(step);
+    for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
+      const Work work = work_at<Config>(mainloop.schedule, step, num_tiles);
       consume_tile<Config>(mainloop, smem, slab, acc, stage, phase);
-      epilogue.template store<Config>(tile, slab, acc);
+      if (work.store) epilogue.template store<Config>(work, slab, acc);
     }
     epilogue.finish();
   }
+  // A CTA leaves only when its partner no longer multicasts into it or arrives on its barriers.
+  if constexpr (Config::kCluster == 2) ptx::cluster_sync();
 }
 
 // The plain GEMM kernel: one rank, the whole grid.

@@ -57,7 +57,8 @@ class PushReduceEpilogue {
   }
 
   template <class Config>
-  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+  __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const Tile& tile = work.tile;
     const int segment_row = tile.segment_row + slab.row;
     const int col_begin = tile.col_begin + slab.col;
     // A slab past the segment's rows or the last column holds nothing: neither pushed nor awaited.
@@ -65,7 +66,7 @@ class PushReduceEpilogue {
     if (tile.owner_rank == p_.rank) {
       reduce<Config>(tile, segment_row, col_begin, acc);
     } else {
-      push<Config>(tile, segment_row, col_begin, acc);
+      push<Config>(tile, segment_row, col_begin, acc, /*signal_now=*/work.partner_reduces);
     }
   }
 
@@ -76,7 +77,8 @@ class PushReduceEpilogue {
 
  private:
   template <class Config>
-  __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
+  __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread],
+                       bool signal_now) {
     const CUtensorMap* recv = &p_.recv_at[tile.owner_rank];
     slabs_.store<Config::kWgCols / kChunkCols>(acc, chunks_before<Config>(col_begin, tile.col_end),
                                                [&](int c, const __nv_bfloat16* buffer) {
@@ -88,6 +90,14 @@ class PushReduceEpilogue {
       ptx::bulk_wait_group<1>();
       signal_pending();
       pending_flag_ = flag_at(tile.owner_rank, p_.rank, tile);
+      // NOTE: a cluster partner about to wait for its peers stalls this CTA (it stops releasing the
+      // shared stages), so this slab's flag cannot wait for our next slab: raise it now. Only the pair
+      // that straddles the start of the own-rows segment meets this (every later step of the pair is
+      // own rows), so no deferred flag is ever held by a stalled CTA.
+      if (signal_now) {
+        ptx::bulk_wait_group<0>();
+        signal_pending();
+      }
     }
   }
 

@@ -96,7 +96,8 @@ class StoreTileEpilogue {
       : params_(params), slabs_(consumer, buffers) {}
 
   template <class Config>
-  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+  __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const Tile& tile = work.tile;
     const int row = tile.row_begin + slab.row;
     const int col = tile.col_begin + slab.col;
     // A slab past the tile's last row (a 64-row segment in a 128-row tile) or column has nothing to

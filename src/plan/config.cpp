@@ -20,7 +20,7 @@ std::string GemmConfig::to_string() const {
   std::ostringstream os;
   os << "tile " << block_m << "x" << block_n << "x" << block_k << ", stages " << stages
      << ", consumer warpgroups " << consumer_warpgroups << ", threads " << threads()
-     << ", group_rows " << group_rows << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
+     << ", group_rows " << group_rows << ", cluster " << cluster_size << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 

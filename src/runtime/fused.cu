@@ -77,17 +77,25 @@ Status launch_fused_kernel(const kernels::FusedLaunch<kLocalRanks>& launch, int 
   cfg.blockDim = dim3(Config::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeCooperative;
-  attribute.val.cooperative = 1;
-  cfg.attrs = &attribute;
-  cfg.numAttrs = cooperative ? 1 : 0;
+  LaunchAttributes<Config> attributes(cooperative);
+  cfg.attrs = attributes.list;
+  cfg.numAttrs = attributes.count;
   if (params::debug()) {
-    std::fprintf(stderr, "tpfuse: fused launch %d rank(s) x %d CTAs x %d threads, %zu B smem%s\n", num_ranks,
-                 launch.ctas_per_rank, Config::kThreads, smem, cooperative ? ", cooperative" : "");
+    std::fprintf(stderr, "tpfuse: fused launch %d rank(s) x %d CTAs x %d threads (clusters of %d), %zu B smem%s\n",
+                 num_ranks, launch.ctas_per_rank, Config::kThreads, Config::kCluster, smem,
+                 cooperative ? ", cooperative" : "");
   }
   TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
   return Status::Ok();
+}
+
+// The persistent grid of one rank: at most the config's CTAs, whole clusters, all resident.
+template <class Config, int kLocalRanks>
+Status rank_grid(const GemmConfig& config, int* ctas) {
+  const auto kernel = kernels::fused_kernel<Config, kLocalRanks>;
+  const size_t smem = sizeof(kernels::SharedStorage<Config>) + 1024;
+  TPFUSE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  return resident_grid<Config>(kernel, smem, config.num_ctas, ctas);
 }
 
 }  // namespace
@@ -106,6 +114,7 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   GemmConfig config;
   TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, &config));
+  TPFUSE_RETURN_IF_ERROR(apply_overrides(&config));
   if (params::debug()) {
     std::fprintf(stderr, "tpfuse: gemm_reduce_scatter %s -> %s\n", problem.to_string().c_str(),
                  config.to_string().c_str());
@@ -115,9 +124,15 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
     using Config = decltype(mainloop_config);
     if (num_ranks > 1 && one_device) {
       // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
-      if (num_ranks > device.num_sms) return Status::InvalidArgument("more emulated ranks than SMs");
       kernels::FusedLaunch<kMaxWorldSize> launch{};
-      launch.ctas_per_rank = device.num_sms / num_ranks;
+      int ctas = 0;
+      TPFUSE_RETURN_IF_ERROR((rank_grid<Config, kMaxWorldSize>(config, &ctas)));
+      // Whole clusters per rank, so that no cluster spans two ranks.
+      launch.ctas_per_rank = ctas / num_ranks / Config::kCluster * Config::kCluster;
+      if (launch.ctas_per_rank == 0) {
+        return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
+                                       std::to_string(ctas) + " resident CTAs");
+      }
       for (int i = 0; i < num_ranks; ++i) {
         TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, config, a[i], w[i],
                                                         out[i], &launch.ranks[i]));
@@ -129,7 +144,7 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
       const RankState& rank = comm->ranks.at(local_ranks[i]);
       TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
       kernels::FusedLaunch<1> launch{};
-      launch.ctas_per_rank = config.num_ctas;
+      TPFUSE_RETURN_IF_ERROR((rank_grid<Config, 1>(config, &launch.ctas_per_rank)));
       TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, config, a[i], w[i], out[i], &launch.ranks[0]));
       TPFUSE_RETURN_IF_ERROR(launch_fused_kernel<Config>(launch, 1, /*cooperative=*/false, streams[i]));
     }

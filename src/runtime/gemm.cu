@@ -21,6 +21,7 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   GemmConfig config;
   TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, &config));
+  TPFUSE_RETURN_IF_ERROR(apply_overrides(&config));
   if (params::debug()) {
     std::fprintf(stderr, "tpfuse: gemm %s -> %s\n", problem.to_string().c_str(), config.to_string().c_str());
   }

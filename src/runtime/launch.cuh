@@ -14,22 +14,77 @@
 namespace tpfuse {
 
 // Calls fn(MainloopConfig<...>{}) with the compiled variant that matches the config and layout.
-template <class Fn>
-Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
+template <int kCluster, class Fn>
+Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
   using kernels::MainloopConfig;
-  const bool k_major = layout == WeightLayout::kNxK;
   if (c.block_k == 64 && c.consumer_warpgroups == 2) {
     if (c.block_m == 128 && c.block_n == 256 && c.stages == 3) {
-      return k_major ? fn(MainloopConfig<128, 256, 3, true>{}) : fn(MainloopConfig<128, 256, 3, false>{});
+      return k_major ? fn(MainloopConfig<128, 256, 3, true, kCluster>{}) : fn(MainloopConfig<128, 256, 3, false, kCluster>{});
     }
     if (c.block_m == 128 && c.block_n == 192 && c.stages == 4) {
-      return k_major ? fn(MainloopConfig<128, 192, 4, true>{}) : fn(MainloopConfig<128, 192, 4, false>{});
+      return k_major ? fn(MainloopConfig<128, 192, 4, true, kCluster>{}) : fn(MainloopConfig<128, 192, 4, false, kCluster>{});
     }
     if (c.block_m == 64 && c.block_n == 256 && c.stages == 4) {
-      return k_major ? fn(MainloopConfig<64, 256, 4, true>{}) : fn(MainloopConfig<64, 256, 4, false>{});
+      return k_major ? fn(MainloopConfig<64, 256, 4, true, kCluster>{}) : fn(MainloopConfig<64, 256, 4, false, kCluster>{});
     }
   }
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
+}
+
+template <class Fn>
+Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
+  const bool k_major = layout == WeightLayout::kNxK;
+  if (c.cluster_size == 2) return with_tile_config<2>(c, k_major, fn);
+  if (c.cluster_size == 1) return with_tile_config<1>(c, k_major, fn);
+  return Status::Internal("no compiled kernel variant for config: " + c.to_string());
+}
+
+// The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE).
+inline Status apply_overrides(GemmConfig* config) {
+  if (params::cluster_size() != 0) {
+    if (params::cluster_size() != 1 && params::cluster_size() != 2) {
+      return Status::InvalidArgument("TPFUSE_CLUSTER_SIZE = " + std::to_string(params::cluster_size()) +
+                                     " must be 1 or 2 (or 0: the config's choice)");
+    }
+    config->cluster_size = int(params::cluster_size());
+  }
+  return Status::Ok();
+}
+
+// Launch attributes for a kernel of `Config`: its cluster shape, and optionally cooperative.
+template <class Config>
+struct LaunchAttributes {
+  cudaLaunchAttribute list[2]{};
+  int count = 0;
+  explicit LaunchAttributes(bool cooperative) {
+    list[count].id = cudaLaunchAttributeClusterDimension;
+    list[count].val.clusterDim.x = Config::kCluster;
+    list[count].val.clusterDim.y = 1;
+    list[count].val.clusterDim.z = 1;
+    ++count;
+    if (cooperative) {
+      list[count].id = cudaLaunchAttributeCooperative;
+      list[count].val.cooperative = 1;
+      ++count;
+    }
+  }
+};
+
+// The largest persistent grid of `kernel` whose clusters are all resident at once, at most `wanted`.
+template <class Config, class Kernel>
+Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(wanted / Config::kCluster * Config::kCluster));
+  cfg.blockDim = dim3(Config::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  LaunchAttributes<Config> attributes(false);
+  cfg.attrs = attributes.list;
+  cfg.numAttrs = attributes.count;
+  int clusters = 0;
+  TPFUSE_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  *grid = std::min(wanted / Config::kCluster, clusters) * Config::kCluster;
+  if (*grid <= 0) return Status::Unsupported("no cluster of this kernel fits on the device");
+  return Status::Ok();
 }
 
 // The mainloop's operands: A (m x k) and W in its layout, and the tile schedule of `rank`.
@@ -38,10 +93,11 @@ Status make_mainloop_params(const Problem& problem, const GemmConfig& config, in
                             kernels::MainloopParams* p) {
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
   TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));
+  // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
   if (Config::kWeightKMajor) {
-    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kBlockN, Config::kBlockK, &p->w));
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
   } else {
-    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, k, n, n, Config::kBlockK, 64, &p->w));
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, k, n, n, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
   }
   p->schedule.world_size = problem.world_size;
   p->schedule.rank = rank;
@@ -63,14 +119,25 @@ Status launch_gemm_kernel(const kernels::KernelParams<Epilogue>& params, const G
     return Status::Internal("kernel needs " + std::to_string(smem) + " bytes of shared memory, the config planned " +
                             std::to_string(config.smem_bytes()));
   }
-  const int grid = std::min(config.num_ctas, params.mainloop.schedule.num_tiles());
-  if (params::debug()) {
-    std::fprintf(stderr, "tpfuse: launch grid %d x %d threads, %zu B smem, %d tiles, %d k-blocks\n", grid,
-                 Config::kThreads, smem, params.mainloop.schedule.num_tiles(), params.mainloop.num_k_blocks);
-  }
   TPFUSE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<grid, Config::kThreads, smem, stream>>>(params);
-  TPFUSE_CUDA_TRY(cudaGetLastError());
+  // No more CTAs than tiles (rounded up to whole clusters), and all of them resident.
+  const int num_tiles = params.mainloop.schedule.num_tiles();
+  const int wanted = std::min(config.num_ctas, (num_tiles + Config::kCluster - 1) / Config::kCluster * Config::kCluster);
+  int grid = 0;
+  TPFUSE_RETURN_IF_ERROR(resident_grid<Config>(kernel, smem, wanted, &grid));
+  if (params::debug()) {
+    std::fprintf(stderr, "tpfuse: launch grid %d x %d threads (clusters of %d), %zu B smem, %d tiles, %d k-blocks\n",
+                 grid, Config::kThreads, Config::kCluster, smem, num_tiles, params.mainloop.num_k_blocks);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(Config::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  LaunchAttributes<Config> attributes(false);
+  cfg.attrs = attributes.list;
+  cfg.numAttrs = attributes.count;
+  TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, params));
   return Status::Ok();
 }
 
