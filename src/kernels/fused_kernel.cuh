@@ -21,23 +21,32 @@ struct FusedLaunch {
   FusedRankParams ranks[kLocalRanks];
 };
 
-template <class Config, int kLocalRanks>
-__global__ void __launch_bounds__(Config::kThreads, 1) fused_kernel(const __grid_constant__ FusedLaunch<kLocalRanks> launch) {
-  const int local_rank = blockIdx.x / launch.ctas_per_rank;
-  const int cta = blockIdx.x % launch.ctas_per_rank;
-  const FusedRankParams& rank = launch.ranks[local_rank];
+template <class Config>
+__device__ __forceinline__ void run_rank(const FusedRankParams& rank, int cta, int ctas_per_rank) {
   run_persistent<Config, PushReduceEpilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta,
-                                             launch.ctas_per_rank);
+                                             ctas_per_rank);
   __syncthreads();
   // The last CTA of this rank to finish advances the epoch: the next call (stream-ordered after this
   // one) uses the next epoch and the other parity, with no host involvement (CUDA-graph friendly).
   // Every CTA read the epoch at its start, before this point.
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(rank.done_counter, 1u) == uint32_t(launch.ctas_per_rank - 1)) {
+    if (atomicAdd(rank.done_counter, 1u) == uint32_t(ctas_per_rank - 1)) {
       *rank.done_counter = 0;
       atomicAdd(rank.epoch_counter, 1u);
     }
+  }
+}
+
+template <class Config, int kLocalRanks>
+__global__ void __launch_bounds__(Config::kThreads, 1) fused_kernel(const __grid_constant__ FusedLaunch<kLocalRanks> launch) {
+  // NOTE: a rank indexed at run time makes every parameter access a global load; a real rank (one
+  // per launch) is indexed at compile time, so its parameters stay in the constant bank.
+  if constexpr (kLocalRanks == 1) {
+    run_rank<Config>(launch.ranks[0], blockIdx.x, launch.ctas_per_rank);
+  } else {
+    run_rank<Config>(launch.ranks[blockIdx.x / launch.ctas_per_rank], blockIdx.x % launch.ctas_per_rank,
+                     launch.ctas_per_rank);
   }
 }
 

@@ -164,7 +164,8 @@ __device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<C
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
-    for (int kb = 0; kb < p.num_k_blocks; ++kb) {
+    const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
+    for (int kb = 0; kb < num_k_blocks; ++kb) {
       ptx::mbarrier_wait(&smem.empty[stage], phase ^ 1);
       uint64_t* full = &smem.full[stage];
       // Both halves of a shared W tile arrive here: the expected bytes are the same either way.
@@ -211,7 +212,8 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
   const int w_offset_elems = slab.col * Config::kBlockK;
 
   int prev_stage = -1;
-  for (int kb = 0; kb < p.num_k_blocks; ++kb) {
+  const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
+  for (int kb = 0; kb < num_k_blocks; ++kb) {
     ptx::mbarrier_wait(&smem.full[stage], phase);
     const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
     const uint64_t desc_w = Config::kWeightKMajor
@@ -278,9 +280,10 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     float acc[Config::kAccPerThread];
     int stage = 0;
     uint32_t phase = 0;
-    const int num_tiles = mainloop.schedule.num_tiles();
+    const TileSchedule schedule = mainloop.schedule;  // registers: the loop's asm clobbers memory
+    const int num_tiles = schedule.num_tiles();
     for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
-      const Work work = work_at<Config>(mainloop.schedule, step, num_tiles);
+      const Work work = work_at<Config>(schedule, step, num_tiles);
       consume_tile<Config>(mainloop, smem, slab, acc, stage, phase);
       if (work.store) epilogue.template store<Config>(work, slab, acc);
     }

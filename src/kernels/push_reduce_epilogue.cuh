@@ -114,23 +114,24 @@ class PushReduceEpilogue {
     const int lane = threadIdx.x % 32;
     const int warp = (threadIdx.x / 32) % 4;
     const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
+    const int rows = p_.rows_per_rank, n = p_.n, world_size = p_.world_size, rank = p_.rank;
+    const __nv_bfloat16* recv = p_.recv + parity_ * p_.recv_parity_elems;
 #pragma unroll
     for (int c = 0; c < Config::kWgCols / kChunkCols; ++c) {
       if (c >= num_chunks) continue;
       float* sum = acc + c * 32;
       // Add the peers' partials in rank order: the result does not depend on arrival order.
-      for (int source = 0; source < p_.world_size; ++source) {
-        if (source == p_.rank) continue;
-        const __nv_bfloat16* slot =
-            p_.recv + parity_ * p_.recv_parity_elems + size_t(source) * p_.rows_per_rank * size_t(p_.n);
+      for (int source = 0; source < world_size; ++source) {
+        if (source == rank) continue;
+        const __nv_bfloat16* slot = recv + size_t(source) * rows * size_t(n);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int row = segment_row + 16 * warp + lane / 4 + 8 * half;
             const int col = col_begin + c * kChunkCols + 8 * j + 2 * (lane % 4);
-            if (row < p_.rows_per_rank && col < p_.n) {
-              const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot + size_t(row) * p_.n + col));
+            if (row < rows && col < n) {
+              const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot + size_t(row) * n + col));
               sum[4 * j + 2 * half] += v.x;
               sum[4 * j + 2 * half + 1] += v.y;
             }

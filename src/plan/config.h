@@ -26,7 +26,9 @@ struct GemmConfig {
   int stages = 4;                // shared-memory pipeline depth (as many as fit, at most 4)
   int consumer_warpgroups = 2;   // warpgroups issuing WGMMA; one more warpgroup produces (TMA)
   int group_rows = 8;            // raster group: row tiles visited together for L2 reuse
-  int cluster_size = 2;          // CTAs of a cluster, sharing W tiles by TMA multicast (1 or 2)
+  // CTAs of a cluster sharing W tiles by TMA multicast (1 or 2). 1: clusters of two measured slower
+  // (bench/results/2026-11-29-h200-6b5e4ef): TPFUSE_CLUSTER_SIZE=2 keeps them for tuning.
+  int cluster_size = 1;
   int num_ctas = 0;              // persistent grid size
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
