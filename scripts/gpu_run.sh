@@ -65,6 +65,7 @@ for step in "${steps[@]}"; do
       ;;
     proxy)
       run_step proxy_kn "${bench}" --mode proxy --layout kn --check --json "${out}/proxy_kn.json" --csv "${out}/proxy_kn.csv"
+      run_step proxy_nk "${bench}" --mode proxy --layout nk --check --json "${out}/proxy_nk.json" --csv "${out}/proxy_nk.csv"
       ;;
     baseline)
       run_step baseline "${bench}" --mode baseline --check --json "${out}/baseline.json" --csv "${out}/baseline.csv"
