@@ -69,6 +69,12 @@ constexpr int kChunkRows = 64;
 constexpr int kChunkCols = 64;
 constexpr int kChunkElems = kChunkRows * kChunkCols;
 
+// A consumer's chunk buffers, and one mbarrier per buffer for TMA loads into it.
+struct ChunkBuffers {
+  __nv_bfloat16 (*data)[kChunkElems];
+  uint64_t* loaded;
+};
+
 template <class Config>
 struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
@@ -76,6 +82,7 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
+  uint64_t chunk_loaded[Config::kConsumers][Config::kWgCols / kChunkCols];  // a TMA load into a chunk buffer landed
 };
 
 struct MainloopParams {
@@ -247,7 +254,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks steps cta, cta + num_ctas,
 // ... of the schedule (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
-//   Epilogue(params, consumer, chunk buffers); store<Config>(work, slab, acc) per tile; finish() at the end.
+//   Epilogue(params, consumer, ChunkBuffers); store<Config>(work, slab, acc) per tile; finish() at the end.
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
@@ -259,6 +266,9 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.full[s], 1);
       ptx::mbarrier_init(&smem.empty[s], Config::kConsumers * Config::kCluster);
+    }
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      for (int b = 0; b < Config::kWgCols / kChunkCols; ++b) ptx::mbarrier_init(&smem.chunk_loaded[c][b], 1);
     }
     ptx::fence_barrier_init();
   }
@@ -276,7 +286,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, smem.chunks[consumer]);
+    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], smem.chunk_loaded[consumer]});
     float acc[Config::kAccPerThread];
     int stage = 0;
     uint32_t phase = 0;

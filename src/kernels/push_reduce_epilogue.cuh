@@ -40,8 +40,6 @@ class PushReduceEpilogue {
     int tiles_per_segment;
     CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
     CUtensorMap out;                 // rows_per_rank x n, this rank's output
-    const __nv_bfloat16* recv;       // this rank's receive buffer
-    size_t recv_parity_elems;        // distance between the two parity halves of a receive buffer
     uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
     size_t flags_parity_words;       // distance between the two parity halves of a flag array
     const uint32_t* epoch_counter;   // calls completed on this rank; this call's epoch is one more
@@ -50,8 +48,8 @@ class PushReduceEpilogue {
     uint64_t timeout_ns;
   };
 
-  __device__ PushReduceEpilogue(const Params& params, int consumer, __nv_bfloat16 (*buffers)[kChunkElems])
-      : p_(params), consumer_(consumer), slabs_(consumer, buffers) {
+  __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
+      : p_(params), consumer_(consumer), buffers_(buffers), slabs_(consumer, buffers) {
     epoch_ = *reinterpret_cast<const volatile uint32_t*>(p_.epoch_counter) + 1;
     parity_ = epoch_ & 1;
   }
@@ -101,47 +99,57 @@ class PushReduceEpilogue {
     }
   }
 
+  // The peers' partials stream through the chunk buffers as TMA loads (kBuffers in flight), each
+  // added to the FP32 accumulators by the whole warpgroup; chunk-major, then sources in rank order,
+  // so the sum does not depend on arrival order.
   template <class Config>
   __device__ void reduce(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
+    constexpr int kBuffers = Config::kWgCols / kChunkCols;
+    const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
+    const int num_sources = p_.world_size - 1;
+    const int num_pieces = num_chunks * num_sources;
     if (slabs_.leader()) {
       // NOTE: flush our own pending push first: a peer may be waiting for it while we wait for it.
+      // This also leaves no store reading the chunk buffers the loads below will fill.
       ptx::bulk_wait_group<0>();
       signal_pending();
       wait_for_partials(tile, segment_row, col_begin);
+      // NOTE: flags acquired (generic proxy) before the TMA reads (async proxy) of the data.
+      ptx::fence_proxy_async_global();
+      for (int i = 0; i < num_pieces && i < kBuffers; ++i) load_piece<kBuffers>(i, num_sources, segment_row, col_begin);
     }
-    slabs_.sync();
-
-    const int lane = threadIdx.x % 32;
-    const int warp = (threadIdx.x / 32) % 4;
-    const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
-    const int rows = p_.rows_per_rank, n = p_.n, world_size = p_.world_size, rank = p_.rank;
-    const __nv_bfloat16* recv = p_.recv + parity_ * p_.recv_parity_elems;
 #pragma unroll
-    for (int c = 0; c < Config::kWgCols / kChunkCols; ++c) {
+    for (int c = 0; c < kBuffers; ++c) {
       if (c >= num_chunks) continue;
-      float* sum = acc + c * 32;
-      // Add the peers' partials in rank order: the result does not depend on arrival order.
-      for (int source = 0; source < world_size; ++source) {
-        if (source == rank) continue;
-        const __nv_bfloat16* slot = recv + size_t(source) * rows * size_t(n);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int row = segment_row + 16 * warp + lane / 4 + 8 * half;
-            const int col = col_begin + c * kChunkCols + 8 * j + 2 * (lane % 4);
-            if (row < rows && col < n) {
-              const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(slot + size_t(row) * n + col));
-              sum[4 * j + 2 * half] += v.x;
-              sum[4 * j + 2 * half + 1] += v.y;
-            }
-          }
-        }
+      for (int j = 0; j < num_sources; ++j) {
+        const int i = c * num_sources + j;
+        const int use = pieces_loaded_ + i;
+        ptx::mbarrier_wait(&buffers_.loaded[use % kBuffers], (use / kBuffers) & 1);
+        add_chunk_bf16(buffers_.data[use % kBuffers], acc + c * 32);
+        // Everyone has read the buffer before the next load into it (generic reads, async write).
+        ptx::fence_proxy_async_shared();
+        slabs_.sync();
+        if (slabs_.leader() && i + kBuffers < num_pieces) load_piece<kBuffers>(i + kBuffers, num_sources, segment_row, col_begin);
       }
     }
-    slabs_.store<Config::kWgCols / kChunkCols>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
+    pieces_loaded_ += num_pieces;
+    slabs_.store<kBuffers>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
       ptx::tma_store_2d(&p_.out, buffer, col_begin + c * kChunkCols, segment_row);
     });
+  }
+
+  // Leader only: piece i of this slab's reduction (chunk i / num_sources, the (i % num_sources)-th
+  // peer in rank order) into buffer (pieces_loaded_ + i) % kBuffers.
+  template <int kBuffers>
+  __device__ void load_piece(int i, int num_sources, int segment_row, int col_begin) {
+    const int chunk = i / num_sources;
+    const int j = i % num_sources;
+    const int source = j < p_.rank ? j : j + 1;
+    const int buffer = (pieces_loaded_ + i) % kBuffers;
+    uint64_t* loaded = &buffers_.loaded[buffer];
+    ptx::mbarrier_arrive_expect_tx(loaded, kChunkElems * 2);
+    ptx::tma_load_4d(buffers_.data[buffer], &p_.recv_at[p_.rank], loaded, col_begin + chunk * kChunkCols, segment_row,
+                     source, parity_);
   }
 
   // Leader only: waits, boundedly, for every peer's flag of this slab.
@@ -193,6 +201,8 @@ class PushReduceEpilogue {
 
   const Params& p_;
   int consumer_;
+  ChunkBuffers buffers_;
+  int pieces_loaded_ = 0;   // loads into the chunk buffers so far: buffer and phase of the next
   SlabStore slabs_;
   uint32_t epoch_;
   int parity_;

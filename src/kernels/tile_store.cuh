@@ -21,22 +21,40 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // 8-column block), the layout stmatrix takes. Chunk c holds columns [64c, 64c + 64): accumulator
 // elements [32c, 32c + 32).
 //
-// Rounds one chunk of accumulators to BF16 and writes it to a 64 x 64 buffer in the TMA
-// SWIZZLE_128B layout: 128-byte rows whose 16-byte pieces are permuted by (piece ^ row % 8), which
-// also keeps stmatrix free of bank conflicts.
-__device__ __forceinline__ void stage_chunk_bf16(const float* acc_chunk, __nv_bfloat16* buffer) {
+// A chunk buffer is 64 x 64 BF16 in the TMA SWIZZLE_128B layout: 128-byte rows whose 16-byte pieces
+// are permuted by (piece ^ row % 8), which also keeps stmatrix/ldmatrix free of bank conflicts.
+// This thread's stmatrix/ldmatrix address for column-block pair p: it addresses row (lane % 8) of
+// matrix (lane / 8), i.e. rows 0-7 or 8-15 of column block 2p + (lane / 16).
+__device__ __forceinline__ uint32_t chunk_matrix_addr(const __nv_bfloat16* buffer, int pair) {
   const int lane = threadIdx.x % 32;
   const int warp = (threadIdx.x / 32) % 4;
-  // This thread addresses row (lane % 8) of matrix (lane / 8): rows 0-7 or 8-15 of column block
-  // 2p + (lane / 16).
   const int row = 16 * warp + 8 * ((lane / 8) % 2) + lane % 8;
-  const uint32_t row_addr = ptx::smem_addr(buffer) + row * 128;
+  const int block = 2 * pair + lane / 16;
+  return ptx::smem_addr(buffer) + row * 128 + ((block ^ (row % 8)) << 4);
+}
+
+// Rounds one chunk of accumulators to BF16 into a chunk buffer.
+__device__ __forceinline__ void stage_chunk_bf16(const float* acc_chunk, __nv_bfloat16* buffer) {
 #pragma unroll
   for (int pair = 0; pair < 4; ++pair) {
-    const int block = 2 * pair + lane / 16;
     const float* a = acc_chunk + 8 * pair;  // blocks 2p and 2p + 1: elements [8p, 8p + 8)
-    ptx::stmatrix_x4(row_addr + ((block ^ (row % 8)) << 4), pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]),
+    ptx::stmatrix_x4(chunk_matrix_addr(buffer, pair), pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]),
                      pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
+  }
+}
+
+// Adds a BF16 chunk buffer to one chunk of accumulators (FP32).
+__device__ __forceinline__ void add_chunk_bf16(const __nv_bfloat16* buffer, float* acc_chunk) {
+#pragma unroll
+  for (int pair = 0; pair < 4; ++pair) {
+    uint32_t r[4];
+    ptx::ldmatrix_x4(chunk_matrix_addr(buffer, pair), r[0], r[1], r[2], r[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[i]));
+      acc_chunk[8 * pair + 2 * i] += v.x;
+      acc_chunk[8 * pair + 2 * i + 1] += v.y;
+    }
   }
 }
 
@@ -44,7 +62,7 @@ __device__ __forceinline__ void stage_chunk_bf16(const float* acc_chunk, __nv_bf
 // bulk group by the warpgroup's first thread.
 class SlabStore {
  public:
-  __device__ SlabStore(int consumer, __nv_bfloat16 (*buffers)[kChunkElems]) : consumer_(consumer), buffers_(buffers) {}
+  __device__ SlabStore(int consumer, ChunkBuffers buffers) : consumer_(consumer), buffers_(buffers.data) {}
 
   __device__ bool leader() const { return threadIdx.x % 128 == 0; }
   __device__ void sync() const { ptx::named_barrier_sync(1 + consumer_, 128); }
@@ -92,7 +110,7 @@ class StoreTileEpilogue {
     CUtensorMap c;  // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
   };
 
-  __device__ StoreTileEpilogue(const Params& params, int consumer, __nv_bfloat16 (*buffers)[kChunkElems])
+  __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
 
   template <class Config>

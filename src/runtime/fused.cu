@@ -54,8 +54,6 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   }
   TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kernels::kChunkRows,
                                               kernels::kChunkCols, &e.out));
-  e.recv = static_cast<const __nv_bfloat16*>(rank.recv);
-  e.recv_parity_elems = comm.recv_parity_elems;
   e.flags_parity_words = comm.flags_parity_words;
   e.epoch_counter = rank.epoch_counter;
   e.failed = rank.failed;
