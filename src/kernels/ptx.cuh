@@ -52,13 +52,15 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
   return rank;
 }
 
-// Arrives on the mbarrier at the same shared-memory offset in CTA `cta` of the cluster.
+// Arrives on the mbarrier at the same shared-memory offset in CTA `cta` of the cluster. The default
+// (CTA-scope) release: what it hands over was read by WGMMA, not by this thread's memory accesses,
+// and a cluster-scope release would fence every k-block.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
       "}\n" ::"r"(smem_addr(bar)),
       "r"(cta)
       : "memory");
