@@ -163,18 +163,14 @@ struct Slab {
   }
 };
 
-// The producer also calls Epilogue::prefetch(params, tile) as it starts each tile: the epilogue may
-// warm L2 with what it will read, while the tile's mainloop runs.
-template <class Config, class Epilogue>
-__device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue_params,
-                                        SharedStorage<Config>& smem, int cta, int num_ctas) {
+template <class Config>
+__device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<Config>& smem, int cta, int num_ctas) {
   int stage = 0;
   uint32_t phase = 0;
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
-    if (work.store) Epilogue::template prefetch<Config>(epilogue_params, work.tile);
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       ptx::mbarrier_wait(&smem.empty[stage], phase ^ 1);
@@ -285,7 +281,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    if (threadIdx.x == 0) produce<Config>(mainloop, smem, cta, num_ctas);
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;

@@ -54,24 +54,6 @@ class PushReduceEpilogue {
     parity_ = epoch_ & 1;
   }
 
-  // Producer thread, as a tile of this rank's own rows starts: pulls the peers' partials of the tile
-  // into L2, so that the epilogue's loads of them hit L2 and their HBM reads overlap the mainloop.
-  // Only a hint: data not yet arrived is simply read again later.
-  template <class Config>
-  __device__ static void prefetch(const Params& p, const Tile& tile) {
-    if (tile.owner_rank != p.rank) return;
-    const int parity = (*reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1) & 1;
-    const int rows = tile.row_end - tile.row_begin;
-    for (int source = 0; source < p.world_size; ++source) {
-      if (source == p.rank) continue;
-      for (int row = 0; row < rows; row += kChunkRows) {
-        for (int col = tile.col_begin; col < tile.col_end; col += kChunkCols) {
-          ptx::tma_prefetch_4d(&p.recv_at[p.rank], col, tile.segment_row + row, source, parity);
-        }
-      }
-    }
-  }
-
   template <class Config>
   __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const Tile& tile = work.tile;

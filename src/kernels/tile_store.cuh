@@ -113,10 +113,6 @@ class StoreTileEpilogue {
   __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
 
-  // Nothing to read ahead: the tile only goes out.
-  template <class Config>
-  __device__ static void prefetch(const Params&, const Tile&) {}
-
   template <class Config>
   __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const Tile& tile = work.tile;
