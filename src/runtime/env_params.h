@@ -20,6 +20,8 @@ namespace tpfuse::params {
 TPFUSE_PARAM(debug, "TPFUSE_DEBUG", 0)
 // CTAs per cluster (1 or 2) instead of the config's choice; 0: the config's choice.
 TPFUSE_PARAM(cluster_size, "TPFUSE_CLUSTER_SIZE", 0)
+// Row tiles per raster group instead of the config's choice; 0: the config's choice.
+TPFUSE_PARAM(group_rows, "TPFUSE_GROUP_ROWS", 0)
 // How long a rank waits for a peer's partial before the call fails with kPeerTimeout.
 TPFUSE_PARAM(peer_timeout_ms, "TPFUSE_PEER_TIMEOUT_MS", 10000)
 

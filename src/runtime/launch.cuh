@@ -39,8 +39,13 @@ Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
 }
 
-// The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE).
+// The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE, TPFUSE_GROUP_ROWS).
 inline Status apply_overrides(GemmConfig* config) {
+  if (params::group_rows() < 0) {
+    return Status::InvalidArgument("TPFUSE_GROUP_ROWS = " + std::to_string(params::group_rows()) +
+                                   " must be positive (or 0: the config's choice)");
+  }
+  if (params::group_rows() > 0) config->group_rows = int(params::group_rows());
   if (params::cluster_size() != 0) {
     if (params::cluster_size() != 1 && params::cluster_size() != 2) {
       return Status::InvalidArgument("TPFUSE_CLUSTER_SIZE = " + std::to_string(params::cluster_size()) +
