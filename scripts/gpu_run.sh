@@ -5,7 +5,7 @@
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
 # Steps (default: all, in this order): env tests sanitize gemm proxy baseline fused; also
-# tests_c1 and gemm_c1, the same with clusters of one CTA (TPFUSE_CLUSTER_SIZE=1).
+# tests_c2 and gemm_c2, the same with clusters of two CTAs (TPFUSE_CLUSTER_SIZE=2, not the default).
 # Each step's output goes to OUT_DIR/<step>.log; its last lines are echoed. Every step is bounded by
 # STEP_TIMEOUT seconds (default 300). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
@@ -44,9 +44,9 @@ for step in "${steps[@]}"; do
       run_step test_gemm "${build}/tests/gpu/test_gemm"
       run_step test_fused "${build}/tests/gpu/test_fused"
       ;;
-    tests_c1)
-      run_step test_gemm_c1 env TPFUSE_CLUSTER_SIZE=1 "${build}/tests/gpu/test_gemm"
-      run_step test_fused_c1 env TPFUSE_CLUSTER_SIZE=1 "${build}/tests/gpu/test_fused"
+    tests_c2)
+      run_step test_gemm_c2 env TPFUSE_CLUSTER_SIZE=2 "${build}/tests/gpu/test_gemm"
+      run_step test_fused_c2 env TPFUSE_CLUSTER_SIZE=2 "${build}/tests/gpu/test_fused"
       ;;
     sanitize)
       small_gemm='*GemmShapes*/0:*GemmShapes*/17:*GemmExact*'
@@ -60,8 +60,8 @@ for step in "${steps[@]}"; do
       run_step gemm_kn "${bench}" --mode gemm --layout kn --check --json "${out}/gemm_kn.json" --csv "${out}/gemm_kn.csv"
       run_step gemm_nk "${bench}" --mode gemm --layout nk --check --json "${out}/gemm_nk.json" --csv "${out}/gemm_nk.csv"
       ;;
-    gemm_c1)
-      run_step gemm_kn_c1 env TPFUSE_CLUSTER_SIZE=1 "${bench}" --mode gemm --layout kn --json "${out}/gemm_kn_c1.json"
+    gemm_c2)
+      run_step gemm_kn_c2 env TPFUSE_CLUSTER_SIZE=2 "${bench}" --mode gemm --layout kn --json "${out}/gemm_kn_c2.json"
       ;;
     proxy)
       run_step proxy_kn "${bench}" --mode proxy --layout kn --check --json "${out}/proxy_kn.json" --csv "${out}/proxy_kn.csv"
