@@ -6,7 +6,7 @@
 // The partial product C_r (m x n) is cut into P row segments, one per owner rank; segment d holds the
 // rows [d*m/P, (d+1)*m/P) that rank d keeps after the reduce-scatter. A tile never crosses a segment:
 // the last row tile of a segment is clipped to it. Rank r walks the segments rotated so that it
-// first computes the rows of rank r+1, then r+2, ..., and its own rows last:
+// first computes the rows of rank r+1, then r+2, ..., and its own rows last (see the window below):
 //
 //   step (segment order)    0      1      2     ...   P-1
 //   rank 0 computes rows of 1      2      3     ...   0      <- own rows last: reduce, no send
@@ -14,8 +14,16 @@
 //   ...
 //   rank r computes rows of (r + 1 + s) mod P at segment-step s
 //
-// At every segment-step the ranks send to P distinct owners (a permutation), so every link is busy,
-// and each owner's own segment comes last, when its peers' partials of those rows have arrived.
+// At every step the ranks send to P distinct owners (a permutation), so every link is busy. A rank's
+// own tiles need the peers' partials of the same rows, the last of which (from rank r+1) are computed
+// in the peers' last foreign segment. So the own tiles do not all wait for the very end: they are
+// interleaved into the window of the last foreign segment (F) behind a lead of L = own_lag tiles,
+//
+//   window of the last two segments:   F0 .. F(L-1)  O0 F(L)  O1 F(L+1)  ...  O(T-L-1) F(T-1)  O(T-L) .. O(T-1)
+//
+// so own tile j comes at least min(L, T) steps after every peer computed it (2L - 1 steps for j >= L;
+// T = tiles per segment), and the owner's reads of its P-1 partials spread over two segments instead
+// of one. With L >= T the own tiles simply come last.
 //
 // Inside a segment, tiles go in groups of `group_rows` row tiles, column-major inside a group, so
 // the CTAs working at the same time share A rows and W columns in L2:
@@ -54,6 +62,7 @@ struct TileSchedule {
   int block_m = 128;
   int block_n = 256;
   int group_rows = 8;
+  int own_lag = 1 << 30;  // lead of the last foreign segment over the own tiles (see above); >= 1
 
   TPFUSE_HOST_DEVICE int rows_per_rank() const { return m / world_size; }
   TPFUSE_HOST_DEVICE int row_tiles_per_segment() const { return (rows_per_rank() + block_m - 1) / block_m; }
@@ -64,11 +73,38 @@ struct TileSchedule {
   // The rank that owns the rows this rank computes at segment-step s.
   TPFUSE_HOST_DEVICE int owner_at_segment_step(int s) const { return (rank + 1 + s) % world_size; }
 
+  // The segment-step of `step` (its tile's owner is owner_at_segment_step of it), and the tile's
+  // index inside that segment.
+  TPFUSE_HOST_DEVICE void locate(int step, int* segment_step, int* index) const {
+    const int per_segment = tiles_per_segment();
+    const int window = (world_size - 2) * per_segment;  // start of the last two segments' window
+    if (world_size < 2 || step < window) {
+      *segment_step = step / per_segment;
+      *index = step % per_segment;
+      return;
+    }
+    const int own = world_size - 1;
+    const int lead = max_int(1, min_int(own_lag, per_segment));
+    const int i = step - window;
+    const int alternating = 2 * (per_segment - lead);
+    if (i < lead) {
+      *segment_step = own - 1;
+      *index = i;
+    } else if (i < lead + alternating) {
+      const int k = i - lead;
+      *segment_step = k % 2 == 0 ? own : own - 1;
+      *index = k % 2 == 0 ? k / 2 : lead + k / 2;
+    } else {
+      *segment_step = own;
+      *index = per_segment - lead + (i - lead - alternating);
+    }
+  }
+
   // The tile this rank computes at `step`, 0 <= step < num_tiles().
   TPFUSE_HOST_DEVICE Tile tile(int step) const {
-    const int per_segment = tiles_per_segment();
-    const int owner = owner_at_segment_step(step / per_segment);
-    const int t = step % per_segment;
+    int segment_step = 0, t = 0;
+    locate(step, &segment_step, &t);
+    const int owner = owner_at_segment_step(segment_step);
 
     const int num_row_tiles = row_tiles_per_segment();
     const int num_cols = col_tiles();
@@ -93,6 +129,7 @@ struct TileSchedule {
 
  private:
   TPFUSE_HOST_DEVICE static int min_int(int a, int b) { return a < b ? a : b; }
+  TPFUSE_HOST_DEVICE static int max_int(int a, int b) { return a > b ? a : b; }
 };
 
 }  // namespace tpfuse

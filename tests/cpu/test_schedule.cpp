@@ -1,5 +1,6 @@
 // TileSchedule: every rank computes every tile of its partial exactly once, in the rotated segment
-// order, and every owner gets each of its tiles from all P ranks (P-1 peers and itself).
+// order, every owner gets each of its tiles from all P ranks (P-1 peers and itself), and a rank
+// reduces an own tile only after every peer has computed it, by the lead the schedule promises.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,12 +16,15 @@
 namespace tpfuse {
 namespace {
 
+constexpr int kOwnLast = 1 << 30;  // an own_lag so large that the own tiles come last
+
 struct Case {
   int m, n, world_size, block_m, block_n, group_rows;
+  int own_lag = kOwnLast;
   std::string name() const {
     std::ostringstream os;
     os << "m=" << m << " n=" << n << " P=" << world_size << " tile=" << block_m << "x" << block_n
-       << " group_rows=" << group_rows;
+       << " group_rows=" << group_rows << " own_lag=" << own_lag;
     return os.str();
   }
 };
@@ -34,6 +38,7 @@ TileSchedule schedule_of(const Case& c, int rank) {
   s.block_m = c.block_m;
   s.block_n = c.block_n;
   s.group_rows = c.group_rows;
+  s.own_lag = c.own_lag;
   return s;
 }
 
@@ -65,9 +70,20 @@ int check_case(const Case& c) {
     std::vector<uint8_t> covered(per_element ? size_t(c.m) * size_t(c.n) : 0, 0);
     int64_t area = 0;
 
+    std::vector<int> seen_in_segment(size_t(P) * per_segment, 0);
     for (int step = 0; step < s.num_tiles() && failures < 5; ++step) {
       const Tile t = s.tile(step);
-      const int segment_step = step / per_segment;
+      int segment_step = 0, index = 0;
+      s.locate(step, &segment_step, &index);
+      if (segment_step < 0 || segment_step >= P || index < 0 || index >= per_segment) {
+        fail("step " + std::to_string(step) + " located outside the segments");
+        continue;
+      }
+      // Before the window of the last two segments, segments come whole and in order.
+      if (step < (P - 2) * per_segment && segment_step != step / per_segment) {
+        fail("step " + std::to_string(step) + " left its segment before the last two");
+      }
+      ++seen_in_segment[size_t(segment_step) * per_segment + index];
       std::ostringstream where;
       where << "rank " << rank << " step " << step << " (owner " << t.owner_rank << ", rows [" << t.row_begin << ", "
             << t.row_end << "), cols [" << t.col_begin << ", " << t.col_end << ")): ";
@@ -76,7 +92,7 @@ int check_case(const Case& c) {
       if (t.owner_rank != (rank + 1 + segment_step) % P) fail(where.str() + "owner is not (rank + 1 + s) mod P");
       if (t.owner_rank != s.owner_at_segment_step(segment_step)) fail(where.str() + "owner_at_segment_step disagrees");
       if (step == 0 && t.owner_rank != (rank + 1) % P) fail(where.str() + "first segment is not rank+1's");
-      if (step == s.num_tiles() - 1 && t.owner_rank != rank) fail(where.str() + "last segment is not the rank's own");
+      if (step == s.num_tiles() - 1 && t.owner_rank != rank) fail(where.str() + "last tile is not the rank's own");
 
       // Inside the owner's segment, on the tile grid, clipped to the segment and to n.
       const int segment_begin = t.owner_rank * rows, segment_end = segment_begin + rows;
@@ -110,6 +126,9 @@ int check_case(const Case& c) {
       entry.second = t;
     }
 
+    if (std::any_of(seen_in_segment.begin(), seen_in_segment.end(), [](int v) { return v != 1; })) {
+      fail("rank " + std::to_string(rank) + ": a (segment-step, index) is located zero or several times");
+    }
     // Tiles on the grid with distinct corners are disjoint, so their areas summing to m*n means the
     // partial is covered exactly once; the per-element count checks it directly where affordable.
     if (area != int64_t(c.m) * c.n) fail("rank " + std::to_string(rank) + ": tiles cover " + std::to_string(area) +
@@ -136,34 +155,56 @@ int check_case(const Case& c) {
   return failures;
 }
 
-// At each segment-step the owners of the P ranks form a permutation: every link is used, none twice.
+// At each step the owners of the P ranks form a permutation: every link is used, none twice.
 int check_permutation(const Case& c) {
   const int P = c.world_size;
-  int failures = 0;
-  for (int s = 0; s < P; ++s) {
+  const int num_tiles = schedule_of(c, 0).num_tiles();
+  for (int step = 0; step < num_tiles; ++step) {
     std::vector<int> seen(size_t(P), 0);
     for (int rank = 0; rank < P; ++rank) {
-      const TileSchedule sch = schedule_of(c, rank);
-      const int per_segment = sch.tiles_per_segment();
-      const int owner = sch.tile(s * per_segment).owner_rank;
-      // Every tile of the segment-step has that owner.
-      for (int t = 0; t < per_segment; ++t) {
-        if (sch.tile(s * per_segment + t).owner_rank != owner) {
-          ADD_FAILURE() << c.name() << ": rank " << rank << " changes owner inside segment-step " << s;
-          return ++failures;
-        }
-      }
+      const int owner = schedule_of(c, rank).tile(step).owner_rank;
       if (owner >= 0 && owner < P) ++seen[size_t(owner)];
     }
     for (int d = 0; d < P; ++d) {
       if (seen[size_t(d)] != 1) {
-        ADD_FAILURE() << c.name() << ": at segment-step " << s << " owner " << d << " is sent to by "
-                      << seen[size_t(d)] << " ranks";
-        ++failures;
+        ADD_FAILURE() << c.name() << ": at step " << step << " owner " << d << " is sent to by " << seen[size_t(d)]
+                      << " ranks";
+        return 1;
       }
     }
   }
-  return failures;
+  return 0;
+}
+
+// Every own tile comes at least min(own_lag, tiles per segment) steps after every peer computed it
+// (the peers then have had that long to push it), and after it in any case.
+int check_own_tiles_wait_for_peers(const Case& c) {
+  const int P = c.world_size;
+  // (owner, row_begin, col_begin) -> the step at which each rank computes it.
+  std::map<std::tuple<int, int, int>, std::vector<int>> step_of;
+  for (int rank = 0; rank < P; ++rank) {
+    const TileSchedule s = schedule_of(c, rank);
+    for (int step = 0; step < s.num_tiles(); ++step) {
+      const Tile t = s.tile(step);
+      auto& steps = step_of[std::make_tuple(t.owner_rank, t.row_begin, t.col_begin)];
+      steps.resize(size_t(P), -1);
+      steps[size_t(rank)] = step;
+    }
+  }
+  const int lead = std::max(1, std::min(c.own_lag, schedule_of(c, 0).tiles_per_segment()));
+  for (const auto& [key, steps] : step_of) {
+    const int owner = std::get<0>(key);
+    for (int peer = 0; peer < P; ++peer) {
+      if (peer == owner) continue;
+      if (steps[size_t(owner)] - steps[size_t(peer)] < lead) {
+        ADD_FAILURE() << c.name() << ": owner " << owner << " reduces its tile at (" << std::get<1>(key) << ", "
+                      << std::get<2>(key) << ") at step " << steps[size_t(owner)] << ", rank " << peer
+                      << " computes it at step " << steps[size_t(peer)] << ": less than the lead " << lead;
+        return 1;
+      }
+    }
+  }
+  return 0;
 }
 
 std::vector<Case> cases() {
@@ -174,14 +215,16 @@ std::vector<Case> cases() {
     for (int rows : {1, 3, 8, 64, 65, 128, 200, 384}) {
       for (int n : {8, 200, 256, 264, 520, 1000}) {
         for (const auto& tile : tiles) {
-          for (int group_rows : {1, 2, 3, 8}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows});
+          for (int group_rows : {1, 2, 3, 8}) {
+            for (int own_lag : {kOwnLast, 1, 5}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows, own_lag});
+          }
         }
       }
     }
   }
   // M = 512 at P = 8 (64 rows per rank) with the sweep's N, both tile heights.
   for (int n : {6144, 8192})
-    for (int block_m : {64, 128}) out.push_back({512, n, 8, block_m, 256, 8});
+    for (int block_m : {64, 128}) out.push_back({512, n, 8, block_m, 256, 8, 132});
   return out;
 }
 
@@ -192,10 +235,38 @@ TEST(Schedule, EveryTileOnceToItsOwner) {
   }
 }
 
-TEST(Schedule, OwnersArePermutationAtEachSegmentStep) {
+TEST(Schedule, OwnersArePermutationAtEachStep) {
   int bad_cases = 0;
   for (const Case& c : cases()) {
     if (check_permutation(c) > 0 && ++bad_cases >= 3) break;
+  }
+}
+
+TEST(Schedule, OwnTilesComeAfterThePeersByTheLead) {
+  int bad_cases = 0;
+  for (const Case& c : cases()) {
+    if (check_own_tiles_wait_for_peers(c) > 0 && ++bad_cases >= 3) break;
+  }
+}
+
+// The window picture in schedule.h: T = 4 tiles per segment, lead L = 2: F0 F1 O0 F2 O1 F3 O2 O3.
+TEST(Schedule, OwnTilesInterleaveAsTheDiagramShows) {
+  TileSchedule s;
+  s.world_size = 4;
+  s.rank = 1;
+  s.m = 4 * 64 * s.world_size;
+  s.n = 256;
+  s.block_m = 64;
+  s.block_n = 256;
+  s.own_lag = 2;
+  ASSERT_EQ(s.tiles_per_segment(), 4);
+  const int own = 1, last_foreign = 0;  // rank 1's segment-steps 0..3 own rows of 2, 3, 0, 1
+  const int expected_owner[8] = {last_foreign, last_foreign, own, last_foreign, own, last_foreign, own, own};
+  const int expected_index[8] = {0, 1, 0, 2, 1, 3, 2, 3};
+  for (int i = 0; i < 8; ++i) {
+    const Tile t = s.tile(2 * 4 + i);
+    EXPECT_EQ(t.owner_rank, expected_owner[i]) << "window position " << i;
+    EXPECT_EQ(t.segment_row / 64, expected_index[i]) << "window position " << i;
   }
 }
 
@@ -204,9 +275,12 @@ TEST(Schedule, SweepShapes) {
   for (int m : {512, 2048, 8192, 32768}) {
     for (int n : {6144, 8192}) {
       for (int block_m : {64, 128}) {
-        const Case c{m, n, 8, block_m, 256, 8};
-        EXPECT_EQ(check_case(c), 0);
-        EXPECT_EQ(check_permutation(c), 0);
+        for (int own_lag : {kOwnLast, 132}) {
+          const Case c{m, n, 8, block_m, 256, 8, own_lag};
+          EXPECT_EQ(check_case(c), 0);
+          EXPECT_EQ(check_permutation(c), 0);
+          EXPECT_EQ(check_own_tiles_wait_for_peers(c), 0);
+        }
       }
     }
   }
