@@ -20,7 +20,7 @@ std::string GemmConfig::to_string() const {
   std::ostringstream os;
   os << "tile " << block_m << "x" << block_n << "x" << block_k << ", stages " << stages
      << ", consumer warpgroups " << consumer_warpgroups << ", threads " << threads()
-     << ", group_rows " << group_rows << ", cluster " << cluster_size << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
+     << ", group_rows " << group_rows << ", own_lag " << own_lag << ", cluster " << cluster_size << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 
@@ -54,6 +54,9 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
     c.block_n = 192;
   }
   c.num_ctas = device.num_sms;
+  // Own tiles start one wave of tiles after the last foreign segment's: by then the peers' partials
+  // of them have been computed and sent.
+  c.own_lag = device.num_sms;
   // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 otherwise).
   constexpr int kMaxStages = 4;
   c.stages = kMaxStages;

@@ -39,8 +39,14 @@ Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
 }
 
-// The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE, TPFUSE_GROUP_ROWS).
+// The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE, TPFUSE_GROUP_ROWS,
+// TPFUSE_OWN_LAG).
 inline Status apply_overrides(GemmConfig* config) {
+  if (params::own_lag() < 0) {
+    return Status::InvalidArgument("TPFUSE_OWN_LAG = " + std::to_string(params::own_lag()) +
+                                   " must be positive (or 0: the config's choice)");
+  }
+  if (params::own_lag() > 0) config->own_lag = int(params::own_lag());
   if (params::group_rows() < 0) {
     return Status::InvalidArgument("TPFUSE_GROUP_ROWS = " + std::to_string(params::group_rows()) +
                                    " must be positive (or 0: the config's choice)");
@@ -111,6 +117,10 @@ Status make_mainloop_params(const Problem& problem, const GemmConfig& config, in
   p->schedule.block_m = Config::kBlockM;
   p->schedule.block_n = Config::kBlockN;
   p->schedule.group_rows = config.group_rows;
+  // NOTE: clusters keep the own tiles last. A CTA waiting for its peers stalls its cluster partner, and
+  // the fused epilogue is deadlock-free with clusters only if no stalled partner still has pushes to
+  // make (see push_reduce_epilogue.cuh), which holds when every step after the first own one is own.
+  p->schedule.own_lag = Config::kCluster == 1 ? config.own_lag : (1 << 30);
   p->num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);
   return Status::Ok();
 }

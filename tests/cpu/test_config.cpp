@@ -50,6 +50,7 @@ void expect_fits(const GemmConfig& c, const DeviceInfo& device, const std::strin
   EXPECT_EQ(c.block_n % 8, 0) << what;
   EXPECT_GE(c.stages, 2) << what;
   EXPECT_GE(c.group_rows, 1) << what;
+  EXPECT_GE(c.own_lag, 1) << what << ": the schedule needs a lead of at least one tile";
   EXPECT_EQ(c.num_ctas, device.num_sms) << what << ": one persistent CTA per SM";
   // FP32 accumulators per consumer thread, plus headroom for fragments and addresses.
   const int accumulators = c.block_m * c.block_n / (128 * c.consumer_warpgroups);
