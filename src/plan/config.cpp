@@ -54,9 +54,10 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
     c.block_n = 192;
   }
   c.num_ctas = device.num_sms;
-  // Own tiles start one wave of tiles after the last foreign segment's: by then the peers' partials
-  // of them have been computed and sent.
-  c.own_lag = device.num_sms;
+  // Own tiles last. Interleaving them one wave behind the last foreign segment measured slower in the
+  // solo-rank proxy (bench/results/2026-11-29-h200-a2e38bf): the own tile's reduction, not HBM
+  // bandwidth, is what costs; TPFUSE_OWN_LAG keeps the choice open for multi-GPU tuning.
+  c.own_lag = 1 << 30;
   // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 otherwise).
   constexpr int kMaxStages = 4;
   c.stages = kMaxStages;
