@@ -1,0 +1,74 @@
+// The benchmark's command line: defaults, the SPEC sweep, explicit shapes, and errors that name the
+// bad option instead of running.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli.h"
+
+namespace tpfuse::bench {
+namespace {
+
+const std::vector<std::string> kModes = {"baseline", "gemm", "proxy", "fused"};
+
+TEST(BenchCli, DefaultsAreTheSpecSweep) {
+  const ParseResult r = parse_args({}, kModes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.iters, 200);
+  EXPECT_GT(r.options.warmup, 0);
+  EXPECT_EQ(r.options.tp, 8);
+  ASSERT_EQ(r.options.shapes.size(), 16u);
+  // M in {512, 2048, 8192, 32768} for each projection; K per rank = K_total / 8.
+  int down_proj = 0;
+  for (const Shape& s : r.options.shapes) {
+    EXPECT_TRUE(s.m == 512 || s.m == 2048 || s.m == 8192 || s.m == 32768) << s.m;
+    if (s.n == 8192 && s.k_per_rank == 28672 / 8) {
+      EXPECT_EQ(s.projection, "llama3-70b.down_proj");
+      ++down_proj;
+    }
+  }
+  EXPECT_EQ(down_proj, 4);
+}
+
+TEST(BenchCli, ExplicitShapesAndOptions) {
+  const ParseResult r = parse_args({"--mode", "proxy", "--iters=50", "--warmup", "3", "--check", "--layout", "nk",
+                                    "--shapes", "1024,8192,1024;64,264,72", "--tp", "4"},
+                                   kModes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.mode, "proxy");
+  EXPECT_EQ(r.options.iters, 50);
+  EXPECT_EQ(r.options.warmup, 3);
+  EXPECT_TRUE(r.options.check);
+  EXPECT_EQ(r.options.weight_layout, WeightLayout::kNxK);
+  ASSERT_EQ(r.options.shapes.size(), 2u);
+  EXPECT_EQ(r.options.shapes[1].m, 64);
+  EXPECT_EQ(r.options.shapes[1].n, 264);
+  EXPECT_EQ(r.options.shapes[1].k_per_rank, 72);
+}
+
+TEST(BenchCli, BadArgumentsAreNamed) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--mode", "nonsense"}, "--mode"},
+      {{"--iters", "zero"}, "--iters"},
+      {{"--layout", "xy"}, "--layout"},
+      {{"--shapes", "1024,8192"}, "--shapes"},
+      {{"--frobnicate"}, "--frobnicate"},
+  };
+  for (const auto& [args, name] : bad) {
+    const ParseResult r = parse_args(args, kModes);
+    EXPECT_EQ(r.outcome, ParseOutcome::kError) << args[0];
+    EXPECT_NE(r.error.find(name), std::string::npos) << "error \"" << r.error << "\" does not name " << name;
+  }
+  EXPECT_EQ(parse_args({"--help"}, kModes).outcome, ParseOutcome::kHelp);
+}
+
+TEST(BenchCli, SweepNeedsTpToDivideK) {
+  std::string error;
+  EXPECT_EQ(sweep_shapes(8, &error).size(), 16u) << error;
+  EXPECT_TRUE(sweep_shapes(5, &error).empty());
+  EXPECT_FALSE(error.empty());
+}
+
+}  // namespace
+}  // namespace tpfuse::bench
