@@ -3,7 +3,6 @@
 
 #include "kernels/fused_kernel.cuh"
 #include "runtime/communicator.h"
-#include "runtime/device_info.h"
 #include "runtime/launch.cuh"
 
 namespace tpfuse {
@@ -70,21 +69,12 @@ Status launch_fused_kernel(const kernels::FusedLaunch<kLocalRanks>& launch, int 
   const auto kernel = kernels::fused_kernel<Config, kLocalRanks>;
   const size_t smem = sizeof(kernels::SharedStorage<Config>) + 1024;
   TPFUSE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(launch.ctas_per_rank * num_ranks));
-  cfg.blockDim = dim3(Config::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  LaunchAttributes<Config> attributes(cooperative);
-  cfg.attrs = attributes.list;
-  cfg.numAttrs = attributes.count;
   if (params::debug()) {
     std::fprintf(stderr, "tpfuse: fused launch %d rank(s) x %d CTAs x %d threads (clusters of %d), %zu B smem%s\n",
                  num_ranks, launch.ctas_per_rank, Config::kThreads, Config::kCluster, smem,
                  cooperative ? ", cooperative" : "");
   }
-  TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, launch));
-  return Status::Ok();
+  return launch_persistent<Config>(kernel, launch, launch.ctas_per_rank * num_ranks, smem, cooperative, stream);
 }
 
 // The persistent grid of one rank: at most the config's CTAs, whole clusters, all resident.
@@ -108,15 +98,8 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
   for (int i : local_ranks) one_device = one_device && comm->ranks.at(i).device == first.device;
 
   TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
-  DeviceInfo device;
-  TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   GemmConfig config;
-  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, &config));
-  TPFUSE_RETURN_IF_ERROR(apply_overrides(&config));
-  if (params::debug()) {
-    std::fprintf(stderr, "tpfuse: gemm_reduce_scatter %s -> %s\n", problem.to_string().c_str(),
-                 config.to_string().c_str());
-  }
+  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm_reduce_scatter", &config));
 
   return with_mainloop_config(config, problem.weight_layout, [&](auto mainloop_config) -> Status {
     using Config = decltype(mainloop_config);

@@ -1,8 +1,6 @@
 // tpfuse::gemm: one rank's partial product with the mainloop the fused op is built on.
-#include <cstdio>
 
 #include "kernels/tile_store.cuh"
-#include "runtime/device_info.h"
 #include "runtime/launch.cuh"
 #include "tpfuse/tpfuse.h"
 
@@ -17,14 +15,8 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
   TPFUSE_RETURN_IF_ERROR(validate_operand(w, "w"));
   TPFUSE_RETURN_IF_ERROR(validate_operand(c, "c"));
 
-  DeviceInfo device;
-  TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   GemmConfig config;
-  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, &config));
-  TPFUSE_RETURN_IF_ERROR(apply_overrides(&config));
-  if (params::debug()) {
-    std::fprintf(stderr, "tpfuse: gemm %s -> %s\n", problem.to_string().c_str(), config.to_string().c_str());
-  }
+  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm", &config));
 
   return with_mainloop_config(config, problem.weight_layout, [&](auto mainloop_config) {
     using Config = decltype(mainloop_config);

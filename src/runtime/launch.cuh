@@ -7,6 +7,7 @@
 #include "kernels/gemm_mainloop.cuh"
 #include "plan/config.h"
 #include "runtime/cuda_check.h"
+#include "runtime/device_info.h"
 #include "runtime/env_params.h"
 #include "runtime/tensor_map.h"
 #include "tpfuse/problem.h"
@@ -62,6 +63,19 @@ inline Status apply_overrides(GemmConfig* config) {
   return Status::Ok();
 }
 
+// The config for `problem` on the current device: the pure choice, then the environment's overrides;
+// logged with TPFUSE_DEBUG=1 under the name `op`.
+inline Status choose_config(const Problem& problem, const char* op, GemmConfig* config) {
+  DeviceInfo device;
+  TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
+  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
+  TPFUSE_RETURN_IF_ERROR(apply_overrides(config));
+  if (params::debug()) {
+    std::fprintf(stderr, "tpfuse: %s %s -> %s\n", op, problem.to_string().c_str(), config->to_string().c_str());
+  }
+  return Status::Ok();
+}
+
 // Launch attributes for a kernel of `Config`: its cluster shape, and optionally cooperative.
 template <class Config>
 struct LaunchAttributes {
@@ -80,6 +94,22 @@ struct LaunchAttributes {
     }
   }
 };
+
+// Launches `grid` CTAs of a kernel of `Config` with its cluster shape (and cooperatively if asked).
+template <class Config, class Kernel, class Params>
+Status launch_persistent(Kernel kernel, const Params& params, int grid, size_t smem, bool cooperative,
+                         cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(Config::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  LaunchAttributes<Config> attributes(cooperative);
+  cfg.attrs = attributes.list;
+  cfg.numAttrs = attributes.count;
+  TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, params));
+  return Status::Ok();
+}
 
 // The largest persistent grid of `kernel` whose clusters are all resident at once, at most `wanted`.
 template <class Config, class Kernel>
@@ -144,16 +174,7 @@ Status launch_gemm_kernel(const kernels::KernelParams<Epilogue>& params, const G
     std::fprintf(stderr, "tpfuse: launch grid %d x %d threads (clusters of %d), %zu B smem, %d tiles, %d k-blocks\n",
                  grid, Config::kThreads, Config::kCluster, smem, num_tiles, params.mainloop.num_k_blocks);
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(Config::kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  LaunchAttributes<Config> attributes(false);
-  cfg.attrs = attributes.list;
-  cfg.numAttrs = attributes.count;
-  TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, params));
-  return Status::Ok();
+  return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream);
 }
 
 }  // namespace tpfuse
