@@ -99,14 +99,12 @@ class PushReduceEpilogue {
     }
   }
 
-  // The peers' partials stream through the chunk buffers as TMA loads (kBuffers in flight, and the
-  // next kPrefetchAhead pieces pulled into L2 ahead of them), each added to the FP32 accumulators by
-  // the whole warpgroup; chunk-major, then sources in rank order, so the sum does not depend on
-  // arrival order.
+  // The peers' partials stream through the chunk buffers as TMA loads (kBuffers in flight), each
+  // added to the FP32 accumulators by the whole warpgroup; chunk-major, then sources in rank order,
+  // so the sum does not depend on arrival order.
   template <class Config>
   __device__ void reduce(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
     constexpr int kBuffers = Config::kWgCols / kChunkCols;
-    constexpr int kPrefetchAhead = 8;
     const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
     const int num_sources = p_.world_size - 1;
     const int num_pieces = num_chunks * num_sources;
@@ -118,13 +116,7 @@ class PushReduceEpilogue {
       wait_for_partials(tile, segment_row, col_begin);
       // NOTE: flags acquired (generic proxy) before the TMA reads (async proxy) of the data.
       ptx::fence_proxy_async_global();
-      for (int i = 0; i < num_pieces && i < kBuffers + kPrefetchAhead; ++i) {
-        if (i < kBuffers) {
-          load_piece<kBuffers>(i, num_sources, segment_row, col_begin);
-        } else {
-          prefetch_piece(i, num_sources, segment_row, col_begin);
-        }
-      }
+      for (int i = 0; i < num_pieces && i < kBuffers; ++i) load_piece<kBuffers>(i, num_sources, segment_row, col_begin);
     }
 #pragma unroll
     for (int c = 0; c < kBuffers; ++c) {
@@ -137,12 +129,7 @@ class PushReduceEpilogue {
         // Everyone has read the buffer before the next load into it (generic reads, async write).
         ptx::fence_proxy_async_shared();
         slabs_.sync();
-        if (slabs_.leader()) {
-          if (i + kBuffers < num_pieces) load_piece<kBuffers>(i + kBuffers, num_sources, segment_row, col_begin);
-          if (i + kBuffers + kPrefetchAhead < num_pieces) {
-            prefetch_piece(i + kBuffers + kPrefetchAhead, num_sources, segment_row, col_begin);
-          }
-        }
+        if (slabs_.leader() && i + kBuffers < num_pieces) load_piece<kBuffers>(i + kBuffers, num_sources, segment_row, col_begin);
       }
     }
     pieces_loaded_ += num_pieces;
@@ -151,30 +138,18 @@ class PushReduceEpilogue {
     });
   }
 
-  // Piece i of this slab's reduction: chunk i / num_sources, from the (i % num_sources)-th peer in
-  // rank order. Its place in the receive buffer: (column, row, source, parity).
-  struct Piece {
-    int col, row, source;
-  };
-  __device__ Piece piece(int i, int num_sources, int segment_row, int col_begin) const {
-    const int j = i % num_sources;
-    return {col_begin + (i / num_sources) * kChunkCols, segment_row, j < p_.rank ? j : j + 1};
-  }
-
-  // Leader only: piece i into chunk buffer (pieces_loaded_ + i) % kBuffers.
+  // Leader only: piece i of this slab's reduction (chunk i / num_sources, the (i % num_sources)-th
+  // peer in rank order) into buffer (pieces_loaded_ + i) % kBuffers.
   template <int kBuffers>
   __device__ void load_piece(int i, int num_sources, int segment_row, int col_begin) {
-    const Piece pc = piece(i, num_sources, segment_row, col_begin);
+    const int chunk = i / num_sources;
+    const int j = i % num_sources;
+    const int source = j < p_.rank ? j : j + 1;
     const int buffer = (pieces_loaded_ + i) % kBuffers;
     uint64_t* loaded = &buffers_.loaded[buffer];
     ptx::mbarrier_arrive_expect_tx(loaded, kChunkElems * 2);
-    ptx::tma_load_4d(buffers_.data[buffer], &p_.recv_at[p_.rank], loaded, pc.col, pc.row, pc.source, parity_);
-  }
-
-  // Leader only: piece i into L2, so that its load later hits there.
-  __device__ void prefetch_piece(int i, int num_sources, int segment_row, int col_begin) const {
-    const Piece pc = piece(i, num_sources, segment_row, col_begin);
-    ptx::tma_prefetch_4d(&p_.recv_at[p_.rank], pc.col, pc.row, pc.source, parity_);
+    ptx::tma_load_4d(buffers_.data[buffer], &p_.recv_at[p_.rank], loaded, col_begin + chunk * kChunkCols, segment_row,
+                     source, parity_);
   }
 
   // Leader only: waits, boundedly, for every peer's flag of this slab.
