@@ -4,7 +4,10 @@
 #
 #   bash scripts/bench.sh [tpfuse_bench arguments]      e.g. --mode fused --iters 200 --check
 #
-# Arguments are passed through; --shapes sweep, --json and --csv are added unless given.
+# Arguments are passed through; --shapes sweep, --json and --csv are added unless given, and without
+# --mode the sweep is the fused op against cuBLAS + NCCL (--mode fused --check) on 2 or more GPUs, and
+# on one GPU the solo-rank proxy next to our GEMM and cuBLAS (--mode proxy --check). A plot (PNG) is
+# drawn from the JSON where python3 has matplotlib.
 # Environment: TPFUSE_BUILD_DIR (default build); TPFUSE_JOBS (default: all cores);
 # TPFUSE_NO_BUILD=1 runs the binary already in the build folder (e.g. one built on another machine).
 set -euo pipefail
@@ -40,6 +43,9 @@ mkdir -p "${out_dir}"
 
 args=("$@")
 has() { local flag; for flag in "${args[@]}"; do [[ "${flag}" == "$1" || "${flag}" == "$1="* ]] && return 0; done; return 1; }
+if ! has --mode; then
+  if [[ "${count:-0}" -ge 2 ]]; then args+=(--mode fused --check); else args+=(--mode proxy --check); fi
+fi
 has --shapes || args+=(--shapes sweep)
 has --json || args+=(--json "${out_dir}/results.json")
 has --csv || args+=(--csv "${out_dir}/results.csv")
@@ -58,5 +64,8 @@ set +e
 "${BENCH}" "${args[@]}" 2>&1 | tee "${out_dir}/table.txt"
 rc=${PIPESTATUS[0]}
 set -e
+if [[ "${rc}" -eq 0 && -s "${out_dir}/results.json" ]] && python3 -c "import matplotlib" 2>/dev/null; then
+  python3 bench/plot.py "${out_dir}/results.json" -o "${out_dir}/results.png" && echo "[bench] plot: ${out_dir}/results.png"
+fi
 echo "[bench] exit ${rc}; results in ${out_dir}"
 exit "${rc}"
