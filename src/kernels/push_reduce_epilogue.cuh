@@ -14,8 +14,8 @@
 // flag is raised the pushing thread waits for the groups to COMPLETE (cp.async.bulk.wait_group, not
 // the .read variant), fences the async proxy, then stores the flag with release semantics at system
 // scope. The owner's waiting thread loads the flag with acquire at system scope, then a barrier
-// hands the data to the warpgroup. The signal of a slab is deferred until two more slabs' stores are
-// issued, so compute rarely waits for NVLink; all are flushed before any wait on incoming flags.
+// hands the data to the warpgroup. The signal of a slab is deferred until the next slab's stores are
+// issued, so compute never waits for NVLink; it is flushed before any wait on incoming flags.
 #pragma once
 
 #include "kernels/peer_error.h"
@@ -69,7 +69,8 @@ class PushReduceEpilogue {
   }
 
   __device__ void finish() {
-    if (slabs_.leader()) signal_all_pending();
+    slabs_.drain();
+    signal_pending();
   }
 
  private:
@@ -83,16 +84,18 @@ class PushReduceEpilogue {
                                                                    segment_row, p_.rank, parity_);
                                                });
     if (slabs_.leader()) {
-      // The slabs pushed before the last kDeferredSlabs bulk groups (this one included) have landed:
-      // raise the oldest pending flag, and keep this slab's for later.
-      ptx::bulk_wait_group<kDeferredSlabs>();
-      signal_oldest_pending();
-      pending_flags_[kDeferredSlabs - 1] = flag_at(tile.owner_rank, p_.rank, tile);
+      // The previous slab's bulk group is older than this one: once it has landed, raise its flag.
+      ptx::bulk_wait_group<1>();
+      signal_pending();
+      pending_flag_ = flag_at(tile.owner_rank, p_.rank, tile);
       // NOTE: a cluster partner about to wait for its peers stalls this CTA (it stops releasing the
-      // shared stages), so this slab's flag cannot wait for our next slabs: raise them all now. Only
-      // the pair that straddles the start of the own-rows segment meets this (every later step of the
-      // pair is own rows), so no deferred flag is ever held by a stalled CTA.
-      if (signal_now) signal_all_pending();
+      // shared stages), so this slab's flag cannot wait for our next slab: raise it now. Only the pair
+      // that straddles the start of the own-rows segment meets this (every later step of the pair is
+      // own rows), so no deferred flag is ever held by a stalled CTA.
+      if (signal_now) {
+        ptx::bulk_wait_group<0>();
+        signal_pending();
+      }
     }
   }
 
@@ -106,9 +109,10 @@ class PushReduceEpilogue {
     const int num_sources = p_.world_size - 1;
     const int num_pieces = num_chunks * num_sources;
     if (slabs_.leader()) {
-      // NOTE: flush our own pending pushes first: a peer may be waiting for them while we wait for it.
+      // NOTE: flush our own pending push first: a peer may be waiting for it while we wait for it.
       // This also leaves no store reading the chunk buffers the loads below will fill.
-      signal_all_pending();
+      ptx::bulk_wait_group<0>();
+      signal_pending();
       wait_for_partials(tile, segment_row, col_begin);
       // NOTE: flags acquired (generic proxy) before the TMA reads (async proxy) of the data.
       ptx::fence_proxy_async_global();
@@ -187,22 +191,12 @@ class PushReduceEpilogue {
     return p_.flags_at[owner] + parity_ * p_.flags_parity_words + index;
   }
 
-  // Leader only: raises the oldest pending flag (its slab's stores have landed) and shifts the rest.
-  __device__ void signal_oldest_pending() {
-    if (pending_flags_[0] != nullptr) {
-      ptx::fence_proxy_async_global();
-      ptx::store_release_sys(pending_flags_[0], epoch_);
-    }
-#pragma unroll
-    for (int i = 0; i + 1 < kDeferredSlabs; ++i) pending_flags_[i] = pending_flags_[i + 1];
-    pending_flags_[kDeferredSlabs - 1] = nullptr;
-  }
-
-  // Leader only: waits for every store issued so far to land, then raises every pending flag in order.
-  __device__ void signal_all_pending() {
-    ptx::bulk_wait_group<0>();
-#pragma unroll
-    for (int i = 0; i < kDeferredSlabs; ++i) signal_oldest_pending();
+  // Leader only: raises the flag of the last pushed slab, whose stores have landed.
+  __device__ void signal_pending() {
+    if (pending_flag_ == nullptr) return;
+    ptx::fence_proxy_async_global();
+    ptx::store_release_sys(pending_flag_, epoch_);
+    pending_flag_ = nullptr;
   }
 
   const Params& p_;
@@ -212,10 +206,7 @@ class PushReduceEpilogue {
   SlabStore slabs_;
   uint32_t epoch_;
   int parity_;
-  // Flags of pushed slabs whose stores may still be in flight, oldest first: a slab's flag goes up
-  // once kDeferredSlabs newer bulk groups have been issued, so the warpgroup rarely waits on NVLink.
-  static constexpr int kDeferredSlabs = 2;
-  uint32_t* pending_flags_[kDeferredSlabs] = {};
+  uint32_t* pending_flag_ = nullptr;
 };
 
 }  // namespace tpfuse::kernels
