@@ -58,16 +58,21 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // solo-rank proxy (bench/results/2026-11-29-h200-a2e38bf): the own tile's reduction, not HBM
   // bandwidth, is what costs; TPFUSE_OWN_LAG keeps the choice open for multi-GPU tuning.
   c.own_lag = 1 << 30;
+  TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
+  *config = c;
+  return Status::Ok();
+}
+
+Status fit_stages(const DeviceInfo& device, GemmConfig* config) {
   // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 otherwise).
   constexpr int kMaxStages = 4;
-  c.stages = kMaxStages;
-  while (c.stages > 2 && c.smem_bytes() > size_t(device.max_smem_per_block)) --c.stages;
-  if (c.smem_bytes() > size_t(device.max_smem_per_block)) {
-    return Status::Unsupported("the GEMM tiles need " + std::to_string(c.smem_bytes()) +
+  config->stages = kMaxStages;
+  while (config->stages > 2 && config->smem_bytes() > size_t(device.max_smem_per_block)) --config->stages;
+  if (config->smem_bytes() > size_t(device.max_smem_per_block)) {
+    return Status::Unsupported("the GEMM tiles need " + std::to_string(config->smem_bytes()) +
                                " bytes of shared memory; the device allows " +
                                std::to_string(device.max_smem_per_block));
   }
-  *config = c;
   return Status::Ok();
 }
 

@@ -42,4 +42,7 @@ struct GemmConfig {
 // Picks the GEMM config for one rank's partial product. Fails (never aborts) on an unsupported device.
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);
 
+// Sets config->stages to as many as fit in shared memory with its tile (at most 4, at least 2).
+Status fit_stages(const DeviceInfo& device, GemmConfig* config);
+
 }  // namespace tpfuse

@@ -41,8 +41,16 @@ Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
 }
 
 // The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE, TPFUSE_GROUP_ROWS,
-// TPFUSE_OWN_LAG).
-inline Status apply_overrides(GemmConfig* config) {
+// TPFUSE_OWN_LAG, TPFUSE_BLOCK_N).
+inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
+  if (params::block_n() != 0 && config->block_m == 128) {
+    if (params::block_n() != 192 && params::block_n() != 256) {
+      return Status::InvalidArgument("TPFUSE_BLOCK_N = " + std::to_string(params::block_n()) +
+                                     " must be 192 or 256 (or 0: the config's choice)");
+    }
+    config->block_n = int(params::block_n());
+    TPFUSE_RETURN_IF_ERROR(fit_stages(device, config));
+  }
   if (params::own_lag() < 0) {
     return Status::InvalidArgument("TPFUSE_OWN_LAG = " + std::to_string(params::own_lag()) +
                                    " must be positive (or 0: the config's choice)");
@@ -69,7 +77,7 @@ inline Status choose_config(const Problem& problem, const char* op, GemmConfig* 
   DeviceInfo device;
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
-  TPFUSE_RETURN_IF_ERROR(apply_overrides(config));
+  TPFUSE_RETURN_IF_ERROR(apply_overrides(device, config));
   if (params::debug()) {
     std::fprintf(stderr, "tpfuse: %s %s -> %s\n", op, problem.to_string().c_str(), config->to_string().c_str());
   }
