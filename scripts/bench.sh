@@ -52,7 +52,11 @@ has --csv || args+=(--csv "${out_dir}/results.csv")
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+  if commit="$(git rev-parse --verify -q HEAD 2>/dev/null)"; then
+    echo "commit: ${commit}$(git diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+  else
+    echo "commit: no git checkout here; the binary's commit is in the JSON's meta"
+  fi
   echo "command: ${BENCH} ${args[*]}"
   command -v nvcc >/dev/null && echo "nvcc: $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm,memory.total --format=csv
