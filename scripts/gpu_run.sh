@@ -43,6 +43,8 @@ for step in "${steps[@]}"; do
     tests)
       run_step test_gemm "${build}/tests/gpu/test_gemm"
       run_step test_fused "${build}/tests/gpu/test_fused"
+      # One process per GPU needs 2 or more GPUs; on one it runs a single rank, to check the harness.
+      run_step test_multiprocess bash -c "\"${build}/tests/gpu/test_multiprocess\"; rc=\$?; [ \$rc -ne 77 ] && exit \$rc; TPFUSE_TEST_RANKS=1 \"${build}/tests/gpu/test_multiprocess\""
       ;;
     tests_c2)
       run_step test_gemm_c2 env TPFUSE_CLUSTER_SIZE=2 "${build}/tests/gpu/test_gemm"

@@ -249,7 +249,9 @@ int main() {
           if (write(id_write[q], &id, sizeof(id)) != ssize_t(sizeof(id))) _exit(1);
         }
       }
-      _exit(tpfuse::testing::run_rank(rank, world_size, id_read[rank]));
+      const int rc = tpfuse::testing::run_rank(rank, world_size, id_read[rank]);
+      std::fflush(nullptr);  // _exit does not flush stdio
+      _exit(rc);
     }
     children.push_back(pid);
   }
