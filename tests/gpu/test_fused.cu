@@ -92,16 +92,6 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
-Problem make_problem(int64_t m, int64_t n, int64_t k, int p, WeightLayout layout) {
-  Problem problem;
-  problem.m = m;
-  problem.n = n;
-  problem.k_per_rank = k;
-  problem.world_size = p;
-  problem.weight_layout = layout;
-  return problem;
-}
-
 // Exact mode: small integers, every partial and total exact in BF16: bit for bit.
 class FusedExact : public ::testing::TestWithParam<std::tuple<int, int, int, WeightLayout>> {};
 

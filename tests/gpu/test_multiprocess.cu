@@ -46,16 +46,6 @@ struct Rank {
   }
 };
 
-Problem make_problem(int64_t m, int64_t n, int64_t k, int p) {
-  Problem problem;
-  problem.m = m;
-  problem.n = n;
-  problem.k_per_rank = k;
-  problem.world_size = p;
-  problem.weight_layout = WeightLayout::kNxK;
-  return problem;
-}
-
 // Rank q's inputs, the same in every process: seeded by (seed, q).
 void fill_inputs(const Problem& p, int q, bool exact, uint64_t seed, __nv_bfloat16* a, __nv_bfloat16* w) {
   (exact ? fill_small_ints : fill_random)(a, size_t(p.m) * p.k_per_rank, seed * 1000 + 2 * q);
