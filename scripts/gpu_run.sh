@@ -43,6 +43,9 @@ for step in "${steps[@]}"; do
     tests)
       run_step test_gemm "${build}/tests/gpu/test_gemm"
       run_step test_fused "${build}/tests/gpu/test_fused"
+      # Own tiles inside the rounds from the first ones (the tests' shapes are too small for the
+      # default lag of a wave to interleave anything).
+      run_step test_fused_lag0 env TPFUSE_OWN_LAG=0 "${build}/tests/gpu/test_fused"
       # One process per GPU needs 2 or more GPUs; on one it runs a single rank, to check the harness.
       run_step test_multiprocess bash -c "\"${build}/tests/gpu/test_multiprocess\"; rc=\$?; [ \$rc -ne 77 ] && exit \$rc; TPFUSE_TEST_RANKS=1 \"${build}/tests/gpu/test_multiprocess\""
       ;;

@@ -50,8 +50,25 @@ class PushReduceEpilogue {
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : p_(params), consumer_(consumer), buffers_(buffers), slabs_(consumer, buffers) {
-    epoch_ = *reinterpret_cast<const volatile uint32_t*>(p_.epoch_counter) + 1;
+    epoch_ = call_epoch(p_);
     parity_ = epoch_ & 1;
+  }
+
+  // Producer thread, a tile ahead: pulls an own tile's P-1 partials into L2, so that its reduction
+  // reads them there instead of waiting on HBM. (Partials still on their way are harmless: L2 is
+  // where this GPU's memory is coherent, so their arrival updates the lines.)
+  __device__ static void prefetch(const Params& p, const Tile& tile) {
+    if (tile.owner_rank != p.rank) return;
+    const int parity = call_epoch(p) & 1;
+    const int segment_row_end = tile.segment_row + (tile.row_end - tile.row_begin);
+    for (int source = 0; source < p.world_size; ++source) {
+      if (source == p.rank) continue;
+      for (int row = tile.segment_row; row < segment_row_end; row += kChunkRows) {
+        for (int col = tile.col_begin; col < tile.col_end; col += kChunkCols) {
+          ptx::tma_prefetch_l2_4d(&p.recv_at[p.rank], col, row, source, parity);
+        }
+      }
+    }
   }
 
   template <class Config>
@@ -74,6 +91,11 @@ class PushReduceEpilogue {
   }
 
  private:
+  // This call's epoch: one more than the calls this rank has completed.
+  __device__ static uint32_t call_epoch(const Params& p) {
+    return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
+  }
+
   template <class Config>
   __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread],
                        bool signal_now) {
@@ -89,9 +111,10 @@ class PushReduceEpilogue {
       signal_pending();
       pending_flag_ = flag_at(tile.owner_rank, p_.rank, tile);
       // NOTE: a cluster partner about to wait for its peers stalls this CTA (it stops releasing the
-      // shared stages), so this slab's flag cannot wait for our next slab: raise it now. Only the pair
-      // that straddles the start of the own-rows segment meets this (every later step of the pair is
-      // own rows), so no deferred flag is ever held by a stalled CTA.
+      // shared stages), so this slab's flag cannot wait for our next slab: raise it now. Clusters keep
+      // the own tiles last (runtime/launch.cuh), so only the pair that straddles the start of the own
+      // tail meets this (every later step of the pair is own rows): no deferred flag is ever held by
+      // a stalled CTA.
       if (signal_now) {
         ptx::bulk_wait_group<0>();
         signal_pending();

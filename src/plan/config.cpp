@@ -54,10 +54,8 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
     c.block_n = 192;
   }
   c.num_ctas = device.num_sms;
-  // Own tiles last. Interleaving them one wave behind the last foreign segment measured slower in the
-  // solo-rank proxy (bench/results/2026-11-29-h200-a2e38bf): the own tile's reduction, not HBM
-  // bandwidth, is what costs; TPFUSE_OWN_LAG keeps the choice open for multi-GPU tuning.
-  c.own_lag = 1 << 30;
+  // Own tile j about a wave behind the peers' tile j (plan/schedule.h): ceil(CTAs / P) rounds.
+  c.own_lag = (c.num_ctas + problem.world_size - 1) / problem.world_size;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
   return Status::Ok();

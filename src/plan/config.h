@@ -31,7 +31,7 @@ struct GemmConfig {
   // (bench/results/2026-11-29-h200-6b5e4ef): TPFUSE_CLUSTER_SIZE=2 keeps them for tuning.
   int cluster_size = 1;
   int num_ctas = 0;              // persistent grid size
-  int own_lag = 0;               // schedule lead of the last foreign segment over the own tiles (schedule.h)
+  int own_lag = 0;               // rounds from a peer's tile to the own tile of the same rows (schedule.h)
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
   // Shared memory the kernel needs: the stages of A and W tiles, the epilogue staging, barriers.

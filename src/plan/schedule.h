@@ -5,25 +5,24 @@
 //
 // The partial product C_r (m x n) is cut into P row segments, one per owner rank; segment d holds the
 // rows [d*m/P, (d+1)*m/P) that rank d keeps after the reduce-scatter. A tile never crosses a segment:
-// the last row tile of a segment is clipped to it. Rank r walks the segments rotated so that it
-// first computes the rows of rank r+1, then r+2, ..., and its own rows last (see the window below):
+// the last row tile of a segment is clipped to it. Every segment has the same T tiles, numbered in
+// the raster order below.
 //
-//   step (segment order)    0      1      2     ...   P-1
-//   rank 0 computes rows of 1      2      3     ...   0      <- own rows last: reduce, no send
-//   rank 1 computes rows of 2      3      4     ...   1
-//   ...
-//   rank r computes rows of (r + 1 + s) mod P at segment-step s
+// Rank r walks its tiles in rounds. Round j holds tile j of every other owner, rotated so that rank
+// r starts with r+1 (offset 0) and ends with r-1 (offset P-2), then its own tile j - L (offset P-1),
+// where L = own_lag rounds; the own tiles that no round holds come last:
 //
-// At every step the ranks send to P distinct owners (a permutation), so every link is busy. A rank's
-// own tiles need the peers' partials of the same rows, the last of which (from rank r+1) are computed
-// in the peers' last foreign segment. So the own tiles do not all wait for the very end: they are
-// interleaved into the window of the last foreign segment (F) behind a lead of L = own_lag tiles,
+//   P = 4, rank 1, T = 4, L = 2 (owner:tile)
+//   round 0: 2:0 3:0 0:0   round 1: 2:1 3:1 0:1   round 2: 2:2 3:2 0:2 1:0   round 3: 2:3 3:3 0:3 1:1
+//   tail:    1:2 1:3
 //
-//   window of the last two segments:   F0 .. F(L-1)  O0 F(L)  O1 F(L+1)  ...  O(T-L-1) F(T-1)  O(T-L) .. O(T-1)
-//
-// so own tile j comes at least min(L, T) steps after every peer computed it (2L - 1 steps for j >= L;
-// T = tiles per segment), and the owner's reads of its P-1 partials spread over two segments instead
-// of one. With L >= T the own tiles simply come last.
+// At every step the ranks send to P distinct owners (a permutation: the same offset on every rank),
+// so every link is busy, and every owner receives from all its peers all the time. A rank's own tile
+// j needs the peers' partials of it, computed in their round j; it comes L rounds later: at least
+// L * (P-1) + 1 steps later inside the rounds, at least max(L, 1) steps in the tail. With
+// L = ceil(CTAs / P) the peers have had about a wave to push it. The owner's reads of its P-1
+// partials are then spread over the whole call instead of crowding its last 1/P, where they would
+// need more than HBM's bandwidth (docs/PERFORMANCE.md). With L >= T every own tile comes last.
 //
 // Inside a segment, tiles go in groups of `group_rows` row tiles, column-major inside a group, so
 // the CTAs working at the same time share A rows and W columns in L2:
@@ -62,7 +61,7 @@ struct TileSchedule {
   int block_m = 128;
   int block_n = 256;
   int group_rows = 8;
-  int own_lag = 1 << 30;  // lead of the last foreign segment over the own tiles (see above); >= 1
+  int own_lag = 1 << 30;  // rounds between a peer tile and the own tile of the same rows (see above); >= 0
 
   TPFUSE_HOST_DEVICE int rows_per_rank() const { return m / world_size; }
   TPFUSE_HOST_DEVICE int row_tiles_per_segment() const { return (rows_per_rank() + block_m - 1) / block_m; }
@@ -70,41 +69,39 @@ struct TileSchedule {
   TPFUSE_HOST_DEVICE int tiles_per_segment() const { return row_tiles_per_segment() * col_tiles(); }
   TPFUSE_HOST_DEVICE int num_tiles() const { return world_size * tiles_per_segment(); }
 
-  // The rank that owns the rows this rank computes at segment-step s.
-  TPFUSE_HOST_DEVICE int owner_at_segment_step(int s) const { return (rank + 1 + s) % world_size; }
+  // The rank that owns the rows at `offset` of a round: r+1, ..., r+P-1, then r itself (offset P-1).
+  TPFUSE_HOST_DEVICE int owner_at_offset(int offset) const { return (rank + 1 + offset) % world_size; }
 
-  // The segment-step of `step` (its tile's owner is owner_at_segment_step of it), and the tile's
-  // index inside that segment.
-  TPFUSE_HOST_DEVICE void locate(int step, int* segment_step, int* index) const {
-    const int per_segment = tiles_per_segment();
-    const int window = (world_size - 2) * per_segment;  // start of the last two segments' window
-    if (world_size < 2 || step < window) {
-      *segment_step = step / per_segment;
-      *index = step % per_segment;
+  // The owner offset of `step` and its tile's index inside the owner's segment.
+  TPFUSE_HOST_DEVICE void locate(int step, int* offset, int* index) const {
+    const int own = world_size - 1;
+    if (own == 0) {
+      *offset = 0;
+      *index = step;
       return;
     }
-    const int own = world_size - 1;
-    const int lead = max_int(1, min_int(own_lag, per_segment));
-    const int i = step - window;
-    const int alternating = 2 * (per_segment - lead);
-    if (i < lead) {
-      *segment_step = own - 1;
-      *index = i;
-    } else if (i < lead + alternating) {
-      const int k = i - lead;
-      *segment_step = k % 2 == 0 ? own : own - 1;
-      *index = k % 2 == 0 ? k / 2 : lead + k / 2;
+    const int per_segment = tiles_per_segment();
+    const int lag = max_int(0, min_int(own_lag, per_segment));
+    const int first_own_step = lag * own;  // rounds 0 .. lag-1 hold P-1 tiles each, later rounds P
+    const int tail = first_own_step + (per_segment - lag) * world_size;
+    if (step < first_own_step) {
+      *offset = step % own;
+      *index = step / own;
+    } else if (step < tail) {
+      const int k = step - first_own_step;
+      *offset = k % world_size;
+      *index = *offset == own ? k / world_size : lag + k / world_size;
     } else {
-      *segment_step = own;
-      *index = per_segment - lead + (i - lead - alternating);
+      *offset = own;
+      *index = per_segment - lag + (step - tail);
     }
   }
 
   // The tile this rank computes at `step`, 0 <= step < num_tiles().
   TPFUSE_HOST_DEVICE Tile tile(int step) const {
-    int segment_step = 0, t = 0;
-    locate(step, &segment_step, &t);
-    const int owner = owner_at_segment_step(segment_step);
+    int offset = 0, t = 0;
+    locate(step, &offset, &t);
+    const int owner = owner_at_offset(offset);
 
     const int num_row_tiles = row_tiles_per_segment();
     const int num_cols = col_tiles();

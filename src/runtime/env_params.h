@@ -24,8 +24,9 @@ TPFUSE_PARAM(cluster_size, "TPFUSE_CLUSTER_SIZE", 0)
 TPFUSE_PARAM(block_n, "TPFUSE_BLOCK_N", 0)
 // Row tiles per raster group instead of the config's choice; 0: the config's choice.
 TPFUSE_PARAM(group_rows, "TPFUSE_GROUP_ROWS", 0)
-// Lead of the last foreign segment over the own tiles instead of the config's choice; 0: the config's.
-TPFUSE_PARAM(own_lag, "TPFUSE_OWN_LAG", 0)
+// Rounds from a peer's tile to the own tile of the same rows (plan/schedule.h) instead of the
+// config's choice; -1: the config's choice.
+TPFUSE_PARAM(own_lag, "TPFUSE_OWN_LAG", -1)
 // How long a rank waits for a peer's partial before the call fails with kPeerTimeout.
 TPFUSE_PARAM(peer_timeout_ms, "TPFUSE_PEER_TIMEOUT_MS", 10000)
 

@@ -51,11 +51,11 @@ inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
     config->block_n = int(params::block_n());
     TPFUSE_RETURN_IF_ERROR(fit_stages(device, config));
   }
-  if (params::own_lag() < 0) {
+  if (params::own_lag() < -1 || params::own_lag() > (1 << 30)) {
     return Status::InvalidArgument("TPFUSE_OWN_LAG = " + std::to_string(params::own_lag()) +
-                                   " must be positive (or 0: the config's choice)");
+                                   " must be a number of rounds >= 0 (or -1: the config's choice)");
   }
-  if (params::own_lag() > 0) config->own_lag = int(params::own_lag());
+  if (params::own_lag() >= 0) config->own_lag = int(params::own_lag());
   if (params::group_rows() < 0) {
     return Status::InvalidArgument("TPFUSE_GROUP_ROWS = " + std::to_string(params::group_rows()) +
                                    " must be positive (or 0: the config's choice)");

@@ -1,6 +1,6 @@
-// TileSchedule: every rank computes every tile of its partial exactly once, in the rotated segment
-// order, every owner gets each of its tiles from all P ranks (P-1 peers and itself), and a rank
-// reduces an own tile only after every peer has computed it, by the lead the schedule promises.
+// TileSchedule: every rank computes every tile of its partial exactly once, in rotated rounds, every
+// owner gets each of its tiles from all P ranks (P-1 peers and itself), and a rank reduces an own
+// tile only after every peer has computed it, by the lead the schedule promises.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -73,24 +73,20 @@ int check_case(const Case& c) {
     std::vector<int> seen_in_segment(size_t(P) * per_segment, 0);
     for (int step = 0; step < s.num_tiles() && failures < 5; ++step) {
       const Tile t = s.tile(step);
-      int segment_step = 0, index = 0;
-      s.locate(step, &segment_step, &index);
-      if (segment_step < 0 || segment_step >= P || index < 0 || index >= per_segment) {
+      int offset = 0, index = 0;
+      s.locate(step, &offset, &index);
+      if (offset < 0 || offset >= P || index < 0 || index >= per_segment) {
         fail("step " + std::to_string(step) + " located outside the segments");
         continue;
       }
-      // Before the window of the last two segments, segments come whole and in order.
-      if (step < (P - 2) * per_segment && segment_step != step / per_segment) {
-        fail("step " + std::to_string(step) + " left its segment before the last two");
-      }
-      ++seen_in_segment[size_t(segment_step) * per_segment + index];
+      ++seen_in_segment[size_t(offset) * per_segment + index];
       std::ostringstream where;
       where << "rank " << rank << " step " << step << " (owner " << t.owner_rank << ", rows [" << t.row_begin << ", "
             << t.row_end << "), cols [" << t.col_begin << ", " << t.col_end << ")): ";
 
-      // Rotated order: the owner is rank+1+s (mod P) for the whole segment-step; own rows last.
-      if (t.owner_rank != (rank + 1 + segment_step) % P) fail(where.str() + "owner is not (rank + 1 + s) mod P");
-      if (t.owner_rank != s.owner_at_segment_step(segment_step)) fail(where.str() + "owner_at_segment_step disagrees");
+      // Rotated order: the owner at offset o is rank+1+o (mod P); own rows at offset P-1, and last.
+      if (t.owner_rank != (rank + 1 + offset) % P) fail(where.str() + "owner is not (rank + 1 + offset) mod P");
+      if (t.owner_rank != s.owner_at_offset(offset)) fail(where.str() + "owner_at_offset disagrees");
       if (step == 0 && t.owner_rank != (rank + 1) % P) fail(where.str() + "first segment is not rank+1's");
       if (step == s.num_tiles() - 1 && t.owner_rank != rank) fail(where.str() + "last tile is not the rank's own");
 
@@ -127,7 +123,7 @@ int check_case(const Case& c) {
     }
 
     if (std::any_of(seen_in_segment.begin(), seen_in_segment.end(), [](int v) { return v != 1; })) {
-      fail("rank " + std::to_string(rank) + ": a (segment-step, index) is located zero or several times");
+      fail("rank " + std::to_string(rank) + ": an (offset, index) is located zero or several times");
     }
     // Tiles on the grid with distinct corners are disjoint, so their areas summing to m*n means the
     // partial is covered exactly once; the per-element count checks it directly where affordable.
@@ -176,8 +172,8 @@ int check_permutation(const Case& c) {
   return 0;
 }
 
-// Every own tile comes at least min(own_lag, tiles per segment) steps after every peer computed it
-// (the peers then have had that long to push it), and after it in any case.
+// Every own tile comes at least max(1, min(own_lag, tiles per segment)) steps after every peer
+// computed it (the peers then have had that long to push it).
 int check_own_tiles_wait_for_peers(const Case& c) {
   const int P = c.world_size;
   // (owner, row_begin, col_begin) -> the step at which each rank computes it.
@@ -216,7 +212,7 @@ std::vector<Case> cases() {
       for (int n : {8, 200, 256, 264, 520, 1000}) {
         for (const auto& tile : tiles) {
           for (int group_rows : {1, 2, 3, 8}) {
-            for (int own_lag : {kOwnLast, 1, 5}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows, own_lag});
+            for (int own_lag : {kOwnLast, 0, 1, 5}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows, own_lag});
           }
         }
       }
@@ -224,7 +220,7 @@ std::vector<Case> cases() {
   }
   // M = 512 at P = 8 (64 rows per rank) with the sweep's N, both tile heights.
   for (int n : {6144, 8192})
-    for (int block_m : {64, 128}) out.push_back({512, n, 8, block_m, 256, 8, 132});
+    for (int block_m : {64, 128}) out.push_back({512, n, 8, block_m, 256, 8, 17});
   return out;
 }
 
@@ -249,8 +245,8 @@ TEST(Schedule, OwnTilesComeAfterThePeersByTheLead) {
   }
 }
 
-// The window picture in schedule.h: T = 4 tiles per segment, lead L = 2: F0 F1 O0 F2 O1 F3 O2 O3.
-TEST(Schedule, OwnTilesInterleaveAsTheDiagramShows) {
+// The rounds picture in schedule.h: P = 4, rank 1, T = 4, L = 2.
+TEST(Schedule, RoundsMatchTheDiagram) {
   TileSchedule s;
   s.world_size = 4;
   s.rank = 1;
@@ -260,13 +256,33 @@ TEST(Schedule, OwnTilesInterleaveAsTheDiagramShows) {
   s.block_n = 256;
   s.own_lag = 2;
   ASSERT_EQ(s.tiles_per_segment(), 4);
-  const int own = 1, last_foreign = 0;  // rank 1's segment-steps 0..3 own rows of 2, 3, 0, 1
-  const int expected_owner[8] = {last_foreign, last_foreign, own, last_foreign, own, last_foreign, own, own};
-  const int expected_index[8] = {0, 1, 0, 2, 1, 3, 2, 3};
-  for (int i = 0; i < 8; ++i) {
-    const Tile t = s.tile(2 * 4 + i);
-    EXPECT_EQ(t.owner_rank, expected_owner[i]) << "window position " << i;
-    EXPECT_EQ(t.segment_row / 64, expected_index[i]) << "window position " << i;
+  const int expected[16][2] = {{2, 0}, {3, 0}, {0, 0},          {2, 1}, {3, 1}, {0, 1},
+                               {2, 2}, {3, 2}, {0, 2}, {1, 0},  {2, 3}, {3, 3}, {0, 3}, {1, 1},
+                               {1, 2}, {1, 3}};
+  ASSERT_EQ(s.num_tiles(), 16);
+  for (int step = 0; step < 16; ++step) {
+    const Tile t = s.tile(step);
+    EXPECT_EQ(t.owner_rank, expected[step][0]) << "step " << step;
+    EXPECT_EQ(t.segment_row / 64, expected[step][1]) << "step " << step;
+  }
+}
+
+// Between the first L rounds and the tail, every round of P steps holds exactly one own tile: the
+// owner's reductions are spread evenly (llama o_proj M=8192 at P=8, L = ceil(132 / 8)).
+TEST(Schedule, OwnTilesSpreadEvenlyBetweenLeadAndTail) {
+  const Case c{8192, 8192, 8, 128, 256, 8, 17};
+  for (int rank : {0, 5}) {
+    const TileSchedule s = schedule_of(c, rank);
+    const int first = c.own_lag * (c.world_size - 1);
+    const int tail = s.num_tiles() - c.own_lag;
+    ASSERT_EQ((tail - first) % c.world_size, 0);
+    for (int round = first; round < tail; round += c.world_size) {
+      int own = 0;
+      for (int step = round; step < round + c.world_size; ++step) own += s.tile(step).owner_rank == rank;
+      ASSERT_EQ(own, 1) << "rank " << rank << " round starting at step " << round;
+    }
+    for (int step = 0; step < first; ++step) ASSERT_NE(s.tile(step).owner_rank, rank) << "step " << step;
+    for (int step = tail; step < s.num_tiles(); ++step) ASSERT_EQ(s.tile(step).owner_rank, rank) << "step " << step;
   }
 }
 
@@ -275,7 +291,7 @@ TEST(Schedule, SweepShapes) {
   for (int m : {512, 2048, 8192, 32768}) {
     for (int n : {6144, 8192}) {
       for (int block_m : {64, 128}) {
-        for (int own_lag : {kOwnLast, 132}) {
+        for (int own_lag : {kOwnLast, 0, 17}) {
           const Case c{m, n, 8, block_m, 256, 8, own_lag};
           EXPECT_EQ(check_case(c), 0);
           EXPECT_EQ(check_permutation(c), 0);
@@ -292,18 +308,19 @@ TEST(Schedule, GroupRasterMatchesTheDiagram) {
   for (int P : {1, 4}) {
     TileSchedule s;
     s.world_size = P;
-    s.rank = P - 1;  // so that segment-step 0 is rank 0's segment
     s.block_m = 16;
     s.block_n = 32;
     s.m = 4 * s.block_m * P;
     s.n = 3 * s.block_n;
     s.group_rows = 2;
     ASSERT_EQ(s.tiles_per_segment(), 12);
-    for (int step = 0; step < 12; ++step) {
+    for (int step = 0; step < s.num_tiles(); ++step) {
       const Tile t = s.tile(step);
-      EXPECT_EQ(t.owner_rank, 0);
-      const int row_tile = t.row_begin / s.block_m, col_tile = t.col_begin / s.block_n;
-      EXPECT_EQ(expected[row_tile][col_tile], step) << "P=" << P << " tile (" << row_tile << ", " << col_tile << ")";
+      int offset = 0, index = 0;
+      s.locate(step, &offset, &index);
+      const int row_tile = t.segment_row / s.block_m, col_tile = t.col_begin / s.block_n;
+      EXPECT_EQ(expected[row_tile][col_tile], index) << "P=" << P << " step " << step << " tile (" << row_tile << ", "
+                                                     << col_tile << ")";
     }
   }
 }
@@ -327,7 +344,7 @@ TEST(Schedule, ClipsAtTheSegmentNotAtM) {
   EXPECT_EQ(first.segment_row, 0);
   EXPECT_EQ(first.col_begin, 0);
   EXPECT_EQ(first.col_end, 256);
-  const Tile second = s.tile(1);
+  const Tile second = s.tile(7);  // round 1: tile 1 of the same owner, after round 0's 7 owners
   EXPECT_EQ(second.col_begin, 256);
   EXPECT_EQ(second.col_end, 264);
   const Tile last = s.tile(s.num_tiles() - 1);
