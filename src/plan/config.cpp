@@ -1,5 +1,6 @@
 #include "plan/config.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace tpfuse {
@@ -25,6 +26,10 @@ std::string GemmConfig::to_string() const {
 }
 
 namespace {
+
+// Row tiles the CTAs of one wave share (all segments together): 32 measured best against 8 and 16
+// for the plain GEMM (bench/results/2026-11-29-h200-6b0d11c).
+constexpr int kGroupRowsPerWave = 32;
 
 // Relative time of a config: the waves of tiles over the SMs times a tile's cost, which grows with
 // its columns plus a fixed part (pipeline fill and epilogue) worth about 32 columns.
@@ -54,6 +59,10 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
     c.block_n = 192;
   }
   c.num_ctas = device.num_sms;
+  // The CTAs at work at one time hold about ceil(CTAs / P) consecutive tiles of each of the P
+  // segments (schedule rounds): groups of 32 / P row tiles make them together the 32-row group
+  // that measured best for one rank, sharing A rows and W columns in L2.
+  c.group_rows = std::max(1, kGroupRowsPerWave / problem.world_size);
   // Own tile j about a wave behind the peers' tile j (plan/schedule.h): ceil(CTAs / P) rounds.
   c.own_lag = (c.num_ctas + problem.world_size - 1) / problem.world_size;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));

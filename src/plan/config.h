@@ -25,8 +25,8 @@ struct GemmConfig {
   int block_k = 64;              // K per pipeline stage (128 bytes of BF16: one TMA swizzle row)
   int stages = 4;                // shared-memory pipeline depth (as many as fit, at most 4)
   int consumer_warpgroups = 2;   // warpgroups issuing WGMMA; one more warpgroup produces (TMA)
-  int group_rows = 32;           // raster group: row tiles visited together for L2 reuse (8, 16, 32
-                                 // measured: 32 best at large M, bench/results/2026-11-29-h200-6b0d11c)
+  int group_rows = 32;           // raster group inside a segment: row tiles visited together for L2
+                                 // reuse (32 / P, see select_gemm_config)
   // CTAs of a cluster sharing W tiles by TMA multicast (1 or 2). 1: clusters of two measured slower
   // (bench/results/2026-11-29-h200-6b5e4ef): TPFUSE_CLUSTER_SIZE=2 keeps them for tuning.
   int cluster_size = 1;
