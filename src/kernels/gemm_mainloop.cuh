@@ -163,18 +163,14 @@ struct Slab {
   }
 };
 
-// The producer thread: the TMA loads of every tile's stages, and at each tile the epilogue's prefetch
-// for the CTA's next tile (Epilogue::prefetch(params, tile), e.g. partials to reduce into L2).
-template <class Config, class Epilogue>
-__device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
-                                        SharedStorage<Config>& smem, int cta, int num_ctas) {
+template <class Config>
+__device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<Config>& smem, int cta, int num_ctas) {
   int stage = 0;
   uint32_t phase = 0;
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
-    if (step + num_ctas < num_tiles) Epilogue::prefetch(epilogue, p.schedule.tile(step + num_ctas));
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       ptx::mbarrier_wait(&smem.empty[stage], phase ^ 1);
@@ -258,8 +254,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks steps cta, cta + num_ctas,
 // ... of the schedule (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
-//   Epilogue(params, consumer, ChunkBuffers); store<Config>(work, slab, acc) per tile; finish() at the end;
-// and Epilogue::prefetch(params, tile), which the producer calls a tile ahead.
+//   Epilogue(params, consumer, ChunkBuffers); store<Config>(work, slab, acc) per tile; finish() at the end.
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
@@ -286,7 +281,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    if (threadIdx.x == 0) produce<Config>(mainloop, smem, cta, num_ctas);
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;

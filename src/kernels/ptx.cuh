@@ -105,13 +105,6 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
 
 // Stores a 2D box from shared memory to global memory (local or peer-mapped) at (x, y). Parts of the
 // box outside the tensor are not written.
-// Pulls one box of a 4D tensor into L2: no shared memory, nothing to wait for.
-__device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap* map, int x, int y, int z, int w) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(map), "r"(x), "r"(y),
-               "r"(z), "r"(w)
-               : "memory");
-}
-
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* smem_src, int x, int y) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
                "r"(smem_addr(smem_src)), "r"(x), "r"(y)
@@ -197,11 +190,16 @@ __device__ __forceinline__ void store_release_sys(uint32_t* flag, uint32_t value
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
 
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* flag) {
+// No ordering of its own (several can be in flight): pair with fence_acquire_sys once one is seen.
+__device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* flag) {
   uint32_t value;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(flag));
   return value;
 }
+
+// After relaxed loads that observed release stores, orders every later access after those stores'
+// releases (the PTX memory model's acquire pattern: strong load, then fence).
+__device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;

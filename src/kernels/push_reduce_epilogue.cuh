@@ -50,52 +50,11 @@ class PushReduceEpilogue {
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : p_(params), consumer_(consumer), buffers_(buffers), slabs_(consumer, buffers) {
-    epoch_ = call_epoch(p_);
+    epoch_ = *reinterpret_cast<const volatile uint32_t*>(p_.epoch_counter) + 1;
     parity_ = epoch_ & 1;
   }
 
-  // Producer thread, a tile ahead: pulls an own tile's P-1 partials into L2, so that its reduction
-  // reads them there instead of waiting on HBM. (Partials still on their way are harmless: L2 is
-  // where this GPU's memory is coherent, so their arrival updates the lines.)
-  __device__ static void prefetch(const Params& p, const Tile& tile) {
-    if (tile.owner_rank != p.rank) return;
-    const int parity = call_epoch(p) & 1;
-    const int segment_row_end = tile.segment_row + (tile.row_end - tile.row_begin);
-    for (int source = 0; source < p.world_size; ++source) {
-      if (source == p.rank) continue;
-      for (int row = tile.segment_row; row < segment_row_end; row += kChunkRows) {
-        for (int col = tile.col_begin; col < tile.col_end; col += kChunkCols) {
-          ptx::tma_prefetch_l2_4d(&p.recv_at[p.rank], col, row, source, parity);
-        }
-      }
-    }
-  }
-
-  template <class Config>
-  __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
-    const Tile& tile = work.tile;
-    const int segment_row = tile.segment_row + slab.row;
-    const int col_begin = tile.col_begin + slab.col;
-    // A slab past the segment's rows or the last column holds nothing: neither pushed nor awaited.
-    if (tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end) return;
-    if (tile.owner_rank == p_.rank) {
-      reduce<Config>(tile, segment_row, col_begin, acc);
-    } else {
-      push<Config>(tile, segment_row, col_begin, acc, /*signal_now=*/work.partner_reduces);
-    }
-  }
-
-  __device__ void finish() {
-    slabs_.drain();
-    signal_pending();
-  }
-
  private:
-  // This call's epoch: one more than the calls this rank has completed.
-  __device__ static uint32_t call_epoch(const Params& p) {
-    return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
-  }
-
   template <class Config>
   __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread],
                        bool signal_now) {
@@ -175,21 +134,31 @@ class PushReduceEpilogue {
                      source, parity_);
   }
 
-  // Leader only: waits, boundedly, for every peer's flag of this slab.
+  // Leader only: waits, boundedly, for every peer's flag of this slab. The flags are polled with
+  // relaxed loads, all in flight together (one memory latency, not P-1), and one acquire fence
+  // after they all show this epoch orders the data reads after every peer's release.
   __device__ void wait_for_partials(const Tile& tile, int segment_row, int col_begin) {
-    for (int source = 0; source < p_.world_size; ++source) {
-      if (source == p_.rank) continue;
-      const uint32_t* flag = flag_at(p_.rank, source, tile);
-      const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
-      while (!epoch_reached(ptx::load_acquire_sys(flag), epoch_)) {
-        if (*reinterpret_cast<volatile uint32_t*>(p_.failed) != 0) return;  // this call already failed
-        if (ptx::globaltimer_ns() > deadline) {
-          report_timeout(source, tile.row_begin + (segment_row - tile.segment_row), col_begin);
-          return;
-        }
-        __nanosleep(100);
+    uint32_t waiting = ((1u << p_.world_size) - 1) & ~(1u << p_.rank);  // sources not arrived yet
+    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
+    for (;;) {
+      uint32_t flags[kMaxWorldSize];
+#pragma unroll
+      for (int source = 0; source < kMaxWorldSize; ++source) {
+        if (waiting & (1u << source)) flags[source] = ptx::load_relaxed_sys(flag_at(p_.rank, source, tile));
       }
+#pragma unroll
+      for (int source = 0; source < kMaxWorldSize; ++source) {
+        if ((waiting & (1u << source)) && epoch_reached(flags[source], epoch_)) waiting &= ~(1u << source);
+      }
+      if (waiting == 0) break;
+      if (*reinterpret_cast<volatile uint32_t*>(p_.failed) != 0) return;  // this call already failed
+      if (ptx::globaltimer_ns() > deadline) {
+        report_timeout(__ffs(waiting) - 1, tile.row_begin + (segment_row - tile.segment_row), col_begin);
+        return;
+      }
+      __nanosleep(100);
     }
+    ptx::fence_acquire_sys();
   }
 
   // The first timeout of this rank's call records what it waited for; the host reads it after the call.

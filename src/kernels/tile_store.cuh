@@ -113,9 +113,6 @@ class StoreTileEpilogue {
   __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
 
-  // A tile's output needs no input.
-  __device__ static void prefetch(const Params&, const Tile&) {}
-
   template <class Config>
   __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const Tile& tile = work.tile;
