@@ -54,6 +54,25 @@ class PushReduceEpilogue {
     parity_ = epoch_ & 1;
   }
 
+  template <class Config>
+  __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const Tile& tile = work.tile;
+    const int segment_row = tile.segment_row + slab.row;
+    const int col_begin = tile.col_begin + slab.col;
+    // A slab past the segment's rows or the last column holds nothing: neither pushed nor awaited.
+    if (tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end) return;
+    if (tile.owner_rank == p_.rank) {
+      reduce<Config>(tile, segment_row, col_begin, acc);
+    } else {
+      push<Config>(tile, segment_row, col_begin, acc, /*signal_now=*/work.partner_reduces);
+    }
+  }
+
+  __device__ void finish() {
+    slabs_.drain();
+    signal_pending();
+  }
+
  private:
   template <class Config>
   __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread],
