@@ -5,6 +5,10 @@
 //   warpgroup 0        producer: one thread issues the TMA loads of A and W into a ring of stages
 //   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
 //
+// An epilogue may also stream inputs of its own through the same ring, after a tile's K stages
+// (the fused op's partials of an own tile): they then arrive while the tile is still being
+// multiplied, as deep as the ring, instead of after it.
+//
 // The CTAs walk the tile schedule (plan/schedule.h) persistently: CTA b takes steps b, b + grid, ...
 //
 // With clusters of two, CTAs 2p and 2p+1 take adjacent steps, which usually lie in the same tile
@@ -56,12 +60,20 @@ struct MainloopConfig {
   static constexpr int kWPieceBoxRows = kWeightKMajor ? kBlockN / 2 : kBlockK;
   static constexpr int kWPieceBoxCols = kWeightKMajor ? kBlockK : 64;
 
+  // Extra stages (see above) carry 8 KB pieces: a 64 x 64 BF16 chunk each, A's part of a stage
+  // first, then W's.
+  static constexpr int kPieceBytes = 64 * 64 * 2;
+  static constexpr int kAPieces = kABytes / kPieceBytes;
+  static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
+  static constexpr int kChunksPerSlab = kWgCols / 64;
+
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
 
   static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(kWgCols == 128 || kWgCols == 192 || kWgCols == 256, "a consumer issues m64n{128,192,256} WGMMAs");
+  static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
 };
 
 // Epilogue staging: each consumer stages its whole slab, one 64 x 64 chunk per buffer.
@@ -69,10 +81,9 @@ constexpr int kChunkRows = 64;
 constexpr int kChunkCols = 64;
 constexpr int kChunkElems = kChunkRows * kChunkCols;
 
-// A consumer's chunk buffers, and one mbarrier per buffer for TMA loads into it.
+// A consumer's chunk buffers: where its epilogue stages a slab for TMA stores.
 struct ChunkBuffers {
   __nv_bfloat16 (*data)[kChunkElems];
-  uint64_t* loaded;
 };
 
 template <class Config>
@@ -82,8 +93,28 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
-  uint64_t chunk_loaded[Config::kConsumers][Config::kWgCols / kChunkCols];  // a TMA load into a chunk buffer landed
 };
+
+// A position in the ring of stages (producer and consumers each keep their own).
+struct StageCursor {
+  int stage = 0;
+  uint32_t phase = 0;  // parity of the stage's current use
+
+  template <class Config>
+  __device__ void advance() {
+    if (++stage == Config::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Piece q of a stage used as an extra stage (8 KB, 1024-byte aligned).
+template <class Config>
+__device__ __forceinline__ __nv_bfloat16* stage_piece(SharedStorage<Config>& smem, int stage, int q) {
+  constexpr int kPieceElems = Config::kPieceBytes / 2;
+  return q < Config::kAPieces ? smem.a[stage] + q * kPieceElems : smem.w[stage] + (q - Config::kAPieces) * kPieceElems;
+}
 
 struct MainloopParams {
   CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM
@@ -110,7 +141,6 @@ struct Work {
   Tile tile;
   bool store;             // false: a duplicate of the partner's tile, computed only to keep the pair in lockstep
   bool share_w;           // both CTAs of the pair need the same W tile: load half each, multicast
-  bool partner_reduces;   // the partner's tile is of its own rows: it may wait for peers, stalling this CTA
 };
 
 // Steps run while this is true (for a pair: while its first step is a tile).
@@ -122,14 +152,13 @@ __device__ __forceinline__ bool has_work(int step, int num_tiles) {
 template <class Config>
 __device__ __forceinline__ Work work_at(const TileSchedule& schedule, int step, int num_tiles) {
   if constexpr (Config::kCluster == 1) {
-    return {schedule.tile(step), true, false, false};
+    return {schedule.tile(step), true, false};
   } else {
     const int partner = step ^ 1;
     const bool mine = step < num_tiles;
     const Tile tile = schedule.tile(mine ? step : partner);
     const Tile partner_tile = partner < num_tiles ? schedule.tile(partner) : tile;
-    return {tile, mine, partner_tile.col_begin == tile.col_begin,
-            partner < num_tiles && partner_tile.owner_rank == schedule.rank};
+    return {tile, mine, partner_tile.col_begin == tile.col_begin};
   }
 }
 
@@ -163,17 +192,19 @@ struct Slab {
   }
 };
 
-template <class Config>
-__device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<Config>& smem, int cta, int num_ctas) {
-  int stage = 0;
-  uint32_t phase = 0;
+// The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
+template <class Config, class Epilogue>
+__device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
+                                        SharedStorage<Config>& smem, int cta, int num_ctas) {
+  StageCursor ring;
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
-      ptx::mbarrier_wait(&smem.empty[stage], phase ^ 1);
+      const int stage = ring.stage;
+      ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
       uint64_t* full = &smem.full[stage];
       // Both halves of a shared W tile arrive here: the expected bytes are the same either way.
       ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
@@ -190,11 +221,9 @@ __device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<C
           ptx::tma_load_2d_multicast(dst, &p.w, full, x, y, (1u << Config::kCluster) - 1);
         }
       }
-      if (++stage == Config::kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+      ring.advance<Config>();
     }
+    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring);
   }
 }
 
@@ -207,10 +236,10 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// Accumulates one tile's slab over all K blocks. `stage`/`phase` carry the ring position across tiles.
+// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles.
 template <class Config>
 __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
-                                             float (&acc)[Config::kAccPerThread], int& stage, uint32_t& phase) {
+                                             float (&acc)[Config::kAccPerThread], StageCursor& ring) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
   constexpr uint64_t kStepA = 32 >> 4;
@@ -221,7 +250,8 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
   int prev_stage = -1;
   const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
   for (int kb = 0; kb < num_k_blocks; ++kb) {
-    ptx::mbarrier_wait(&smem.full[stage], phase);
+    const int stage = ring.stage;
+    ptx::mbarrier_wait(&smem.full[stage], ring.phase);
     const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
     const uint64_t desc_w = Config::kWeightKMajor
                                 ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
@@ -240,10 +270,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
     if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
-    if (++stage == Config::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    ring.advance<Config>();
   }
   cute::warpgroup_wait<0>();
 #pragma unroll
@@ -254,7 +281,12 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks steps cta, cta + num_ctas,
 // ... of the schedule (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
-//   Epilogue(params, consumer, ChunkBuffers); store<Config>(work, slab, acc) per tile; finish() at the end.
+//   Epilogue(params, consumer, ChunkBuffers);
+//   per tile: consume_extra_stages<Config>(work, slab, acc, smem, ring) after the K stages, then
+//             store<Config>(work, slab, acc);
+//   finish() at the end;
+// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring), which the producer thread
+// calls after each tile's K stages (both sides must agree on the number of extra stages).
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
@@ -267,9 +299,6 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       ptx::mbarrier_init(&smem.full[s], 1);
       ptx::mbarrier_init(&smem.empty[s], Config::kConsumers * Config::kCluster);
     }
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      for (int b = 0; b < Config::kWgCols / kChunkCols; ++b) ptx::mbarrier_init(&smem.chunk_loaded[c][b], 1);
-    }
     ptx::fence_barrier_init();
   }
   // The partner's barriers must be initialized before any multicast or remote arrive reaches them.
@@ -281,20 +310,20 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Config>(mainloop, smem, cta, num_ctas);
+    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], smem.chunk_loaded[consumer]});
+    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer]});
     float acc[Config::kAccPerThread];
-    int stage = 0;
-    uint32_t phase = 0;
+    StageCursor ring;
     const TileSchedule schedule = mainloop.schedule;  // registers: the loop's asm clobbers memory
     const int num_tiles = schedule.num_tiles();
     for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
       const Work work = work_at<Config>(schedule, step, num_tiles);
-      consume_tile<Config>(mainloop, smem, slab, acc, stage, phase);
+      consume_tile<Config>(mainloop, smem, slab, acc, ring);
+      epilogue.template consume_extra_stages<Config>(work, slab, acc, smem, ring);
       if (work.store) epilogue.template store<Config>(work, slab, acc);
     }
     epilogue.finish();

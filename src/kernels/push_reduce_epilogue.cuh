@@ -1,6 +1,9 @@
 // The fused op's epilogue: a finished tile of another rank's rows is pushed (BF16, TMA store) into
-// that owner's receive slot and signalled with an epoch flag; a tile of this rank's own rows waits
-// for its P-1 partials, adds them to the FP32 accumulators in rank order, and is rounded once.
+// that owner's receive slot and signalled with an epoch flag; for a tile of this rank's own rows the
+// producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
+// stages, the consumers add them to the FP32 accumulators in rank order, and the tile is rounded
+// once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
+// is still being multiplied; the consumers never wait on a peer themselves.)
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
@@ -13,9 +16,11 @@
 // NOTE (memory ordering, per pushed slab): the chunk stores go out as TMA bulk groups; before the
 // flag is raised the pushing thread waits for the groups to COMPLETE (cp.async.bulk.wait_group, not
 // the .read variant), fences the async proxy, then stores the flag with release semantics at system
-// scope. The owner's waiting thread loads the flag with acquire at system scope, then a barrier
-// hands the data to the warpgroup. The signal of a slab is deferred until the next slab's stores are
-// issued, so compute never waits for NVLink; it is flushed before any wait on incoming flags.
+// scope. The owner's producer thread polls the flags with relaxed system-scope loads, then fences
+// (acquire at system scope, then generic -> async proxy) before its TMA loads of the data. The
+// signal of a slab is deferred until the next slab's stores are issued, so compute never waits for
+// NVLink; it is flushed before the consumers need an own tile's partials (a peer may be waiting for
+// it while our producer waits for that peer).
 #pragma once
 
 #include "kernels/peer_error.h"
@@ -49,9 +54,78 @@ class PushReduceEpilogue {
   };
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
-      : p_(params), consumer_(consumer), buffers_(buffers), slabs_(consumer, buffers) {
-    epoch_ = *reinterpret_cast<const volatile uint32_t*>(p_.epoch_counter) + 1;
+      : p_(params), consumer_(consumer), slabs_(consumer, buffers) {
+    epoch_ = call_epoch(p_);
     parity_ = epoch_ & 1;
+  }
+
+  // Producer thread, after an own tile's K stages: waits (bounded) for the peers' flags of the tile,
+  // then loads their partials into extra stages of the ring, in the order of partial_piece().
+  template <class Config>
+  __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
+                                              StageCursor& ring) {
+    const int num_pieces = partial_pieces<Config>(p, tile);
+    if (num_pieces == 0) return;
+    const uint32_t epoch = call_epoch(p);
+    const bool arrived = wait_for_partials<Config>(p, tile, epoch);
+    if (arrived) {
+      ptx::fence_acquire_sys();          // the flags seen -> the partials written before them
+      ptx::fence_proxy_async_global();   // ... and for the TMA loads (async proxy) that read them
+    }
+    for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
+      const int stage = ring.stage;
+      ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
+      uint64_t* full = &smem.full[stage];
+      const int count = min(Config::kPiecesPerStage, num_pieces - first);
+      if (!arrived) {
+        ptx::mbarrier_arrive(full);  // the call has failed: only let the consumers finish
+      } else {
+        ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
+        for (int q = 0; q < count; ++q) {
+          const PartialPiece piece = partial_piece<Config>(p, tile, first + q);
+          ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
+                           epoch & 1);
+        }
+      }
+      ring.advance<Config>();
+    }
+  }
+
+  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab as the
+  // producer streams them in, releasing each extra stage once read. The pieces come source by source,
+  // so every element gets its partials in rank order.
+  template <class Config>
+  __device__ void consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
+                                       SharedStorage<Config>& smem, StageCursor& ring) {
+    const int num_pieces = partial_pieces<Config>(p_, work.tile);
+    if (num_pieces == 0) return;
+    // NOTE: our pending flag first: the producer waits for the peers, who may be waiting for it.
+    if (slabs_.leader()) {
+      ptx::bulk_wait_group<0>();
+      signal_pending();
+    }
+    const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
+    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
+    ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    const int num_sources = p_.world_size - 1;
+    for (int j = 0; j < num_sources; ++j) {
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+        const int piece = (j * Config::kChunksPerSlab + c) * Config::kConsumers + consumer_;
+        while (held < piece / Config::kPiecesPerStage) {
+          release_extra_stage(smem, ring);
+          ++held;
+          ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+        }
+        add_chunk_bf16(stage_piece(smem, ring.stage, piece % Config::kPiecesPerStage), acc + c * 32);
+      }
+    }
+    // The stages left may hold only the other warpgroup's pieces; each is released by both.
+    for (;;) {
+      release_extra_stage(smem, ring);
+      if (++held == num_stages) break;
+      ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    }
   }
 
   template <class Config>
@@ -61,10 +135,14 @@ class PushReduceEpilogue {
     const int col_begin = tile.col_begin + slab.col;
     // A slab past the segment's rows or the last column holds nothing: neither pushed nor awaited.
     if (tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end) return;
+    const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
     if (tile.owner_rank == p_.rank) {
-      reduce<Config>(tile, segment_row, col_begin, acc);
+      // The partials are in: the tile is final.
+      slabs_.store<Config::kChunksPerSlab>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
+        ptx::tma_store_2d(&p_.out, buffer, col_begin + c * kChunkCols, segment_row);
+      });
     } else {
-      push<Config>(tile, segment_row, col_begin, acc, /*signal_now=*/work.partner_reduces);
+      push<Config>(tile, segment_row, col_begin, num_chunks, acc);
     }
   }
 
@@ -74,117 +152,108 @@ class PushReduceEpilogue {
   }
 
  private:
+  // Where one piece of an own tile's partials comes from: a 64 x 64 chunk of a source's slab.
+  struct PartialPiece {
+    int source;
+    int row;  // in the owner's segment
+    int col;
+  };
+
+  // This call's epoch: one more than the calls this rank has completed.
+  __device__ static uint32_t call_epoch(const Params& p) {
+    return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
+  }
+
+  // Pieces of partials an own tile takes through the ring: every chunk of both slabs from each peer
+  // (a chunk past the segment or past n is zero-filled by the TMA and never stored).
   template <class Config>
-  __device__ void push(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread],
-                       bool signal_now) {
+  __device__ static int partial_pieces(const Params& p, const Tile& tile) {
+    if (tile.owner_rank != p.rank) return 0;
+    return (p.world_size - 1) * Config::kConsumers * Config::kChunksPerSlab;
+  }
+
+  // Piece i = (j * chunks per slab + chunk) * 2 + slab: peer j (in rank order, skipping this rank)
+  // first, then the chunk, then the slab, so a warpgroup takes every other piece.
+  template <class Config>
+  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, int i) {
+    const Slab<Config> slab = Slab<Config>::of_consumer(i % Config::kConsumers);
+    const int chunk = (i / Config::kConsumers) % Config::kChunksPerSlab;
+    const int j = i / (Config::kConsumers * Config::kChunksPerSlab);
+    return {j < p.rank ? j : j + 1, tile.segment_row + slab.row, tile.col_begin + slab.col + chunk * kChunkCols};
+  }
+
+  // Producer thread: waits, boundedly, for every flag of the tile (each peer, each slab it pushes).
+  // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
+  template <class Config>
+  __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
+    uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
+    for (int s = 0; s < Config::kConsumers; ++s) {
+      const Slab<Config> slab = Slab<Config>::of_consumer(s);
+      if (tile.row_begin + slab.row >= tile.row_end || tile.col_begin + slab.col >= tile.col_end) continue;
+      for (int source = 0; source < p.world_size; ++source) {
+        if (source != p.rank) waiting |= 1u << (2 * source + s);
+      }
+    }
+    const uint32_t* flags = flag_at(p, p.rank, 0, tile, 0, epoch & 1);
+    const size_t source_stride = size_t(p.tiles_per_segment) * 2;
+    const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
+    for (;;) {
+      // Four loads in flight at a time (more would spill registers in the 40 the producer has).
+      for (int first = 0; first < 2 * kMaxWorldSize; first += 4) {
+        uint32_t seen[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int f = first + i;
+          if (waiting & (1u << f)) seen[i] = ptx::load_relaxed_sys(flags + (f / 2) * source_stride + f % 2);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int f = first + i;
+          if ((waiting & (1u << f)) && epoch_reached(seen[i], epoch)) waiting &= ~(1u << f);
+        }
+      }
+      if (waiting == 0) return true;
+      if (*reinterpret_cast<volatile uint32_t*>(p.failed) != 0) return false;  // this call already failed
+      if (ptx::globaltimer_ns() > deadline) {
+        const int f = __ffs(waiting) - 1;
+        report_timeout(p, f / 2, tile.row_begin + Slab<Config>::of_consumer(f % 2).row,
+                       tile.col_begin + Slab<Config>::of_consumer(f % 2).col);
+        return false;
+      }
+      __nanosleep(100);
+    }
+  }
+
+  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
+  // load (async proxy) may overwrite it.
+  template <class Config>
+  __device__ void release_extra_stage(SharedStorage<Config>& smem, StageCursor& ring) {
+    ptx::fence_proxy_async_shared();
+    slabs_.sync();
+    release_stage(smem, ring.stage);
+    ring.advance<Config>();
+  }
+
+  template <class Config>
+  __device__ void push(const Tile& tile, int segment_row, int col_begin, int num_chunks,
+                       float (&acc)[Config::kAccPerThread]) {
     const CUtensorMap* recv = &p_.recv_at[tile.owner_rank];
-    slabs_.store<Config::kWgCols / kChunkCols>(acc, chunks_before<Config>(col_begin, tile.col_end),
-                                               [&](int c, const __nv_bfloat16* buffer) {
-                                                 ptx::tma_store_4d(recv, buffer, col_begin + c * kChunkCols,
-                                                                   segment_row, p_.rank, parity_);
-                                               });
+    slabs_.store<Config::kChunksPerSlab>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
+      ptx::tma_store_4d(recv, buffer, col_begin + c * kChunkCols, segment_row, p_.rank, parity_);
+    });
     if (slabs_.leader()) {
       // The previous slab's bulk group is older than this one: once it has landed, raise its flag.
       ptx::bulk_wait_group<1>();
       signal_pending();
-      pending_flag_ = flag_at(tile.owner_rank, p_.rank, tile);
-      // NOTE: a cluster partner about to wait for its peers stalls this CTA (it stops releasing the
-      // shared stages), so this slab's flag cannot wait for our next slab: raise it now. Clusters keep
-      // the own tiles last (runtime/launch.cuh), so only the pair that straddles the start of the own
-      // tail meets this (every later step of the pair is own rows): no deferred flag is ever held by
-      // a stalled CTA.
-      if (signal_now) {
-        ptx::bulk_wait_group<0>();
-        signal_pending();
-      }
+      pending_flag_ = flag_at(p_, tile.owner_rank, p_.rank, tile, consumer_, parity_);
     }
-  }
-
-  // The peers' partials stream through the chunk buffers as TMA loads (kBuffers in flight), each
-  // added to the FP32 accumulators by the whole warpgroup; chunk-major, then sources in rank order,
-  // so the sum does not depend on arrival order.
-  template <class Config>
-  __device__ void reduce(const Tile& tile, int segment_row, int col_begin, float (&acc)[Config::kAccPerThread]) {
-    constexpr int kBuffers = Config::kWgCols / kChunkCols;
-    const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
-    const int num_sources = p_.world_size - 1;
-    const int num_pieces = num_chunks * num_sources;
-    if (slabs_.leader()) {
-      // NOTE: flush our own pending push first: a peer may be waiting for it while we wait for it.
-      // This also leaves no store reading the chunk buffers the loads below will fill.
-      ptx::bulk_wait_group<0>();
-      signal_pending();
-      wait_for_partials(tile, segment_row, col_begin);
-      // NOTE: flags acquired (generic proxy) before the TMA reads (async proxy) of the data.
-      ptx::fence_proxy_async_global();
-      for (int i = 0; i < num_pieces && i < kBuffers; ++i) load_piece<kBuffers>(i, num_sources, segment_row, col_begin);
-    }
-#pragma unroll
-    for (int c = 0; c < kBuffers; ++c) {
-      if (c >= num_chunks) continue;
-      for (int j = 0; j < num_sources; ++j) {
-        const int i = c * num_sources + j;
-        const int use = pieces_loaded_ + i;
-        ptx::mbarrier_wait(&buffers_.loaded[use % kBuffers], (use / kBuffers) & 1);
-        add_chunk_bf16(buffers_.data[use % kBuffers], acc + c * 32);
-        // Everyone has read the buffer before the next load into it (generic reads, async write).
-        ptx::fence_proxy_async_shared();
-        slabs_.sync();
-        if (slabs_.leader() && i + kBuffers < num_pieces) load_piece<kBuffers>(i + kBuffers, num_sources, segment_row, col_begin);
-      }
-    }
-    pieces_loaded_ += num_pieces;
-    slabs_.store<kBuffers>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
-      ptx::tma_store_2d(&p_.out, buffer, col_begin + c * kChunkCols, segment_row);
-    });
-  }
-
-  // Leader only: piece i of this slab's reduction (chunk i / num_sources, the (i % num_sources)-th
-  // peer in rank order) into buffer (pieces_loaded_ + i) % kBuffers.
-  template <int kBuffers>
-  __device__ void load_piece(int i, int num_sources, int segment_row, int col_begin) {
-    const int chunk = i / num_sources;
-    const int j = i % num_sources;
-    const int source = j < p_.rank ? j : j + 1;
-    const int buffer = (pieces_loaded_ + i) % kBuffers;
-    uint64_t* loaded = &buffers_.loaded[buffer];
-    ptx::mbarrier_arrive_expect_tx(loaded, kChunkElems * 2);
-    ptx::tma_load_4d(buffers_.data[buffer], &p_.recv_at[p_.rank], loaded, col_begin + chunk * kChunkCols, segment_row,
-                     source, parity_);
-  }
-
-  // Leader only: waits, boundedly, for every peer's flag of this slab. The flags are polled with
-  // relaxed loads, all in flight together (one memory latency, not P-1), and one acquire fence
-  // after they all show this epoch orders the data reads after every peer's release.
-  __device__ void wait_for_partials(const Tile& tile, int segment_row, int col_begin) {
-    uint32_t waiting = ((1u << p_.world_size) - 1) & ~(1u << p_.rank);  // sources not arrived yet
-    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
-    for (;;) {
-      uint32_t flags[kMaxWorldSize];
-#pragma unroll
-      for (int source = 0; source < kMaxWorldSize; ++source) {
-        if (waiting & (1u << source)) flags[source] = ptx::load_relaxed_sys(flag_at(p_.rank, source, tile));
-      }
-#pragma unroll
-      for (int source = 0; source < kMaxWorldSize; ++source) {
-        if ((waiting & (1u << source)) && epoch_reached(flags[source], epoch_)) waiting &= ~(1u << source);
-      }
-      if (waiting == 0) break;
-      if (*reinterpret_cast<volatile uint32_t*>(p_.failed) != 0) return;  // this call already failed
-      if (ptx::globaltimer_ns() > deadline) {
-        report_timeout(__ffs(waiting) - 1, tile.row_begin + (segment_row - tile.segment_row), col_begin);
-        return;
-      }
-      __nanosleep(100);
-    }
-    ptx::fence_acquire_sys();
   }
 
   // The first timeout of this rank's call records what it waited for; the host reads it after the call.
-  __device__ void report_timeout(int source, int row, int col) {
-    if (atomicCAS(p_.failed, 0u, 1u) != 0u) return;
-    volatile PeerError* error = p_.error;
-    error->waiting_rank = p_.rank;
+  __device__ static void report_timeout(const Params& p, int source, int row, int col) {
+    if (atomicCAS(p.failed, 0u, 1u) != 0u) return;
+    volatile PeerError* error = p.error;
+    error->waiting_rank = p.rank;
     error->missing_rank = source;
     error->row = row;
     error->col = col;
@@ -193,13 +262,13 @@ class PushReduceEpilogue {
     __threadfence_system();
   }
 
-  // Flag of (owner's flag array, source, tile, this slab) for this call's parity.
-  __device__ uint32_t* flag_at(int owner, int source, const Tile& tile) const {
-    const int row_tile = tile.segment_row / p_.block_m;
-    const int col_tile = tile.col_begin / p_.block_n;
-    const int tile_idx = row_tile * p_.col_tiles + col_tile;
-    const size_t index = (size_t(source) * p_.tiles_per_segment + tile_idx) * 2 + consumer_;
-    return p_.flags_at[owner] + parity_ * p_.flags_parity_words + index;
+  // Flag of (owner's flag array, source, tile, slab) in the given parity half.
+  __device__ static uint32_t* flag_at(const Params& p, int owner, int source, const Tile& tile, int slab, int parity) {
+    const int row_tile = tile.segment_row / p.block_m;
+    const int col_tile = tile.col_begin / p.block_n;
+    const int tile_idx = row_tile * p.col_tiles + col_tile;
+    const size_t index = (size_t(source) * p.tiles_per_segment + tile_idx) * 2 + slab;
+    return p.flags_at[owner] + parity * p.flags_parity_words + index;
   }
 
   // Leader only: raises the flag of the last pushed slab, whose stores have landed.
@@ -212,8 +281,6 @@ class PushReduceEpilogue {
 
   const Params& p_;
   int consumer_;
-  ChunkBuffers buffers_;
-  int pieces_loaded_ = 0;   // loads into the chunk buffers so far: buffer and phase of the next
   SlabStore slabs_;
   uint32_t epoch_;
   int parity_;

@@ -113,6 +113,13 @@ class StoreTileEpilogue {
   __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
 
+  // A tile's output needs no input: no extra stages.
+  template <class Config>
+  __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&) {}
+  template <class Config>
+  __device__ void consume_extra_stages(const Work&, Slab<Config>, float (&)[Config::kAccPerThread],
+                                       SharedStorage<Config>&, StageCursor&) {}
+
   template <class Config>
   __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const Tile& tile = work.tile;

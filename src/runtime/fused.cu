@@ -100,8 +100,15 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
   TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
   GemmConfig config;
   TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm_reduce_scatter", &config));
+  // Clusters are the plain GEMM's option only: an own tile's extra stages (its peers' partials) would
+  // break the lockstep of a cluster's shared ring.
+  if (config.cluster_size != 1 && params::debug()) {
+    std::fprintf(stderr, "tpfuse: gemm_reduce_scatter runs without clusters (TPFUSE_CLUSTER_SIZE is the GEMM's)\n");
+  }
+  config.cluster_size = 1;
 
-  return with_mainloop_config(config, problem.weight_layout, [&](auto mainloop_config) -> Status {
+  const bool k_major = problem.weight_layout == WeightLayout::kNxK;
+  return with_tile_config<1>(config, k_major, [&](auto mainloop_config) -> Status {
     using Config = decltype(mainloop_config);
     if (num_ranks > 1 && one_device) {
       // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.

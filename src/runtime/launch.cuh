@@ -155,10 +155,7 @@ Status make_mainloop_params(const Problem& problem, const GemmConfig& config, in
   p->schedule.block_m = Config::kBlockM;
   p->schedule.block_n = Config::kBlockN;
   p->schedule.group_rows = config.group_rows;
-  // NOTE: clusters keep the own tiles last. A CTA waiting for its peers stalls its cluster partner, and
-  // the fused epilogue is deadlock-free with clusters only if no stalled partner still has pushes to
-  // make (see push_reduce_epilogue.cuh), which holds when every step after the first own one is own.
-  p->schedule.own_lag = Config::kCluster == 1 ? config.own_lag : (1 << 30);
+  p->schedule.own_lag = config.own_lag;
   p->num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);
   return Status::Ok();
 }
