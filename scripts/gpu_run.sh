@@ -5,7 +5,8 @@
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
 # Steps (default: all, in this order): env tests sanitize gemm proxy baseline fused; also
-# tests_c2 and gemm_c2, the same with clusters of two CTAs (TPFUSE_CLUSTER_SIZE=2, not the default).
+# tests_c2 and gemm_c2, the same with clusters of two CTAs (TPFUSE_CLUSTER_SIZE=2, not the default;
+# the GEMM's option only: the fused op runs without clusters whatever it says).
 # Each step's output goes to OUT_DIR/<step>.log; its last lines are echoed. Every step is bounded by
 # STEP_TIMEOUT seconds (default 300). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail

@@ -63,8 +63,10 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // segments (schedule rounds): groups of 32 / P row tiles make them together the 32-row group
   // that measured best for one rank, sharing A rows and W columns in L2.
   c.group_rows = std::max(1, kGroupRowsPerWave / problem.world_size);
-  // Own tile j about a wave behind the peers' tile j (plan/schedule.h): ceil(CTAs / P) rounds.
-  c.own_lag = (c.num_ctas + problem.world_size - 1) / problem.world_size;
+  // Own tiles last (plan/schedule.h). Interleaving them a wave behind the peers' (a lag of
+  // ceil(CTAs / P) rounds) measured slower in the one-GPU proxy: geomean 1.467 against 1.385
+  // (bench/results/2026-11-29-h200-5a3e62e); TPFUSE_OWN_LAG keeps it open for multi-GPU tuning.
+  c.own_lag = kOwnTilesLast;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
   return Status::Ok();

@@ -18,6 +18,9 @@ struct DeviceInfo {
   int cc_minor = 0;
 };
 
+// An own_lag so large that every own tile comes after every foreign one.
+constexpr int kOwnTilesLast = 1 << 30;
+
 // One compiled GEMM mainloop variant and how it is launched.
 struct GemmConfig {
   int block_m = 128;             // rows of a tile (one 64-row slab per consumer warpgroup)

@@ -51,7 +51,7 @@ inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
     config->block_n = int(params::block_n());
     TPFUSE_RETURN_IF_ERROR(fit_stages(device, config));
   }
-  if (params::own_lag() < -1 || params::own_lag() > (1 << 30)) {
+  if (params::own_lag() < -1 || params::own_lag() > kOwnTilesLast) {
     return Status::InvalidArgument("TPFUSE_OWN_LAG = " + std::to_string(params::own_lag()) +
                                    " must be a number of rounds >= 0 (or -1: the config's choice)");
   }

@@ -77,13 +77,13 @@ TEST(Config, SmallSegmentsUse64RowTiles) {
   EXPECT_EQ(c.block_m, 128);
 }
 
-// A rank's own tile j comes about a wave (ceil(CTAs / P) rounds of the schedule) after the peers',
-// and the raster groups of the P segments a wave works on add up to 32 row tiles.
-TEST(Config, ScheduleFollowsTheWave) {
+// A rank's own tiles come last, and the raster groups of the P segments a wave works on add up to
+// 32 row tiles.
+TEST(Config, ScheduleOfTheFusedOp) {
   for (int world_size : {1, 2, 4, 8}) {
     GemmConfig c;
     ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, world_size), h100(), &c).ok());
-    if (world_size > 1) EXPECT_EQ(c.own_lag, (h100().num_sms + world_size - 1) / world_size) << "P=" << world_size;
+    EXPECT_EQ(c.own_lag, kOwnTilesLast) << "P=" << world_size;
     EXPECT_EQ(c.group_rows, 32 / world_size) << "P=" << world_size;
   }
 }
