@@ -63,8 +63,11 @@ def grouped_bars(ax, rows, series, ylabel, log=False):
 def title(data):
     meta = data.get("meta", {})
     options = meta.get("options", {})
+    tp = options.get("tp", "?")
+    # Fused mode reduce-scatters over the GPUs in use, whatever --tp sets for the GEMMs' K/P.
+    world = f"P={meta.get('gpu_count', '?')} (K/P of P={tp})" if options.get("mode") == "fused" else f"P={tp}"
     parts = [f"tpfuse_bench {options.get('mode', '?')}", f"{meta.get('gpu_count', '?')} x {meta.get('gpu', '?')}",
-             f"P={options.get('tp', '?')}, layout {options.get('layout', '?')}",
+             f"{world}, layout {options.get('layout', '?')}",
              f"commit {meta.get('git_commit', '?')}", str(meta.get("date", ""))]
     return ", ".join(parts)
 
