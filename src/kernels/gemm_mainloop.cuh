@@ -76,12 +76,10 @@ struct MainloopConfig {
   static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
 };
 
-// Epilogue staging: each consumer stages its slab two 64 x 64 chunks at a time, one per buffer (so
-// that a 128 x 256 tile keeps four pipeline stages).
+// Epilogue staging: each consumer stages its whole slab, one 64 x 64 chunk per buffer.
 constexpr int kChunkRows = 64;
 constexpr int kChunkCols = 64;
 constexpr int kChunkElems = kChunkRows * kChunkCols;
-constexpr int kChunkBuffers = 2;
 
 // A consumer's chunk buffers: where its epilogue stages a slab for TMA stores.
 struct ChunkBuffers {
@@ -92,7 +90,7 @@ template <class Config>
 struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
-  __nv_bfloat16 chunks[Config::kConsumers][kChunkBuffers][kChunkElems];
+  __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
 };

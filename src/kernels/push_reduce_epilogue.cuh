@@ -238,17 +238,12 @@ class PushReduceEpilogue {
   __device__ void push(const Tile& tile, int segment_row, int col_begin, int num_chunks,
                        float (&acc)[Config::kAccPerThread]) {
     const CUtensorMap* recv = &p_.recv_at[tile.owner_rank];
-    const int groups = slabs_.store<Config::kChunksPerSlab>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
+    slabs_.store<Config::kChunksPerSlab>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
       ptx::tma_store_4d(recv, buffer, col_begin + c * kChunkCols, segment_row, p_.rank, parity_);
     });
-    static_assert(SlabStore::kMaxBatches<Config::kChunksPerSlab> <= 2, "a slab is stored in at most two groups");
     if (slabs_.leader()) {
-      // The previous slab's bulk groups are older than this slab's: once they have landed, raise its flag.
-      if (groups == 2) {
-        ptx::bulk_wait_group<2>();
-      } else {
-        ptx::bulk_wait_group<1>();
-      }
+      // The previous slab's bulk group is older than this one: once it has landed, raise its flag.
+      ptx::bulk_wait_group<1>();
       signal_pending();
       pending_flag_ = flag_at(p_, tile.owner_rank, p_.rank, tile, consumer_, parity_);
     }

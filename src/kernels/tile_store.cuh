@@ -58,8 +58,8 @@ __device__ __forceinline__ void add_chunk_bf16(const __nv_bfloat16* buffer, floa
   }
 }
 
-// Stores one consumer warpgroup's slabs: the chunks of a slab are staged kChunkBuffers at a time,
-// each batch stored as one bulk group by the warpgroup's first thread.
+// Stores one consumer warpgroup's slabs: all chunks of a slab staged at once, then stored as one
+// bulk group by the warpgroup's first thread.
 class SlabStore {
  public:
   __device__ SlabStore(int consumer, ChunkBuffers buffers) : consumer_(consumer), buffers_(buffers.data) {}
@@ -67,37 +67,24 @@ class SlabStore {
   __device__ bool leader() const { return threadIdx.x % 128 == 0; }
   __device__ void sync() const { ptx::named_barrier_sync(1 + consumer_, 128); }
 
-  // Stages chunks [0, num_chunks) of `acc` a batch at a time; after each batch the leader issues
-  // store_chunk(c, buffer) for its chunks and commits them as one bulk group. Returns the number of
-  // groups committed (at most kMaxBatches).
+  // Stages chunks [0, num_chunks) of `acc`, then the leader issues store_chunk(c, buffer) for each.
   template <int kMaxChunks, class StoreFn>
-  __device__ int store(const float* acc, int num_chunks, StoreFn&& store_chunk) {
-    int groups = 0;
+  __device__ void store(const float* acc, int num_chunks, StoreFn&& store_chunk) {
+    // The previous slab's stores must have finished reading the buffers.
+    if (leader()) ptx::bulk_wait_group_read<0>();
+    sync();
 #pragma unroll
-    for (int first = 0; first < kMaxChunks; first += kChunkBuffers) {
-      if (first >= num_chunks) break;
-      // The stores issued from the buffers before must have finished reading them.
-      if (leader()) ptx::bulk_wait_group_read<0>();
-      sync();
-#pragma unroll
-      for (int b = 0; b < kChunkBuffers; ++b) {
-        if (first + b < kMaxChunks && first + b < num_chunks) stage_chunk_bf16(acc + 32 * (first + b), buffers_[b]);
-      }
-      // NOTE: generic-proxy smem writes -> proxy fence in every writer -> barrier -> TMA store.
-      ptx::fence_proxy_async_shared();
-      sync();
-      if (leader()) {
-        for (int b = 0; b < kChunkBuffers && first + b < num_chunks; ++b) store_chunk(first + b, buffers_[b]);
-        ptx::bulk_commit_group();
-      }
-      ++groups;
+    for (int c = 0; c < kMaxChunks; ++c) {
+      if (c < num_chunks) stage_chunk_bf16(acc + 32 * c, buffers_[c]);
     }
-    return groups;
+    // NOTE: generic-proxy smem writes -> proxy fence in every writer -> barrier -> TMA store.
+    ptx::fence_proxy_async_shared();
+    sync();
+    if (leader()) {
+      for (int c = 0; c < num_chunks; ++c) store_chunk(c, buffers_[c]);
+      ptx::bulk_commit_group();
+    }
   }
-
-  // Bulk groups a slab of kMaxChunks chunks may take.
-  template <int kMaxChunks>
-  static constexpr int kMaxBatches = (kMaxChunks + kChunkBuffers - 1) / kChunkBuffers;
 
   // Waits until every store issued so far has landed in global memory (not only read its source).
   __device__ void drain() const {

@@ -8,9 +8,8 @@ namespace tpfuse {
 size_t GemmConfig::smem_bytes() const {
   const size_t bf16 = 2;
   const size_t stage = size_t(block_m + block_n) * block_k * bf16;
-  // The epilogue stages two 64 x 64 BF16 chunks per consumer warpgroup at a time.
-  constexpr size_t kChunkBuffers = 2;
-  const size_t epilogue = size_t(consumer_warpgroups) * kChunkBuffers * 64 * 64 * bf16;
+  // The epilogue stages a whole tile in BF16.
+  const size_t epilogue = size_t(block_m) * block_n * bf16;
   const size_t barriers = size_t(2 * stages) * 8;
   // The storage is 1024-byte aligned (swizzled TMA tiles need it), and the launch adds 1024 bytes of
   // slack to align the dynamic shared memory base.
@@ -74,7 +73,7 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
 }
 
 Status fit_stages(const DeviceInfo& device, GemmConfig* config) {
-  // As many pipeline stages as fit beside the epilogue's staging (4 for every compiled tile).
+  // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 otherwise).
   constexpr int kMaxStages = 4;
   config->stages = kMaxStages;
   while (config->stages > 2 && config->smem_bytes() > size_t(device.max_smem_per_block)) --config->stages;

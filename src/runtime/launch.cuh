@@ -19,8 +19,8 @@ template <int kCluster, class Fn>
 Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
   using kernels::MainloopConfig;
   if (c.block_k == 64 && c.consumer_warpgroups == 2) {
-    if (c.block_m == 128 && c.block_n == 256 && c.stages == 4) {
-      return k_major ? fn(MainloopConfig<128, 256, 4, true, kCluster>{}) : fn(MainloopConfig<128, 256, 4, false, kCluster>{});
+    if (c.block_m == 128 && c.block_n == 256 && c.stages == 3) {
+      return k_major ? fn(MainloopConfig<128, 256, 3, true, kCluster>{}) : fn(MainloopConfig<128, 256, 3, false, kCluster>{});
     }
     if (c.block_m == 128 && c.block_n == 192 && c.stages == 4) {
       return k_major ? fn(MainloopConfig<128, 192, 4, true, kCluster>{}) : fn(MainloopConfig<128, 192, 4, false, kCluster>{});
