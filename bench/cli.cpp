@@ -107,6 +107,8 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   partials preset) against tpfuse's GEMM, on GPU 0\n"
          "                   fused: the fused op on every GPU (2 or more) against cuBLAS + NCCL: T_fused, E,\n"
          "                   E_hideable, speedup\n"
+         "                   p2p: write bandwidth from GPU 0 into GPU 1 and back by SM stores, TMA stores\n"
+         "                   and the copy engine (needs 2 GPUs; ignores the shapes)\n"
          "                   (default: baseline)\n"
          "  --warmup N       warm-up iterations per timing (default 20)\n"
          "  --iters N        timed iterations; the median is reported (default 200)\n"
