@@ -1,5 +1,6 @@
-// The fused GEMM + reduce-scatter with P ranks emulated on one GPU: real cross-rank stores and
-// flags, all ranks' CTAs resident in one cooperative launch.
+// The fused GEMM + reduce-scatter with P ranks emulated on one GPU (real cross-rank stores and
+// flags, all ranks' CTAs resident in one cooperative launch), and with one rank per GPU where there
+// are several, all driven by this process.
 #include <cublas_v2.h>
 
 #include <chrono>
@@ -15,38 +16,64 @@
 namespace tpfuse::testing {
 namespace {
 
-// P ranks' operands and outputs on device 0, and the references computed from them.
-struct EmulatedRanks {
+// P ranks' operands and outputs, rank r on devices[r] (by default all on device 0: emulated ranks),
+// and the references computed from them. Leaves device 0 current.
+struct LocalRanks {
   Problem problem;
+  std::vector<int> devices;
   Communicator* comm = nullptr;
   std::vector<std::unique_ptr<DeviceBuffer<__nv_bfloat16>>> a, w, out;
   std::vector<cudaStream_t> streams;
 
-  EmulatedRanks(const Problem& p, double timeout_s = 0) : problem(p) {
+  explicit LocalRanks(const Problem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
+      : problem(p), devices(rank_devices.empty() ? std::vector<int>(p.world_size, 0) : rank_devices) {
     CommunicatorOptions options;
     options.max_m = p.m;
     options.max_n = p.n;
     options.peer_timeout_s = timeout_s;
-    const std::vector<int> devices(p.world_size, 0);
     const Status s = communicator_create_local(devices.data(), p.world_size, options, &comm);
     EXPECT_TRUE(s.ok()) << s.to_string();
     for (int r = 0; r < p.world_size; ++r) {
+      cudaSetDevice(devices[r]);
       a.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.m) * p.k_per_rank));
       w.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.k_per_rank) * p.n));
       out.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.rows_per_rank()) * p.n));
     }
+    cudaSetDevice(0);
     streams.assign(p.world_size, nullptr);
   }
-  ~EmulatedRanks() {
+  ~LocalRanks() {
     if (comm != nullptr) communicator_destroy(comm);
   }
 
   void fill(bool exact, uint64_t seed) {
     for (int r = 0; r < problem.world_size; ++r) {
+      cudaSetDevice(devices[r]);
       (exact ? fill_small_ints : fill_random)(a[r]->ptr, a[r]->count, seed * 1000 + 2 * r);
       (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 2 * r + 1);
       poison(out[r]->ptr, out[r]->count);
     }
+    cudaSetDevice(0);
+  }
+
+  void poison_outputs() {
+    for (int r = 0; r < problem.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      poison(out[r]->ptr, out[r]->count);
+    }
+    cudaSetDevice(0);
+  }
+
+  // Waits for every rank's device.
+  cudaError_t synchronize() {
+    cudaError_t first = cudaSuccess;
+    for (int r = 0; r < problem.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      const cudaError_t err = cudaDeviceSynchronize();
+      if (first == cudaSuccess) first = err;
+    }
+    cudaSetDevice(0);
+    return first;
   }
 
   Status run(const Problem& p) {
@@ -60,14 +87,16 @@ struct EmulatedRanks {
     return gemm_reduce_scatter_local(comm, p, ap.data(), wp.data(), op.data(), streams.data());
   }
 
-  // Every rank's FP32 partial (m x n).
+  // Every rank's FP32 partial (m x n), computed on its device.
   std::vector<std::vector<float>> partials(const Problem& p) {
     std::vector<std::vector<float>> result;
-    DeviceBuffer<float> ref(size_t(p.m) * p.n);
     for (int r = 0; r < p.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      DeviceBuffer<float> ref(size_t(p.m) * p.n);
       reference_gemm(p, a[r]->ptr, w[r]->ptr, ref.ptr);
       result.push_back(ref.to_host());
     }
+    cudaSetDevice(0);
     return result;
   }
 };
@@ -92,25 +121,30 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
-// Exact mode: small integers, every partial and total exact in BF16: bit for bit.
+// Exact mode (small integers: every partial and total exact in BF16): bit for bit.
+void expect_bit_for_bit(LocalRanks& ranks, const Problem& problem) {
+  ranks.fill(/*exact=*/true, 1);
+  const Status s = ranks.run(problem);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(ranks.synchronize());
+  ASSERT_TRUE(communicator_status(ranks.comm).ok());
+  const auto partials = ranks.partials(problem);
+  for (int d = 0; d < problem.world_size; ++d) {
+    const int64_t bad = first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false));
+    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at row " << bad / problem.n << ", column "
+                       << bad % problem.n;
+  }
+}
+
 class FusedExact : public ::testing::TestWithParam<std::tuple<int, int, int, WeightLayout>> {};
 
 TEST_P(FusedExact, BitForBit) {
   const auto [p, m, n, layout] = GetParam();
   // |partial| <= k and |sum| <= p * k: at most 256, exact in BF16.
   const Problem problem = make_problem(m, n, 256 / p, p, layout);
-  EmulatedRanks ranks(problem);
+  LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
-  ranks.fill(/*exact=*/true, 1);
-  const Status s = ranks.run(problem);
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  ASSERT_CUDA(cudaDeviceSynchronize());
-  ASSERT_TRUE(communicator_status(ranks.comm).ok());
-  const auto partials = ranks.partials(problem);
-  for (int d = 0; d < p; ++d) {
-    const int64_t bad = first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false));
-    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at row " << bad / n << ", column " << bad % n;
-  }
+  expect_bit_for_bit(ranks, problem);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
@@ -123,16 +157,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            std::make_tuple(8, 64, 264, WeightLayout::kKxN)));
 
 // Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
-class FusedRandom : public ::testing::TestWithParam<std::tuple<int, int, int, int, WeightLayout>> {};
-
-TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
-  const auto [p, m, n, k, layout] = GetParam();
-  const Problem problem = make_problem(m, n, k, p, layout);
-  EmulatedRanks ranks(problem);
-  ASSERT_NE(ranks.comm, nullptr);
+void expect_within_unfused_error_and_deterministic(LocalRanks& ranks, const Problem& problem) {
+  const int p = problem.world_size;
   ranks.fill(/*exact=*/false, 7);
   ASSERT_TRUE(ranks.run(problem).ok());
-  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(ranks.synchronize());
   const auto partials = ranks.partials(problem);
   // SPEC's errors are over the whole output: every rank's rows together.
   std::vector<std::vector<__nv_bfloat16>> first;
@@ -152,13 +181,23 @@ TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
   EXPECT_LE(fused.max_rel, 1.1 * unfused.max_rel);
   EXPECT_LE(fused.norm_rel, 1.1 * unfused.norm_rel);
   // The same inputs again (the other parity of the buffers): bit-identical outputs.
-  for (int d = 0; d < p; ++d) poison(ranks.out[d]->ptr, ranks.out[d]->count);
+  ranks.poison_outputs();
   ASSERT_TRUE(ranks.run(problem).ok());
-  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(ranks.synchronize());
   for (int d = 0; d < p; ++d) {
     const auto again = ranks.out[d]->to_host();
     EXPECT_EQ(0, std::memcmp(again.data(), first[d].data(), again.size() * 2)) << "rank " << d << " not deterministic";
   }
+}
+
+class FusedRandom : public ::testing::TestWithParam<std::tuple<int, int, int, int, WeightLayout>> {};
+
+TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
+  const auto [p, m, n, k, layout] = GetParam();
+  const Problem problem = make_problem(m, n, k, p, layout);
+  LocalRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_within_unfused_error_and_deterministic(ranks, problem);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
@@ -167,24 +206,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
                                            std::make_tuple(4, 1000, 2056, 520, WeightLayout::kKxN),
                                            std::make_tuple(2, 4096, 1024, 2048, WeightLayout::kNxK)));
 
-// Back-to-back calls with random m, no host synchronization between them; every 50th is checked.
-TEST(FusedStress, ThousandCallsBackToBack) {
-  const int p = 8;
-  const Problem max_problem = make_problem(2048, 1024, 32, p, WeightLayout::kNxK);
-  EmulatedRanks ranks(max_problem);
-  ASSERT_NE(ranks.comm, nullptr);
+// Back-to-back calls with random m (exact inputs), no host synchronization between them; every
+// 50th is checked.
+void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, int calls) {
+  const int p = max_problem.world_size;
   ranks.fill(/*exact=*/true, 3);
   std::mt19937 rng(42);
-  for (int call = 0; call < 1000; ++call) {
+  for (int call = 0; call < calls; ++call) {
     const int m = p * int(1 + rng() % (max_problem.m / p));
-    const Problem problem = make_problem(m, max_problem.n, max_problem.k_per_rank, p, WeightLayout::kNxK);
+    const Problem problem = make_problem(m, max_problem.n, max_problem.k_per_rank, p, max_problem.weight_layout);
     const bool check = call % 50 == 49;
-    if (check) {
-      for (int d = 0; d < p; ++d) poison(ranks.out[d]->ptr, ranks.out[d]->count);
-    }
+    if (check) ranks.poison_outputs();
     ASSERT_TRUE(ranks.run(problem).ok()) << "call " << call;
     if (!check) continue;
-    ASSERT_CUDA(cudaDeviceSynchronize());
+    ASSERT_CUDA(ranks.synchronize());
     ASSERT_TRUE(communicator_status(ranks.comm).ok());
     const auto partials = ranks.partials(problem);
     for (int d = 0; d < p; ++d) {
@@ -197,10 +232,56 @@ TEST(FusedStress, ThousandCallsBackToBack) {
   }
 }
 
+TEST(FusedStress, ThousandCallsBackToBack) {
+  const Problem max_problem = make_problem(2048, 1024, 32, 8, WeightLayout::kNxK);
+  LocalRanks ranks(max_problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_back_to_back_correct(ranks, max_problem, 1000);
+}
+
+// One rank per GPU (the largest power of two of the visible GPUs, at most 8), one process driving
+// them all: the checks above across real peers.
+class FusedAcrossGpus : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    ASSERT_CUDA(cudaGetDeviceCount(&count));
+    int p = 1;
+    while (p * 2 <= count && p * 2 <= 8) p *= 2;
+    if (p < 2) GTEST_SKIP() << "one rank per GPU needs 2 or more GPUs (" << count << " visible)";
+    for (int d = 0; d < p; ++d) devices_.push_back(d);
+  }
+  std::vector<int> devices_;
+};
+
+TEST_F(FusedAcrossGpus, BitForBit) {
+  const int p = int(devices_.size());
+  const Problem problem = make_problem(512 * p, 776, 256 / p, p, WeightLayout::kKxN);
+  LocalRanks ranks(problem, 0, devices_);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_bit_for_bit(ranks, problem);
+}
+
+TEST_F(FusedAcrossGpus, WithinUnfusedErrorAndDeterministic) {
+  const int p = int(devices_.size());
+  const Problem problem = make_problem(2048, 8192, 1024, p, WeightLayout::kNxK);
+  LocalRanks ranks(problem, 0, devices_);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_within_unfused_error_and_deterministic(ranks, problem);
+}
+
+TEST_F(FusedAcrossGpus, BackToBack) {
+  const int p = int(devices_.size());
+  const Problem max_problem = make_problem(2048, 1024, 32, p, WeightLayout::kKxN);
+  LocalRanks ranks(max_problem, 0, devices_);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_back_to_back_correct(ranks, max_problem, 1000);
+}
+
 // Calls captured once in a CUDA graph and replayed: the epoch lives on the device, not in the graph.
 TEST(FusedGraph, ReplaysStayCorrect) {
   const Problem problem = make_problem(1024, 512, 32, 4, WeightLayout::kKxN);
-  EmulatedRanks ranks(problem);
+  LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -231,7 +312,7 @@ TEST(FusedGraph, ReplaysStayCorrect) {
 // A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
 TEST(FusedErrors, MissingPeerTimesOut) {
   const Problem problem = make_problem(1024, 1024, 64, 4, WeightLayout::kNxK);
-  EmulatedRanks ranks(problem, /*timeout_s=*/0.2);
+  LocalRanks ranks(problem, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(false, 5);
   std::vector<const void*> a, w;
@@ -255,7 +336,7 @@ TEST(FusedErrors, MissingPeerTimesOut) {
 
 TEST(FusedErrors, BadCallsAreReported) {
   const Problem problem = make_problem(512, 512, 64, 4, WeightLayout::kNxK);
-  EmulatedRanks ranks(problem);
+  LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   Problem wrong = problem;
   wrong.world_size = 2;
