@@ -43,8 +43,6 @@ for step in "${steps[@]}"; do
       ;;
     tests)
       run_step test_gemm "${build}/tests/gpu/test_gemm"
-      # Half-width tiles (the fused op's small-M tiles) for every GEMM test shape.
-      run_step test_gemm_n128 env TPFUSE_BLOCK_N=128 "${build}/tests/gpu/test_gemm"
       run_step test_fused "${build}/tests/gpu/test_fused"
       # Own tiles inside the rounds from the first ones (the tests' shapes are too small for the
       # default lag of a wave to interleave anything).

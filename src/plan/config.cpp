@@ -31,22 +31,15 @@ namespace {
 // for the plain GEMM (bench/results/2026-11-29-h200-6b0d11c).
 constexpr int kGroupRowsPerWave = 32;
 
-// Waves of a rank's tiles over the SMs (the last one may be partial).
-int64_t waves(const Problem& problem, const DeviceInfo& device, int block_m, int block_n) {
-  const int64_t rows = problem.rows_per_rank();
-  const int64_t tiles = int64_t(problem.world_size) * ((rows + block_m - 1) / block_m) * ((problem.n + block_n - 1) / block_n);
-  return (tiles + device.num_sms - 1) / device.num_sms;
-}
-
 // Relative time of a config: the waves of tiles over the SMs times a tile's cost, which grows with
 // its columns plus a fixed part (pipeline fill and epilogue) worth about 32 columns.
 double relative_time(const Problem& problem, const DeviceInfo& device, int block_m, int block_n) {
+  const int64_t rows = problem.rows_per_rank();
+  const int64_t tiles = int64_t(problem.world_size) * ((rows + block_m - 1) / block_m) * ((problem.n + block_n - 1) / block_n);
+  const int64_t waves = (tiles + device.num_sms - 1) / device.num_sms;
   constexpr double kFixedCols = 32;
-  return double(waves(problem, device, block_m, block_n)) * (block_m / 128.0) * (block_n + kFixedCols);
+  return double(waves) * (block_m / 128.0) * (block_n + kFixedCols);
 }
-
-// At most this many waves of tiles is small M for the fused op (see select_fused_config).
-constexpr int64_t kSmallMWaves = 2;
 
 }  // namespace
 
@@ -76,15 +69,6 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   c.own_lag = kOwnTilesLast;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
-  return Status::Ok();
-}
-
-Status select_fused_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
-  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
-  if (problem.world_size > 1 && waves(problem, device, config->block_m, config->block_n) <= kSmallMWaves) {
-    config->block_n = 128;
-    TPFUSE_RETURN_IF_ERROR(fit_stages(device, config));
-  }
   return Status::Ok();
 }
 

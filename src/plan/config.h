@@ -45,12 +45,6 @@ struct GemmConfig {
 // Picks the GEMM config for one rank's partial product. Fails (never aborts) on an unsupported device.
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);
 
-// Picks the fused op's config: the GEMM's, except for small M. Where a rank's tiles would take at
-// most two waves, everything would finish, and leave for its owner, at once at the end: half-width
-// tiles (N = 128) finish in twice as many waves, so that the first ones are sent while the last
-// ones are computed.
-Status select_fused_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);
-
 // Sets config->stages to as many as fit in shared memory with its tile (at most 4, at least 2).
 Status fit_stages(const DeviceInfo& device, GemmConfig* config);
 

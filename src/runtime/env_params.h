@@ -20,7 +20,7 @@ namespace tpfuse::params {
 TPFUSE_PARAM(debug, "TPFUSE_DEBUG", 0)
 // CTAs per cluster (1 or 2) instead of the config's choice; 0: the config's choice.
 TPFUSE_PARAM(cluster_size, "TPFUSE_CLUSTER_SIZE", 0)
-// Tile width (128 or 256, or 192 for 128-row tiles) instead of the config's choice; 0: the config's choice.
+// Tile width (192 or 256, for 128-row tiles) instead of the config's choice; 0: the config's choice.
 TPFUSE_PARAM(block_n, "TPFUSE_BLOCK_N", 0)
 // Row tiles per raster group instead of the config's choice; 0: the config's choice.
 TPFUSE_PARAM(group_rows, "TPFUSE_GROUP_ROWS", 0)

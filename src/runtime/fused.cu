@@ -99,7 +99,7 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
 
   TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
   GemmConfig config;
-  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm_reduce_scatter", select_fused_config, &config));
+  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm_reduce_scatter", &config));
   // Clusters are the plain GEMM's option only: an own tile's extra stages (its peers' partials) would
   // break the lockstep of a cluster's shared ring.
   if (config.cluster_size != 1 && params::debug()) {

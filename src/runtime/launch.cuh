@@ -28,12 +28,6 @@ Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
     if (c.block_m == 64 && c.block_n == 256 && c.stages == 4) {
       return k_major ? fn(MainloopConfig<64, 256, 4, true, kCluster>{}) : fn(MainloopConfig<64, 256, 4, false, kCluster>{});
     }
-    if (c.block_m == 128 && c.block_n == 128 && c.stages == 4) {
-      return k_major ? fn(MainloopConfig<128, 128, 4, true, kCluster>{}) : fn(MainloopConfig<128, 128, 4, false, kCluster>{});
-    }
-    if (c.block_m == 64 && c.block_n == 128 && c.stages == 4) {
-      return k_major ? fn(MainloopConfig<64, 128, 4, true, kCluster>{}) : fn(MainloopConfig<64, 128, 4, false, kCluster>{});
-    }
   }
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
 }
@@ -49,11 +43,10 @@ Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
 // The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE, TPFUSE_GROUP_ROWS,
 // TPFUSE_OWN_LAG, TPFUSE_BLOCK_N).
 inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
-  if (params::block_n() != 0) {
-    const int64_t n = params::block_n();
-    if (n != 128 && n != 256 && !(n == 192 && config->block_m == 128)) {
-      return Status::InvalidArgument("TPFUSE_BLOCK_N = " + std::to_string(n) +
-                                     " must be 128 or 256, or 192 with 128-row tiles (or 0: the config's choice)");
+  if (params::block_n() != 0 && config->block_m == 128) {
+    if (params::block_n() != 192 && params::block_n() != 256) {
+      return Status::InvalidArgument("TPFUSE_BLOCK_N = " + std::to_string(params::block_n()) +
+                                     " must be 192 or 256 (or 0: the config's choice)");
     }
     config->block_n = int(params::block_n());
     TPFUSE_RETURN_IF_ERROR(fit_stages(device, config));
@@ -78,16 +71,12 @@ inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
   return Status::Ok();
 }
 
-// A pure config choice (plan/config.h): select_gemm_config or select_fused_config.
-using SelectConfigFn = Status (*)(const Problem&, const DeviceInfo&, GemmConfig*);
-
-// The config for `problem` on the current device: the pure choice `select`, then the environment's
-// overrides; logged with TPFUSE_DEBUG=1 under the name `op`.
-
-inline Status choose_config(const Problem& problem, const char* op, SelectConfigFn select, GemmConfig* config) {
+// The config for `problem` on the current device: the pure choice, then the environment's overrides;
+// logged with TPFUSE_DEBUG=1 under the name `op`.
+inline Status choose_config(const Problem& problem, const char* op, GemmConfig* config) {
   DeviceInfo device;
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
-  TPFUSE_RETURN_IF_ERROR(select(problem, device, config));
+  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
   TPFUSE_RETURN_IF_ERROR(apply_overrides(device, config));
   if (params::debug()) {
     std::fprintf(stderr, "tpfuse: %s %s -> %s\n", op, problem.to_string().c_str(), config->to_string().c_str());

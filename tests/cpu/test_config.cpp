@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "plan/config.h"
@@ -86,24 +85,6 @@ TEST(Config, ScheduleOfTheFusedOp) {
     ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, world_size), h100(), &c).ok());
     EXPECT_EQ(c.own_lag, kOwnTilesLast) << "P=" << world_size;
     EXPECT_EQ(c.group_rows, 32 / world_size) << "P=" << world_size;
-  }
-}
-
-// The fused op's small M: half-width tiles where the GEMM's would take at most two waves, the
-// GEMM's config otherwise.
-TEST(Config, FusedSmallMHalvesTheTileWidth) {
-  GemmConfig gemm, fused;
-  for (const auto& [m, n, k, p, narrow] :
-       {std::tuple<int, int, int, int, bool>{512, 8192, 8192, 8, true}, {512, 6144, 6144, 8, true},
-        {512, 8192, 8192, 2, true}, {2048, 8192, 8192, 8, false}, {2048, 8192, 8192, 2, false},
-        {32768, 8192, 28672, 8, false}, {512, 8192, 8192, 1, false}}) {
-    const Problem problem = make(m, n, k, p);
-    ASSERT_TRUE(select_gemm_config(problem, h100(), &gemm).ok());
-    ASSERT_TRUE(select_fused_config(problem, h100(), &fused).ok());
-    const std::string what = problem.to_string() + " -> " + fused.to_string();
-    expect_fits(fused, h100(), what);
-    EXPECT_EQ(fused.block_m, gemm.block_m) << what;
-    EXPECT_EQ(fused.block_n, narrow ? 128 : gemm.block_n) << what;
   }
 }
 
