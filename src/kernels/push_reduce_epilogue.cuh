@@ -19,8 +19,8 @@
 // scope. The owner's producer thread polls the flags with relaxed system-scope loads, then fences
 // (acquire at system scope, then generic -> async proxy) before its TMA loads of the data. The
 // signal of a slab is deferred until the next slab's stores are issued, so compute never waits for
-// NVLink; it is flushed before a consumer would block on an own tile's partials (a peer may be
-// waiting for it while our producer waits for that peer), else right after it has added them.
+// NVLink; it is flushed before the consumers need an own tile's partials (a peer may be waiting for
+// it while our producer waits for that peer).
 #pragma once
 
 #include "kernels/peer_error.h"
@@ -99,11 +99,11 @@ class PushReduceEpilogue {
                                        SharedStorage<Config>& smem, StageCursor& ring) {
     const int num_pieces = partial_pieces<Config>(p_, work.tile);
     if (num_pieces == 0) return;
-    // NOTE: our pending flag must be up before we block on the partials: the producer waits for the
-    // peers, who may be waiting for it. If the first piece is in already, the producer is past its
-    // wait, so the flag is raised after the partials instead, when its stores have had time to land.
-    const bool partials_in = ptx::mbarrier_test_wait(&smem.full[ring.stage], ring.phase);
-    if (slabs_.leader() && !partials_in) flush_pending();
+    // NOTE: our pending flag first: the producer waits for the peers, who may be waiting for it.
+    if (slabs_.leader()) {
+      ptx::bulk_wait_group<0>();
+      signal_pending();
+    }
     const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
@@ -126,7 +126,6 @@ class PushReduceEpilogue {
       if (++held == num_stages) break;
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
     }
-    if (slabs_.leader()) flush_pending();
   }
 
   template <class Config>
@@ -147,7 +146,10 @@ class PushReduceEpilogue {
     }
   }
 
-  __device__ void finish() { flush_pending(); }
+  __device__ void finish() {
+    slabs_.drain();
+    signal_pending();
+  }
 
  private:
   // Where one piece of an own tile's partials comes from: a 64 x 64 chunk of a source's slab.
@@ -267,12 +269,6 @@ class PushReduceEpilogue {
     const int tile_idx = row_tile * p.col_tiles + col_tile;
     const size_t index = (size_t(source) * p.tiles_per_segment + tile_idx) * 2 + slab;
     return p.flags_at[owner] + parity * p.flags_parity_words + index;
-  }
-
-  // Leader only: waits for every store issued so far to land, then raises the pending flag.
-  __device__ void flush_pending() {
-    slabs_.drain();
-    signal_pending();
   }
 
   // Leader only: raises the flag of the last pushed slab, whose stores have landed.
