@@ -100,7 +100,8 @@ int run(int argc, char** argv) {
                     std::to_string(options.gpus) + " x " + text_of(meta, "gpu") + "; CUDA driver API " +
                     text_of(meta, "cuda_driver_api") + ", runtime " + text_of(meta, "cuda_runtime") + ", cuBLAS " +
                     text_of(meta, "cublas") + ", NCCL " + text_of(meta, "nccl"));
-    report.add_note("mode " + options.mode + ", P = " + std::to_string(options.tp) + ", layout " +
+    report.add_note("mode " + options.mode + ", --tp " + std::to_string(options.tp) + " (K/P = K/" +
+                    std::to_string(options.tp) + "), layout " +
                     layout_flag(options.weight_layout) + ", warmup " + std::to_string(options.warmup) + ", iters " +
                     std::to_string(options.iters) + (options.check ? ", check" : "") +
                     (options.gate ? "" : ", no gate") + ", seed " + std::to_string(*options.seed));
