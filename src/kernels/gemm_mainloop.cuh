@@ -9,7 +9,8 @@
 // (the fused op's partials of an own tile): they then arrive while the tile is still being
 // multiplied, as deep as the ring, instead of after it.
 //
-// The CTAs walk the tile schedule (plan/schedule.h) persistently: CTA b takes steps b, b + grid, ...
+// The CTAs walk the tile schedule (plan/schedule.h) persistently, one step per wave of `grid` steps
+// (persistent_step): CTA b's place in the wave moves on by one each wave.
 //
 // With clusters of two, CTAs 2p and 2p+1 take adjacent steps, which usually lie in the same tile
 // column (the schedule goes column-major inside a raster group): then each CTA loads half of the W
@@ -143,6 +144,13 @@ struct Work {
   bool share_w;           // both CTAs of the pair need the same W tile: load half each, multicast
 };
 
+// The step of CTA `cta` in wave `wave`. A pair of CTAs moves on by a pair, so that it keeps two
+// adjacent steps, the first even.
+template <class Config>
+__device__ __forceinline__ int step_of(int cta, int num_ctas, int wave) {
+  return persistent_step(cta, num_ctas, wave, Config::kCluster);
+}
+
 // Steps run while this is true (for a pair: while its first step is a tile).
 template <class Config>
 __device__ __forceinline__ bool has_work(int step, int num_tiles) {
@@ -199,7 +207,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
   StageCursor ring;
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
-  for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
+  for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
@@ -278,8 +286,8 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
   if (prev_stage >= 0) release_stage(smem, prev_stage);
 }
 
-// The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks steps cta, cta + num_ctas,
-// ... of the schedule (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
+// The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
+// schedule, one per wave (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
 //   Epilogue(params, consumer, ChunkBuffers);
 //   per tile: consume_extra_stages<Config>(work, slab, acc, smem, ring) after the K stages, then
@@ -320,7 +328,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     StageCursor ring;
     const TileSchedule schedule = mainloop.schedule;  // registers: the loop's asm clobbers memory
     const int num_tiles = schedule.num_tiles();
-    for (int step = cta; has_work<Config>(step, num_tiles); step += num_ctas) {
+    for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
       const Work work = work_at<Config>(schedule, step, num_tiles);
       consume_tile<Config>(mainloop, smem, slab, acc, ring);
       epilogue.template consume_extra_stages<Config>(work, slab, acc, smem, ring);

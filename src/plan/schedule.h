@@ -53,6 +53,17 @@ struct Tile {
   int col_end;
 };
 
+// The step that CTA `cta` of a persistent grid of `num_ctas` takes in wave `wave` (waves 0, 1, ...
+// while the step is a tile): wave k holds steps k * num_ctas .. (k+1) * num_ctas - 1, and CTA b
+// takes the one at place (b + k * cta_group) % num_ctas. Moving on by a place each wave, every CTA
+// takes every place in turn. A CTA that kept its place (steps b, b + num_ctas, ...) would repeat
+// the same offsets of the rounds: with 132 CTAs and P = 2 or 4 the same CTAs would take every own
+// tile, and at P = 8 a quarter of the CTAs would take one every other step. CTAs in groups of
+// `cta_group` (a cluster; num_ctas a multiple of it) move on by a group, keeping adjacent steps.
+TPFUSE_HOST_DEVICE int persistent_step(int cta, int num_ctas, int wave, int cta_group) {
+  return wave * num_ctas + (cta + wave * cta_group) % num_ctas;
+}
+
 struct TileSchedule {
   int world_size = 1;
   int rank = 0;

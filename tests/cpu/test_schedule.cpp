@@ -286,6 +286,67 @@ TEST(Schedule, OwnTilesSpreadEvenlyBetweenLeadAndTail) {
   }
 }
 
+// The steps of a persistent grid: CTA b's step in each wave until the steps run out.
+std::vector<std::vector<int>> steps_of_ctas(int num_ctas, int cta_group, int num_tiles) {
+  std::vector<std::vector<int>> steps(num_ctas);
+  for (int cta = 0; cta < num_ctas; ++cta)
+    for (int wave = 0;; ++wave) {
+      const int step = persistent_step(cta, num_ctas, wave, cta_group);
+      if (step >= num_tiles) break;
+      steps[cta].push_back(step);
+    }
+  return steps;
+}
+
+// Every step is taken once, each CTA's steps grow (so the deadlock argument of the rounds holds),
+// and a cluster's two CTAs take adjacent steps, the first even.
+TEST(PersistentSteps, EveryStepOnceInWaves) {
+  for (const auto& [num_ctas, cta_group] : {std::pair{132, 1}, {132, 2}, {131, 1}, {16, 2}})
+    for (int num_tiles : {1, 7, 131, 132, 133, 264, 1000, 2048}) {
+      SCOPED_TRACE(testing::Message() << num_ctas << " CTAs in groups of " << cta_group << ", " << num_tiles << " tiles");
+      const auto steps = steps_of_ctas(num_ctas, cta_group, num_tiles);
+      std::vector<int> taken(num_tiles, 0);
+      for (int cta = 0; cta < num_ctas; ++cta) {
+        for (size_t i = 0; i < steps[cta].size(); ++i) {
+          ++taken[steps[cta][i]];
+          EXPECT_EQ(steps[cta][i] / num_ctas, int(i)) << "CTA " << cta << " wave " << i;
+        }
+        if (cta_group == 2 && cta % 2 == 1)
+          for (size_t i = 0; i < steps[cta].size(); ++i) {
+            ASSERT_LT(i, steps[cta - 1].size());
+            EXPECT_EQ(steps[cta][i], steps[cta - 1][i] + 1);
+            EXPECT_EQ(steps[cta - 1][i] % 2, 0);
+          }
+      }
+      EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), num_tiles);
+    }
+}
+
+// With own tiles interleaved (one per round of P steps), every CTA of the 132 takes its share of
+// them, within two tiles: a CTA that kept its place would take all of them or none at P = 2 and 4.
+TEST(PersistentSteps, OwnTilesShareOutOverTheCtas) {
+  constexpr int kCtas = 132;
+  for (int world_size : {2, 4, 8}) {
+    const Case c{8192 * world_size / 8, 8192, world_size, 128, 256, 32 / world_size, 0};
+    const TileSchedule s = schedule_of(c, 0);
+    const int num_tiles = s.num_tiles();
+    const auto steps = steps_of_ctas(kCtas, 1, num_tiles);
+    int fewest = num_tiles, most = 0;
+    for (const auto& cta_steps : steps) {
+      // Count only full waves, so that the last partial wave does not decide.
+      int own = 0;
+      for (int step : cta_steps)
+        if (step < num_tiles / kCtas * kCtas) own += s.tile(step).owner_rank == 0;
+      fewest = std::min(fewest, own);
+      most = std::max(most, own);
+    }
+    const int waves = num_tiles / kCtas;
+    SCOPED_TRACE(testing::Message() << "P=" << world_size << ", " << waves << " full waves");
+    EXPECT_LE(most - fewest, 2) << fewest << " to " << most;
+    EXPECT_GE(fewest, waves / world_size - 1);
+  }
+}
+
 // The 16 sweep shapes at P = 8 with the default tiles (grid-level checks: too big for per-element).
 TEST(Schedule, SweepShapes) {
   for (int m : {512, 2048, 8192, 32768}) {
