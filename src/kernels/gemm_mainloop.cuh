@@ -82,9 +82,22 @@ constexpr int kChunkRows = 64;
 constexpr int kChunkCols = 64;
 constexpr int kChunkElems = kChunkRows * kChunkCols;
 
-// A consumer's chunk buffers: where its epilogue stages a slab for TMA stores.
+// A staged slab handed from a consumer to the epilogue's sender thread (epilogues that have one):
+// where its chunk buffers go, and the flag to raise once they have landed there.
+struct SlabHandoff {
+  uint64_t staged;   // the consumer: the chunk buffers hold the slab, the fields below say where it goes
+  uint64_t sent;     // the sender: its stores have read the chunk buffers, which may be staged again
+  int destination;   // the epilogue's name for the tensor (the owner rank for the fused op); -1: nothing
+  int row;
+  int col;
+  int num_chunks;
+  uint32_t* flag;    // raised once the stores have landed; null: none
+};
+
+// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, and its hand-off.
 struct ChunkBuffers {
   __nv_bfloat16 (*data)[kChunkElems];
+  SlabHandoff* handoff;
 };
 
 template <class Config>
@@ -94,6 +107,7 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
+  SlabHandoff handoff[Config::kConsumers];
 };
 
 // A position in the ring of stages (producer and consumers each keep their own).
@@ -295,6 +309,9 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 //   finish() at the end;
 // and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring), which the producer thread
 // calls after each tile's K stages (both sides must agree on the number of extra stages).
+// With Epilogue::kHasSender, a second thread of the producer warpgroup (warp 1) runs
+// Epilogue::send<Config>(params, smem, num_steps): it takes every consumer's staged slab of every
+// step through smem.handoff, so that the consumers go back to multiplying while the slab goes out.
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
@@ -306,6 +323,10 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.full[s], 1);
       ptx::mbarrier_init(&smem.empty[s], Config::kConsumers * Config::kCluster);
+    }
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      ptx::mbarrier_init(&smem.handoff[c].staged, 1);
+      ptx::mbarrier_init(&smem.handoff[c].sent, 1);
     }
     ptx::fence_barrier_init();
   }
@@ -319,11 +340,21 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
     if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    if constexpr (Epilogue::kHasSender) {
+      if (threadIdx.x == 32) {
+        const int num_tiles = mainloop.schedule.num_tiles();
+        int num_steps = 0;
+        for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+          ++num_steps;
+        }
+        Epilogue::template send<Config>(epilogue_params, smem, num_steps);
+      }
+    }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer]});
+    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const TileSchedule schedule = mainloop.schedule;  // registers: the loop's asm clobbers memory

@@ -13,14 +13,16 @@
 // peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
 // it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
 //
-// NOTE (memory ordering, per pushed slab): the chunk stores go out as TMA bulk groups; before the
-// flag is raised the pushing thread waits for the groups to COMPLETE (cp.async.bulk.wait_group, not
-// the .read variant), fences the async proxy, then stores the flag with release semantics at system
-// scope. The owner's producer thread polls the flags with relaxed system-scope loads, then fences
-// (acquire at system scope, then generic -> async proxy) before its TMA loads of the data. The
-// signal of a slab is deferred until the next slab's stores are issued, so compute never waits for
-// NVLink; it is flushed before the consumers need an own tile's partials (a peer may be waiting for
-// it while our producer waits for that peer).
+// The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
+// it, both slabs of a tile as one bulk group, and raises the pushed slabs' flags. It waits for the
+// consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
+// consumers wait for next.
+//
+// NOTE (memory ordering, per pushed tile): the sender waits for its bulk group to COMPLETE
+// (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then stores each flag
+// with release semantics at system scope. The owner's producer thread polls the flags with relaxed
+// system-scope loads, then fences (acquire at system scope, then generic -> async proxy) before its
+// TMA loads of the data.
 #pragma once
 
 #include "kernels/peer_error.h"
@@ -53,10 +55,45 @@ class PushReduceEpilogue {
     uint64_t timeout_ns;
   };
 
+  static constexpr bool kHasSender = true;
+
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
-      : p_(params), consumer_(consumer), slabs_(consumer, buffers) {
-    epoch_ = call_epoch(p_);
-    parity_ = epoch_ & 1;
+      : p_(params), consumer_(consumer), slabs_(consumer, buffers), handoff_(buffers.handoff),
+        parity_(call_epoch(params) & 1) {}
+
+  // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
+  // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
+  template <class Config>
+  __device__ static void send(const Params& p, SharedStorage<Config>& smem, int num_steps) {
+    static_assert(Config::kCluster == 1, "every step of a CTA stages its slabs (no duplicate steps of a pair)");
+    const uint32_t epoch = call_epoch(p);
+    for (int step = 0; step < num_steps; ++step) {
+      uint32_t* flags[Config::kConsumers];
+      bool any_flag = false;
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        SlabHandoff& slab = smem.handoff[c];
+        ptx::mbarrier_wait(&slab.staged, step & 1);
+        flags[c] = slab.flag;
+        any_flag |= slab.flag != nullptr;
+        for (int i = 0; i < slab.num_chunks; ++i) {
+          const int col = slab.col + i * kChunkCols;
+          if (slab.destination == p.rank) {
+            ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
+          } else {
+            ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+          }
+        }
+      }
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group_read<0>();
+      for (int c = 0; c < Config::kConsumers; ++c) ptx::mbarrier_arrive(&smem.handoff[c].sent);
+      if (!any_flag) continue;
+      ptx::bulk_wait_group<0>();
+      ptx::fence_proxy_async_global();
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        if (flags[c] != nullptr) ptx::store_release_sys(flags[c], epoch);
+      }
+    }
   }
 
   // Producer thread, after an own tile's K stages: waits (bounded) for the peers' flags of the tile,
@@ -99,11 +136,6 @@ class PushReduceEpilogue {
                                        SharedStorage<Config>& smem, StageCursor& ring) {
     const int num_pieces = partial_pieces<Config>(p_, work.tile);
     if (num_pieces == 0) return;
-    // NOTE: our pending flag first: the producer waits for the peers, who may be waiting for it.
-    if (slabs_.leader()) {
-      ptx::bulk_wait_group<0>();
-      signal_pending();
-    }
     const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
@@ -128,28 +160,32 @@ class PushReduceEpilogue {
     }
   }
 
+  // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
   template <class Config>
   __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const Tile& tile = work.tile;
     const int segment_row = tile.segment_row + slab.row;
     const int col_begin = tile.col_begin + slab.col;
     // A slab past the segment's rows or the last column holds nothing: neither pushed nor awaited.
-    if (tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end) return;
-    const int num_chunks = chunks_before<Config>(col_begin, tile.col_end);
-    if (tile.owner_rank == p_.rank) {
-      // The partials are in: the tile is final.
-      slabs_.store<Config::kChunksPerSlab>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
-        ptx::tma_store_2d(&p_.out, buffer, col_begin + c * kChunkCols, segment_row);
-      });
-    } else {
-      push<Config>(tile, segment_row, col_begin, num_chunks, acc);
+    const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
+    const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
+    // The sender's stores of the previous slab must have read the chunk buffers.
+    if (slabs_staged_ > 0) ptx::mbarrier_wait(&handoff_->sent, (slabs_staged_ - 1) & 1);
+    slabs_.stage<Config::kChunksPerSlab>(acc, num_chunks);
+    if (slabs_.leader()) {
+      const bool pushed = !empty && tile.owner_rank != p_.rank;
+      handoff_->destination = tile.owner_rank;
+      handoff_->row = segment_row;
+      handoff_->col = col_begin;
+      handoff_->num_chunks = num_chunks;
+      handoff_->flag = pushed ? flag_at(p_, tile.owner_rank, p_.rank, tile, consumer_, parity_) : nullptr;
+      ptx::mbarrier_arrive(&handoff_->staged);
     }
+    ++slabs_staged_;
   }
 
-  __device__ void finish() {
-    slabs_.drain();
-    signal_pending();
-  }
+  // The sender raises the last flags; nothing is left to the consumers.
+  __device__ void finish() {}
 
  private:
   // Where one piece of an own tile's partials comes from: a 64 x 64 chunk of a source's slab.
@@ -234,21 +270,6 @@ class PushReduceEpilogue {
     ring.advance<Config>();
   }
 
-  template <class Config>
-  __device__ void push(const Tile& tile, int segment_row, int col_begin, int num_chunks,
-                       float (&acc)[Config::kAccPerThread]) {
-    const CUtensorMap* recv = &p_.recv_at[tile.owner_rank];
-    slabs_.store<Config::kChunksPerSlab>(acc, num_chunks, [&](int c, const __nv_bfloat16* buffer) {
-      ptx::tma_store_4d(recv, buffer, col_begin + c * kChunkCols, segment_row, p_.rank, parity_);
-    });
-    if (slabs_.leader()) {
-      // The previous slab's bulk group is older than this one: once it has landed, raise its flag.
-      ptx::bulk_wait_group<1>();
-      signal_pending();
-      pending_flag_ = flag_at(p_, tile.owner_rank, p_.rank, tile, consumer_, parity_);
-    }
-  }
-
   // The first timeout of this rank's call records what it waited for; the host reads it after the call.
   __device__ static void report_timeout(const Params& p, int source, int row, int col) {
     if (atomicCAS(p.failed, 0u, 1u) != 0u) return;
@@ -271,20 +292,12 @@ class PushReduceEpilogue {
     return p.flags_at[owner] + parity * p.flags_parity_words + index;
   }
 
-  // Leader only: raises the flag of the last pushed slab, whose stores have landed.
-  __device__ void signal_pending() {
-    if (pending_flag_ == nullptr) return;
-    ptx::fence_proxy_async_global();
-    ptx::store_release_sys(pending_flag_, epoch_);
-    pending_flag_ = nullptr;
-  }
-
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
-  uint32_t epoch_;
+  SlabHandoff* handoff_;
   int parity_;
-  uint32_t* pending_flag_ = nullptr;
+  int slabs_staged_ = 0;
 };
 
 }  // namespace tpfuse::kernels

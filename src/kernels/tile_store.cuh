@@ -67,12 +67,10 @@ class SlabStore {
   __device__ bool leader() const { return threadIdx.x % 128 == 0; }
   __device__ void sync() const { ptx::named_barrier_sync(1 + consumer_, 128); }
 
-  // Stages chunks [0, num_chunks) of `acc`, then the leader issues store_chunk(c, buffer) for each.
-  template <int kMaxChunks, class StoreFn>
-  __device__ void store(const float* acc, int num_chunks, StoreFn&& store_chunk) {
-    // The previous slab's stores must have finished reading the buffers.
-    if (leader()) ptx::bulk_wait_group_read<0>();
-    sync();
+  // Rounds chunks [0, num_chunks) of `acc` into the buffers, ready for TMA stores once every thread
+  // of the warpgroup has returned. The buffers must be free (their previous stores have read them).
+  template <int kMaxChunks>
+  __device__ void stage(const float* acc, int num_chunks) {
 #pragma unroll
     for (int c = 0; c < kMaxChunks; ++c) {
       if (c < num_chunks) stage_chunk_bf16(acc + 32 * c, buffers_[c]);
@@ -80,6 +78,15 @@ class SlabStore {
     // NOTE: generic-proxy smem writes -> proxy fence in every writer -> barrier -> TMA store.
     ptx::fence_proxy_async_shared();
     sync();
+  }
+
+  // Stages chunks [0, num_chunks) of `acc`, then the leader issues store_chunk(c, buffer) for each.
+  template <int kMaxChunks, class StoreFn>
+  __device__ void store(const float* acc, int num_chunks, StoreFn&& store_chunk) {
+    // The previous slab's stores must have finished reading the buffers.
+    if (leader()) ptx::bulk_wait_group_read<0>();
+    sync();
+    stage<kMaxChunks>(acc, num_chunks);
     if (leader()) {
       for (int c = 0; c < num_chunks; ++c) store_chunk(c, buffers_[c]);
       ptx::bulk_commit_group();
@@ -109,6 +116,9 @@ class StoreTileEpilogue {
   struct Params {
     CUtensorMap c;  // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
   };
+
+  // The consumers store their slabs themselves.
+  static constexpr bool kHasSender = false;
 
   __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
