@@ -1,9 +1,10 @@
 // The fused op's epilogue: a finished tile of another rank's rows is pushed (BF16, TMA store) into
 // that owner's receive slot and signalled with an epoch flag; for a tile of this rank's own rows the
-// producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
-// stages, the consumers add them to the FP32 accumulators in rank order, and the tile is rounded
-// once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
-// is still being multiplied; the consumers never wait on a peer themselves.)
+// producer streams the P-1 peers' partials through the mainloop's ring right before the tile's K
+// stages, the consumers sum them into the FP32 accumulators in rank order, the K stages add this
+// rank's product onto them, and the tile is rounded once. (Streamed through the ring, the partials
+// are in flight as deep as the ring while the previous tile is still being multiplied and stored;
+// the consumers never wait on a peer themselves.)
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
@@ -96,7 +97,7 @@ class PushReduceEpilogue {
     }
   }
 
-  // Producer thread, after an own tile's K stages: waits (bounded) for the peers' flags of the tile,
+  // Producer thread, before an own tile's K stages: waits (bounded) for the peers' flags of the tile,
   // then loads their partials into extra stages of the ring, in the order of partial_piece().
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
@@ -128,14 +129,16 @@ class PushReduceEpilogue {
     }
   }
 
-  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab as the
-  // producer streams them in, releasing each extra stage once read. The pieces come source by source,
-  // so every element gets its partials in rank order.
+  // Consumers, before an own tile's K stages: sum the peers' partials of this warpgroup's slab into
+  // `acc` as the producer streams them in, releasing each extra stage once read. The pieces come
+  // source by source, so every element gets its partials in rank order. True for an own tile.
   template <class Config>
-  __device__ void consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
+  __device__ bool consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
                                        SharedStorage<Config>& smem, StageCursor& ring) {
     const int num_pieces = partial_pieces<Config>(p_, work.tile);
-    if (num_pieces == 0) return;
+    if (num_pieces == 0) return false;
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
     const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
@@ -158,6 +161,7 @@ class PushReduceEpilogue {
       if (++held == num_stages) break;
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
     }
+    return true;
   }
 
   // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.

@@ -127,8 +127,10 @@ class StoreTileEpilogue {
   template <class Config>
   __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&) {}
   template <class Config>
-  __device__ void consume_extra_stages(const Work&, Slab<Config>, float (&)[Config::kAccPerThread],
-                                       SharedStorage<Config>&, StageCursor&) {}
+  __device__ bool consume_extra_stages(const Work&, Slab<Config>, float (&)[Config::kAccPerThread],
+                                       SharedStorage<Config>&, StageCursor&) {
+    return false;
+  }
 
   template <class Config>
   __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
