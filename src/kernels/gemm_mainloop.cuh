@@ -94,10 +94,12 @@ struct SlabHandoff {
   uint32_t* flag;    // raised once the stores have landed; null: none
 };
 
-// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, and its hand-off.
+// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, its hand-off, and its
+// identity matrix (SharedStorage).
 struct ChunkBuffers {
   __nv_bfloat16 (*data)[kChunkElems];
   SlabHandoff* handoff;
+  __nv_bfloat16* identity;
 };
 
 template <class Config>
@@ -105,6 +107,9 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
+  // Each consumer's 64 x 64 identity (K-major, 128-byte swizzle), for epilogues that add extra
+  // stages into the accumulators with WGMMAs.
+  __nv_bfloat16 identity[Config::kConsumers][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
   SlabHandoff handoff[Config::kConsumers];
@@ -190,8 +195,10 @@ struct Wgmma {
   static constexpr auto kMajorW = kWeightKMajor ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
   using Op = std::conditional_t<
       N == 256, cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-      std::conditional_t<N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-                         cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>;
+      std::conditional_t<
+          N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+          std::conditional_t<N == 128, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+                             cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>>;
 
   template <size_t... I>
   __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate,
@@ -355,7 +362,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
+    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer], smem.identity[consumer]});
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const TileSchedule schedule = mainloop.schedule;  // registers: the loop's asm clobbers memory
