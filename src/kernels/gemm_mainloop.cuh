@@ -5,9 +5,9 @@
 //   warpgroup 0        producer: one thread issues the TMA loads of A and W into a ring of stages
 //   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
 //
-// An epilogue may also stream inputs of its own through the same ring, before a tile's K stages
-// (the fused op's partials of an own tile): they then arrive while the previous tile is still being
-// multiplied and stored, as deep as the ring, and the tile's accumulators start from them.
+// An epilogue may also stream inputs of its own through the same ring, after a tile's K stages
+// (the fused op's partials of an own tile): they then arrive while the tile is still being
+// multiplied, as deep as the ring, instead of after it.
 //
 // The CTAs walk the tile schedule (plan/schedule.h) persistently, one step per wave of `grid` steps
 // (persistent_step): CTA b's place in the wave moves on by one each wave.
@@ -94,12 +94,10 @@ struct SlabHandoff {
   uint32_t* flag;    // raised once the stores have landed; null: none
 };
 
-// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, its hand-off, and its
-// identity matrix (SharedStorage).
+// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, and its hand-off.
 struct ChunkBuffers {
   __nv_bfloat16 (*data)[kChunkElems];
   SlabHandoff* handoff;
-  __nv_bfloat16* identity;
 };
 
 template <class Config>
@@ -107,9 +105,6 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
-  // Each consumer's 64 x 64 identity (K-major, 128-byte swizzle), for epilogues that add extra
-  // stages into the accumulators with WGMMAs.
-  __nv_bfloat16 identity[Config::kConsumers][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
   SlabHandoff handoff[Config::kConsumers];
@@ -195,10 +190,8 @@ struct Wgmma {
   static constexpr auto kMajorW = kWeightKMajor ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
   using Op = std::conditional_t<
       N == 256, cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-      std::conditional_t<
-          N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-          std::conditional_t<N == 128, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-                             cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>>;
+      std::conditional_t<N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+                         cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>;
 
   template <size_t... I>
   __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate,
@@ -221,7 +214,7 @@ struct Slab {
   }
 };
 
-// The producer thread: the epilogue's extra stages of each tile, if any, then the tile's K stages.
+// The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
                                         SharedStorage<Config>& smem, int cta, int num_ctas) {
@@ -230,7 +223,6 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
-    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring);
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
@@ -253,6 +245,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
       }
       ring.advance<Config>();
     }
+    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring);
   }
 }
 
@@ -265,11 +258,10 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// Accumulates one tile's slab over all K blocks, onto `acc` if `accumulate`, else from zero.
-// `ring` carries the position across tiles.
+// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles.
 template <class Config>
 __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
-                                             float (&acc)[Config::kAccPerThread], StageCursor& ring, bool accumulate) {
+                                             float (&acc)[Config::kAccPerThread], StageCursor& ring) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
   constexpr uint64_t kStepA = 32 >> 4;
@@ -291,7 +283,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
-      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, accumulate || kb > 0 || kk > 0);
+      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
     }
     cute::warpgroup_commit_batch();
     // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
@@ -312,11 +304,11 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // schedule, one per wave (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
 //   Epilogue(params, consumer, ChunkBuffers);
-//   per tile: consume_extra_stages<Config>(work, slab, acc, smem, ring) before the K stages, true
-//             if it has set `acc` (the K stages then add onto it), then store<Config>(work, slab, acc);
+//   per tile: consume_extra_stages<Config>(work, slab, acc, smem, ring) after the K stages, then
+//             store<Config>(work, slab, acc);
 //   finish() at the end;
 // and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring), which the producer thread
-// calls before each tile's K stages (both sides must agree on the number of extra stages).
+// calls after each tile's K stages (both sides must agree on the number of extra stages).
 // With Epilogue::kHasSender, a second thread of the producer warpgroup (warp 1) runs
 // Epilogue::send<Config>(params, smem, num_steps): it takes every consumer's staged slab of every
 // step through smem.handoff, so that the consumers go back to multiplying while the slab goes out.
@@ -362,15 +354,15 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer], smem.identity[consumer]});
+    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const TileSchedule schedule = mainloop.schedule;  // registers: the loop's asm clobbers memory
     const int num_tiles = schedule.num_tiles();
     for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
       const Work work = work_at<Config>(schedule, step, num_tiles);
-      const bool accumulate = epilogue.template consume_extra_stages<Config>(work, slab, acc, smem, ring);
-      consume_tile<Config>(mainloop, smem, slab, acc, ring, accumulate);
+      consume_tile<Config>(mainloop, smem, slab, acc, ring);
+      epilogue.template consume_extra_stages<Config>(work, slab, acc, smem, ring);
       if (work.store) epilogue.template store<Config>(work, slab, acc);
     }
     epilogue.finish();

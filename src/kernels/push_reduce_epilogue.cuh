@@ -1,10 +1,9 @@
 // The fused op's epilogue: a finished tile of another rank's rows is pushed (BF16, TMA store) into
 // that owner's receive slot and signalled with an epoch flag; for a tile of this rank's own rows the
-// producer streams the P-1 peers' partials through the mainloop's ring right before the tile's K
-// stages, the consumers sum them into the FP32 accumulators in rank order, the K stages add this
-// rank's product onto them, and the tile is rounded once. (Streamed through the ring, the partials
-// are in flight as deep as the ring while the previous tile is still being multiplied and stored;
-// the consumers never wait on a peer themselves.)
+// producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
+// stages, the consumers add them to the FP32 accumulators in rank order, and the tile is rounded
+// once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
+// is still being multiplied; the consumers never wait on a peer themselves.)
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
@@ -60,12 +59,7 @@ class PushReduceEpilogue {
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : p_(params), consumer_(consumer), slabs_(consumer, buffers), handoff_(buffers.handoff),
-        identity_(buffers.identity), parity_(call_epoch(params) & 1) {
-    write_identity(buffers.identity);
-    // NOTE: generic-proxy smem writes -> proxy fence in every writer -> barrier -> WGMMA reads.
-    ptx::fence_proxy_async_shared();
-    slabs_.sync();
-  }
+        parity_(call_epoch(params) & 1) {}
 
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
   // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
@@ -102,7 +96,7 @@ class PushReduceEpilogue {
     }
   }
 
-  // Producer thread, before an own tile's K stages: waits (bounded) for the peers' flags of the tile,
+  // Producer thread, after an own tile's K stages: waits (bounded) for the peers' flags of the tile,
   // then loads their partials into extra stages of the ring, in the order of partial_piece().
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
@@ -134,16 +128,14 @@ class PushReduceEpilogue {
     }
   }
 
-  // Consumers, before an own tile's K stages: sum the peers' partials of this warpgroup's slab into
-  // `acc` as the producer streams them in, releasing each extra stage once read. The pieces come
-  // source by source, so every element gets its partials in rank order. True for an own tile.
-  // The sums run on the tensor cores (add_piece): FP32 adds on the CUDA cores would define the
-  // accumulators outside WGMMAs, and the compiler then serializes every WGMMA of the kernel.
+  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab as the
+  // producer streams them in, releasing each extra stage once read. The pieces come source by source,
+  // so every element gets its partials in rank order.
   template <class Config>
-  __device__ bool consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
+  __device__ void consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
                                        SharedStorage<Config>& smem, StageCursor& ring) {
     const int num_pieces = partial_pieces<Config>(p_, work.tile);
-    if (num_pieces == 0) return false;
+    if (num_pieces == 0) return;
     const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
@@ -153,21 +145,19 @@ class PushReduceEpilogue {
       for (int c = 0; c < Config::kChunksPerSlab; ++c) {
         const int piece = (j * Config::kChunksPerSlab + c) * Config::kConsumers + consumer_;
         while (held < piece / Config::kPiecesPerStage) {
-          release_extra_stage(smem, ring, acc);
+          release_extra_stage(smem, ring);
           ++held;
           ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
         }
-        // The first source's piece sets the chunk, the others add onto it.
-        add_piece<Config>(stage_piece(smem, ring.stage, piece % Config::kPiecesPerStage), acc + c * 32, j > 0);
+        add_chunk_bf16(stage_piece(smem, ring.stage, piece % Config::kPiecesPerStage), acc + c * 32);
       }
     }
     // The stages left may hold only the other warpgroup's pieces; each is released by both.
     for (;;) {
-      release_extra_stage(smem, ring, acc);
+      release_extra_stage(smem, ring);
       if (++held == num_stages) break;
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
     }
-    return true;
   }
 
   // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
@@ -270,45 +260,14 @@ class PushReduceEpilogue {
     }
   }
 
-  // This warpgroup's WGMMAs have read the stage before the producer's next TMA load may overwrite it.
+  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
+  // load (async proxy) may overwrite it.
   template <class Config>
-  __device__ void release_extra_stage(SharedStorage<Config>& smem, StageCursor& ring, float (&acc)[Config::kAccPerThread]) {
-    cute::warpgroup_wait<0>();
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+  __device__ void release_extra_stage(SharedStorage<Config>& smem, StageCursor& ring) {
+    ptx::fence_proxy_async_shared();
+    slabs_.sync();
     release_stage(smem, ring.stage);
     ring.advance<Config>();
-  }
-
-  // One 64 x 64 chunk of the accumulators += a BF16 piece (or = it, if not `accumulate`), as
-  // identity (64 x 64, K-major) x piece (K = the piece's rows, 64 contiguous columns, the layout of
-  // an MN-major W chunk): every product is exact, so the chunk gets the piece's values added in FP32.
-  template <class Config>
-  __device__ void add_piece(const __nv_bfloat16* piece, float* acc_chunk, bool accumulate) {
-    using Mma = Wgmma<kChunkCols, /*kWeightKMajor=*/false>;
-    constexpr uint64_t kStepIdentity = 32 >> 4;       // 16 elements of K along a K-major row
-    constexpr uint64_t kStepPiece = (16 * 128) >> 4;  // 16 rows of an MN-major chunk
-    const uint64_t desc_identity = ptx::smem_desc_k_major_sw128(identity_);
-    const uint64_t desc_piece = ptx::smem_desc_mn_major_sw128(piece, Config::kPieceBytes);
-#pragma unroll
-    for (int i = 0; i < kChunkCols / 2; ++i) cute::warpgroup_fence_operand(acc_chunk[i]);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int kk = 0; kk < kChunkRows / 16; ++kk) {
-      Mma::mma(desc_identity + kk * kStepIdentity, desc_piece + kk * kStepPiece, acc_chunk, accumulate || kk > 0);
-    }
-    cute::warpgroup_commit_batch();
-  }
-
-  // The 64 x 64 BF16 identity in the 128-byte-swizzled K-major layout WGMMA reads (row r: 128 bytes,
-  // 16-byte piece q at (q ^ r % 8)), written by this warpgroup's 128 threads.
-  __device__ static void write_identity(__nv_bfloat16* identity) {
-    for (int e = threadIdx.x % 128; e < kChunkElems; e += 128) {
-      const int row = e / kChunkCols;
-      const int col = e % kChunkCols;
-      const int offset = row * kChunkCols + (((col / 8) ^ (row % 8)) * 8) + col % 8;
-      identity[offset] = __float2bfloat16(row == col ? 1.0f : 0.0f);
-    }
   }
 
   // The first timeout of this rank's call records what it waited for; the host reads it after the call.
@@ -337,7 +296,6 @@ class PushReduceEpilogue {
   int consumer_;
   SlabStore slabs_;
   SlabHandoff* handoff_;
-  const __nv_bfloat16* identity_;
   int parity_;
   int slabs_staged_ = 0;
 };

@@ -10,14 +10,10 @@ size_t GemmConfig::smem_bytes() const {
   const size_t stage = size_t(block_m + block_n) * block_k * bf16;
   // The epilogue stages a whole tile in BF16.
   const size_t epilogue = size_t(block_m) * block_n * bf16;
-  // Each consumer's 64 x 64 BF16 identity: the operand that adds the fused op's partials on the
-  // tensor cores.
-  const size_t identity = size_t(consumer_warpgroups) * 64 * 64 * bf16;
-  // The ring's barriers and each consumer's hand-off to the sender thread.
-  const size_t barriers = size_t(2 * stages) * 8 + size_t(consumer_warpgroups) * 40;
+  const size_t barriers = size_t(2 * stages) * 8;
   // The storage is 1024-byte aligned (swizzled TMA tiles need it), and the launch adds 1024 bytes of
   // slack to align the dynamic shared memory base.
-  const size_t storage = (size_t(stages) * stage + epilogue + identity + barriers + 1023) / 1024 * 1024;
+  const size_t storage = (size_t(stages) * stage + epilogue + barriers + 1023) / 1024 * 1024;
   return storage + 1024;
 }
 
