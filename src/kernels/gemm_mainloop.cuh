@@ -108,6 +108,10 @@ struct alignas(1024) SharedStorage {
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
   SlabHandoff handoff[Config::kConsumers];
+  // An epilogue's watcher thread and the producer (epilogues that have one): the inputs of the next
+  // tile with extra stages have arrived; the producer has taken that news.
+  uint64_t extra_ready;
+  uint64_t extra_taken;
 };
 
 // A position in the ring of stages (producer and consumers each keep their own).
@@ -184,6 +188,15 @@ __device__ __forceinline__ Work work_at(const TileSchedule& schedule, int step, 
   }
 }
 
+// Calls fn(work) for each step of CTA `cta`, in the order the producer and the consumers take them.
+template <class Config, class Fn>
+__device__ __forceinline__ void for_each_work(const TileSchedule& schedule, int cta, int num_ctas, Fn&& fn) {
+  const int num_tiles = schedule.num_tiles();
+  for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+    fn(work_at<Config>(schedule, step, num_tiles));
+  }
+}
+
 // One m64nNk16 WGMMA, A and W from shared memory, accumulating into `acc` (N/2 floats a thread).
 template <int N, bool kWeightKMajor>
 struct Wgmma {
@@ -219,6 +232,7 @@ template <class Config, class Epilogue>
 __device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
                                         SharedStorage<Config>& smem, int cta, int num_ctas) {
   StageCursor ring;
+  uint32_t extra_phase = 0;  // the epilogue's, across tiles
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
@@ -245,7 +259,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
       }
       ring.advance<Config>();
     }
-    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring);
+    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring, extra_phase);
   }
 }
 
@@ -307,11 +321,16 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 //   per tile: consume_extra_stages<Config>(work, slab, acc, smem, ring) after the K stages, then
 //             store<Config>(work, slab, acc);
 //   finish() at the end;
-// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring), which the producer thread
-// calls after each tile's K stages (both sides must agree on the number of extra stages).
-// With Epilogue::kHasSender, a second thread of the producer warpgroup (warp 1) runs
-// Epilogue::send<Config>(params, smem, num_steps): it takes every consumer's staged slab of every
-// step through smem.handoff, so that the consumers go back to multiplying while the slab goes out.
+// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
+// producer thread calls after each tile's K stages (both sides must agree on the number of extra
+// stages; extra_phase is the epilogue's to keep across tiles).
+// Two more threads of the producer warpgroup may help the epilogue:
+//   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, smem, num_steps): it takes
+//   every consumer's staged slab of every step through smem.handoff, so that the consumers go back
+//   to multiplying while the slab goes out;
+//   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
+//   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer and
+//   tells it through smem.extra_ready / extra_taken.
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
@@ -328,6 +347,8 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       ptx::mbarrier_init(&smem.handoff[c].staged, 1);
       ptx::mbarrier_init(&smem.handoff[c].sent, 1);
     }
+    ptx::mbarrier_init(&smem.extra_ready, 1);
+    ptx::mbarrier_init(&smem.extra_taken, 1);
     ptx::fence_barrier_init();
   }
   // The partner's barriers must be initialized before any multicast or remote arrive reaches them.
@@ -342,13 +363,13 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
     if constexpr (Epilogue::kHasSender) {
       if (threadIdx.x == 32) {
-        const int num_tiles = mainloop.schedule.num_tiles();
         int num_steps = 0;
-        for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
-          ++num_steps;
-        }
+        for_each_work<Config>(mainloop.schedule, cta, num_ctas, [&](const Work&) { ++num_steps; });
         Epilogue::template send<Config>(epilogue_params, smem, num_steps);
       }
+    }
+    if constexpr (Epilogue::kHasWatcher) {
+      if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();

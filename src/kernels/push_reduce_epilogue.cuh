@@ -20,9 +20,10 @@
 //
 // NOTE (memory ordering, per pushed tile): the sender waits for its bulk group to COMPLETE
 // (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then stores each flag
-// with release semantics at system scope. The owner's producer thread polls the flags with relaxed
-// system-scope loads, then fences (acquire at system scope, then generic -> async proxy) before its
-// TMA loads of the data.
+// with release semantics at system scope. The owner's watcher thread polls the flags with relaxed
+// system-scope loads, then fences (acquire at system scope) and arrives on an mbarrier; the producer
+// waits on it (acquire at CTA scope, so the peers' writes happen before what follows) and fences
+// generic -> async proxy before its TMA loads of the data.
 #pragma once
 
 #include "kernels/peer_error.h"
@@ -56,6 +57,7 @@ class PushReduceEpilogue {
   };
 
   static constexpr bool kHasSender = true;
+  static constexpr bool kHasWatcher = true;
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : p_(params), consumer_(consumer), slabs_(consumer, buffers), handoff_(buffers.handoff),
@@ -96,19 +98,36 @@ class PushReduceEpilogue {
     }
   }
 
-  // Producer thread, after an own tile's K stages: waits (bounded) for the peers' flags of the tile,
-  // then loads their partials into extra stages of the ring, in the order of partial_piece().
+  // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
+  // flags of the tile and fences, then tells the producer; at most one own tile ahead of it.
+  template <class Config>
+  __device__ static void watch(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
+                               int num_ctas) {
+    const uint32_t epoch = call_epoch(p);
+    uint32_t own_tiles = 0;
+    for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
+      if (partial_pieces<Config>(p, work.tile) == 0) return;
+      if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
+      // A timeout is recorded in p.failed, which the producer reads.
+      if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
+      ptx::mbarrier_arrive(&smem.extra_ready);
+      ++own_tiles;
+    });
+  }
+
+  // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
+  // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
-                                              StageCursor& ring) {
+                                              StageCursor& ring, uint32_t& own_phase) {
     const int num_pieces = partial_pieces<Config>(p, tile);
     if (num_pieces == 0) return;
     const uint32_t epoch = call_epoch(p);
-    const bool arrived = wait_for_partials<Config>(p, tile, epoch);
-    if (arrived) {
-      ptx::fence_acquire_sys();          // the flags seen -> the partials written before them
-      ptx::fence_proxy_async_global();   // ... and for the TMA loads (async proxy) that read them
-    }
+    ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
+    ptx::mbarrier_arrive(&smem.extra_taken);
+    own_phase ^= 1;
+    const bool arrived = *reinterpret_cast<volatile uint32_t*>(p.failed) == 0;
+    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
     for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
@@ -218,7 +237,7 @@ class PushReduceEpilogue {
     return {j < p.rank ? j : j + 1, tile.segment_row + slab.row, tile.col_begin + slab.col + chunk * kChunkCols};
   }
 
-  // Producer thread: waits, boundedly, for every flag of the tile (each peer, each slab it pushes).
+  // Watcher thread: waits, boundedly, for every flag of the tile (each peer, each slab it pushes).
   // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
   template <class Config>
   __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
@@ -234,7 +253,7 @@ class PushReduceEpilogue {
     const size_t source_stride = size_t(p.tiles_per_segment) * 2;
     const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
     for (;;) {
-      // Four loads in flight at a time (more would spill registers in the 40 the producer has).
+      // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
       for (int first = 0; first < 2 * kMaxWorldSize; first += 4) {
         uint32_t seen[4];
 #pragma unroll

@@ -117,15 +117,17 @@ class StoreTileEpilogue {
     CUtensorMap c;  // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
   };
 
-  // The consumers store their slabs themselves.
+  // The consumers store their slabs themselves, and there are no inputs to watch.
   static constexpr bool kHasSender = false;
+  static constexpr bool kHasWatcher = false;
 
   __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
 
   // A tile's output needs no input: no extra stages.
   template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&) {}
+  __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&,
+                                              uint32_t&) {}
   template <class Config>
   __device__ void consume_extra_stages(const Work&, Slab<Config>, float (&)[Config::kAccPerThread],
                                        SharedStorage<Config>&, StageCursor&) {}
