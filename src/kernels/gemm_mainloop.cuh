@@ -100,6 +100,14 @@ struct ChunkBuffers {
   SlabHandoff* handoff;
 };
 
+// What a CTA does at one step of its persistent loop.
+struct Work {
+  Tile tile;
+  bool store;             // false: a duplicate of the partner's tile, computed only to keep the pair in lockstep
+  bool share_w;           // both CTAs of the pair need the same W tile: load half each, multicast
+};
+static_assert(sizeof(Work) <= 32, "the config's shared memory model (plan/config.cpp) counts 32 bytes a stage");
+
 template <class Config>
 struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
@@ -107,6 +115,9 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
+  // The step's work, left by the producer with the step's first K stage (the consumers read it once
+  // that stage is full, and need not compute the schedule themselves).
+  Work stage_work[Config::kStages];
   SlabHandoff handoff[Config::kConsumers];
   // An epilogue's watcher thread and the producer (epilogues that have one): the inputs of the next
   // tile with extra stages have arrived; the producer has taken that news.
@@ -153,13 +164,6 @@ template <class Epilogue>
 struct KernelParams {
   MainloopParams mainloop;
   typename Epilogue::Params epilogue;
-};
-
-// What a CTA does at one step of its persistent loop.
-struct Work {
-  Tile tile;
-  bool store;             // false: a duplicate of the partner's tile, computed only to keep the pair in lockstep
-  bool share_w;           // both CTAs of the pair need the same W tile: load half each, multicast
 };
 
 // The step of CTA `cta` in wave `wave`. A pair of CTAs moves on by a pair, so that it keeps two
@@ -241,6 +245,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
+      if (kb == 0) smem.stage_work[stage] = work;  // published by the arrive below (a release)
       uint64_t* full = &smem.full[stage];
       // Both halves of a shared W tile arrive here: the expected bytes are the same either way.
       ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
@@ -378,10 +383,11 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
     float acc[Config::kAccPerThread];
     StageCursor ring;
-    const TileSchedule schedule = mainloop.schedule;  // registers: the loop's asm clobbers memory
-    const int num_tiles = schedule.num_tiles();
+    const int num_tiles = mainloop.schedule.num_tiles();
     for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
-      const Work work = work_at<Config>(schedule, step, num_tiles);
+      // The ring is at the step's first K stage, which carries the step's work.
+      ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+      const Work work = smem.stage_work[ring.stage];
       consume_tile<Config>(mainloop, smem, slab, acc, ring);
       epilogue.template consume_extra_stages<Config>(work, slab, acc, smem, ring);
       if (work.store) epilogue.template store<Config>(work, slab, acc);
