@@ -119,8 +119,10 @@ struct alignas(1024) SharedStorage {
   // that stage is full, and need not compute the schedule themselves).
   Work stage_work[Config::kStages];
   SlabHandoff handoff[Config::kConsumers];
-  // TMA loads into a consumer's chunk buffers have landed (epilogues that load inputs there).
+  // TMA loads into a consumer's chunk buffers have landed (epilogues that load inputs there), and
+  // the steps whose slabs the sender has read out of them (a count: any thread may wait for any step).
   uint64_t chunks_loaded[Config::kConsumers];
+  uint32_t steps_sent;
   // An epilogue's watcher thread and the producer (epilogues that have one): the inputs of the next
   // tile with extra stages have arrived; the producer has taken that news.
   uint64_t extra_ready;
@@ -355,6 +357,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       ptx::mbarrier_init(&smem.handoff[c].sent, 1);
       ptx::mbarrier_init(&smem.chunks_loaded[c], 1);
     }
+    smem.steps_sent = 0;
     ptx::mbarrier_init(&smem.extra_ready, 1);
     ptx::mbarrier_init(&smem.extra_taken, 1);
     ptx::fence_barrier_init();

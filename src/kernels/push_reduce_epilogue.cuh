@@ -95,6 +95,7 @@ class PushReduceEpilogue {
       ptx::bulk_commit_group();
       ptx::bulk_wait_group_read<0>();
       for (int c = 0; c < Config::kConsumers; ++c) ptx::mbarrier_arrive(&smem.handoff[c].sent);
+      ptx::store_release_cta_shared(&smem.steps_sent, uint32_t(step + 1));
       if (!any_flag) continue;
       ptx::bulk_wait_group<0>();
       ptx::fence_proxy_async_global();
@@ -136,9 +137,12 @@ class PushReduceEpilogue {
     state.own_phase ^= 1;
     const bool arrived = *reinterpret_cast<volatile uint32_t*>(p.failed) == 0;
     if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
+    // The sender has read the previous step's slabs out of the chunk buffers. (A count, not the
+    // consumers' `sent` barriers: the producer sees only some steps, and a barrier's parity would
+    // alias once it is two phases ahead or behind.)
+    while (ptx::load_acquire_cta_shared(&smem.steps_sent) < uint32_t(step)) {
+    }
     for (int c = 0; c < Config::kConsumers; ++c) {
-      // The sender has read the previous step's slab out of these buffers.
-      if (step > 0) ptx::mbarrier_wait(&smem.handoff[c].sent, (step - 1) & 1);
       uint64_t* loaded = &smem.chunks_loaded[c];
       if (!arrived) {
         ptx::mbarrier_arrive(loaded);  // the call has failed: only let the consumers finish
