@@ -119,10 +119,6 @@ struct alignas(1024) SharedStorage {
   // that stage is full, and need not compute the schedule themselves).
   Work stage_work[Config::kStages];
   SlabHandoff handoff[Config::kConsumers];
-  // TMA loads into a consumer's chunk buffers have landed (epilogues that load inputs there), and
-  // the steps whose slabs the sender has read out of them (a count: any thread may wait for any step).
-  uint64_t chunks_loaded[Config::kConsumers];
-  uint32_t steps_sent;
   // An epilogue's watcher thread and the producer (epilogues that have one): the inputs of the next
   // tile with extra stages have arrived; the producer has taken that news.
   uint64_t extra_ready;
@@ -240,7 +236,7 @@ template <class Config, class Epilogue>
 __device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
                                         SharedStorage<Config>& smem, int cta, int num_ctas) {
   StageCursor ring;
-  typename Epilogue::ProducerState state;  // the epilogue's, across steps
+  uint32_t extra_phase = 0;  // the epilogue's, across tiles
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
@@ -268,7 +264,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
       }
       ring.advance<Config>();
     }
-    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring, state);
+    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring, extra_phase);
   }
 }
 
@@ -330,9 +326,9 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 //   per tile: consume_extra_stages<Config>(work, slab, acc, smem, ring) after the K stages, then
 //             store<Config>(work, slab, acc);
 //   finish() at the end;
-// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, state), which the producer
-// thread calls after each tile's K stages (both sides must agree on the number of extra stages;
-// state, an Epilogue::ProducerState, is the epilogue's to keep across steps).
+// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
+// producer thread calls after each tile's K stages (both sides must agree on the number of extra
+// stages; extra_phase is the epilogue's to keep across tiles).
 // Two more threads of the producer warpgroup may help the epilogue:
 //   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, smem, num_steps): it takes
 //   every consumer's staged slab of every step through smem.handoff, so that the consumers go back
@@ -355,9 +351,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     for (int c = 0; c < Config::kConsumers; ++c) {
       ptx::mbarrier_init(&smem.handoff[c].staged, 1);
       ptx::mbarrier_init(&smem.handoff[c].sent, 1);
-      ptx::mbarrier_init(&smem.chunks_loaded[c], 1);
     }
-    smem.steps_sent = 0;
     ptx::mbarrier_init(&smem.extra_ready, 1);
     ptx::mbarrier_init(&smem.extra_taken, 1);
     ptx::fence_barrier_init();

@@ -197,16 +197,6 @@ __device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* flag) {
   return value;
 }
 
-// A count in shared memory that one thread of the CTA raises and another waits for.
-__device__ __forceinline__ void store_release_cta_shared(uint32_t* count, uint32_t value) {
-  asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(smem_addr(count)), "r"(value) : "memory");
-}
-__device__ __forceinline__ uint32_t load_acquire_cta_shared(const uint32_t* count) {
-  uint32_t value;
-  asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(value) : "r"(smem_addr(count)) : "memory");
-  return value;
-}
-
 // After relaxed loads that observed release stores, orders every later access after those stores'
 // releases (the PTX memory model's acquire pattern: strong load, then fence).
 __device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }

@@ -59,12 +59,6 @@ class PushReduceEpilogue {
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
 
-  // What the producer thread keeps across steps.
-  struct ProducerState {
-    int steps = 0;           // steps of this CTA produced so far
-    uint32_t own_phase = 0;  // parity of the watcher's next news
-  };
-
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : p_(params), consumer_(consumer), slabs_(consumer, buffers), handoff_(buffers.handoff),
         parity_(call_epoch(params) & 1) {}
@@ -95,7 +89,6 @@ class PushReduceEpilogue {
       ptx::bulk_commit_group();
       ptx::bulk_wait_group_read<0>();
       for (int c = 0; c < Config::kConsumers; ++c) ptx::mbarrier_arrive(&smem.handoff[c].sent);
-      ptx::store_release_cta_shared(&smem.steps_sent, uint32_t(step + 1));
       if (!any_flag) continue;
       ptx::bulk_wait_group<0>();
       ptx::fence_proxy_async_global();
@@ -113,7 +106,7 @@ class PushReduceEpilogue {
     const uint32_t epoch = call_epoch(p);
     uint32_t own_tiles = 0;
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
-      if (!is_own_tile(p, work.tile)) return;
+      if (partial_pieces<Config>(p, work.tile) == 0) return;
       if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
       // A timeout is recorded in p.failed, which the producer reads.
       if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
@@ -123,39 +116,18 @@ class PushReduceEpilogue {
   }
 
   // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
-  // tile, loads the first peer's partial into the consumers' chunk buffers (no ring slot needed, so
-  // it is in flight while the tile's last K stages are multiplied; at P = 2 it is the only one), then
-  // the other peers' partials into extra stages of the ring, in the order of partial_piece().
+  // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
-                                              StageCursor& ring, ProducerState& state) {
-    const int step = state.steps++;
-    if (!is_own_tile(p, tile)) return;
+                                              StageCursor& ring, uint32_t& own_phase) {
+    const int num_pieces = partial_pieces<Config>(p, tile);
+    if (num_pieces == 0) return;
     const uint32_t epoch = call_epoch(p);
-    ptx::mbarrier_wait(&smem.extra_ready, state.own_phase);  // the watcher's acquire, passed on at CTA scope
+    ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
     ptx::mbarrier_arrive(&smem.extra_taken);
-    state.own_phase ^= 1;
+    own_phase ^= 1;
     const bool arrived = *reinterpret_cast<volatile uint32_t*>(p.failed) == 0;
     if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    // The sender has read the previous step's slabs out of the chunk buffers. (A count, not the
-    // consumers' `sent` barriers: the producer sees only some steps, and a barrier's parity would
-    // alias once it is two phases ahead or behind.)
-    while (ptx::load_acquire_cta_shared(&smem.steps_sent) < uint32_t(step)) {
-    }
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      uint64_t* loaded = &smem.chunks_loaded[c];
-      if (!arrived) {
-        ptx::mbarrier_arrive(loaded);  // the call has failed: only let the consumers finish
-        continue;
-      }
-      ptx::mbarrier_arrive_expect_tx(loaded, Config::kChunksPerSlab * Config::kPieceBytes);
-      const Slab<Config> slab = Slab<Config>::of_consumer(c);
-      for (int chunk = 0; chunk < Config::kChunksPerSlab; ++chunk) {
-        ptx::tma_load_4d(smem.chunks[c][chunk], &p.recv_at[p.rank], loaded, tile.col_begin + slab.col + chunk * kChunkCols,
-                         tile.segment_row + slab.row, peer_source(p, 0), epoch & 1);
-      }
-    }
-    const int num_pieces = partial_pieces<Config>(p, tile);
     for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
@@ -175,25 +147,18 @@ class PushReduceEpilogue {
     }
   }
 
-  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab, the
-  // first peer's from the chunk buffers, the others' as the producer streams them through the ring,
-  // releasing each extra stage once read. Source by source, so every element gets its partials in
-  // rank order.
+  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab as the
+  // producer streams them in, releasing each extra stage once read. The pieces come source by source,
+  // so every element gets its partials in rank order.
   template <class Config>
   __device__ void consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
                                        SharedStorage<Config>& smem, StageCursor& ring) {
-    if (!is_own_tile(p_, work.tile)) return;
-    ptx::mbarrier_wait(&smem.chunks_loaded[consumer_], own_tiles_ & 1);
-    ++own_tiles_;
-#pragma unroll
-    for (int c = 0; c < Config::kChunksPerSlab; ++c) add_chunk_bf16(smem.chunks[consumer_][c], acc + c * 32);
-    slabs_.sync();  // every thread has read the chunk buffers before any stages the slab into them
     const int num_pieces = partial_pieces<Config>(p_, work.tile);
     if (num_pieces == 0) return;
     const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-    const int num_sources = p_.world_size - 2;  // the peers after the first
+    const int num_sources = p_.world_size - 1;
     for (int j = 0; j < num_sources; ++j) {
 #pragma unroll
       for (int c = 0; c < Config::kChunksPerSlab; ++c) {
@@ -254,30 +219,22 @@ class PushReduceEpilogue {
     return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
   }
 
-  // A tile of this rank's rows, with peers' partials to add.
-  __device__ static bool is_own_tile(const Params& p, const Tile& tile) {
-    return tile.owner_rank == p.rank && p.world_size > 1;
-  }
-
-  // The rank of peer j, counting the peers in rank order (this rank skipped).
-  __device__ static int peer_source(const Params& p, int j) { return j < p.rank ? j : j + 1; }
-
   // Pieces of partials an own tile takes through the ring: every chunk of both slabs from each peer
-  // after the first (a chunk past the segment or past n is zero-filled by the TMA and never stored).
+  // (a chunk past the segment or past n is zero-filled by the TMA and never stored).
   template <class Config>
   __device__ static int partial_pieces(const Params& p, const Tile& tile) {
-    if (!is_own_tile(p, tile)) return 0;
-    return (p.world_size - 2) * Config::kConsumers * Config::kChunksPerSlab;
+    if (tile.owner_rank != p.rank) return 0;
+    return (p.world_size - 1) * Config::kConsumers * Config::kChunksPerSlab;
   }
 
-  // Piece i = (j * chunks per slab + chunk) * 2 + slab: peer j + 1 (in rank order, after the first)
+  // Piece i = (j * chunks per slab + chunk) * 2 + slab: peer j (in rank order, skipping this rank)
   // first, then the chunk, then the slab, so a warpgroup takes every other piece.
   template <class Config>
   __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, int i) {
     const Slab<Config> slab = Slab<Config>::of_consumer(i % Config::kConsumers);
     const int chunk = (i / Config::kConsumers) % Config::kChunksPerSlab;
     const int j = i / (Config::kConsumers * Config::kChunksPerSlab);
-    return {peer_source(p, j + 1), tile.segment_row + slab.row, tile.col_begin + slab.col + chunk * kChunkCols};
+    return {j < p.rank ? j : j + 1, tile.segment_row + slab.row, tile.col_begin + slab.col + chunk * kChunkCols};
   }
 
   // Watcher thread: waits, boundedly, for every flag of the tile (each peer, each slab it pushes).
@@ -360,7 +317,6 @@ class PushReduceEpilogue {
   SlabHandoff* handoff_;
   int parity_;
   int slabs_staged_ = 0;
-  int own_tiles_ = 0;  // own tiles reduced so far (the parity of chunks_loaded)
 };
 
 }  // namespace tpfuse::kernels

@@ -120,7 +120,6 @@ class StoreTileEpilogue {
   // The consumers store their slabs themselves, and there are no inputs to watch.
   static constexpr bool kHasSender = false;
   static constexpr bool kHasWatcher = false;
-  struct ProducerState {};
 
   __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
@@ -128,7 +127,7 @@ class StoreTileEpilogue {
   // A tile's output needs no input: no extra stages.
   template <class Config>
   __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&,
-                                              ProducerState&) {}
+                                              uint32_t&) {}
   template <class Config>
   __device__ void consume_extra_stages(const Work&, Slab<Config>, float (&)[Config::kAccPerThread],
                                        SharedStorage<Config>&, StageCursor&) {}
