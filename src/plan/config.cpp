@@ -65,9 +65,10 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // segments (schedule rounds): groups of 32 / P row tiles make them together the 32-row group
   // that measured best for one rank, sharing A rows and W columns in L2.
   c.group_rows = std::max(1, kGroupRowsPerWave / problem.world_size);
-  // Own tiles last (plan/schedule.h). Interleaving them a wave behind the peers' (a lag of
-  // ceil(CTAs / P) rounds) measured slower in the one-GPU proxy: geomean 1.467 against 1.385
-  // (bench/results/2026-11-29-h200-5a3e62e); TPFUSE_OWN_LAG keeps it open for multi-GPU tuning.
+  // Own tiles last (plan/schedule.h). Interleaved, they measure about the same in the one-GPU proxy
+  // since the CTAs move on a place each wave (1.283 against 1.280 at P = 8, lag 0,
+  // bench/results/2026-11-29-h200-bb7b035); the two GPUs that once favoured own tiles last (1.289
+  // against 1.260) ran before that. TPFUSE_OWN_LAG keeps it open for multi-GPU tuning.
   c.own_lag = kOwnTilesLast;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
