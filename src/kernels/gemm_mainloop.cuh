@@ -7,7 +7,8 @@
 //
 // An epilogue may also stream inputs of its own through the same ring, after a tile's K stages
 // (the fused op's partials of an own tile): they then arrive while the tile is still being
-// multiplied, as deep as the ring, instead of after it.
+// multiplied, as deep as the ring, instead of after it, and WGMMAs add them (acc += identity x
+// input, `SharedStorage::identity`).
 //
 // The CTAs walk the tile schedule (plan/schedule.h) persistently, one step per wave of `grid` steps
 // (persistent_step): CTA b's place in the wave moves on by one each wave.
@@ -61,11 +62,9 @@ struct MainloopConfig {
   static constexpr int kWPieceBoxRows = kWeightKMajor ? kBlockN / 2 : kBlockK;
   static constexpr int kWPieceBoxCols = kWeightKMajor ? kBlockK : 64;
 
-  // Extra stages (see above) carry 8 KB pieces: a 64 x 64 BF16 chunk each, A's part of a stage
-  // first, then W's.
+  // Extra stages (see above) carry a consumer's slab of an input in the stage's W part, laid out as
+  // an MN-major W tile: 64 x 64 BF16 chunks of 8 KB.
   static constexpr int kPieceBytes = 64 * 64 * 2;
-  static constexpr int kAPieces = kABytes / kPieceBytes;
-  static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
   static constexpr int kChunksPerSlab = kWgCols / 64;
 
   static constexpr int kProducerRegs = 40;
@@ -74,7 +73,7 @@ struct MainloopConfig {
   static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(kWgCols == 128 || kWgCols == 192 || kWgCols == 256, "a consumer issues m64n{128,192,256} WGMMAs");
-  static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
+  static_assert(kChunksPerSlab * kPieceBytes <= kWBytes, "a stage's W part holds a consumer's slab");
 };
 
 // Epilogue staging: each consumer stages its whole slab, one 64 x 64 chunk per buffer.
@@ -94,10 +93,12 @@ struct SlabHandoff {
   uint32_t* flag;    // raised once the stores have landed; null: none
 };
 
-// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, and its hand-off.
+// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, its hand-off, and
+// the CTA's identity matrix (SharedStorage).
 struct ChunkBuffers {
   __nv_bfloat16 (*data)[kChunkElems];
   SlabHandoff* handoff;
+  __nv_bfloat16* identity;
 };
 
 // What a CTA does at one step of its persistent loop.
@@ -113,6 +114,9 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
+  // A 64 x 64 identity (K-major, 128-byte swizzle): the A operand of WGMMAs that add an epilogue's
+  // extra stages into the accumulators.
+  __nv_bfloat16 identity[kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
   // The step's work, left by the producer with the step's first K stage (the consumers read it once
@@ -138,13 +142,6 @@ struct StageCursor {
     }
   }
 };
-
-// Piece q of a stage used as an extra stage (8 KB, 1024-byte aligned).
-template <class Config>
-__device__ __forceinline__ __nv_bfloat16* stage_piece(SharedStorage<Config>& smem, int stage, int q) {
-  constexpr int kPieceElems = Config::kPieceBytes / 2;
-  return q < Config::kAPieces ? smem.a[stage] + q * kPieceElems : smem.w[stage] + (q - Config::kAPieces) * kPieceElems;
-}
 
 struct MainloopParams {
   CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM
@@ -380,7 +377,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
+    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer], smem.identity});
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();
