@@ -274,17 +274,44 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
+// One 64-deep K block of WGMMAs into `acc` as one batch: A K-major, B in `kWeightKMajor`'s layout
+// (from `accumulate`, else from zero). Returns once the batch before it is done: one stays in flight.
+template <class Config, bool kWeightKMajor>
+__device__ __forceinline__ void mma_k_block(uint64_t desc_a, uint64_t desc_b, float (&acc)[Config::kAccPerThread],
+                                            bool accumulate) {
+  using Mma = Wgmma<Config::kWgCols, kWeightKMajor>;
+  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
+  constexpr uint64_t kStepA = 32 >> 4;
+  constexpr uint64_t kStepB = kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
+#pragma unroll
+  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+    Mma::mma(desc_a + kk * kStepA, desc_b + kk * kStepB, acc, accumulate || kk > 0);
+  }
+  cute::warpgroup_commit_batch();
+  cute::warpgroup_wait<1>();
+#pragma unroll
+  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+}
+
+// Waits for the last batch of WGMMAs, then hands its stage (if any) back to the producers.
+template <class Config>
+__device__ __forceinline__ void finish_mma(SharedStorage<Config>& smem, float (&acc)[Config::kAccPerThread],
+                                           int last_stage) {
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+  if (last_stage >= 0) release_stage(smem, last_stage);
+}
+
 // Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles.
 template <class Config>
 __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring) {
-  using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
-  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
-  constexpr uint64_t kStepA = 32 >> 4;
-  constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
   // Byte offset of the slab's columns inside a W stage (the same for both layouts: kWgCols x 64 BF16).
   const int w_offset_elems = slab.col * Config::kBlockK;
-
   int prev_stage = -1;
   const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
   for (int kb = 0; kb < num_k_blocks; ++kb) {
@@ -294,26 +321,13 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     const uint64_t desc_w = Config::kWeightKMajor
                                 ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
                                 : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
-      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
-    }
-    cute::warpgroup_commit_batch();
-    // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
-    cute::warpgroup_wait<1>();
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    mma_k_block<Config, Config::kWeightKMajor>(desc_a, desc_w, acc, kb > 0);
+    // The batch before this one is done: its stage goes back to the producer.
     if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
     ring.advance<Config>();
   }
-  cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-  if (prev_stage >= 0) release_stage(smem, prev_stage);
+  finish_mma(smem, acc, prev_stage);
 }
 
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the

@@ -169,9 +169,6 @@ class PushReduceEpilogue {
     static_assert(Config::kConsumers == 2, "the identity is written half by each of two consumers");
     const int num_stages = extra_stages<Config>(p_, work.tile);
     if (num_stages == 0) return;
-    using Mma = Wgmma<Config::kWgCols, /*kWeightKMajor=*/false>;
-    constexpr uint64_t kStepIdentity = 32 >> 4;       // 16 elements of K along a K-major row
-    constexpr uint64_t kStepPartial = (16 * 128) >> 4;  // 16 rows of an MN-major chunk
     const uint64_t desc_identity = ptx::smem_desc_k_major_sw128(smem.identity);
     int pending = -1;  // a stage whose WGMMAs may still be reading it
     for (int e = 0; e < num_stages; ++e) {
@@ -181,27 +178,13 @@ class PushReduceEpilogue {
         release_stage(smem, stage);
       } else {
         const uint64_t desc_partial = ptx::smem_desc_mn_major_sw128(smem.w[stage], Config::kWChunkBytes);
-#pragma unroll
-        for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-        cute::warpgroup_arrive();
-#pragma unroll
-        for (int kk = 0; kk < kChunkRows / 16; ++kk) {
-          Mma::mma(desc_identity + kk * kStepIdentity, desc_partial + kk * kStepPartial, acc, true);
-        }
-        cute::warpgroup_commit_batch();
-        // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
-        cute::warpgroup_wait<1>();
-#pragma unroll
-        for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+        mma_k_block<Config, /*kWeightKMajor=*/false>(desc_identity, desc_partial, acc, true);
         if (pending >= 0) release_stage(smem, pending);
         pending = stage;
       }
       ring.advance<Config>();
     }
-    cute::warpgroup_wait<0>();
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    if (pending >= 0) release_stage(smem, pending);
+    finish_mma(smem, acc, pending);
   }
 
   // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
