@@ -7,8 +7,7 @@
 //
 // An epilogue may also stream inputs of its own through the same ring, after a tile's K stages
 // (the fused op's partials of an own tile): they then arrive while the tile is still being
-// multiplied, as deep as the ring, instead of after it, and WGMMAs add them (acc += identity x
-// input, `SharedStorage::identity`).
+// multiplied, as deep as the ring, instead of after it.
 //
 // The CTAs walk the tile schedule (plan/schedule.h) persistently, one step per wave of `grid` steps
 // (persistent_step): CTA b's place in the wave moves on by one each wave.
@@ -62,9 +61,11 @@ struct MainloopConfig {
   static constexpr int kWPieceBoxRows = kWeightKMajor ? kBlockN / 2 : kBlockK;
   static constexpr int kWPieceBoxCols = kWeightKMajor ? kBlockK : 64;
 
-  // Extra stages (see above) carry a consumer's slab of an input in the stage's W part, laid out as
-  // an MN-major W tile: 64 x 64 BF16 chunks of 8 KB.
+  // Extra stages (see above) carry 8 KB pieces: a 64 x 64 BF16 chunk each, A's part of a stage
+  // first, then W's.
   static constexpr int kPieceBytes = 64 * 64 * 2;
+  static constexpr int kAPieces = kABytes / kPieceBytes;
+  static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
   static constexpr int kChunksPerSlab = kWgCols / 64;
 
   static constexpr int kProducerRegs = 40;
@@ -73,7 +74,7 @@ struct MainloopConfig {
   static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(kWgCols == 128 || kWgCols == 192 || kWgCols == 256, "a consumer issues m64n{128,192,256} WGMMAs");
-  static_assert(kChunksPerSlab * kPieceBytes <= kWBytes, "a stage's W part holds a consumer's slab");
+  static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
 };
 
 // Epilogue staging: each consumer stages its whole slab, one 64 x 64 chunk per buffer.
@@ -93,12 +94,10 @@ struct SlabHandoff {
   uint32_t* flag;    // raised once the stores have landed; null: none
 };
 
-// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, its hand-off, and
-// the CTA's identity matrix (SharedStorage).
+// A consumer's chunk buffers, where its epilogue stages a slab for TMA stores, and its hand-off.
 struct ChunkBuffers {
   __nv_bfloat16 (*data)[kChunkElems];
   SlabHandoff* handoff;
-  __nv_bfloat16* identity;
 };
 
 // What a CTA does at one step of its persistent loop.
@@ -114,9 +113,6 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
-  // A 64 x 64 identity (K-major, 128-byte swizzle): the A operand of WGMMAs that add an epilogue's
-  // extra stages into the accumulators.
-  __nv_bfloat16 identity[kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
   // The step's work, left by the producer with the step's first K stage (the consumers read it once
@@ -142,6 +138,13 @@ struct StageCursor {
     }
   }
 };
+
+// Piece q of a stage used as an extra stage (8 KB, 1024-byte aligned).
+template <class Config>
+__device__ __forceinline__ __nv_bfloat16* stage_piece(SharedStorage<Config>& smem, int stage, int q) {
+  constexpr int kPieceElems = Config::kPieceBytes / 2;
+  return q < Config::kAPieces ? smem.a[stage] + q * kPieceElems : smem.w[stage] + (q - Config::kAPieces) * kPieceElems;
+}
 
 struct MainloopParams {
   CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM
@@ -274,44 +277,17 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// One 64-deep K block of WGMMAs into `acc` as one batch: A K-major, B in `kWeightKMajor`'s layout
-// (from `accumulate`, else from zero). Returns once the batch before it is done: one stays in flight.
-template <class Config, bool kWeightKMajor>
-__device__ __forceinline__ void mma_k_block(uint64_t desc_a, uint64_t desc_b, float (&acc)[Config::kAccPerThread],
-                                            bool accumulate) {
-  using Mma = Wgmma<Config::kWgCols, kWeightKMajor>;
-  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
-  constexpr uint64_t kStepA = 32 >> 4;
-  constexpr uint64_t kStepB = kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
-#pragma unroll
-  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-  cute::warpgroup_arrive();
-#pragma unroll
-  for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
-    Mma::mma(desc_a + kk * kStepA, desc_b + kk * kStepB, acc, accumulate || kk > 0);
-  }
-  cute::warpgroup_commit_batch();
-  cute::warpgroup_wait<1>();
-#pragma unroll
-  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-}
-
-// Waits for the last batch of WGMMAs, then hands its stage (if any) back to the producers.
-template <class Config>
-__device__ __forceinline__ void finish_mma(SharedStorage<Config>& smem, float (&acc)[Config::kAccPerThread],
-                                           int last_stage) {
-  cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-  if (last_stage >= 0) release_stage(smem, last_stage);
-}
-
 // Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles.
 template <class Config>
 __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring) {
+  using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
+  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
+  constexpr uint64_t kStepA = 32 >> 4;
+  constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
   // Byte offset of the slab's columns inside a W stage (the same for both layouts: kWgCols x 64 BF16).
   const int w_offset_elems = slab.col * Config::kBlockK;
+
   int prev_stage = -1;
   const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
   for (int kb = 0; kb < num_k_blocks; ++kb) {
@@ -321,13 +297,26 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     const uint64_t desc_w = Config::kWeightKMajor
                                 ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
                                 : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
-    mma_k_block<Config, Config::kWeightKMajor>(desc_a, desc_w, acc, kb > 0);
-    // The batch before this one is done: its stage goes back to the producer.
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+    }
+    cute::warpgroup_commit_batch();
+    // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
+    cute::warpgroup_wait<1>();
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
     if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
     ring.advance<Config>();
   }
-  finish_mma(smem, acc, prev_stage);
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+  if (prev_stage >= 0) release_stage(smem, prev_stage);
 }
 
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
@@ -391,7 +380,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer], smem.identity});
+    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();

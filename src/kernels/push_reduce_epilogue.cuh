@@ -1,8 +1,8 @@
 // The fused op's epilogue: a finished tile of another rank's rows is pushed (BF16, TMA store) into
 // that owner's receive slot and signalled with an epoch flag; for a tile of this rank's own rows the
 // producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
-// stages, the consumers add them to the FP32 accumulators in rank order on the tensor cores, and the
-// tile is rounded once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
+// stages, the consumers add them to the FP32 accumulators in rank order, and the tile is rounded
+// once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
 // is still being multiplied; the consumers never wait on a peer themselves.)
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
@@ -58,17 +58,10 @@ class PushReduceEpilogue {
 
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
-  // The named barrier that joins the two consumer warpgroups once (1 and 2 are each one's own).
-  static constexpr int kIdentityBarrier = 3;
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : p_(params), consumer_(consumer), slabs_(consumer, buffers), handoff_(buffers.handoff),
-        parity_(call_epoch(params) & 1) {
-    write_identity_rows(buffers.identity, consumer);
-    // NOTE: generic-proxy smem writes -> proxy fence in every writer -> barrier -> WGMMA reads.
-    ptx::fence_proxy_async_shared();
-    ptx::named_barrier_sync(kIdentityBarrier, 2 * 128);  // both consumer warpgroups
-  }
+        parity_(call_epoch(params) & 1) {}
 
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
   // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
@@ -113,7 +106,7 @@ class PushReduceEpilogue {
     const uint32_t epoch = call_epoch(p);
     uint32_t own_tiles = 0;
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
-      if (extra_stages<Config>(p, work.tile) == 0) return;
+      if (partial_pieces<Config>(p, work.tile) == 0) return;
       if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
       // A timeout is recorded in p.failed, which the producer reads.
       if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
@@ -123,33 +116,30 @@ class PushReduceEpilogue {
   }
 
   // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
-  // tile, loads their partials into extra stages of the ring, one stage per peer (in rank order) and
-  // consumer: the consumer's slab of that peer's partial, its 64-column chunks in the stage's W part,
-  // laid out as an MN-major W tile (extra_stages()).
+  // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
                                               StageCursor& ring, uint32_t& own_phase) {
-    const int num_stages = extra_stages<Config>(p, tile);
-    if (num_stages == 0) return;
+    const int num_pieces = partial_pieces<Config>(p, tile);
+    if (num_pieces == 0) return;
     const uint32_t epoch = call_epoch(p);
     ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
     ptx::mbarrier_arrive(&smem.extra_taken);
     own_phase ^= 1;
     const bool arrived = *reinterpret_cast<volatile uint32_t*>(p.failed) == 0;
     if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    for (int e = 0; e < num_stages; ++e) {
+    for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
       uint64_t* full = &smem.full[stage];
+      const int count = min(Config::kPiecesPerStage, num_pieces - first);
       if (!arrived) {
         ptx::mbarrier_arrive(full);  // the call has failed: only let the consumers finish
       } else {
-        ptx::mbarrier_arrive_expect_tx(full, Config::kChunksPerSlab * Config::kPieceBytes);
-        const Slab<Config> slab = Slab<Config>::of_consumer(e % Config::kConsumers);
-        const int source = peer_source(p, e / Config::kConsumers);
-        for (int chunk = 0; chunk < Config::kChunksPerSlab; ++chunk) {
-          ptx::tma_load_4d(smem.w[stage] + chunk * (Config::kWChunkBytes / 2), &p.recv_at[p.rank], full,
-                           tile.col_begin + slab.col + chunk * kChunkCols, tile.segment_row + slab.row, source,
+        ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
+        for (int q = 0; q < count; ++q) {
+          const PartialPiece piece = partial_piece<Config>(p, tile, first + q);
+          ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
                            epoch & 1);
         }
       }
@@ -157,34 +147,36 @@ class PushReduceEpilogue {
     }
   }
 
-  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab to the
-  // accumulators as the producer streams them in, peer by peer in rank order, each as more K blocks
-  // of the mainloop's WGMMA: acc += identity x partial (every product exact, the sums in FP32). Every
-  // extra stage is released by both warpgroups; the other one's, as soon as it is full.
-  // NOTE: only WGMMAs touch the accumulators here. FP32 adds on the CUDA cores, or WGMMAs on a part
-  // of them, made ptxas serialize every WGMMA of the kernel (C7515, C7511).
+  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab as the
+  // producer streams them in, releasing each extra stage once read. The pieces come source by source,
+  // so every element gets its partials in rank order.
   template <class Config>
   __device__ void consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
                                        SharedStorage<Config>& smem, StageCursor& ring) {
-    static_assert(Config::kConsumers == 2, "the identity is written half by each of two consumers");
-    const int num_stages = extra_stages<Config>(p_, work.tile);
-    if (num_stages == 0) return;
-    const uint64_t desc_identity = ptx::smem_desc_k_major_sw128(smem.identity);
-    int pending = -1;  // a stage whose WGMMAs may still be reading it
-    for (int e = 0; e < num_stages; ++e) {
-      const int stage = ring.stage;
-      ptx::mbarrier_wait(&smem.full[stage], ring.phase);
-      if (e % Config::kConsumers != consumer_) {
-        release_stage(smem, stage);
-      } else {
-        const uint64_t desc_partial = ptx::smem_desc_mn_major_sw128(smem.w[stage], Config::kWChunkBytes);
-        mma_k_block<Config, /*kWeightKMajor=*/false>(desc_identity, desc_partial, acc, true);
-        if (pending >= 0) release_stage(smem, pending);
-        pending = stage;
+    const int num_pieces = partial_pieces<Config>(p_, work.tile);
+    if (num_pieces == 0) return;
+    const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
+    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
+    ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    const int num_sources = p_.world_size - 1;
+    for (int j = 0; j < num_sources; ++j) {
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+        const int piece = (j * Config::kChunksPerSlab + c) * Config::kConsumers + consumer_;
+        while (held < piece / Config::kPiecesPerStage) {
+          release_extra_stage(smem, ring);
+          ++held;
+          ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+        }
+        add_chunk_bf16(stage_piece(smem, ring.stage, piece % Config::kPiecesPerStage), acc + c * 32);
       }
-      ring.advance<Config>();
     }
-    finish_mma(smem, acc, pending);
+    // The stages left may hold only the other warpgroup's pieces; each is released by both.
+    for (;;) {
+      release_extra_stage(smem, ring);
+      if (++held == num_stages) break;
+      ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    }
   }
 
   // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
@@ -215,21 +207,35 @@ class PushReduceEpilogue {
   __device__ void finish() {}
 
  private:
+  // Where one piece of an own tile's partials comes from: a 64 x 64 chunk of a source's slab.
+  struct PartialPiece {
+    int source;
+    int row;  // in the owner's segment
+    int col;
+  };
+
   // This call's epoch: one more than the calls this rank has completed.
   __device__ static uint32_t call_epoch(const Params& p) {
     return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
   }
 
-  // Extra stages an own tile takes through the ring: one per peer and consumer (a chunk past the
-  // segment or past n is zero-filled by the TMA and never stored); none for any other tile.
+  // Pieces of partials an own tile takes through the ring: every chunk of both slabs from each peer
+  // (a chunk past the segment or past n is zero-filled by the TMA and never stored).
   template <class Config>
-  __device__ static int extra_stages(const Params& p, const Tile& tile) {
+  __device__ static int partial_pieces(const Params& p, const Tile& tile) {
     if (tile.owner_rank != p.rank) return 0;
-    return (p.world_size - 1) * Config::kConsumers;
+    return (p.world_size - 1) * Config::kConsumers * Config::kChunksPerSlab;
   }
 
-  // The rank of peer j, counting the peers in rank order (this rank skipped).
-  __device__ static int peer_source(const Params& p, int j) { return j < p.rank ? j : j + 1; }
+  // Piece i = (j * chunks per slab + chunk) * 2 + slab: peer j (in rank order, skipping this rank)
+  // first, then the chunk, then the slab, so a warpgroup takes every other piece.
+  template <class Config>
+  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, int i) {
+    const Slab<Config> slab = Slab<Config>::of_consumer(i % Config::kConsumers);
+    const int chunk = (i / Config::kConsumers) % Config::kChunksPerSlab;
+    const int j = i / (Config::kConsumers * Config::kChunksPerSlab);
+    return {j < p.rank ? j : j + 1, tile.segment_row + slab.row, tile.col_begin + slab.col + chunk * kChunkCols};
+  }
 
   // Watcher thread: waits, boundedly, for every flag of the tile (each peer, each slab it pushes).
   // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
@@ -273,15 +279,14 @@ class PushReduceEpilogue {
     }
   }
 
-  // Rows [32 c, 32 c + 32) of the 64 x 64 BF16 identity, by consumer c's 128 threads, in the
-  // 128-byte-swizzled K-major layout WGMMA reads (row r: 128 bytes, 16-byte piece q at q ^ r % 8).
-  __device__ static void write_identity_rows(__nv_bfloat16* identity, int consumer) {
-    for (int e = threadIdx.x % 128; e < kChunkElems / 2; e += 128) {
-      const int row = 32 * consumer + e / kChunkCols;
-      const int col = e % kChunkCols;
-      const int offset = row * kChunkCols + (((col / 8) ^ (row % 8)) * 8) + col % 8;
-      identity[offset] = __float2bfloat16(row == col ? 1.0f : 0.0f);
-    }
+  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
+  // load (async proxy) may overwrite it.
+  template <class Config>
+  __device__ void release_extra_stage(SharedStorage<Config>& smem, StageCursor& ring) {
+    ptx::fence_proxy_async_shared();
+    slabs_.sync();
+    release_stage(smem, ring.stage);
+    ring.advance<Config>();
   }
 
   // The first timeout of this rank's call records what it waited for; the host reads it after the call.

@@ -22,8 +22,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // elements [32c, 32c + 32).
 //
 // A chunk buffer is 64 x 64 BF16 in the TMA SWIZZLE_128B layout: 128-byte rows whose 16-byte pieces
-// are permuted by (piece ^ row % 8), which also keeps stmatrix free of bank conflicts.
-// This thread's stmatrix address for column-block pair p: it addresses row (lane % 8) of
+// are permuted by (piece ^ row % 8), which also keeps stmatrix/ldmatrix free of bank conflicts.
+// This thread's stmatrix/ldmatrix address for column-block pair p: it addresses row (lane % 8) of
 // matrix (lane / 8), i.e. rows 0-7 or 8-15 of column block 2p + (lane / 16).
 __device__ __forceinline__ uint32_t chunk_matrix_addr(const __nv_bfloat16* buffer, int pair) {
   const int lane = threadIdx.x % 32;
@@ -40,6 +40,21 @@ __device__ __forceinline__ void stage_chunk_bf16(const float* acc_chunk, __nv_bf
     const float* a = acc_chunk + 8 * pair;  // blocks 2p and 2p + 1: elements [8p, 8p + 8)
     ptx::stmatrix_x4(chunk_matrix_addr(buffer, pair), pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]),
                      pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
+  }
+}
+
+// Adds a BF16 chunk buffer to one chunk of accumulators (FP32).
+__device__ __forceinline__ void add_chunk_bf16(const __nv_bfloat16* buffer, float* acc_chunk) {
+#pragma unroll
+  for (int pair = 0; pair < 4; ++pair) {
+    uint32_t r[4];
+    ptx::ldmatrix_x4(chunk_matrix_addr(buffer, pair), r[0], r[1], r[2], r[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[i]));
+      acc_chunk[8 * pair + 2 * i] += v.x;
+      acc_chunk[8 * pair + 2 * i + 1] += v.y;
+    }
   }
 }
 
