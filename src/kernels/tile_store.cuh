@@ -51,9 +51,9 @@ __device__ __forceinline__ void add_chunk_bf16(const __nv_bfloat16* buffer, floa
     ptx::ldmatrix_x4(chunk_matrix_addr(buffer, pair), r[0], r[1], r[2], r[3]);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[i]));
-      acc_chunk[8 * pair + 2 * i] += v.x;
-      acc_chunk[8 * pair + 2 * i + 1] += v.y;
+      // A BF16 is the top half of the FP32 of the same value: one integer op widens each.
+      acc_chunk[8 * pair + 2 * i] += __uint_as_float(r[i] << 16);
+      acc_chunk[8 * pair + 2 * i + 1] += __uint_as_float(r[i] & 0xffff0000u);
     }
   }
 }
