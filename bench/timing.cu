@@ -94,17 +94,16 @@ double median(std::vector<double> values) {
 
 }  // namespace
 
-double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch) {
-  launch(0);
+std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches) {
+  for (const LaunchFn& launch : launches) launch(0);
   gpus.synchronize();
 
   StartGate gate;
   std::vector<std::unique_ptr<EventPair>> events;
   for (Gpu& gpu : gpus) events.push_back(std::make_unique<EventPair>(gpu.device));
 
-  std::vector<double> times_ms;
-  times_ms.reserve(options.iters);
-  for (int iteration = 0; iteration < options.warmup + options.iters; ++iteration) {
+  // One gated iteration of `launch`: the slowest GPU's time, in ms.
+  auto time_iteration = [&](const LaunchFn& launch, int iteration) {
     try {
       for (int g = 0; g < gpus.size(); ++g) {
         BENCH_CHECK(cudaSetDevice(gpus[g].device));
@@ -131,16 +130,30 @@ double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn
       throw CallFailed("the start gate timed out: the queued work waited for a GPU while the GPUs were held "
                        "(run with --no-gate to time without it)");
     }
-
     double slowest_ms = 0;
     for (int g = 0; g < gpus.size(); ++g) {
       float ms = 0;
       BENCH_CHECK(cudaEventElapsedTime(&ms, events[g]->start, events[g]->stop));
       slowest_ms = std::max(slowest_ms, double(ms));
     }
-    if (iteration >= options.warmup) times_ms.push_back(slowest_ms);
+    return slowest_ms;
+  };
+
+  std::vector<std::vector<double>> times_ms(launches.size());
+  for (auto& times : times_ms) times.reserve(options.iters);
+  for (int iteration = 0; iteration < options.warmup + options.iters; ++iteration) {
+    for (size_t k = 0; k < launches.size(); ++k) {
+      const double ms = time_iteration(launches[k], iteration);
+      if (iteration >= options.warmup) times_ms[k].push_back(ms);
+    }
   }
-  return median(times_ms);
+  std::vector<double> medians;
+  for (auto& times : times_ms) medians.push_back(median(std::move(times)));
+  return medians;
+}
+
+double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch) {
+  return time_medians_ms(gpus, options, {launch})[0];
 }
 
 int rotation_sets(size_t bytes_per_set, size_t l2_bytes, size_t budget_bytes) {

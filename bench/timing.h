@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <vector>
 
 #include "gpus.h"
 
@@ -25,6 +26,11 @@ using LaunchFn = std::function<void(int iteration)>;
 // neither may happen while the GPUs are held), then `warmup` and `iters` iterations. An iteration's
 // time is the slowest GPU's time from its start event to its stop event; returns the median, in ms.
 double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch);
+
+// The same for several launches compared with each other, interleaved: every iteration times each
+// launch once, in order, so that slow drifts of the GPUs (clocks, temperature) fall on all of them
+// alike and stay out of their ratios. Returns each launch's median, in ms, in the launches' order.
+std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches);
 
 // How many input sets to rotate through: enough that one rotation touches about 4x the L2 cache
 // (so no iteration finds its operands cached), at most 16, and within `budget_bytes`; at least 1.
