@@ -29,7 +29,9 @@ double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn
 
 // The same for several launches compared with each other, interleaved: every iteration times each
 // launch once, in order, so that slow drifts of the GPUs (clocks, temperature) fall on all of them
-// alike and stay out of their ratios. Returns each launch's median, in ms, in the launches' order.
+// alike and stay out of their ratios. The `iteration` a launch gets counts all calls of all
+// launches, so consecutive calls rotate to different input sets. Returns each launch's median, in
+// ms, in the launches' order.
 std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches);
 
 // How many input sets to rotate through: enough that one rotation touches about 4x the L2 cache
