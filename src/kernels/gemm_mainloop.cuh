@@ -2,7 +2,9 @@
 // accumulation) whose epilogue is a policy, so the same mainloop serves the plain GEMM (store the
 // tile locally) and the fused op (push the tile to its owner, or reduce it there).
 //
-//   warpgroup 0        producer: one thread issues the TMA loads of A and W into a ring of stages
+//   warpgroup 0        producer: one thread issues the TMA loads of A and W into a ring of stages,
+//                      and leaves each step's work next to its first stage; two more threads may
+//                      help the epilogue (run_persistent)
 //   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
 //
 // An epilogue may also stream inputs of its own through the same ring, after a tile's K stages

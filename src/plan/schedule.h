@@ -20,9 +20,9 @@
 // so every link is busy, and every owner receives from all its peers all the time. A rank's own tile
 // j needs the peers' partials of it, computed in their round j; it comes L rounds later: at least
 // L * (P-1) + 1 steps later inside the rounds, at least max(L, 1) steps in the tail. With
-// L = ceil(CTAs / P) the peers have had about a wave to push it. The owner's reads of its P-1
-// partials are then spread over the whole call instead of crowding its last 1/P, where they would
-// need more than HBM's bandwidth (docs/PERFORMANCE.md). With L >= T every own tile comes last.
+// L = ceil(CTAs / P) the peers have had about a wave to push it. The own tiles, each longer than a
+// peer's tile by its reduction, are then spread over the whole call instead of filling its last 1/P
+// (docs/PERFORMANCE.md measures both). With L >= T every own tile comes last, the default.
 //
 // Inside a segment, tiles go in groups of `group_rows` row tiles, column-major inside a group, so
 // the CTAs working at the same time share A rows and W columns in L2:
