@@ -11,24 +11,13 @@
 namespace tpfuse {
 namespace {
 
-Problem make(int64_t m, int64_t n, int64_t k_per_rank, int world_size,
-             WeightLayout layout = WeightLayout::kNxK) {
-  Problem p;
-  p.m = m;
-  p.n = n;
-  p.k_per_rank = k_per_rank;
-  p.world_size = world_size;
-  p.weight_layout = layout;
-  return p;
-}
-
 // The SPEC's 16 shapes: M x (N, K total), K split over P ranks.
 std::vector<Problem> sweep(int world_size) {
   const int64_t ms[] = {512, 2048, 8192, 32768};
   const int64_t nk[][2] = {{8192, 8192}, {8192, 28672}, {6144, 6144}, {6144, 16384}};
   std::vector<Problem> out;
   for (int64_t m : ms)
-    for (const auto& p : nk) out.push_back(make(m, p[0], p[1] / world_size, world_size));
+    for (const auto& p : nk) out.push_back(Problem{m, p[0], p[1] / world_size, world_size});
   return out;
 }
 
@@ -55,15 +44,15 @@ TEST(Validate, SweepShapesPass) {
 TEST(Validate, OddShapesPass) {
   // Any m divisible by P (rows per rank need not be a multiple of 8 or of a tile), n and k multiples of 8.
   const Problem good[] = {
-      make(512, 8192, 1024, 8),  // 64 rows per rank
-      make(8, 8, 8, 8),          // one row per rank
-      make(24, 8, 8, 8),         // 3 rows per rank
-      make(1000, 1000, 1000, 8), // 125 rows per rank
-      make(1, 8, 8, 1),
-      make(6, 264, 136, 2),
-      make(12, 520, 24, 4),
-      make(int64_t(1) << 30, 8, 8, 8),
-      make(2147483647, 8, 8, 1),  // INT32_MAX itself is allowed
+      Problem{512, 8192, 1024, 8},  // 64 rows per rank
+      Problem{8, 8, 8, 8},          // one row per rank
+      Problem{24, 8, 8, 8},         // 3 rows per rank
+      Problem{1000, 1000, 1000, 8}, // 125 rows per rank
+      Problem{1, 8, 8, 1},
+      Problem{6, 264, 136, 2},
+      Problem{12, 520, 24, 4},
+      Problem{int64_t(1) << 30, 8, 8, 8},
+      Problem{2147483647, 8, 8, 1},  // INT32_MAX itself is allowed
   };
   for (const Problem& p : good) {
     const Status s = validate(p);
@@ -73,44 +62,44 @@ TEST(Validate, OddShapesPass) {
 
 TEST(Validate, WorldSizeOutOfRange) {
   for (int world_size : {0, -1, 9, 16}) {
-    expect_invalid(make(64, 64, 64, world_size), "world_size = " + std::to_string(world_size));
+    expect_invalid(Problem{64, 64, 64, world_size}, "world_size = " + std::to_string(world_size));
   }
 }
 
 TEST(Validate, NonPositiveExtents) {
-  expect_invalid(make(0, 64, 64, 1), "problem.m = 0");
-  expect_invalid(make(-8, 64, 64, 1), "problem.m = -8");
-  expect_invalid(make(64, 0, 64, 1), "problem.n = 0");
-  expect_invalid(make(64, -16, 64, 1), "problem.n = -16");
-  expect_invalid(make(64, 64, 0, 1), "problem.k_per_rank = 0");
-  expect_invalid(make(64, 64, -8, 1), "problem.k_per_rank = -8");
+  expect_invalid(Problem{0, 64, 64, 1}, "problem.m = 0");
+  expect_invalid(Problem{-8, 64, 64, 1}, "problem.m = -8");
+  expect_invalid(Problem{64, 0, 64, 1}, "problem.n = 0");
+  expect_invalid(Problem{64, -16, 64, 1}, "problem.n = -16");
+  expect_invalid(Problem{64, 64, 0, 1}, "problem.k_per_rank = 0");
+  expect_invalid(Problem{64, 64, -8, 1}, "problem.k_per_rank = -8");
 }
 
 TEST(Validate, ExtentsBeyond32BitIndices) {
   const int64_t big = int64_t(1) << 31;  // INT32_MAX + 1, a multiple of 8 and of every P
-  expect_invalid(make(big, 64, 64, 8), "problem.m = 2147483648");
-  expect_invalid(make(64, big, 64, 8), "problem.n = 2147483648");
-  expect_invalid(make(64, 64, big, 8), "problem.k_per_rank = 2147483648");
-  expect_invalid(make(64, 64, big, 8), "32-bit");
+  expect_invalid(Problem{big, 64, 64, 8}, "problem.m = 2147483648");
+  expect_invalid(Problem{64, big, 64, 8}, "problem.n = 2147483648");
+  expect_invalid(Problem{64, 64, big, 8}, "problem.k_per_rank = 2147483648");
+  expect_invalid(Problem{64, 64, big, 8}, "32-bit");
 }
 
 TEST(Validate, MNotDivisibleByWorldSize) {
-  const Status s = validate(make(1000, 64, 64, 3));
+  const Status s = validate(Problem{1000, 64, 64, 3});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "problem.m = 1000 is not divisible by world_size = 3");
-  expect_invalid(make(516, 64, 64, 8), "problem.m = 516");
-  expect_invalid(make(2, 64, 64, 4), "problem.m = 2");
+  expect_invalid(Problem{516, 64, 64, 8}, "problem.m = 516");
+  expect_invalid(Problem{2, 64, 64, 4}, "problem.m = 2");
 }
 
 TEST(Validate, RowsNotWhole16Bytes) {
-  expect_invalid(make(64, 100, 64, 8), "problem.n = 100");
-  expect_invalid(make(64, 4, 64, 8), "problem.n = 4");
-  expect_invalid(make(64, 64, 1001, 8), "problem.k_per_rank = 1001");
-  expect_invalid(make(64, 64, 12, 8), "multiple of 8");
+  expect_invalid(Problem{64, 100, 64, 8}, "problem.n = 100");
+  expect_invalid(Problem{64, 4, 64, 8}, "problem.n = 4");
+  expect_invalid(Problem{64, 64, 1001, 8}, "problem.k_per_rank = 1001");
+  expect_invalid(Problem{64, 64, 12, 8}, "multiple of 8");
 }
 
 TEST(Validate, BadWeightLayout) {
-  expect_invalid(make(64, 64, 64, 8, static_cast<WeightLayout>(7)), "weight_layout");
+  expect_invalid(Problem{64, 64, 64, 8, static_cast<WeightLayout>(7)}, "weight_layout");
 }
 
 TEST(ValidateOperand, NullAndMisaligned) {
@@ -157,7 +146,7 @@ TEST(StatusTest, ReturnIfErrorPropagates) {
 }
 
 TEST(ProblemTest, ToStringAndDerived) {
-  const Problem p = make(8192, 6144, 2048, 8, WeightLayout::kKxN);
+  const Problem p{8192, 6144, 2048, 8, WeightLayout::kKxN};
   EXPECT_EQ(p.to_string(), "m=8192 n=6144 k_per_rank=2048 world_size=8 weight_layout=KxN");
   EXPECT_EQ(p.rows_per_rank(), 1024);
   EXPECT_DOUBLE_EQ(p.flops_per_rank(), 2.0 * 8192 * 6144 * 2048);

@@ -17,16 +17,6 @@ std::vector<uint16_t> bf16(const std::vector<float>& values) {
   return out;
 }
 
-Problem make(int64_t m, int64_t n, int64_t k_per_rank, int world_size, WeightLayout layout) {
-  Problem p;
-  p.m = m;
-  p.n = n;
-  p.k_per_rank = k_per_rank;
-  p.world_size = world_size;
-  p.weight_layout = layout;
-  return p;
-}
-
 // W (k x n, row-major) transposed to n x k.
 std::vector<uint16_t> transpose(const std::vector<uint16_t>& w, int64_t k, int64_t n) {
   std::vector<uint16_t> t(w.size());
@@ -64,19 +54,19 @@ TEST(Bf16, RoundToNearestEven) {
 
 TEST(Reference, HandComputedPartial) {
   // A = [1 2; 3 4], W = [5 6; 7 8]: A @ W = [19 22; 43 50].
-  const Problem kxn = make(2, 2, 2, 1, WeightLayout::kKxN);
+  const Problem kxn{2, 2, 2, 1, WeightLayout::kKxN};
   const std::vector<double> c = reference_partial(kxn, bf16({1, 2, 3, 4}), bf16({5, 6, 7, 8}));
   EXPECT_EQ(c, (std::vector<double>{19, 22, 43, 50}));
   // The same W as nn.Linear stores it (n x k): [5 7; 6 8].
-  const Problem nxk = make(2, 2, 2, 1, WeightLayout::kNxK);
+  const Problem nxk{2, 2, 2, 1, WeightLayout::kNxK};
   EXPECT_EQ(reference_partial(nxk, bf16({1, 2, 3, 4}), bf16({5, 7, 6, 8})), c);
   // A non-square one: (1 x 3) @ (3 x 2), with a fraction.
-  const Problem p = make(1, 2, 3, 1, WeightLayout::kKxN);
+  const Problem p{1, 2, 3, 1, WeightLayout::kKxN};
   EXPECT_EQ(reference_partial(p, bf16({0.5f, -1, 2}), bf16({1, 2, 3, 4, 5, 6})), (std::vector<double>{7.5, 9}));
 }
 
 TEST(Reference, LayoutsAgreeOnTransposedW) {
-  const Problem kxn = make(5, 24, 16, 1, WeightLayout::kKxN);
+  const Problem kxn{5, 24, 16, 1, WeightLayout::kKxN};
   const std::vector<RankInputs> in = make_random_inputs(kxn, 7);
   Problem nxk = kxn;
   nxk.weight_layout = WeightLayout::kNxK;
@@ -84,15 +74,15 @@ TEST(Reference, LayoutsAgreeOnTransposedW) {
 }
 
 TEST(Reference, WrongSizesThrow) {
-  const Problem p = make(2, 2, 2, 1, WeightLayout::kKxN);
+  const Problem p{2, 2, 2, 1, WeightLayout::kKxN};
   EXPECT_THROW(reference_partial(p, bf16({1, 2, 3}), bf16({1, 2, 3, 4})), std::invalid_argument);
-  EXPECT_THROW(reference_reduce_scatter(make(4, 2, 2, 2, WeightLayout::kKxN), {{0, 0, 0, 0, 0, 0, 0, 0}}),
+  EXPECT_THROW(reference_reduce_scatter(Problem{4, 2, 2, 2, WeightLayout::kKxN}, {{0, 0, 0, 0, 0, 0, 0, 0}}),
                std::invalid_argument);
 }
 
 TEST(Reference, ReduceScatterSumsIntoTheOwnersRows) {
   // P = 2, m = 4 (2 rows per rank), n = 2. Partial r holds 100*r + the element's index.
-  const Problem p = make(4, 2, 8, 2, WeightLayout::kKxN);
+  const Problem p{4, 2, 8, 2, WeightLayout::kKxN};
   std::vector<std::vector<double>> partials(2, std::vector<double>(8));
   for (int r = 0; r < 2; ++r)
     for (int e = 0; e < 8; ++e) partials[size_t(r)][size_t(e)] = 100.0 * r + e;
@@ -102,7 +92,7 @@ TEST(Reference, ReduceScatterSumsIntoTheOwnersRows) {
   EXPECT_EQ(out[1], (std::vector<double>{108, 110, 112, 114}));  // rows 2-3
 
   // P = 8 with one row per rank: rank d gets row d of the sum over all ranks.
-  const Problem q = make(8, 8, 8, 8, WeightLayout::kKxN);
+  const Problem q{8, 8, 8, 8, WeightLayout::kKxN};
   std::vector<std::vector<double>> ones(8, std::vector<double>(64));
   for (int r = 0; r < 8; ++r)
     for (int e = 0; e < 64; ++e) ones[size_t(r)][size_t(e)] = double(1 << r) * (e / 8 + 1);
@@ -150,7 +140,7 @@ TEST(ErrorMeasures, WithinTolerance) {
 // the 1.1x rule; a sum that drops or doubles a peer's partial fails it.
 TEST(ErrorMeasures, OnePointOneRuleOnRandomInputs) {
   for (int P : {2, 4, 8}) {
-    const Problem p = make(16 * P, 48, 64, P, WeightLayout::kNxK);
+    const Problem p{16 * P, 48, 64, P, WeightLayout::kNxK};
     const auto inputs = make_random_inputs(p, 1234 + P);
     const auto partials = partials_of(p, inputs);
     const auto ref = reference_reduce_scatter(p, partials);
@@ -188,7 +178,7 @@ TEST(ExactMode, EveryPartialAndTotalIsExactInBf16) {
   for (int P : {1, 2, 4, 8}) {
     for (int64_t k : {8, 24, 64, 1024}) {
       for (WeightLayout layout : {WeightLayout::kKxN, WeightLayout::kNxK}) {
-        const Problem p = make(4 * P, 40, k, P, layout);
+        const Problem p{4 * P, 40, k, P, layout};
         const auto inputs = make_exact_inputs(p, 99 + P);
         ASSERT_EQ(inputs.size(), size_t(P));
         for (const RankInputs& in : inputs) {
@@ -225,7 +215,7 @@ TEST(ExactMode, EveryPartialAndTotalIsExactInBf16) {
 }
 
 TEST(ExactMode, SameSeedSameInputs) {
-  const Problem p = make(16, 16, 64, 2, WeightLayout::kKxN);
+  const Problem p{16, 16, 64, 2, WeightLayout::kKxN};
   const auto x = make_exact_inputs(p, 5), y = make_exact_inputs(p, 5), z = make_exact_inputs(p, 6);
   EXPECT_EQ(x[1].a, y[1].a);
   EXPECT_EQ(x[1].w, y[1].w);
@@ -233,7 +223,7 @@ TEST(ExactMode, SameSeedSameInputs) {
 }
 
 TEST(ExactMode, FirstMismatchReportsRankRowCol) {
-  const Problem p = make(32, 16, 64, 4, WeightLayout::kKxN);
+  const Problem p{32, 16, 64, 4, WeightLayout::kKxN};
   const auto partials = partials_of(p, make_exact_inputs(p, 3));
   const auto ref = reference_reduce_scatter(p, partials);
   auto out = unfused_reduce_scatter(p, partials);

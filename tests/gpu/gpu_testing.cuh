@@ -32,18 +32,6 @@ struct DeviceBuffer {
   }
 };
 
-// A problem of m x k_per_rank times the weight, for `world_size` ranks.
-inline Problem make_problem(int64_t m, int64_t n, int64_t k_per_rank, int world_size = 1,
-                            WeightLayout layout = WeightLayout::kNxK) {
-  Problem p;
-  p.m = m;
-  p.n = n;
-  p.k_per_rank = k_per_rank;
-  p.world_size = world_size;
-  p.weight_layout = layout;
-  return p;
-}
-
 // Uniform values in [-1, 1), a different stream of them for every seed.
 void fill_random(__nv_bfloat16* data, size_t count, uint64_t seed);
 // Small integers in {-1, 0, 1}: with K <= 256 every dot product is an integer of magnitude <= 256,

@@ -141,7 +141,7 @@ class FusedExact : public ::testing::TestWithParam<std::tuple<int, int, int, Wei
 TEST_P(FusedExact, BitForBit) {
   const auto [p, m, n, layout] = GetParam();
   // |partial| <= k and |sum| <= p * k: at most 256, exact in BF16.
-  const Problem problem = make_problem(m, n, 256 / p, p, layout);
+  const Problem problem{m, n, 256 / p, p, layout};
   LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_bit_for_bit(ranks, problem);
@@ -194,7 +194,7 @@ class FusedRandom : public ::testing::TestWithParam<std::tuple<int, int, int, in
 
 TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
   const auto [p, m, n, k, layout] = GetParam();
-  const Problem problem = make_problem(m, n, k, p, layout);
+  const Problem problem{m, n, k, p, layout};
   LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_within_unfused_error_and_deterministic(ranks, problem);
@@ -214,7 +214,7 @@ void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, 
   std::mt19937 rng(42);
   for (int call = 0; call < calls; ++call) {
     const int m = p * int(1 + rng() % (max_problem.m / p));
-    const Problem problem = make_problem(m, max_problem.n, max_problem.k_per_rank, p, max_problem.weight_layout);
+    const Problem problem{m, max_problem.n, max_problem.k_per_rank, p, max_problem.weight_layout};
     const bool check = call % 50 == 49;
     if (check) ranks.poison_outputs();
     ASSERT_TRUE(ranks.run(problem).ok()) << "call " << call;
@@ -233,7 +233,7 @@ void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, 
 }
 
 TEST(FusedStress, ThousandCallsBackToBack) {
-  const Problem max_problem = make_problem(2048, 1024, 32, 8, WeightLayout::kNxK);
+  const Problem max_problem{2048, 1024, 32, 8, WeightLayout::kNxK};
   LocalRanks ranks(max_problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_back_to_back_correct(ranks, max_problem, 1000);
@@ -256,7 +256,7 @@ class FusedAcrossGpus : public ::testing::Test {
 
 TEST_F(FusedAcrossGpus, BitForBit) {
   const int p = int(devices_.size());
-  const Problem problem = make_problem(512 * p, 776, 256 / p, p, WeightLayout::kKxN);
+  const Problem problem{512 * p, 776, 256 / p, p, WeightLayout::kKxN};
   LocalRanks ranks(problem, 0, devices_);
   ASSERT_NE(ranks.comm, nullptr);
   expect_bit_for_bit(ranks, problem);
@@ -264,7 +264,7 @@ TEST_F(FusedAcrossGpus, BitForBit) {
 
 TEST_F(FusedAcrossGpus, WithinUnfusedErrorAndDeterministic) {
   const int p = int(devices_.size());
-  const Problem problem = make_problem(2048, 8192, 1024, p, WeightLayout::kNxK);
+  const Problem problem{2048, 8192, 1024, p, WeightLayout::kNxK};
   LocalRanks ranks(problem, 0, devices_);
   ASSERT_NE(ranks.comm, nullptr);
   expect_within_unfused_error_and_deterministic(ranks, problem);
@@ -272,7 +272,7 @@ TEST_F(FusedAcrossGpus, WithinUnfusedErrorAndDeterministic) {
 
 TEST_F(FusedAcrossGpus, BackToBack) {
   const int p = int(devices_.size());
-  const Problem max_problem = make_problem(2048, 1024, 32, p, WeightLayout::kKxN);
+  const Problem max_problem{2048, 1024, 32, p, WeightLayout::kKxN};
   LocalRanks ranks(max_problem, 0, devices_);
   ASSERT_NE(ranks.comm, nullptr);
   expect_back_to_back_correct(ranks, max_problem, 1000);
@@ -280,7 +280,7 @@ TEST_F(FusedAcrossGpus, BackToBack) {
 
 // Calls captured once in a CUDA graph and replayed: the epoch lives on the device, not in the graph.
 TEST(FusedGraph, ReplaysStayCorrect) {
-  const Problem problem = make_problem(1024, 512, 32, 4, WeightLayout::kKxN);
+  const Problem problem{1024, 512, 32, 4, WeightLayout::kKxN};
   LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   cudaStream_t stream;
@@ -311,7 +311,7 @@ TEST(FusedGraph, ReplaysStayCorrect) {
 
 // A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
 TEST(FusedErrors, MissingPeerTimesOut) {
-  const Problem problem = make_problem(1024, 1024, 64, 4, WeightLayout::kNxK);
+  const Problem problem{1024, 1024, 64, 4, WeightLayout::kNxK};
   LocalRanks ranks(problem, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(false, 5);
@@ -335,7 +335,7 @@ TEST(FusedErrors, MissingPeerTimesOut) {
 }
 
 TEST(FusedErrors, BadCallsAreReported) {
-  const Problem problem = make_problem(512, 512, 64, 4, WeightLayout::kNxK);
+  const Problem problem{512, 512, 64, 4, WeightLayout::kNxK};
   LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   Problem wrong = problem;
@@ -360,7 +360,7 @@ TEST(FusedNccl, SingleRankMatchesGemm) {
   ncclComm_t nccl;
   int device = 0;
   ASSERT_EQ(ncclCommInitAll(&nccl, 1, &device), ncclSuccess);
-  const Problem problem = make_problem(512, 1024, 256, 1, WeightLayout::kNxK);
+  const Problem problem{512, 1024, 256, 1, WeightLayout::kNxK};
   CommunicatorOptions options;
   options.max_m = problem.m;
   options.max_n = problem.n;

@@ -28,7 +28,7 @@ class GemmShapes : public ::testing::TestWithParam<std::tuple<int, int, int, Wei
 
 TEST_P(GemmShapes, MatchesReferenceWithinCublasError) {
   const auto [m, n, k, layout] = GetParam();
-  const Problem p = make_problem(m, n, k, 1, layout);
+  const Problem p{m, n, k, 1, layout};
   DeviceBuffer<__nv_bfloat16> a(size_t(m) * k), w(size_t(k) * n), c(size_t(m) * n), c_cublas(size_t(m) * n);
   DeviceBuffer<float> ref(size_t(m) * n);
   for (uint64_t seed : {1, 2}) {
@@ -57,7 +57,7 @@ INSTANTIATE_TEST_SUITE_P(
 class GemmExact : public ::testing::TestWithParam<WeightLayout> {};
 
 TEST_P(GemmExact, SmallIntegersBitForBit) {
-  const Problem p = make_problem(1000, 776, 256, 1, GetParam());
+  const Problem p{1000, 776, 256, 1, GetParam()};
   DeviceBuffer<__nv_bfloat16> a(size_t(p.m) * p.k_per_rank), w(size_t(p.k_per_rank) * p.n), c(size_t(p.m) * p.n);
   DeviceBuffer<float> ref(size_t(p.m) * p.n);
   fill_small_ints(a.ptr, a.count, 3);
@@ -74,13 +74,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GemmExact, ::testing::Values(WeightLayout::kKx
 
 TEST(GemmErrors, BadArgumentsAreReportedNotRun) {
   DeviceBuffer<__nv_bfloat16> buf(1 << 16);
-  const Problem good = make_problem(64, 64, 64);
+  const Problem good{64, 64, 64};
   Status s = gemm(good, nullptr, buf.ptr, buf.ptr, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("a"), std::string::npos) << s.message();
   s = gemm(good, buf.ptr, buf.ptr + 1, buf.ptr, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "misaligned w";
-  s = gemm(make_problem(64, 60, 64), buf.ptr, buf.ptr, buf.ptr, nullptr);
+  s = gemm(Problem{64, 60, 64}, buf.ptr, buf.ptr, buf.ptr, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "n not a multiple of 8";
   EXPECT_NE(s.message().find("n"), std::string::npos) << s.message();
 }

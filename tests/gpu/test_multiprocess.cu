@@ -92,7 +92,7 @@ Errors whole_output(Rank& r, const std::vector<__nv_bfloat16>& out, const std::v
 }
 
 void check_exact(Rank& r) {
-  const Problem p = make_problem(int64_t(r.world_size) * 200, 776, 256 / r.world_size, r.world_size);
+  const Problem p{int64_t(r.world_size) * 200, 776, 256 / r.world_size, r.world_size};
   DeviceBuffer<__nv_bfloat16> a(size_t(p.m) * p.k_per_rank), w(size_t(p.k_per_rank) * p.n),
       out(size_t(p.rows_per_rank()) * p.n);
   fill_inputs(p, r.rank, true, 1, a.ptr, w.ptr);
@@ -106,7 +106,7 @@ void check_exact(Rank& r) {
 }
 
 void check_random(Rank& r) {
-  const Problem p = make_problem(int64_t(r.world_size) * 256, 2048, 512, r.world_size);
+  const Problem p{int64_t(r.world_size) * 256, 2048, 512, r.world_size};
   DeviceBuffer<__nv_bfloat16> a(size_t(p.m) * p.k_per_rank), w(size_t(p.k_per_rank) * p.n),
       out(size_t(p.rows_per_rank()) * p.n), partial(size_t(p.m) * p.n), unfused(size_t(p.rows_per_rank()) * p.n);
   fill_inputs(p, r.rank, false, 2, a.ptr, w.ptr);
@@ -137,13 +137,13 @@ void check_random(Rank& r) {
 // Back-to-back calls with the same random M on every rank (same seed), no host sync; the last checked.
 void check_back_to_back(Rank& r) {
   const int p = r.world_size;
-  const Problem max_problem = make_problem(int64_t(p) * 256, 1024, 256 / p, p);
+  const Problem max_problem{int64_t(p) * 256, 1024, 256 / p, p};
   DeviceBuffer<__nv_bfloat16> a(size_t(max_problem.m) * max_problem.k_per_rank),
       w(size_t(max_problem.k_per_rank) * max_problem.n), out(size_t(max_problem.rows_per_rank()) * max_problem.n);
   std::mt19937 rng(7);
   Problem last = max_problem;
   for (int call = 0; call < 200; ++call) {
-    last = make_problem(int64_t(p) * (1 + rng() % 256), max_problem.n, max_problem.k_per_rank, p);
+    last = Problem{int64_t(p) * int64_t(1 + rng() % 256), max_problem.n, max_problem.k_per_rank, p};
     if (call == 0) fill_inputs(max_problem, r.rank, true, 3, a.ptr, w.ptr);
     if (!r.ok(gemm_reduce_scatter(r.comm, last, a.ptr, w.ptr, out.ptr, r.stream), "back-to-back call")) return;
   }
