@@ -74,13 +74,7 @@ void OutcomeTally::summarize(const Options& options, std::string& line, Row& sum
 }
 
 Problem make_problem(const Shape& shape, const Options& options) {
-  Problem problem;
-  problem.m = shape.m;
-  problem.n = shape.n;
-  problem.k_per_rank = shape.k_per_rank;
-  problem.world_size = options.tp;
-  problem.weight_layout = options.weight_layout;
-  return problem;
+  return Problem{shape.m, shape.n, shape.k_per_rank, options.tp, options.weight_layout};
 }
 
 TimingOptions timing_options(const Options& options) {

@@ -30,13 +30,18 @@ for object in "$@"; do
     status=1
     continue
   fi
+  kernels=$(grep -c "Compiling entry function" <<<"${report}")
   advisories=$(grep -E "\(C751[0-9]\)" <<<"${report}")
-  if [[ -n "${advisories}" ]]; then
+  if [[ "${kernels}" -eq 0 ]]; then
+    # No report to read (e.g. ptxas printed nothing): passing would check nothing.
+    echo "${object}: ptxas reported no kernels"
+    status=1
+  elif [[ -n "${advisories}" ]]; then
     echo "${object}: ptxas serialized WGMMAs:"
     echo "${advisories}" | sed 's/^/  /'
     status=1
   else
-    echo "${object}: $(grep -c "Compiling entry function" <<<"${report}") kernels, no WGMMA serialized"
+    echo "${object}: ${kernels} kernels, no WGMMA serialized"
   fi
 done
 exit ${status}

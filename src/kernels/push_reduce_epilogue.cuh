@@ -241,6 +241,7 @@ class PushReduceEpilogue {
   // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
   template <class Config>
   __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
+    static_assert(Config::kConsumers == 2 && 2 * kMaxWorldSize <= 32, "two slab flags per source in one mask");
     uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
     for (int s = 0; s < Config::kConsumers; ++s) {
       const Slab<Config> slab = Slab<Config>::of_consumer(s);
