@@ -325,16 +325,16 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // schedule, one per wave (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
 //   Epilogue(params, consumer, ChunkBuffers);
-//   per tile: consume_extra_stages<Config>(work, slab, acc, smem, ring) after the K stages, then
-//             store<Config>(work, slab, acc);
+//   end_tile<Config>(work, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
+//             any, and the store of the slab, in the order the epilogue needs;
 //   finish() at the end;
 // and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
 // producer thread calls after each tile's K stages (both sides must agree on the number of extra
 // stages; extra_phase is the epilogue's to keep across tiles).
 // Two more threads of the producer warpgroup may help the epilogue:
-//   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, smem, num_steps): it takes
-//   every consumer's staged slab of every step through smem.handoff, so that the consumers go back
-//   to multiplying while the slab goes out;
+//   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, schedule, smem, cta,
+//   num_ctas): it takes every consumer's staged slab of every step through smem.handoff, so that the
+//   consumers go back to multiplying while the slab goes out;
 //   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
 //   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer and
 //   tells it through smem.extra_ready / extra_taken.
@@ -369,11 +369,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
     if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
     if constexpr (Epilogue::kHasSender) {
-      if (threadIdx.x == 32) {
-        int num_steps = 0;
-        for_each_work<Config>(mainloop.schedule, cta, num_ctas, [&](const Work&) { ++num_steps; });
-        Epilogue::template send<Config>(epilogue_params, smem, num_steps);
-      }
+      if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
     if constexpr (Epilogue::kHasWatcher) {
       if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
@@ -391,8 +387,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
       const Work work = smem.stage_work[ring.stage];
       consume_tile<Config>(mainloop, smem, slab, acc, ring);
-      epilogue.template consume_extra_stages<Config>(work, slab, acc, smem, ring);
-      if (work.store) epilogue.template store<Config>(work, slab, acc);
+      epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
     }
     epilogue.finish();
   }

@@ -1,20 +1,22 @@
-// The fused op's epilogue: a finished tile of another rank's rows is pushed (BF16, TMA store) into
-// that owner's receive slot and signalled with an epoch flag; for a tile of this rank's own rows the
+// The fused op's epilogue: a finished slab of another rank's rows is pushed (BF16, TMA store) into
+// that owner's receive slot and signalled with an epoch flag; for a slab of this rank's own rows the
 // producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
-// stages, the consumers add them to the FP32 accumulators in rank order, and the tile is rounded
+// stages, the consumer adds them to its FP32 accumulators in rank order, and the slab is rounded
 // once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
-// is still being multiplied; the consumers never wait on a peer themselves.)
+// is still being multiplied; the consumers never wait on a peer themselves.) A tile's slabs have
+// one owner, or in a band of two segments (plan/schedule.h) one each: then an own band's tile has
+// one slab to reduce and one to push, and the push goes first.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
 //   recv[parity][source rank][rows_per_rank][n]          BF16
-//   flags[parity][source rank][tile in segment][slab]    u32 epoch values
+//   flags[parity][source rank][tile in band][slab]       u32 epoch values
 // A rank's calls alternate parity, so the pushes of call e+1 never land on the data of call e. A
 // peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
 // it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
 //
 // The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
-// it, both slabs of a tile as one bulk group, and raises the pushed slabs' flags. It waits for the
+// it, the pushed slabs of a tile as one bulk group, and raises their flags. It waits for the
 // consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
 // consumers wait for next.
 //
@@ -45,7 +47,7 @@ class PushReduceEpilogue {
     int col_tiles;
     int block_m;
     int block_n;
-    int tiles_per_segment;
+    int tiles_per_band;
     CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
     CUtensorMap out;                 // rows_per_rank x n, this rank's output
     uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
@@ -66,36 +68,20 @@ class PushReduceEpilogue {
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
   // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
   template <class Config>
-  __device__ static void send(const Params& p, SharedStorage<Config>& smem, int num_steps) {
+  __device__ static void send(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
+                              int num_ctas) {
     static_assert(Config::kCluster == 1, "every step of a CTA stages its slabs (no duplicate steps of a pair)");
+    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
-    for (int step = 0; step < num_steps; ++step) {
-      uint32_t* flags[Config::kConsumers];
-      bool any_flag = false;
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        SlabHandoff& slab = smem.handoff[c];
-        ptx::mbarrier_wait(&slab.staged, step & 1);
-        flags[c] = slab.flag;
-        any_flag |= slab.flag != nullptr;
-        for (int i = 0; i < slab.num_chunks; ++i) {
-          const int col = slab.col + i * kChunkCols;
-          if (slab.destination == p.rank) {
-            ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
-          } else {
-            ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
-          }
-        }
-      }
-      ptx::bulk_commit_group();
-      ptx::bulk_wait_group_read<0>();
-      for (int c = 0; c < Config::kConsumers; ++c) ptx::mbarrier_arrive(&smem.handoff[c].sent);
-      if (!any_flag) continue;
-      ptx::bulk_wait_group<0>();
-      ptx::fence_proxy_async_global();
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        if (flags[c] != nullptr) ptx::store_release_sys(flags[c], epoch);
-      }
-    }
+    int step = 0;
+    for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
+      // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
+      // segments the partner's partial of it waits for this rank's push of the partner's slab.
+      const uint32_t own = reduced_slabs<Config>(p, work.tile);
+      send_slabs(p, smem, kAllSlabs & ~own, step, epoch);
+      send_slabs(p, smem, own, step, epoch);
+      ++step;
+    });
   }
 
   // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
@@ -106,7 +92,7 @@ class PushReduceEpilogue {
     const uint32_t epoch = call_epoch(p);
     uint32_t own_tiles = 0;
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
-      if (partial_pieces<Config>(p, work.tile) == 0) return;
+      if (reduced_slabs<Config>(p, work.tile) == 0) return;
       if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
       // A timeout is recorded in p.failed, which the producer reads.
       if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
@@ -120,7 +106,8 @@ class PushReduceEpilogue {
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
                                               StageCursor& ring, uint32_t& own_phase) {
-    const int num_pieces = partial_pieces<Config>(p, tile);
+    const uint32_t reduced = reduced_slabs<Config>(p, tile);
+    const int num_pieces = partial_pieces<Config>(p, reduced);
     if (num_pieces == 0) return;
     const uint32_t epoch = call_epoch(p);
     ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
@@ -138,7 +125,7 @@ class PushReduceEpilogue {
       } else {
         ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
         for (int q = 0; q < count; ++q) {
-          const PartialPiece piece = partial_piece<Config>(p, tile, first + q);
+          const PartialPiece piece = partial_piece<Config>(p, tile, reduced, first + q);
           ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
                            epoch & 1);
         }
@@ -147,67 +134,28 @@ class PushReduceEpilogue {
     }
   }
 
-  // Consumers, after an own tile's K stages: add the peers' partials of this warpgroup's slab as the
-  // producer streams them in, releasing each extra stage once read. The pieces come source by source,
-  // so every element gets its partials in rank order.
+  // Consumers, after a tile's K stages: a slab of this rank's rows takes its peers' partials from
+  // the tile's extra stages, then is stored; a pushed slab is staged for the sender first, and only
+  // then passes the extra stages the tile may have for the other slab (its owner may be waiting for
+  // this slab to reduce that same tile, in a band of two segments).
   template <class Config>
-  __device__ void consume_extra_stages(const Work& work, Slab<Config>, float (&acc)[Config::kAccPerThread],
-                                       SharedStorage<Config>& smem, StageCursor& ring) {
-    const int num_pieces = partial_pieces<Config>(p_, work.tile);
-    if (num_pieces == 0) return;
-    const int num_stages = (num_pieces + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
-    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
-    ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-    const int num_sources = p_.world_size - 1;
-    for (int j = 0; j < num_sources; ++j) {
-#pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-        const int piece = (j * Config::kChunksPerSlab + c) * Config::kConsumers + consumer_;
-        while (held < piece / Config::kPiecesPerStage) {
-          release_extra_stage(smem, ring);
-          ++held;
-          ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-        }
-        add_chunk_bf16(stage_piece(smem, ring.stage, piece % Config::kPiecesPerStage), acc + c * 32);
-      }
+  __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
+                           SharedStorage<Config>& smem, StageCursor& ring) {
+    const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
+    if (reduced & (1u << consumer_)) {
+      add_partials<Config>(reduced, acc, smem, ring);
+      store<Config>(work.tile, slab, acc);
+    } else {
+      store<Config>(work.tile, slab, acc);
+      pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
     }
-    // The stages left may hold only the other warpgroup's pieces; each is released by both.
-    for (;;) {
-      release_extra_stage(smem, ring);
-      if (++held == num_stages) break;
-      ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-    }
-  }
-
-  // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
-  template <class Config>
-  __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
-    const Tile& tile = work.tile;
-    const int segment_row = tile.segment_row + slab.row;
-    const int col_begin = tile.col_begin + slab.col;
-    // A slab past the segment's rows or the last column holds nothing: neither pushed nor awaited.
-    const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
-    const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
-    // The sender's stores of the previous slab must have read the chunk buffers.
-    if (slabs_staged_ > 0) ptx::mbarrier_wait(&handoff_->sent, (slabs_staged_ - 1) & 1);
-    slabs_.stage<Config::kChunksPerSlab>(acc, num_chunks);
-    if (slabs_.leader()) {
-      const bool pushed = !empty && tile.owner_rank != p_.rank;
-      handoff_->destination = tile.owner_rank;
-      handoff_->row = segment_row;
-      handoff_->col = col_begin;
-      handoff_->num_chunks = num_chunks;
-      handoff_->flag = pushed ? flag_at(p_, tile.owner_rank, p_.rank, tile, consumer_, parity_) : nullptr;
-      ptx::mbarrier_arrive(&handoff_->staged);
-    }
-    ++slabs_staged_;
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
   __device__ void finish() {}
 
  private:
-  // Where one piece of an own tile's partials comes from: a 64 x 64 chunk of a source's slab.
+  // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
   struct PartialPiece {
     int source;
     int row;  // in the owner's segment
@@ -219,25 +167,136 @@ class PushReduceEpilogue {
     return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
   }
 
-  // Pieces of partials an own tile takes through the ring: every chunk of both slabs from each peer
-  // (a chunk past the segment or past n is zero-filled by the TMA and never stored).
+  // The slabs of a tile that hold this rank's rows (a bit per consumer): reduced here, not pushed.
   template <class Config>
-  __device__ static int partial_pieces(const Params& p, const Tile& tile) {
-    if (tile.owner_rank != p.rank) return 0;
-    return (p.world_size - 1) * Config::kConsumers * Config::kChunksPerSlab;
+  __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
+    uint32_t slabs = 0;
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      if (tile.owner_of(Slab<Config>::of_consumer(c).row) == p.rank) slabs |= 1u << c;
+    }
+    return slabs;
   }
 
-  // Piece i = (j * chunks per slab + chunk) * 2 + slab: peer j (in rank order, skipping this rank)
-  // first, then the chunk, then the slab, so a warpgroup takes every other piece.
+  // Pieces of partials a tile takes through the ring: every chunk of each reduced slab from each
+  // peer (a chunk past the segment or past n is zero-filled by the TMA and never stored).
   template <class Config>
-  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, int i) {
-    const Slab<Config> slab = Slab<Config>::of_consumer(i % Config::kConsumers);
-    const int chunk = (i / Config::kConsumers) % Config::kChunksPerSlab;
-    const int j = i / (Config::kConsumers * Config::kChunksPerSlab);
-    return {j < p.rank ? j : j + 1, tile.segment_row + slab.row, tile.col_begin + slab.col + chunk * kChunkCols};
+  __device__ static int partial_pieces(const Params& p, uint32_t reduced) {
+    return (p.world_size - 1) * __popc(reduced) * Config::kChunksPerSlab;
   }
 
-  // Watcher thread: waits, boundedly, for every flag of the tile (each peer, each slab it pushes).
+  template <class Config>
+  __device__ static int extra_stages(const Params& p, uint32_t reduced) {
+    return (partial_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
+  }
+
+  // Piece i = (j * chunks per slab + chunk) * S + place, S the reduced slabs: peer j (in rank order,
+  // skipping this rank) first, then the chunk, then the slab, so with two reduced slabs a
+  // warpgroup takes every other piece.
+  template <class Config>
+  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
+    const int num_slabs = __popc(reduced);
+    const Slab<Config> slab = Slab<Config>::of_consumer(nth_slab(reduced, i % num_slabs));
+    const int chunk = (i / num_slabs) % Config::kChunksPerSlab;
+    const int j = i / (num_slabs * Config::kChunksPerSlab);
+    return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
+  }
+
+  // The consumer of the n-th (from 0) slab set in `slabs`.
+  __device__ static int nth_slab(uint32_t slabs, int n) {
+    for (int i = 0; i < n; ++i) slabs &= slabs - 1;
+    return __ffs(slabs) - 1;
+  }
+
+  // Adds this warpgroup's pieces of the tile's partials as the producer streams them in, releasing
+  // each extra stage once read. The pieces come source by source, so every element gets its
+  // partials in rank order.
+  template <class Config>
+  __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem,
+                               StageCursor& ring) {
+    const int num_slabs = __popc(reduced);
+    const int place = __popc(reduced & ((1u << consumer_) - 1));  // this slab's among the reduced ones
+    const int num_stages = extra_stages<Config>(p_, reduced);
+    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
+    ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+    const int num_sources = p_.world_size - 1;
+    for (int j = 0; j < num_sources; ++j) {
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+        const int piece = (j * Config::kChunksPerSlab + c) * num_slabs + place;
+        while (held < piece / Config::kPiecesPerStage) {
+          release_extra_stage(smem, ring);
+          ++held;
+          ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+        }
+        add_chunk_bf16(stage_piece(smem, ring.stage, piece % Config::kPiecesPerStage), acc + c * 32);
+      }
+    }
+    release_extra_stage(smem, ring);
+    // The stages left may hold only the other warpgroup's pieces; each is released by both.
+    pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
+  }
+
+  // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
+  template <class Config>
+  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const int owner = tile.owner_of(slab.row);
+    const int segment_row = tile.segment_row_of(slab.row);
+    const int col_begin = tile.col_begin + slab.col;
+    // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
+    const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
+    const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
+    // The sender's stores of the previous slab must have read the chunk buffers.
+    if (slabs_staged_ > 0) ptx::mbarrier_wait(&handoff_->sent, (slabs_staged_ - 1) & 1);
+    slabs_.stage<Config::kChunksPerSlab>(acc, num_chunks);
+    if (slabs_.leader()) {
+      const bool pushed = !empty && owner != p_.rank;
+      handoff_->destination = owner;
+      handoff_->row = segment_row;
+      handoff_->col = col_begin;
+      handoff_->num_chunks = num_chunks;
+      handoff_->flag = pushed ? flag_at(p_, owner, p_.rank, tile, consumer_, parity_) : nullptr;
+      ptx::mbarrier_arrive(&handoff_->staged);
+    }
+    ++slabs_staged_;
+  }
+
+  // Sender thread: stores the given slabs of a step (a bit per consumer) as one bulk group, hands
+  // their chunk buffers back once read, and raises the flags of the pushed ones once landed.
+  template <class Config>
+  __device__ static void send_slabs(const Params& p, SharedStorage<Config>& smem, uint32_t slabs, int step,
+                                    uint32_t epoch) {
+    if (slabs == 0) return;
+    uint32_t* flags[Config::kConsumers] = {};
+    bool any_flag = false;
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      if (!(slabs & (1u << c))) continue;
+      SlabHandoff& slab = smem.handoff[c];
+      ptx::mbarrier_wait(&slab.staged, step & 1);
+      flags[c] = slab.flag;
+      any_flag |= slab.flag != nullptr;
+      for (int i = 0; i < slab.num_chunks; ++i) {
+        const int col = slab.col + i * kChunkCols;
+        if (slab.destination == p.rank) {
+          ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
+        } else {
+          ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+        }
+      }
+    }
+    ptx::bulk_commit_group();
+    ptx::bulk_wait_group_read<0>();
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.handoff[c].sent);
+    }
+    if (!any_flag) return;
+    ptx::bulk_wait_group<0>();
+    ptx::fence_proxy_async_global();
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      if (flags[c] != nullptr) ptx::store_release_sys(flags[c], epoch);
+    }
+  }
+
+  // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).
   // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
   template <class Config>
   __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
@@ -245,13 +304,14 @@ class PushReduceEpilogue {
     uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
     for (int s = 0; s < Config::kConsumers; ++s) {
       const Slab<Config> slab = Slab<Config>::of_consumer(s);
+      if (tile.owner_of(slab.row) != p.rank) continue;
       if (tile.row_begin + slab.row >= tile.row_end || tile.col_begin + slab.col >= tile.col_end) continue;
       for (int source = 0; source < p.world_size; ++source) {
         if (source != p.rank) waiting |= 1u << (2 * source + s);
       }
     }
     const uint32_t* flags = flag_at(p, p.rank, 0, tile, 0, epoch & 1);
-    const size_t source_stride = size_t(p.tiles_per_segment) * 2;
+    const size_t source_stride = size_t(p.tiles_per_band) * 2;
     const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
     for (;;) {
       // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
@@ -290,6 +350,16 @@ class PushReduceEpilogue {
     ring.advance<Config>();
   }
 
+  // Consumers: waits for and releases `count` extra stages without reading them (they hold the other
+  // slab's pieces).
+  template <class Config>
+  __device__ void pass_extra_stages(int count, SharedStorage<Config>& smem, StageCursor& ring) {
+    for (int i = 0; i < count; ++i) {
+      ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+      release_extra_stage(smem, ring);
+    }
+  }
+
   // The first timeout of this rank's call records what it waited for; the host reads it after the call.
   __device__ static void report_timeout(const Params& p, int source, int row, int col) {
     if (atomicCAS(p.failed, 0u, 1u) != 0u) return;
@@ -308,7 +378,7 @@ class PushReduceEpilogue {
     const int row_tile = tile.segment_row / p.block_m;
     const int col_tile = tile.col_begin / p.block_n;
     const int tile_idx = row_tile * p.col_tiles + col_tile;
-    const size_t index = (size_t(source) * p.tiles_per_segment + tile_idx) * 2 + slab;
+    const size_t index = (size_t(source) * p.tiles_per_band + tile_idx) * 2 + slab;
     return p.flags_at[owner] + parity * p.flags_parity_words + index;
   }
 

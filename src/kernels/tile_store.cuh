@@ -128,12 +128,12 @@ class StoreTileEpilogue {
   template <class Config>
   __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&,
                                               uint32_t&) {}
-  template <class Config>
-  __device__ void consume_extra_stages(const Work&, Slab<Config>, float (&)[Config::kAccPerThread],
-                                       SharedStorage<Config>&, StageCursor&) {}
 
+  // Stores the slab (unless the step is a duplicate that keeps a cluster's pair in lockstep).
   template <class Config>
-  __device__ void store(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+  __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
+                           SharedStorage<Config>&, StageCursor&) {
+    if (!work.store) return;
     const Tile& tile = work.tile;
     const int row = tile.row_begin + slab.row;
     const int col = tile.col_begin + slab.col;

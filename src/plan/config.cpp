@@ -23,7 +23,8 @@ std::string GemmConfig::to_string() const {
   std::ostringstream os;
   os << "tile " << block_m << "x" << block_n << "x" << block_k << ", stages " << stages
      << ", consumer warpgroups " << consumer_warpgroups << ", threads " << threads()
-     << ", group_rows " << group_rows << ", own_lag " << own_lag << ", cluster " << cluster_size << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
+     << ", group_rows " << group_rows << ", own_lag " << own_lag << ", segments/tile " << segments_per_tile
+     << ", cluster " << cluster_size << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 
@@ -35,9 +36,10 @@ constexpr int kGroupRowsPerWave = 32;
 
 // Relative time of a config: the waves of tiles over the SMs times a tile's cost, which grows with
 // its columns plus a fixed part (pipeline fill and epilogue) worth about 32 columns.
-double relative_time(const Problem& problem, const DeviceInfo& device, int block_m, int block_n) {
-  const int64_t rows = problem.rows_per_rank();
-  const int64_t tiles = int64_t(problem.world_size) * ((rows + block_m - 1) / block_m) * ((problem.n + block_n - 1) / block_n);
+double relative_time(const Problem& problem, const DeviceInfo& device, int block_m, int block_n, int segments_per_tile) {
+  const int64_t rows = problem.rows_per_rank() * segments_per_tile;
+  const int64_t tiles = int64_t(problem.world_size / segments_per_tile) * ((rows + block_m - 1) / block_m) *
+                        ((problem.n + block_n - 1) / block_n);
   const int64_t waves = (tiles + device.num_sms - 1) / device.num_sms;
   constexpr double kFixedCols = 32;
   return double(waves) * (block_m / 128.0) * (block_n + kFixedCols);
@@ -52,11 +54,18 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
                                std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
   GemmConfig c;
-  if (problem.rows_per_rank() <= 64) {
-    // A segment of at most 64 rows (M=512 at P=8) would waste half of a 128-row tile: 64-row tiles,
-    // the two consumer warpgroups splitting the columns instead of the rows.
+  if (problem.rows_per_rank() == 64 && problem.world_size >= 4) {
+    // Segments of 64 rows (M=512 at P=8): 128-row tiles over two ranks' segments, one slab each,
+    // take one wave where 64-row tiles take two (plan/schedule.h). With P = 2 the only band would
+    // be the own one, every tile half reduced and half pushed at the same step on both ranks.
+    c.segments_per_tile = 2;
+  } else if (problem.rows_per_rank() <= 64) {
+    // A segment of under 64 rows would waste most of a 128-row tile: 64-row tiles, the two
+    // consumer warpgroups splitting the columns instead of the rows.
     c.block_m = 64;
-  } else if (relative_time(problem, device, 128, 192) < relative_time(problem, device, 128, 256)) {
+  }
+  if (c.block_m == 128 && relative_time(problem, device, 128, 192, c.segments_per_tile) <
+                              relative_time(problem, device, 128, 256, c.segments_per_tile)) {
     // Narrower tiles where 256-wide ones would leave SMs idle in the last wave (M=512, N=6144).
     c.block_n = 192;
   }

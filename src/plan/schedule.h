@@ -4,30 +4,36 @@
 // order the GPU runs.
 //
 // The partial product C_r (m x n) is cut into P row segments, one per owner rank; segment d holds the
-// rows [d*m/P, (d+1)*m/P) that rank d keeps after the reduce-scatter. A tile never crosses a segment:
-// the last row tile of a segment is clipped to it. Every segment has the same T tiles, numbered in
-// the raster order below.
+// rows [d*m/P, (d+1)*m/P) that rank d keeps after the reduce-scatter. Tiles are cut from bands of
+// rows: a band is one segment, or with segments_per_tile = 2 two adjacent segments (owners 2b and
+// 2b+1) whose 64 rows each make one 128-row tile, a 64-row slab per owner (M=512 at P=8: one wave
+// of full tiles instead of two of half tiles). A tile never crosses a band: the last row tile of a
+// band is clipped to it. Every band has the same T tiles, numbered in the raster order below.
 //
-// Rank r walks its tiles in rounds. Round j holds tile j of every other owner, rotated so that rank
-// r starts with r+1 (offset 0) and ends with r-1 (offset P-2), then its own tile j - L (offset P-1),
-// where L = own_lag rounds; the own tiles that no round holds come last:
+// Rank r walks its tiles in rounds over the B = P / segments_per_tile bands. Round j holds tile j
+// of every other band, rotated so that rank r starts with the band after its own (offset 0) and
+// ends with the one before it (offset B-2), then the own band's tile j - L (offset B-1), where
+// L = own_lag rounds; the own band's tiles that no round holds come last:
 //
-//   P = 4, rank 1, T = 4, L = 2 (owner:tile)
+//   P = 4, rank 1, T = 4, L = 2, one segment a band (owner:tile)
 //   round 0: 2:0 3:0 0:0   round 1: 2:1 3:1 0:1   round 2: 2:2 3:2 0:2 1:0   round 3: 2:3 3:3 0:3 1:1
 //   tail:    1:2 1:3
 //
-// At every step the ranks send to P distinct owners (a permutation: the same offset on every rank),
-// so every link is busy, and every owner receives from all its peers all the time. A rank's own tile
-// j needs the peers' partials of it, computed in their round j; it comes L rounds later: at least
-// L * (P-1) + 1 steps later inside the rounds, at least max(L, 1) steps in the tail. With
-// L = ceil(CTAs / P) the peers have had about a wave to push it. The own tiles, each longer than a
-// peer's tile by its reduction, are then spread over the whole call instead of filling its last 1/P
-// (docs/PERFORMANCE.md measures both). With L >= T every own tile comes last, the default.
+// At every step the ranks of one band send to one band and every band receives from one (the same
+// offset on every rank), so every link is busy, and every owner receives from its peers all the
+// time. A rank's own tile j needs the peers' partials of it, computed in their round j; it comes L
+// rounds later: at least L * (B-1) + 1 steps later inside the rounds, at least max(L, 1) steps in
+// the tail. With L = ceil(CTAs / B) the peers have had about a wave to push it. The own tiles, each
+// longer than a peer's tile by its reduction, are then spread over the whole call instead of
+// filling its last 1/B (docs/PERFORMANCE.md measures both). With L >= T every own tile comes last,
+// the default. NOTE: in a band of two segments, rank r's partner (r xor 1) computes their shared
+// own tiles at the same steps as r: each must push the partner's slab of such a tile before it
+// waits for its own slab's partials, or the two wait for each other.
 //
-// Inside a segment, tiles go in groups of `group_rows` row tiles, column-major inside a group, so
+// Inside a band, tiles go in groups of `group_rows` row tiles, column-major inside a group, so
 // the CTAs working at the same time share A rows and W columns in L2:
 //
-//   group_rows = 2, segment of 4 x 3 tiles:     0  2  4
+//   group_rows = 2, band of 4 x 3 tiles:        0  2  4
 //                                               1  3  5
 //                                               6  8 10
 //                                               7  9 11
@@ -42,8 +48,10 @@
 namespace tpfuse {
 
 // One output tile of a rank's partial product: rows [row_begin, row_end) of C (row_end is clipped
-// to the owner's segment), columns [col_begin, col_end) (clipped to n). segment_row is row_begin
-// counted from the start of the owner's segment: where the tile lands in the owner's M/P x n rows.
+// to the band), columns [col_begin, col_end) (clipped to n). owner_rank owns the tile's first rows,
+// and segment_row is row_begin counted from the start of its segment: where the tile lands in the
+// owner's M/P x n rows. In a band of two segments the tile's rows from rows_per_owner on are the
+// next rank's (its segment's first rows).
 struct Tile {
   int owner_rank;
   int row_begin;
@@ -51,6 +59,12 @@ struct Tile {
   int segment_row;
   int col_begin;
   int col_end;
+  int rows_per_owner;  // block_m, or in a band of two segments the rows of one segment
+
+  // The owner of the tile's rows from `tile_row` on, and where they land in its segment (for a
+  // tile_row at the start of a slab: a slab never spans two owners).
+  TPFUSE_HOST_DEVICE int owner_of(int tile_row) const { return owner_rank + tile_row / rows_per_owner; }
+  TPFUSE_HOST_DEVICE int segment_row_of(int tile_row) const { return segment_row + tile_row % rows_per_owner; }
 };
 
 // The step that CTA `cta` of a persistent grid of `num_ctas` takes in wave `wave` (waves 0, 1, ...
@@ -73,38 +87,45 @@ struct TileSchedule {
   int block_n = 256;
   int group_rows = 8;
   int own_lag = 1 << 30;  // rounds between a peer tile and the own tile of the same rows (see above); >= 0
+  // 1, or 2: bands of two segments (needs an even world_size and rows_per_rank() * 2 == block_m).
+  int segments_per_tile = 1;
 
   TPFUSE_HOST_DEVICE int rows_per_rank() const { return m / world_size; }
-  TPFUSE_HOST_DEVICE int row_tiles_per_segment() const { return (rows_per_rank() + block_m - 1) / block_m; }
+  TPFUSE_HOST_DEVICE int num_bands() const { return world_size / segments_per_tile; }
+  TPFUSE_HOST_DEVICE int rows_per_band() const { return rows_per_rank() * segments_per_tile; }
+  TPFUSE_HOST_DEVICE int row_tiles_per_band() const { return (rows_per_band() + block_m - 1) / block_m; }
   TPFUSE_HOST_DEVICE int col_tiles() const { return (n + block_n - 1) / block_n; }
-  TPFUSE_HOST_DEVICE int tiles_per_segment() const { return row_tiles_per_segment() * col_tiles(); }
-  TPFUSE_HOST_DEVICE int num_tiles() const { return world_size * tiles_per_segment(); }
+  TPFUSE_HOST_DEVICE int tiles_per_band() const { return row_tiles_per_band() * col_tiles(); }
+  TPFUSE_HOST_DEVICE int num_tiles() const { return num_bands() * tiles_per_band(); }
 
-  // The rank that owns the rows at `offset` of a round: r+1, ..., r+P-1, then r itself (offset P-1).
-  TPFUSE_HOST_DEVICE int owner_at_offset(int offset) const { return (rank + 1 + offset) % world_size; }
+  // The band at `offset` of a round: the one after this rank's, ..., then its own (offset B-1).
+  TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {
+    return (rank / segments_per_tile + 1 + offset) % num_bands();
+  }
 
-  // The owner offset of `step` and its tile's index inside the owner's segment.
+  // The band offset of `step` and its tile's index inside the band.
   TPFUSE_HOST_DEVICE void locate(int step, int* offset, int* index) const {
-    const int own = world_size - 1;
+    const int bands = num_bands();
+    const int own = bands - 1;
     if (own == 0) {
       *offset = 0;
       *index = step;
       return;
     }
-    const int per_segment = tiles_per_segment();
-    const int lag = max_int(0, min_int(own_lag, per_segment));
-    const int first_own_step = lag * own;  // rounds 0 .. lag-1 hold P-1 tiles each, later rounds P
-    const int tail = first_own_step + (per_segment - lag) * world_size;
+    const int per_band = tiles_per_band();
+    const int lag = max_int(0, min_int(own_lag, per_band));
+    const int first_own_step = lag * own;  // rounds 0 .. lag-1 hold B-1 tiles each, later rounds B
+    const int tail = first_own_step + (per_band - lag) * bands;
     if (step < first_own_step) {
       *offset = step % own;
       *index = step / own;
     } else if (step < tail) {
       const int k = step - first_own_step;
-      *offset = k % world_size;
-      *index = *offset == own ? k / world_size : lag + k / world_size;
+      *offset = k % bands;
+      *index = *offset == own ? k / bands : lag + k / bands;
     } else {
       *offset = own;
-      *index = per_segment - lag + (step - tail);
+      *index = per_band - lag + (step - tail);
     }
   }
 
@@ -112,9 +133,9 @@ struct TileSchedule {
   TPFUSE_HOST_DEVICE Tile tile(int step) const {
     int offset = 0, t = 0;
     locate(step, &offset, &t);
-    const int owner = owner_at_offset(offset);
+    const int band = band_at_offset(offset);
 
-    const int num_row_tiles = row_tiles_per_segment();
+    const int num_row_tiles = row_tiles_per_band();
     const int num_cols = col_tiles();
     const int group = t / (group_rows * num_cols);
     const int first_row_tile = group * group_rows;
@@ -123,15 +144,16 @@ struct TileSchedule {
     const int row_tile = first_row_tile + t_in_group % rows_in_group;
     const int col_tile = t_in_group / rows_in_group;
 
-    const int segment_begin = owner * rows_per_rank();
-    const int segment_end = segment_begin + rows_per_rank();
+    const int band_begin = band * rows_per_band();
+    const int band_end = band_begin + rows_per_band();
     Tile tile;
-    tile.owner_rank = owner;
+    tile.owner_rank = band * segments_per_tile;
     tile.segment_row = row_tile * block_m;
-    tile.row_begin = segment_begin + tile.segment_row;
-    tile.row_end = min_int(tile.row_begin + block_m, segment_end);
+    tile.row_begin = band_begin + tile.segment_row;
+    tile.row_end = min_int(tile.row_begin + block_m, band_end);
     tile.col_begin = col_tile * block_n;
     tile.col_end = min_int(tile.col_begin + block_n, n);
+    tile.rows_per_owner = block_m / segments_per_tile;
     return tile;
   }
 

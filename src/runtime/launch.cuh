@@ -156,6 +156,7 @@ Status make_mainloop_params(const Problem& problem, const GemmConfig& config, in
   p->schedule.block_n = Config::kBlockN;
   p->schedule.group_rows = config.group_rows;
   p->schedule.own_lag = config.own_lag;
+  p->schedule.segments_per_tile = config.segments_per_tile;
   p->num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);
   return Status::Ok();
 }

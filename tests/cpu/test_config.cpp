@@ -69,12 +69,23 @@ TEST(Config, SweepShapesFitTheDevice) {
   }
 }
 
-TEST(Config, SmallSegmentsUse64RowTiles) {
+// Segments of 64 rows share 128-row tiles in pairs from P = 4 on; smaller ones, or at P = 2, get
+// 64-row tiles; larger ones 128-row tiles of their own.
+TEST(Config, SmallSegments) {
   GemmConfig c;
-  ASSERT_TRUE(select_gemm_config(make(512, 8192, 8192, 8), h100(), &c).ok());  // 64 rows per rank
-  EXPECT_EQ(c.block_m, 64);
+  for (int world_size : {4, 8}) {
+    ASSERT_TRUE(select_gemm_config(make(64 * world_size, 8192, 8192, world_size), h100(), &c).ok());
+    EXPECT_EQ(c.block_m, 128) << c.to_string();
+    EXPECT_EQ(c.segments_per_tile, 2) << c.to_string();
+  }
+  for (const Problem& p : {make(128, 8192, 8192, 2), make(256, 8192, 8192, 8), make(64, 8192, 8192, 1)}) {
+    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
+    EXPECT_EQ(c.block_m, 64) << p.to_string() << " -> " << c.to_string();
+    EXPECT_EQ(c.segments_per_tile, 1) << p.to_string() << " -> " << c.to_string();
+  }
   ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, 8), h100(), &c).ok());
   EXPECT_EQ(c.block_m, 128);
+  EXPECT_EQ(c.segments_per_tile, 1);
 }
 
 // A rank's own tiles come last, and the raster groups of the P segments a wave works on add up to
@@ -139,8 +150,11 @@ TEST(Config, NarrowerTilesWhereTheLastWaveWouldIdle) {
   EXPECT_EQ(c.block_n, 256) << c.to_string();
   ASSERT_TRUE(select_gemm_config(make(32768, 8192, 3584, 1), h100(), &c).ok());
   EXPECT_EQ(c.block_n, 256) << c.to_string();
+  // 64 rows per rank at P = 8: bands of two segments, 4 x 24 tiles 256 wide, 4 x 32 tiles 192 wide.
+  ASSERT_TRUE(select_gemm_config(make(512, 6144, 768 * 8, 8), h100(), &c).ok());
+  EXPECT_EQ(c.block_n, 192) << c.to_string();
   ASSERT_TRUE(select_gemm_config(make(512, 8192, 1024 * 8, 8), h100(), &c).ok());
-  EXPECT_EQ(c.block_m, 64) << "64 rows per rank: " << c.to_string();
+  EXPECT_EQ(c.block_n, 256) << c.to_string();
 }
 
 TEST(Config, SmemAccountsForEveryPart) {

@@ -1,6 +1,7 @@
 // TileSchedule: every rank computes every tile of its partial exactly once, in rotated rounds, every
 // owner gets each of its tiles from all P ranks (P-1 peers and itself), and a rank reduces an own
-// tile only after every peer has computed it, by the lead the schedule promises.
+// tile only after every peer outside its band has computed it, by the lead the schedule promises
+// (the partner in a band of two segments computes it at the same step).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,10 +22,11 @@ constexpr int kOwnLast = 1 << 30;  // an own_lag so large that the own tiles com
 struct Case {
   int m, n, world_size, block_m, block_n, group_rows;
   int own_lag = kOwnLast;
+  int segments_per_tile = 1;
   std::string name() const {
     std::ostringstream os;
     os << "m=" << m << " n=" << n << " P=" << world_size << " tile=" << block_m << "x" << block_n
-       << " group_rows=" << group_rows << " own_lag=" << own_lag;
+       << " group_rows=" << group_rows << " own_lag=" << own_lag << " segments/tile=" << segments_per_tile;
     return os.str();
   }
 };
@@ -39,6 +41,7 @@ TileSchedule schedule_of(const Case& c, int rank) {
   s.block_n = c.block_n;
   s.group_rows = c.group_rows;
   s.own_lag = c.own_lag;
+  s.segments_per_tile = c.segments_per_tile;
   return s;
 }
 
@@ -49,62 +52,77 @@ constexpr int64_t kMaxElementsForCoverage = int64_t(1) << 22;
 int check_case(const Case& c) {
   const int P = c.world_size;
   const int rows = c.m / P;
+  const int spt = c.segments_per_tile;
+  const int B = P / spt;
   int failures = 0;
   auto fail = [&](const std::string& what) {
     ADD_FAILURE() << c.name() << ": " << what;
     ++failures;
   };
 
-  // (owner, row_begin, col_begin) -> the ranks that computed that tile, and the tile's bounds.
+  // (first owner, row_begin, col_begin) -> the ranks that computed that tile, and the tile's bounds.
   std::map<std::tuple<int, int, int>, std::pair<uint32_t, Tile>> received;
 
   for (int rank = 0; rank < P && failures < 5; ++rank) {
     const TileSchedule s = schedule_of(c, rank);
-    const int per_segment = s.tiles_per_segment();
-    if (s.num_tiles() != P * per_segment) fail("num_tiles() != P * tiles_per_segment()");
-    if (per_segment != ((rows + c.block_m - 1) / c.block_m) * ((c.n + c.block_n - 1) / c.block_n)) {
-      fail("tiles_per_segment() is not ceil(rows/block_m) * ceil(n/block_n)");
+    const int per_band = s.tiles_per_band();
+    if (s.num_bands() != B) fail("num_bands() != P / segments_per_tile");
+    if (s.num_tiles() != B * per_band) fail("num_tiles() != bands * tiles_per_band()");
+    if (per_band != ((spt * rows + c.block_m - 1) / c.block_m) * ((c.n + c.block_n - 1) / c.block_n)) {
+      fail("tiles_per_band() is not ceil(band rows/block_m) * ceil(n/block_n)");
     }
 
     const bool per_element = int64_t(c.m) * c.n <= kMaxElementsForCoverage;
     std::vector<uint8_t> covered(per_element ? size_t(c.m) * size_t(c.n) : 0, 0);
     int64_t area = 0;
 
-    std::vector<int> seen_in_segment(size_t(P) * per_segment, 0);
+    std::vector<int> seen_in_band(size_t(B) * per_band, 0);
     for (int step = 0; step < s.num_tiles() && failures < 5; ++step) {
       const Tile t = s.tile(step);
       int offset = 0, index = 0;
       s.locate(step, &offset, &index);
-      if (offset < 0 || offset >= P || index < 0 || index >= per_segment) {
-        fail("step " + std::to_string(step) + " located outside the segments");
+      if (offset < 0 || offset >= B || index < 0 || index >= per_band) {
+        fail("step " + std::to_string(step) + " located outside the bands");
         continue;
       }
-      ++seen_in_segment[size_t(offset) * per_segment + index];
+      ++seen_in_band[size_t(offset) * per_band + index];
       std::ostringstream where;
       where << "rank " << rank << " step " << step << " (owner " << t.owner_rank << ", rows [" << t.row_begin << ", "
             << t.row_end << "), cols [" << t.col_begin << ", " << t.col_end << ")): ";
 
-      // Rotated order: the owner at offset o is rank+1+o (mod P); own rows at offset P-1, and last.
-      if (t.owner_rank != (rank + 1 + offset) % P) fail(where.str() + "owner is not (rank + 1 + offset) mod P");
-      if (t.owner_rank != s.owner_at_offset(offset)) fail(where.str() + "owner_at_offset disagrees");
-      if (step == 0 && t.owner_rank != (rank + 1) % P) fail(where.str() + "first segment is not rank+1's");
-      if (step == s.num_tiles() - 1 && t.owner_rank != rank) fail(where.str() + "last tile is not the rank's own");
+      // Rotated order: the band at offset o is the rank's band + 1 + o (mod B); its own band at
+      // offset B-1, and last.
+      const int band = t.owner_rank / spt, own_band = rank / spt;
+      if (t.owner_rank % spt != 0) fail(where.str() + "the first owner is not the first rank of a band");
+      if (band != (own_band + 1 + offset) % B) fail(where.str() + "band is not (rank's band + 1 + offset) mod B");
+      if (band != s.band_at_offset(offset)) fail(where.str() + "band_at_offset disagrees");
+      if (step == 0 && band != (own_band + 1) % B) fail(where.str() + "first band is not the next one's");
+      if (step == s.num_tiles() - 1 && band != own_band) fail(where.str() + "last tile is not of the rank's band");
 
-      // Inside the owner's segment, on the tile grid, clipped to the segment and to n.
-      const int segment_begin = t.owner_rank * rows, segment_end = segment_begin + rows;
-      if (t.row_begin < segment_begin || t.row_end > segment_end || t.row_begin >= t.row_end) {
-        fail(where.str() + "rows outside the owner's segment or empty");
+      // Inside the band, on the tile grid, clipped to the band and to n.
+      const int band_begin = t.owner_rank * rows, band_end = band_begin + spt * rows;
+      if (t.row_begin < band_begin || t.row_end > band_end || t.row_begin >= t.row_end) {
+        fail(where.str() + "rows outside the band or empty");
         continue;
       }
       if (t.col_begin < 0 || t.col_end > c.n || t.col_begin >= t.col_end) {
         fail(where.str() + "columns outside [0, n) or empty");
         continue;
       }
-      if (t.segment_row != t.row_begin - segment_begin) fail(where.str() + "segment_row != row_begin - segment start");
-      if (t.segment_row % c.block_m != 0) fail(where.str() + "row_begin is not on the tile grid of the segment");
+      if (t.segment_row != t.row_begin - band_begin) fail(where.str() + "segment_row != row_begin - segment start");
+      if (t.segment_row % c.block_m != 0) fail(where.str() + "row_begin is not on the tile grid of the band");
       if (t.col_begin % c.block_n != 0) fail(where.str() + "col_begin is not on the tile grid");
-      if (t.row_end != std::min(t.row_begin + c.block_m, segment_end)) fail(where.str() + "row_end clipped wrongly");
+      if (t.row_end != std::min(t.row_begin + c.block_m, band_end)) fail(where.str() + "row_end clipped wrongly");
       if (t.col_end != std::min(t.col_begin + c.block_n, c.n)) fail(where.str() + "col_end clipped wrongly");
+      // Each half of the tile (a consumer's slab) lands with the rank that owns its rows.
+      for (int tile_row : {0, c.block_m / 2}) {
+        const int row = t.row_begin + tile_row;
+        if (row >= t.row_end) continue;
+        if (t.owner_of(tile_row) != row / rows || t.segment_row_of(tile_row) != row % rows) {
+          fail(where.str() + "tile row " + std::to_string(tile_row) + " goes to owner " +
+               std::to_string(t.owner_of(tile_row)) + " row " + std::to_string(t.segment_row_of(tile_row)));
+        }
+      }
 
       area += int64_t(t.row_end - t.row_begin) * (t.col_end - t.col_begin);
       if (per_element) {
@@ -122,7 +140,7 @@ int check_case(const Case& c) {
       entry.second = t;
     }
 
-    if (std::any_of(seen_in_segment.begin(), seen_in_segment.end(), [](int v) { return v != 1; })) {
+    if (std::any_of(seen_in_band.begin(), seen_in_band.end(), [](int v) { return v != 1; })) {
       fail("rank " + std::to_string(rank) + ": an (offset, index) is located zero or several times");
     }
     // Tiles on the grid with distinct corners are disjoint, so their areas summing to m*n means the
@@ -151,32 +169,38 @@ int check_case(const Case& c) {
   return failures;
 }
 
-// At each step the owners of the P ranks form a permutation: every link is used, none twice.
+// At each step every band is sent to by the ranks of one band (one rank a band: a permutation):
+// every link is used, none twice.
 int check_permutation(const Case& c) {
   const int P = c.world_size;
+  const int spt = c.segments_per_tile;
   const int num_tiles = schedule_of(c, 0).num_tiles();
   for (int step = 0; step < num_tiles; ++step) {
-    std::vector<int> seen(size_t(P), 0);
+    std::vector<int> senders(size_t(P / spt), -1);  // band -> the band sending to it
     for (int rank = 0; rank < P; ++rank) {
-      const int owner = schedule_of(c, rank).tile(step).owner_rank;
-      if (owner >= 0 && owner < P) ++seen[size_t(owner)];
-    }
-    for (int d = 0; d < P; ++d) {
-      if (seen[size_t(d)] != 1) {
-        ADD_FAILURE() << c.name() << ": at step " << step << " owner " << d << " is sent to by " << seen[size_t(d)]
-                      << " ranks";
+      const int band = schedule_of(c, rank).tile(step).owner_rank / spt;
+      if (band < 0 || band >= P / spt) {
+        ADD_FAILURE() << c.name() << ": at step " << step << " rank " << rank << " sends to band " << band;
         return 1;
       }
+      if (senders[size_t(band)] != -1 && senders[size_t(band)] != rank / spt) {
+        ADD_FAILURE() << c.name() << ": at step " << step << " band " << band << " is sent to by bands "
+                      << senders[size_t(band)] << " and " << rank / spt;
+        return 1;
+      }
+      senders[size_t(band)] = rank / spt;
     }
   }
   return 0;
 }
 
-// Every own tile comes at least max(1, min(own_lag, tiles per segment)) steps after every peer
-// computed it (the peers then have had that long to push it).
+// Every own tile comes at least max(1, min(own_lag, tiles per band)) steps after every peer outside
+// the band computed it (the peers then have had that long to push it); the partner in a band of two
+// computes it at the same step.
 int check_own_tiles_wait_for_peers(const Case& c) {
   const int P = c.world_size;
-  // (owner, row_begin, col_begin) -> the step at which each rank computes it.
+  const int spt = c.segments_per_tile;
+  // (first owner, row_begin, col_begin) -> the step at which each rank computes it.
   std::map<std::tuple<int, int, int>, std::vector<int>> step_of;
   for (int rank = 0; rank < P; ++rank) {
     const TileSchedule s = schedule_of(c, rank);
@@ -187,16 +211,22 @@ int check_own_tiles_wait_for_peers(const Case& c) {
       steps[size_t(rank)] = step;
     }
   }
-  const int lead = std::max(1, std::min(c.own_lag, schedule_of(c, 0).tiles_per_segment()));
+  const int lead = std::max(1, std::min(c.own_lag, schedule_of(c, 0).tiles_per_band()));
   for (const auto& [key, steps] : step_of) {
-    const int owner = std::get<0>(key);
-    for (int peer = 0; peer < P; ++peer) {
-      if (peer == owner) continue;
-      if (steps[size_t(owner)] - steps[size_t(peer)] < lead) {
-        ADD_FAILURE() << c.name() << ": owner " << owner << " reduces its tile at (" << std::get<1>(key) << ", "
-                      << std::get<2>(key) << ") at step " << steps[size_t(owner)] << ", rank " << peer
-                      << " computes it at step " << steps[size_t(peer)] << ": less than the lead " << lead;
-        return 1;
+    const int first_owner = std::get<0>(key);
+    for (int owner = first_owner; owner < first_owner + spt; ++owner) {
+      for (int peer = 0; peer < P; ++peer) {
+        if (peer == owner) continue;
+        const bool partner = peer / spt == owner / spt;
+        const int gap = steps[size_t(owner)] - steps[size_t(peer)];
+        if (partner ? gap != 0 : gap < lead) {
+          ADD_FAILURE() << c.name() << ": owner " << owner << " reduces its tile at (" << std::get<1>(key) << ", "
+                        << std::get<2>(key) << ") at step " << steps[size_t(owner)] << ", rank " << peer
+                        << " computes it at step " << steps[size_t(peer)]
+                        << (partner ? ": the partner, not at the same step" : ": less than the lead ")
+                        << (partner ? "" : std::to_string(lead));
+          return 1;
+        }
       }
     }
   }
@@ -218,9 +248,21 @@ std::vector<Case> cases() {
       }
     }
   }
-  // M = 512 at P = 8 (64 rows per rank) with the sweep's N, both tile heights.
-  for (int n : {6144, 8192})
+  // Bands of two segments of half a tile each (even P).
+  for (int P : {2, 4, 8}) {
+    for (int block_m : {16, 64, 128}) {
+      for (int n : {8, 264, 1000}) {
+        for (int group_rows : {1, 3}) {
+          for (int own_lag : {kOwnLast, 0, 1, 5}) out.push_back({block_m / 2 * P, n, P, block_m, 128, group_rows, own_lag, 2});
+        }
+      }
+    }
+  }
+  // M = 512 at P = 8 (64 rows per rank) with the sweep's N, both tile heights, and bands of two.
+  for (int n : {6144, 8192}) {
     for (int block_m : {64, 128}) out.push_back({512, n, 8, block_m, 256, 8, 17});
+    out.push_back({512, n, 8, 128, 256, 8, 17, 2});
+  }
   return out;
 }
 
@@ -255,7 +297,7 @@ TEST(Schedule, RoundsMatchTheDiagram) {
   s.block_m = 64;
   s.block_n = 256;
   s.own_lag = 2;
-  ASSERT_EQ(s.tiles_per_segment(), 4);
+  ASSERT_EQ(s.tiles_per_band(), 4);
   const int expected[16][2] = {{2, 0}, {3, 0}, {0, 0},          {2, 1}, {3, 1}, {0, 1},
                                {2, 2}, {3, 2}, {0, 2}, {1, 0},  {2, 3}, {3, 3}, {0, 3}, {1, 1},
                                {1, 2}, {1, 3}};
@@ -353,17 +395,42 @@ TEST(Schedule, SweepShapes) {
     for (int n : {6144, 8192}) {
       for (int block_m : {64, 128}) {
         for (int own_lag : {kOwnLast, 0, 17}) {
-          const Case c{m, n, 8, block_m, 256, 8, own_lag};
-          EXPECT_EQ(check_case(c), 0);
-          EXPECT_EQ(check_permutation(c), 0);
-          EXPECT_EQ(check_own_tiles_wait_for_peers(c), 0);
+          for (int segments_per_tile : {1, 2}) {
+            if (segments_per_tile == 2 && (m != 512 || block_m != 128)) continue;  // 64 rows per rank only
+            const Case c{m, n, 8, block_m, 256, 8, own_lag, segments_per_tile};
+            EXPECT_EQ(check_case(c), 0);
+            EXPECT_EQ(check_permutation(c), 0);
+            EXPECT_EQ(check_own_tiles_wait_for_peers(c), 0);
+          }
         }
       }
     }
   }
 }
 
-// The raster picture in schedule.h: group_rows = 2, a segment of 4 x 3 tiles.
+// M = 512 at P = 8 in bands of two segments: rank 3 (band 1, with rank 2) starts with band 2
+// (ranks 4 and 5) and ends with its own band, each 128-row tile half its own rows, half rank 2's.
+TEST(Schedule, BandsOfTwoSegments) {
+  const Case c{512, 8192, 8, 128, 256, 4, kOwnLast, 2};
+  const TileSchedule s = schedule_of(c, 3);
+  ASSERT_EQ(s.num_bands(), 4);
+  ASSERT_EQ(s.tiles_per_band(), 32);
+  const Tile first = s.tile(0);
+  EXPECT_EQ(first.owner_rank, 4);
+  EXPECT_EQ(first.row_begin, 256);
+  EXPECT_EQ(first.row_end, 384);
+  EXPECT_EQ(first.owner_of(0), 4);
+  EXPECT_EQ(first.owner_of(64), 5);
+  EXPECT_EQ(first.segment_row_of(64), 0);
+  for (int step = s.num_tiles() - 32; step < s.num_tiles(); ++step) {
+    const Tile own = s.tile(step);
+    EXPECT_EQ(own.owner_rank, 2) << "step " << step;
+    EXPECT_EQ(own.owner_of(64), 3) << "step " << step;
+    EXPECT_EQ(own.row_begin, 128) << "step " << step;
+  }
+}
+
+// The raster picture in schedule.h: group_rows = 2, a band of 4 x 3 tiles.
 TEST(Schedule, GroupRasterMatchesTheDiagram) {
   const int expected[4][3] = {{0, 2, 4}, {1, 3, 5}, {6, 8, 10}, {7, 9, 11}};
   for (int P : {1, 4}) {
@@ -374,7 +441,7 @@ TEST(Schedule, GroupRasterMatchesTheDiagram) {
     s.m = 4 * s.block_m * P;
     s.n = 3 * s.block_n;
     s.group_rows = 2;
-    ASSERT_EQ(s.tiles_per_segment(), 12);
+    ASSERT_EQ(s.tiles_per_band(), 12);
     for (int step = 0; step < s.num_tiles(); ++step) {
       const Tile t = s.tile(step);
       int offset = 0, index = 0;
@@ -396,7 +463,7 @@ TEST(Schedule, ClipsAtTheSegmentNotAtM) {
   s.block_m = 128;
   s.block_n = 256;
   s.group_rows = 8;
-  ASSERT_EQ(s.row_tiles_per_segment(), 1);
+  ASSERT_EQ(s.row_tiles_per_band(), 1);
   ASSERT_EQ(s.col_tiles(), 2);
   const Tile first = s.tile(0);
   EXPECT_EQ(first.owner_rank, 4);

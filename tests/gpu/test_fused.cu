@@ -154,7 +154,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            std::make_tuple(8, 512, 8192, WeightLayout::kKxN),
                                            std::make_tuple(8, 512, 8192, WeightLayout::kNxK),
                                            std::make_tuple(8, 2048, 1000, WeightLayout::kNxK),
-                                           std::make_tuple(8, 64, 264, WeightLayout::kKxN)));
+                                           std::make_tuple(8, 64, 264, WeightLayout::kKxN),
+                                           // 64 rows per rank: 128-row tiles over two ranks' rows
+                                           std::make_tuple(4, 256, 1000, WeightLayout::kKxN)));
 
 // Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
 void expect_within_unfused_error_and_deterministic(LocalRanks& ranks, const Problem& problem) {
@@ -310,8 +312,11 @@ TEST(FusedGraph, ReplaysStayCorrect) {
 }
 
 // A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
-TEST(FusedErrors, MissingPeerTimesOut) {
-  const Problem problem{1024, 1024, 64, 4, WeightLayout::kNxK};
+// With 64 rows per rank the missing rank 3 is also rank 2's partner in 128-row tiles.
+class FusedMissingPeer : public ::testing::TestWithParam<int> {};
+
+TEST_P(FusedMissingPeer, TimesOut) {
+  const Problem problem{GetParam(), 1024, 64, 4, WeightLayout::kNxK};
   LocalRanks ranks(problem, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(false, 5);
@@ -333,6 +338,8 @@ TEST(FusedErrors, MissingPeerTimesOut) {
   // Later calls report the failure instead of running.
   EXPECT_EQ(ranks.run(problem).code(), StatusCode::kPeerTimeout);
 }
+
+INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256));
 
 TEST(FusedErrors, BadCallsAreReported) {
   const Problem problem{512, 512, 64, 4, WeightLayout::kNxK};
