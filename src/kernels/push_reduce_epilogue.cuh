@@ -77,7 +77,7 @@ class PushReduceEpilogue {
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
       // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
       // segments the partner's partial of it waits for this rank's push of the partner's slab.
-      const uint32_t own = reduced_slabs<Config>(p, work.tile);
+      const uint32_t own = own_slabs<Config>(p, work.tile);
       send_slabs(p, smem, kAllSlabs & ~own, step, epoch);
       send_slabs(p, smem, own, step, epoch);
       ++step;
@@ -167,14 +167,20 @@ class PushReduceEpilogue {
     return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
   }
 
-  // The slabs of a tile that hold this rank's rows (a bit per consumer): reduced here, not pushed.
+  // The slabs of a tile that hold this rank's rows (a bit per consumer): stored here, not pushed.
   template <class Config>
-  __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
+  __device__ static uint32_t own_slabs(const Params& p, const Tile& tile) {
     uint32_t slabs = 0;
     for (int c = 0; c < Config::kConsumers; ++c) {
       if (tile.owner_of(Slab<Config>::of_consumer(c).row) == p.rank) slabs |= 1u << c;
     }
     return slabs;
+  }
+
+  // The own slabs that take the peers' partials through extra stages: none without peers.
+  template <class Config>
+  __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
+    return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
   }
 
   // Pieces of partials a tile takes through the ring: every chunk of each reduced slab from each
