@@ -110,6 +110,8 @@ class PushReduceEpilogue {
     const int num_pieces = partial_pieces<Config>(p, reduced);
     if (num_pieces == 0) return;
     const uint32_t epoch = call_epoch(p);
+    const int num_slabs = __popc(reduced);
+    PieceOrder order;
     ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
     ptx::mbarrier_arrive(&smem.extra_taken);
     own_phase ^= 1;
@@ -125,9 +127,10 @@ class PushReduceEpilogue {
       } else {
         ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
         for (int q = 0; q < count; ++q) {
-          const PartialPiece piece = partial_piece<Config>(p, tile, reduced, first + q);
+          const PartialPiece piece = partial_piece<Config>(p, tile, reduced, order);
           ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
                            epoch & 1);
+          order.advance<Config>(num_slabs);
         }
       }
       ring.advance<Config>();
@@ -195,16 +198,29 @@ class PushReduceEpilogue {
     return (partial_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
   }
 
-  // Piece i = (j * chunks per slab + chunk) * S + place, S the reduced slabs: peer j (in rank order,
-  // skipping this rank) first, then the chunk, then the slab, so with two reduced slabs a
-  // warpgroup takes every other piece.
+  // The order of a tile's pieces: piece (j * chunks per slab + chunk) * S + place, S the reduced
+  // slabs: peer j (in rank order, skipping this rank) first, then the chunk, then the slab, so with
+  // two reduced slabs a warpgroup takes every other piece. The producer walks it piece by piece
+  // (no division on its one thread).
+  struct PieceOrder {
+    int peer = 0;
+    int chunk = 0;
+    int place = 0;  // among the reduced slabs
+    template <class Config>
+    __device__ void advance(int num_slabs) {
+      if (++place < num_slabs) return;
+      place = 0;
+      if (++chunk < Config::kChunksPerSlab) return;
+      chunk = 0;
+      ++peer;
+    }
+  };
+
   template <class Config>
-  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
-    const int num_slabs = __popc(reduced);
-    const Slab<Config> slab = Slab<Config>::of_consumer(nth_slab(reduced, i % num_slabs));
-    const int chunk = (i / num_slabs) % Config::kChunksPerSlab;
-    const int j = i / (num_slabs * Config::kChunksPerSlab);
-    return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
+  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, PieceOrder at) {
+    const Slab<Config> slab = Slab<Config>::of_consumer(nth_slab(reduced, at.place));
+    return {at.peer < p.rank ? at.peer : at.peer + 1, tile.segment_row_of(slab.row),
+            tile.col_begin + slab.col + at.chunk * kChunkCols};
   }
 
   // The consumer of the n-th (from 0) slab set in `slabs`.

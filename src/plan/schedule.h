@@ -62,9 +62,12 @@ struct Tile {
   int rows_per_owner;  // block_m, or in a band of two segments the rows of one segment
 
   // The owner of the tile's rows from `tile_row` on, and where they land in its segment (for a
-  // tile_row at the start of a slab: a slab never spans two owners).
-  TPFUSE_HOST_DEVICE int owner_of(int tile_row) const { return owner_rank + tile_row / rows_per_owner; }
-  TPFUSE_HOST_DEVICE int segment_row_of(int tile_row) const { return segment_row + tile_row % rows_per_owner; }
+  // tile_row at the start of a slab: a slab never spans two owners). No division: the kernels ask
+  // per piece of partials, on one thread.
+  TPFUSE_HOST_DEVICE int owner_of(int tile_row) const { return tile_row < rows_per_owner ? owner_rank : owner_rank + 1; }
+  TPFUSE_HOST_DEVICE int segment_row_of(int tile_row) const {
+    return tile_row < rows_per_owner ? segment_row + tile_row : tile_row - rows_per_owner;
+  }
 };
 
 // The step that CTA `cta` of a persistent grid of `num_ctas` takes in wave `wave` (waves 0, 1, ...
