@@ -78,8 +78,11 @@ class PushReduceEpilogue {
       // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
       // segments the partner's partial of it waits for this rank's push of the partner's slab.
       const uint32_t own = own_slabs<Config>(p, work.tile);
-      send_slabs(p, smem, kAllSlabs & ~own, step, epoch);
-      send_slabs(p, smem, own, step, epoch);
+      uint32_t slabs = kAllSlabs & ~own;
+      // One copy of the stores in the code (kept small: the consumers' code shares the SM's
+      // instruction cache).
+#pragma unroll 1
+      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs(p, smem, slabs, step, epoch);
       ++step;
     });
   }
@@ -107,16 +110,28 @@ class PushReduceEpilogue {
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
                                               StageCursor& ring, uint32_t& own_phase) {
     const uint32_t reduced = reduced_slabs<Config>(p, tile);
-    const int num_pieces = partial_pieces<Config>(p, reduced);
-    if (num_pieces == 0) return;
-    const uint32_t epoch = call_epoch(p);
-    const int num_slabs = __popc(reduced);
-    PieceOrder order;
+    if (reduced == 0) return;
     ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
     ptx::mbarrier_arrive(&smem.extra_taken);
     own_phase ^= 1;
     const bool arrived = *reinterpret_cast<volatile uint32_t*>(p.failed) == 0;
     if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
+    // The reduced slabs' count as a constant: the piece order's arithmetic, on this one thread per
+    // 8 KB piece, then folds into shifts (as a run-time count it made own tiles ~25% longer).
+    if (__popc(reduced) == Config::kConsumers) {
+      stream_partials<Config, Config::kConsumers>(p, tile, reduced, arrived, smem, ring);
+    } else {
+      stream_partials<Config, 1>(p, tile, reduced, arrived, smem, ring);
+    }
+  }
+
+  // Producer thread: the TMA loads of an own tile's partials (kSlabs reduced slabs), in the order
+  // of partial_piece(); after a failed call only empty stages, so that the consumers finish.
+  template <class Config, int kSlabs>
+  __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, bool arrived,
+                                         SharedStorage<Config>& smem, StageCursor& ring) {
+    const uint32_t epoch = call_epoch(p);
+    const int num_pieces = partial_pieces<Config>(p, reduced);
     for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
@@ -127,10 +142,9 @@ class PushReduceEpilogue {
       } else {
         ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
         for (int q = 0; q < count; ++q) {
-          const PartialPiece piece = partial_piece<Config>(p, tile, reduced, order);
+          const PartialPiece piece = partial_piece<Config, kSlabs>(p, tile, reduced, first + q);
           ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
                            epoch & 1);
-          order.advance<Config>(num_slabs);
         }
       }
       ring.advance<Config>();
@@ -145,13 +159,10 @@ class PushReduceEpilogue {
   __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            SharedStorage<Config>& smem, StageCursor& ring) {
     const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
-    if (reduced & (1u << consumer_)) {
-      add_partials<Config>(reduced, acc, smem, ring);
-      store<Config>(work.tile, slab, acc);
-    } else {
-      store<Config>(work.tile, slab, acc);
-      pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
-    }
+    const bool reduces = (reduced >> consumer_) & 1;
+    if (reduces) add_partials<Config>(reduced, acc, smem, ring);
+    store<Config>(work.tile, slab, acc);  // one call: the store's code is large
+    if (!reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
@@ -198,35 +209,16 @@ class PushReduceEpilogue {
     return (partial_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
   }
 
-  // The order of a tile's pieces: piece (j * chunks per slab + chunk) * S + place, S the reduced
-  // slabs: peer j (in rank order, skipping this rank) first, then the chunk, then the slab, so with
-  // two reduced slabs a warpgroup takes every other piece. The producer walks it piece by piece
-  // (no division on its one thread).
-  struct PieceOrder {
-    int peer = 0;
-    int chunk = 0;
-    int place = 0;  // among the reduced slabs
-    template <class Config>
-    __device__ void advance(int num_slabs) {
-      if (++place < num_slabs) return;
-      place = 0;
-      if (++chunk < Config::kChunksPerSlab) return;
-      chunk = 0;
-      ++peer;
-    }
-  };
-
-  template <class Config>
-  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, PieceOrder at) {
-    const Slab<Config> slab = Slab<Config>::of_consumer(nth_slab(reduced, at.place));
-    return {at.peer < p.rank ? at.peer : at.peer + 1, tile.segment_row_of(slab.row),
-            tile.col_begin + slab.col + at.chunk * kChunkCols};
-  }
-
-  // The consumer of the n-th (from 0) slab set in `slabs`.
-  __device__ static int nth_slab(uint32_t slabs, int n) {
-    for (int i = 0; i < n; ++i) slabs &= slabs - 1;
-    return __ffs(slabs) - 1;
+  // Piece i = (j * chunks per slab + chunk) * S + place, S the reduced slabs: peer j (in rank order,
+  // skipping this rank) first, then the chunk, then the slab, so with two reduced slabs a
+  // warpgroup takes every other piece.
+  template <class Config, int kSlabs>
+  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
+    const int consumer = kSlabs == Config::kConsumers ? i % kSlabs : __ffs(reduced) - 1;
+    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
+    const int chunk = (i / kSlabs) % Config::kChunksPerSlab;
+    const int j = i / (kSlabs * Config::kChunksPerSlab);
+    return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
   }
 
   // Adds this warpgroup's pieces of the tile's partials as the producer streams them in, releasing
