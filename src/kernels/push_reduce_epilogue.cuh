@@ -73,18 +73,20 @@ class PushReduceEpilogue {
     static_assert(Config::kCluster == 1, "every step of a CTA stages its slabs (no duplicate steps of a pair)");
     constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
-    int step = 0;
-    for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
+    const int num_tiles = schedule.num_tiles();
+    for (int wave = 0, step = cta, s = 0; has_work<Config>(step, num_tiles);
+         step = step_of<Config>(cta, num_ctas, ++wave), ++s) {
       // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
       // segments the partner's partial of it waits for this rank's push of the partner's slab.
-      const uint32_t own = own_slabs<Config>(p, work.tile);
+      // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
+      // (walking it cost the fused call 0.5%).
+      const uint32_t own = schedule.segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(step));
       uint32_t slabs = kAllSlabs & ~own;
       // One copy of the stores in the code (kept small: the consumers' code shares the SM's
       // instruction cache).
 #pragma unroll 1
-      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs(p, smem, slabs, step, epoch);
-      ++step;
-    });
+      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs(p, smem, slabs, s, epoch);
+    }
   }
 
   // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
@@ -111,6 +113,7 @@ class PushReduceEpilogue {
                                               StageCursor& ring, uint32_t& own_phase) {
     const uint32_t reduced = reduced_slabs<Config>(p, tile);
     if (reduced == 0) return;
+    const uint32_t epoch = call_epoch(p);  // a load from global memory: before the wait, not after
     ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
     ptx::mbarrier_arrive(&smem.extra_taken);
     own_phase ^= 1;
@@ -119,18 +122,17 @@ class PushReduceEpilogue {
     // The reduced slabs' count as a constant: the piece order's arithmetic, on this one thread per
     // 8 KB piece, then folds into shifts (as a run-time count it made own tiles ~25% longer).
     if (__popc(reduced) == Config::kConsumers) {
-      stream_partials<Config, Config::kConsumers>(p, tile, reduced, arrived, smem, ring);
+      stream_partials<Config, Config::kConsumers>(p, tile, reduced, epoch, arrived, smem, ring);
     } else {
-      stream_partials<Config, 1>(p, tile, reduced, arrived, smem, ring);
+      stream_partials<Config, 1>(p, tile, reduced, epoch, arrived, smem, ring);
     }
   }
 
   // Producer thread: the TMA loads of an own tile's partials (kSlabs reduced slabs), in the order
   // of partial_piece(); after a failed call only empty stages, so that the consumers finish.
   template <class Config, int kSlabs>
-  __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, bool arrived,
-                                         SharedStorage<Config>& smem, StageCursor& ring) {
-    const uint32_t epoch = call_epoch(p);
+  __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch,
+                                         bool arrived, SharedStorage<Config>& smem, StageCursor& ring) {
     const int num_pieces = partial_pieces<Config>(p, reduced);
     for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
@@ -162,7 +164,7 @@ class PushReduceEpilogue {
     const bool reduces = (reduced >> consumer_) & 1;
     if (reduces) add_partials<Config>(reduced, acc, smem, ring);
     store<Config>(work.tile, slab, acc);  // one call: the store's code is large
-    if (!reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
+    if (reduced != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
@@ -227,22 +229,25 @@ class PushReduceEpilogue {
   template <class Config>
   __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem,
                                StageCursor& ring) {
+    static_assert(Config::kConsumers <= Config::kPiecesPerStage, "a stage holds a piece of every reduced slab");
     const int num_slabs = __popc(reduced);
-    const int place = __popc(reduced & ((1u << consumer_) - 1));  // this slab's among the reduced ones
     const int num_stages = extra_stages<Config>(p_, reduced);
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
+    // This warpgroup's next piece, counted in the held stage: every num_slabs-th from its place.
+    int in_stage = __popc(reduced & ((1u << consumer_) - 1));
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
     const int num_sources = p_.world_size - 1;
     for (int j = 0; j < num_sources; ++j) {
 #pragma unroll
       for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-        const int piece = (j * Config::kChunksPerSlab + c) * num_slabs + place;
-        while (held < piece / Config::kPiecesPerStage) {
+        if (in_stage >= Config::kPiecesPerStage) {
           release_extra_stage(smem, ring);
           ++held;
+          in_stage -= Config::kPiecesPerStage;
           ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
         }
-        add_chunk_bf16(stage_piece(smem, ring.stage, piece % Config::kPiecesPerStage), acc + c * 32);
+        add_chunk_bf16(stage_piece(smem, ring.stage, in_stage), acc + c * 32);
+        in_stage += num_slabs;
       }
     }
     release_extra_stage(smem, ring);

@@ -94,7 +94,7 @@ struct TileSchedule {
   int segments_per_tile = 1;
 
   TPFUSE_HOST_DEVICE int rows_per_rank() const { return m / world_size; }
-  TPFUSE_HOST_DEVICE int num_bands() const { return world_size / segments_per_tile; }
+  TPFUSE_HOST_DEVICE int num_bands() const { return over_segments_per_tile(world_size); }
   TPFUSE_HOST_DEVICE int rows_per_band() const { return rows_per_rank() * segments_per_tile; }
   TPFUSE_HOST_DEVICE int row_tiles_per_band() const { return (rows_per_band() + block_m - 1) / block_m; }
   TPFUSE_HOST_DEVICE int col_tiles() const { return (n + block_n - 1) / block_n; }
@@ -103,7 +103,7 @@ struct TileSchedule {
 
   // The band at `offset` of a round: the one after this rank's, ..., then its own (offset B-1).
   TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {
-    return (rank / segments_per_tile + 1 + offset) % num_bands();
+    return (over_segments_per_tile(rank) + 1 + offset) % num_bands();
   }
 
   // The band offset of `step` and its tile's index inside the band.
@@ -156,11 +156,13 @@ struct TileSchedule {
     tile.row_end = min_int(tile.row_begin + block_m, band_end);
     tile.col_begin = col_tile * block_n;
     tile.col_end = min_int(tile.col_begin + block_n, n);
-    tile.rows_per_owner = block_m / segments_per_tile;
+    tile.rows_per_owner = over_segments_per_tile(block_m);
     return tile;
   }
 
  private:
+  // x / segments_per_tile without a division (the producer computes every step's tile on one thread).
+  TPFUSE_HOST_DEVICE int over_segments_per_tile(int x) const { return segments_per_tile == 2 ? x >> 1 : x; }
   TPFUSE_HOST_DEVICE static int min_int(int a, int b) { return a < b ? a : b; }
   TPFUSE_HOST_DEVICE static int max_int(int a, int b) { return a > b ? a : b; }
 };
