@@ -74,11 +74,25 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // segments (schedule rounds): groups of 32 / P row tiles make them together the 32-row group
   // that measured best for one rank, sharing A rows and W columns in L2.
   c.group_rows = std::max(1, kGroupRowsPerWave / problem.world_size);
-  // Own tiles last (plan/schedule.h). Interleaved, they measure about the same in the one-GPU proxy
-  // since the CTAs move on a place each wave (1.283 against 1.280 at P = 8, lag 0,
-  // bench/results/2026-11-29-h200-bb7b035); the two GPUs that once favoured own tiles last (1.289
-  // against 1.260) ran before that. TPFUSE_OWN_LAG keeps it open for multi-GPU tuning.
-  c.own_lag = kOwnTilesLast;
+  // Own tiles interleaved about two waves of steps behind the peers' tiles of the same rows (a
+  // round holds a tile of each of the B bands, so L rounds are about L * B steps; plan/schedule.h):
+  // the pushes then keep the links busy for the whole call, not only until the own tiles start.
+  // On two GPUs, the sweep's per-rank shapes of P = 8: speedup 1.42-1.43 against 1.35 for own
+  // tiles last, 1.33 for one wave, 1.25 for half a wave
+  // (bench/results/2026-11-29-h200x2-a88161a/own_lag/).
+  // Own tiles stay last
+  //  - where a tile is deep (K per rank > 4096) and its pushes are few next to its multiply: there
+  //    the lag only costs balance (llama down_proj at P = 2, K/P = 14336: 0.957-1.002 against
+  //    0.993-1.026);
+  //  - where a band has fewer than 2L tiles: interleaved into so few waves, some CTAs take two own
+  //    tiles where others take none (one GPU, M = 2048 at P = 8: 1.38-1.52 against 1.26-1.35,
+  //    bench/results/2026-11-29-h200-a88161a/own_lag/).
+  const int bands = problem.world_size / c.segments_per_tile;
+  const int lag = (2 * c.num_ctas + bands - 1) / bands;
+  const int64_t band_rows = problem.rows_per_rank() * c.segments_per_tile;
+  const int64_t tiles_per_band = (band_rows + c.block_m - 1) / c.block_m * ((problem.n + c.block_n - 1) / c.block_n);
+  constexpr int64_t kMaxLaggedK = 4096;
+  c.own_lag = problem.k_per_rank <= kMaxLaggedK && tiles_per_band >= 2 * int64_t(lag) ? lag : kOwnTilesLast;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
   return Status::Ok();

@@ -88,15 +88,28 @@ TEST(Config, SmallSegments) {
   EXPECT_EQ(c.segments_per_tile, 1);
 }
 
-// A rank's own tiles come last, and the raster groups of the P segments a wave works on add up to
-// 32 row tiles.
+// A rank's own tiles come about two waves of steps (2 x 132) behind the peers' tiles of the same
+// rows where a band has at least twice as many tiles as that lag and K per rank is at most 4096,
+// else last; the raster groups of the P segments a wave works on add up to 32 row tiles.
 TEST(Config, ScheduleOfTheFusedOp) {
-  for (int world_size : {1, 2, 4, 8}) {
+  for (int world_size : {2, 4, 8}) {
     GemmConfig c;
     ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, world_size), h100(), &c).ok());
-    EXPECT_EQ(c.own_lag, kOwnTilesLast) << "P=" << world_size;
+    EXPECT_EQ(c.own_lag, (2 * 132 + world_size - 1) / world_size) << "P=" << world_size;
     EXPECT_EQ(c.group_rows, 32 / world_size) << "P=" << world_size;
   }
+  GemmConfig c;
+  // M = 2048 at P = 8: 2 x 32 tiles a segment, under twice the lag of 33 rounds.
+  ASSERT_TRUE(select_gemm_config(make(2048, 8192, 8192, 8), h100(), &c).ok());
+  EXPECT_EQ(c.own_lag, kOwnTilesLast);
+  // Deep tiles (K per rank 14336 at P = 2) keep their own tiles last.
+  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 28672, 2), h100(), &c).ok());
+  EXPECT_EQ(c.own_lag, kOwnTilesLast);
+  // Bands of two segments (M = 512 at P = 8): 32 tiles a band.
+  ASSERT_TRUE(select_gemm_config(make(512, 8192, 8192, 8), h100(), &c).ok());
+  EXPECT_EQ(c.own_lag, kOwnTilesLast);
+  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, 1), h100(), &c).ok());
+  EXPECT_EQ(c.group_rows, 32);
 }
 
 TEST(Config, OddShapesGetAConfig) {
