@@ -23,10 +23,10 @@
 // offset on every rank), so every link is busy, and every owner receives from its peers all the
 // time. A rank's own tile j needs the peers' partials of it, computed in their round j; it comes L
 // rounds later: at least L * (B-1) + 1 steps later inside the rounds, at least max(L, 1) steps in
-// the tail. With L = ceil(CTAs / B) the peers have had about a wave to push it. The own tiles, each
-// longer than a peer's tile by its reduction, are then spread over the whole call instead of
-// filling its last 1/B (docs/PERFORMANCE.md measures both). With L >= T every own tile comes last,
-// the default. NOTE: in a band of two segments, rank r's partner (r xor 1) computes their shared
+// the tail; later rounds hold B steps each, so further inside the rounds the lead grows to about
+// L * B steps. The own tiles, each longer than a peer's tile by its reduction, are then spread over
+// the whole call instead of filling its last 1/B, and the pushes go on to its end. With L >= T every
+// own tile comes last. The config picks L (plan/config.cpp; docs/PERFORMANCE.md measures it). NOTE: in a band of two segments, rank r's partner (r xor 1) computes their shared
 // own tiles at the same steps as r: each must push the partner's slab of such a tile before it
 // waits for its own slab's partials, or the two wait for each other.
 //
