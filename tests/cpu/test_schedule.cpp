@@ -13,37 +13,10 @@
 #include <vector>
 
 #include "plan/schedule.h"
+#include "schedule_case.h"
 
 namespace tpfuse {
 namespace {
-
-constexpr int kOwnLast = 1 << 30;  // an own_lag so large that the own tiles come last
-
-struct Case {
-  int m, n, world_size, block_m, block_n, group_rows;
-  int own_lag = kOwnLast;
-  int segments_per_tile = 1;
-  std::string name() const {
-    std::ostringstream os;
-    os << "m=" << m << " n=" << n << " P=" << world_size << " tile=" << block_m << "x" << block_n
-       << " group_rows=" << group_rows << " own_lag=" << own_lag << " segments/tile=" << segments_per_tile;
-    return os.str();
-  }
-};
-
-TileSchedule schedule_of(const Case& c, int rank) {
-  TileSchedule s;
-  s.world_size = c.world_size;
-  s.rank = rank;
-  s.m = c.m;
-  s.n = c.n;
-  s.block_m = c.block_m;
-  s.block_n = c.block_n;
-  s.group_rows = c.group_rows;
-  s.own_lag = c.own_lag;
-  s.segments_per_tile = c.segments_per_tile;
-  return s;
-}
 
 // Element-level coverage is affordable up to this many elements per case.
 constexpr int64_t kMaxElementsForCoverage = int64_t(1) << 22;
