@@ -36,7 +36,8 @@ constexpr int kGroupRowsPerWave = 32;
 
 // Relative time of a config: the waves of tiles over the SMs times a tile's cost, which grows with
 // its columns plus a fixed part (pipeline fill and epilogue) worth about 32 columns.
-double relative_time(const Problem& problem, const DeviceInfo& device, int block_m, int block_n, int segments_per_tile) {
+double relative_time(const Problem& problem, const DeviceInfo& device, int block_m, int block_n,
+                     int segments_per_tile) {
   const int64_t rows = problem.rows_per_rank() * segments_per_tile;
   const int64_t tiles = int64_t(problem.world_size / segments_per_tile) * ((rows + block_m - 1) / block_m) *
                         ((problem.n + block_n - 1) / block_n);
@@ -82,8 +83,8 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // (bench/results/2026-11-29-h200x2-a88161a/own_lag/).
   // Own tiles stay last
   //  - where a tile is deep (K per rank > 4096) and its pushes are few next to its multiply: there
-  //    the lag only costs balance (llama down_proj at P = 2, K/P = 14336: 0.957-1.002 against
-  //    0.993-1.026);
+  //    the lag only costs balance (llama down_proj at P = 2, K/P = 14336: speedup 0.957-1.015
+  //    against 0.993-1.026);
   //  - where a band has fewer than 2L tiles: interleaved into so few waves, some CTAs take two own
   //    tiles where others take none (one GPU, M = 2048 at P = 8: 1.38-1.52 against 1.26-1.35,
   //    bench/results/2026-11-29-h200-a88161a/own_lag/).
