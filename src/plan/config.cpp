@@ -86,7 +86,7 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   //    the lag only costs balance (llama down_proj at P = 2, K/P = 14336: speedup 0.957-1.015
   //    against 0.993-1.026);
   //  - where a band has fewer than 2L tiles: interleaved into so few waves, some CTAs take two own
-  //    tiles where others take none (one GPU, M = 2048 at P = 8: 1.38-1.52 against 1.26-1.35,
+  //    tiles where others take none (one GPU, o_proj at M = 2048, P = 8: 1.38-1.52 against 1.26-1.36,
   //    bench/results/2026-11-29-h200-a88161a/own_lag/).
   const int bands = problem.world_size / c.segments_per_tile;
   const int lag = (2 * c.num_ctas + bands - 1) / bands;
