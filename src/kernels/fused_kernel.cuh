@@ -11,8 +11,7 @@ namespace tpfuse::kernels {
 struct FusedRankParams {
   MainloopParams mainloop;
   PushReduceEpilogue::Params epilogue;
-  uint32_t* epoch_counter;  // calls completed on this rank (epilogue.epoch_counter, writable)
-  uint32_t* done_counter;   // CTAs of this rank done with the current call
+  uint64_t* calls;  // calls completed on this rank, in the high word (epilogue.calls, writable)
 };
 
 template <int kLocalRanks>
@@ -25,16 +24,17 @@ template <class Config>
 __device__ __forceinline__ void run_rank(const FusedRankParams& rank, int cta, int ctas_per_rank) {
   run_persistent<Config, PushReduceEpilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta,
                                              ctas_per_rank);
+  // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share below.
   __syncthreads();
-  // The last CTA of this rank to finish advances the epoch: the next call (stream-ordered after this
-  // one) uses the next epoch and the other parity, with no host involvement (CUDA-graph friendly).
-  // Every CTA read the epoch at its start, before this point.
+  // The call advances the epoch with no host involvement (CUDA-graph friendly): the CTAs of a call
+  // add exactly 2^32 to the rank's call count between them (CTA 0 adds 2^32 - (ctas_per_rank - 1),
+  // every other CTA 1), so its high word, the epoch, moves on only once the last CTA has added its
+  // share: a CTA that reads the epoch late in the call still reads this call's. The next call
+  // (stream-ordered after this one) uses the next epoch and the other parity. No CTA waits for the
+  // others or for its addition to return.
   if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(rank.done_counter, 1u) == uint32_t(ctas_per_rank - 1)) {
-      *rank.done_counter = 0;
-      atomicAdd(rank.epoch_counter, 1u);
-    }
+    const uint64_t share = cta == 0 ? (uint64_t(1) << 32) - uint64_t(ctas_per_rank - 1) : 1;
+    ptx::red_add_u64(rank.calls, share);
   }
 }
 

@@ -172,6 +172,13 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---- a counter in global memory -----------------------------------------------------------------
+
+// Adds to a 64-bit counter without waiting for the result (no ordering of its own).
+__device__ __forceinline__ void red_add_u64(uint64_t* counter, uint64_t value) {
+  asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(counter), "l"(value) : "memory");
+}
+
 // ---- register reallocation between warpgroups ---------------------------------------------------
 
 template <int kRegs>

@@ -52,7 +52,7 @@ class PushReduceEpilogue {
     CUtensorMap out;                 // rows_per_rank x n, this rank's output
     uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
     size_t flags_parity_words;       // distance between the two parity halves of a flag array
-    const uint32_t* epoch_counter;   // calls completed on this rank; this call's epoch is one more
+    const uint64_t* calls;           // calls completed on this rank, in the high word; this call's epoch is one more
     uint32_t* failed;                // set by the first wait of this rank that times out
     PeerError* error;                // host-mapped
     uint64_t timeout_ns;
@@ -180,7 +180,7 @@ class PushReduceEpilogue {
 
   // This call's epoch: one more than the calls this rank has completed.
   __device__ static uint32_t call_epoch(const Params& p) {
-    return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
+    return uint32_t(*reinterpret_cast<const volatile uint64_t*>(p.calls) >> 32) + 1;
   }
 
   // The slabs of a tile that hold this rank's rows (a bit per consumer): stored here, not pushed.

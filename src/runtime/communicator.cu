@@ -20,7 +20,7 @@ constexpr int64_t kMinBlockM = 64;
 constexpr int64_t kMinBlockN = 128;
 constexpr int kSlabsPerTile = 2;
 constexpr size_t kAlign = 256;
-constexpr int kCounterWords = 4;  // epoch, done, failed, spare
+constexpr int kCounterWords = 4;  // calls (two words), failed, spare
 
 size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -75,9 +75,8 @@ Status init_rank(Communicator& comm, RankState& rank, void* allocation) {
   rank.flags = reinterpret_cast<uint32_t*>(base);
   const size_t flag_bytes = align_up(2 * comm.flags_parity_words * 4);
   base += flag_bytes;
-  rank.epoch_counter = reinterpret_cast<uint32_t*>(base);
-  rank.done_counter = rank.epoch_counter + 1;
-  rank.failed = rank.epoch_counter + 2;
+  rank.calls = reinterpret_cast<uint64_t*>(base);  // 256-byte aligned
+  rank.failed = reinterpret_cast<uint32_t*>(base) + 2;
   TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0, flag_bytes + align_up(kCounterWords * 4)));
   TPFUSE_CUDA_TRY(cudaHostAlloc(&rank.error_host, sizeof(kernels::PeerError), cudaHostAllocMapped));
   std::memset(rank.error_host, 0, sizeof(kernels::PeerError));

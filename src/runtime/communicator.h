@@ -29,8 +29,7 @@ struct RankState {
   void* allocation = nullptr;  // receive buffer, flags and counters in one allocation
   void* recv = nullptr;        // BF16 [2 parities][P][rows_per_rank][n]
   uint32_t* flags = nullptr;   // [2 parities][P][tiles per segment][2 slabs]
-  uint32_t* epoch_counter = nullptr;
-  uint32_t* done_counter = nullptr;
+  uint64_t* calls = nullptr;  // the rank's completed calls, in the high word (fused_kernel.cuh)
   uint32_t* failed = nullptr;
   kernels::PeerError* error_host = nullptr;  // pinned, mapped: written by the GPU, read by the host
   kernels::PeerError* error_device = nullptr;

@@ -54,12 +54,11 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kernels::kChunkRows,
                                               kernels::kChunkCols, &e.out));
   e.flags_parity_words = comm.flags_parity_words;
-  e.epoch_counter = rank.epoch_counter;
+  e.calls = rank.calls;
   e.failed = rank.failed;
   e.error = rank.error_device;
   e.timeout_ns = comm.timeout_ns;
-  rp->epoch_counter = rank.epoch_counter;
-  rp->done_counter = rank.done_counter;
+  rp->calls = rank.calls;
   return Status::Ok();
 }
 
