@@ -5,6 +5,7 @@
 
 #include "kernels/gemm_mainloop.cuh"
 #include "kernels/push_reduce_epilogue.cuh"
+#include "plan/epoch.h"
 
 namespace tpfuse::kernels {
 
@@ -26,16 +27,10 @@ __device__ __forceinline__ void run_rank(const FusedRankParams& rank, int cta, i
                                              ctas_per_rank);
   // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share below.
   __syncthreads();
-  // The call advances the epoch with no host involvement (CUDA-graph friendly): the CTAs of a call
-  // add exactly 2^32 to the rank's call count between them (CTA 0 adds 2^32 - (ctas_per_rank - 1),
-  // every other CTA 1), so its high word, the epoch, moves on only once the last CTA has added its
-  // share: a CTA that reads the epoch late in the call still reads this call's. The next call
-  // (stream-ordered after this one) uses the next epoch and the other parity. No CTA waits for the
-  // others or for its addition to return.
-  if (threadIdx.x == 0) {
-    const uint64_t share = cta == 0 ? (uint64_t(1) << 32) - uint64_t(ctas_per_rank - 1) : 1;
-    ptx::red_add_u64(rank.calls, share);
-  }
+  // The call advances the epoch with no host involvement (CUDA-graph friendly), no CTA waiting for
+  // the others or for its addition to return (plan/epoch.h). The next call (stream-ordered after
+  // this one) uses the next epoch and the other parity.
+  if (threadIdx.x == 0) ptx::red_add_u64(rank.calls, call_share(cta, ctas_per_rank));
 }
 
 template <class Config, int kLocalRanks>

@@ -30,6 +30,7 @@
 
 #include "kernels/peer_error.h"
 #include "kernels/tile_store.cuh"
+#include "plan/epoch.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse::kernels {
@@ -180,7 +181,7 @@ class PushReduceEpilogue {
 
   // This call's epoch: one more than the calls this rank has completed.
   __device__ static uint32_t call_epoch(const Params& p) {
-    return uint32_t(*reinterpret_cast<const volatile uint64_t*>(p.calls) >> 32) + 1;
+    return epoch_of(*reinterpret_cast<const volatile uint64_t*>(p.calls));
   }
 
   // The slabs of a tile that hold this rank's rows (a bit per consumer): stored here, not pushed.

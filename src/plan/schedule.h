@@ -39,11 +39,7 @@
 //                                               7  9 11
 #pragma once
 
-#if defined(__CUDACC__)
-#define TPFUSE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define TPFUSE_HOST_DEVICE inline
-#endif
+#include "plan/host_device.h"
 
 namespace tpfuse {
 
