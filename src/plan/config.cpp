@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "plan/schedule.h"
+
 namespace tpfuse {
 
 size_t GemmConfig::smem_bytes() const {
@@ -34,13 +36,24 @@ namespace {
 // for the plain GEMM (bench/results/2026-11-29-h200-6b0d11c).
 constexpr int kGroupRowsPerWave = 32;
 
+// The tiles the schedule cuts a rank's partial into (plan/schedule.h), for counting them (the
+// entry points validate a problem, so its sizes fit an int, before they choose its config).
+TileSchedule tile_grid(const Problem& problem, int block_m, int block_n, int segments_per_tile) {
+  TileSchedule grid;
+  grid.world_size = problem.world_size;
+  grid.m = int(problem.m);
+  grid.n = int(problem.n);
+  grid.block_m = block_m;
+  grid.block_n = block_n;
+  grid.segments_per_tile = segments_per_tile;
+  return grid;
+}
+
 // Relative time of a config: the waves of tiles over the SMs times a tile's cost, which grows with
 // its columns plus a fixed part (pipeline fill and epilogue) worth about 32 columns.
 double relative_time(const Problem& problem, const DeviceInfo& device, int block_m, int block_n,
                      int segments_per_tile) {
-  const int64_t rows = problem.rows_per_rank() * segments_per_tile;
-  const int64_t tiles = int64_t(problem.world_size / segments_per_tile) * ((rows + block_m - 1) / block_m) *
-                        ((problem.n + block_n - 1) / block_n);
+  const int64_t tiles = tile_grid(problem, block_m, block_n, segments_per_tile).num_tiles();
   const int64_t waves = (tiles + device.num_sms - 1) / device.num_sms;
   constexpr double kFixedCols = 32;
   return double(waves) * (block_m / 128.0) * (block_n + kFixedCols);
@@ -88,12 +101,11 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   //  - where a band has fewer than 2L tiles: interleaved into so few waves, some CTAs take two own
   //    tiles where others take none (one GPU, o_proj at M = 2048, P = 8: 1.38-1.52 against 1.26-1.36,
   //    bench/results/2026-11-29-h200-a88161a/own_lag/).
-  const int bands = problem.world_size / c.segments_per_tile;
+  const TileSchedule grid = tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile);
+  const int bands = grid.num_bands();
   const int lag = (2 * c.num_ctas + bands - 1) / bands;
-  const int64_t band_rows = problem.rows_per_rank() * c.segments_per_tile;
-  const int64_t tiles_per_band = (band_rows + c.block_m - 1) / c.block_m * ((problem.n + c.block_n - 1) / c.block_n);
   constexpr int64_t kMaxLaggedK = 4096;
-  c.own_lag = problem.k_per_rank <= kMaxLaggedK && tiles_per_band >= 2 * int64_t(lag) ? lag : kOwnTilesLast;
+  c.own_lag = problem.k_per_rank <= kMaxLaggedK && grid.tiles_per_band() >= 2 * lag ? lag : kOwnTilesLast;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
   return Status::Ok();

@@ -26,9 +26,10 @@
 // the tail; later rounds hold B steps each, so further inside the rounds the lead grows to about
 // L * B steps. The own tiles, each longer than a peer's tile by its reduction, are then spread over
 // the whole call instead of filling its last 1/B, and the pushes go on to its end. With L >= T every
-// own tile comes last. The config picks L (plan/config.cpp; docs/PERFORMANCE.md measures it). NOTE: in a band of two segments, rank r's partner (r xor 1) computes their shared
-// own tiles at the same steps as r: each must push the partner's slab of such a tile before it
-// waits for its own slab's partials, or the two wait for each other.
+// own tile comes last. The config picks L (plan/config.cpp; docs/PERFORMANCE.md measures it).
+// NOTE: in a band of two segments, rank r's partner (r xor 1) computes their shared own tiles at
+// the same steps as r: each must push the partner's slab of such a tile before it waits for its own
+// slab's partials, or the two wait for each other.
 //
 // Inside a band, tiles go in groups of `group_rows` row tiles, column-major inside a group, so
 // the CTAs working at the same time share A rows and W columns in L2:

@@ -28,7 +28,7 @@ struct RankState {
   int device = 0;
   void* allocation = nullptr;  // receive buffer, flags and counters in one allocation
   void* recv = nullptr;        // BF16 [2 parities][P][rows_per_rank][n]
-  uint32_t* flags = nullptr;   // [2 parities][P][tiles per segment][2 slabs]
+  uint32_t* flags = nullptr;   // [2 parities][P][tiles per band][2 slabs]
   uint64_t* calls = nullptr;  // the rank's completed calls, in the high word (fused_kernel.cuh)
   uint32_t* failed = nullptr;
   kernels::PeerError* error_host = nullptr;  // pinned, mapped: written by the GPU, read by the host
