@@ -72,6 +72,7 @@ class PushReduceEpilogue {
   __device__ static void send(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
                               int num_ctas) {
     static_assert(Config::kCluster == 1, "every step of a CTA stages its slabs (no duplicate steps of a pair)");
+    static_assert(Config::kStagedChunks == Config::kChunksPerSlab, "the sender takes a whole slab at a time");
     constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
     const int num_tiles = schedule.num_tiles();

@@ -58,8 +58,8 @@ __device__ __forceinline__ void add_chunk_bf16(const __nv_bfloat16* buffer, floa
   }
 }
 
-// Stores one consumer warpgroup's slabs: all chunks of a slab staged at once, then stored as one
-// bulk group by the warpgroup's first thread.
+// Stores one consumer warpgroup's slabs: the chunks of a slab are staged as many at a time as there
+// are buffers, each batch stored as one bulk group by the warpgroup's first thread.
 class SlabStore {
  public:
   __device__ SlabStore(int consumer, ChunkBuffers buffers) : consumer_(consumer), buffers_(buffers.data) {}
@@ -80,16 +80,21 @@ class SlabStore {
     sync();
   }
 
-  // Stages chunks [0, num_chunks) of `acc`, then the leader issues store_chunk(c, buffer) for each.
-  template <int kMaxChunks, class StoreFn>
+  // Stages chunks [0, num_chunks) of `acc`, kBuffers at a time; after each batch the leader issues
+  // store_chunk(c, buffer) for its chunks.
+  template <int kMaxChunks, int kBuffers, class StoreFn>
   __device__ void store(const float* acc, int num_chunks, StoreFn&& store_chunk) {
-    // The previous slab's stores must have finished reading the buffers.
-    if (leader()) ptx::bulk_wait_group_read<0>();
-    sync();
-    stage<kMaxChunks>(acc, num_chunks);
-    if (leader()) {
-      for (int c = 0; c < num_chunks; ++c) store_chunk(c, buffers_[c]);
-      ptx::bulk_commit_group();
+#pragma unroll
+    for (int first = 0; first < kMaxChunks; first += kBuffers) {
+      if (first >= num_chunks) break;
+      // The stores issued before must have finished reading the buffers.
+      if (leader()) ptx::bulk_wait_group_read<0>();
+      sync();
+      stage<kBuffers>(acc + 32 * first, min(num_chunks - first, kBuffers));
+      if (leader()) {
+        for (int b = 0; b < kBuffers && first + b < num_chunks; ++b) store_chunk(first + b, buffers_[b]);
+        ptx::bulk_commit_group();
+      }
     }
   }
 
@@ -140,10 +145,10 @@ class StoreTileEpilogue {
     // A slab past the tile's last row (a 64-row segment in a 128-row tile) or column has nothing to
     // store; rows past m inside a slab are clipped by the TMA store.
     if (row >= tile.row_end || col >= tile.col_end) return;
-    slabs_.store<Config::kWgCols / kChunkCols>(acc, chunks_before<Config>(col, tile.col_end),
-                                               [&](int c, const __nv_bfloat16* buffer) {
-                                                 ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
-                                               });
+    slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
+        acc, chunks_before<Config>(col, tile.col_end), [&](int c, const __nv_bfloat16* buffer) {
+          ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
+        });
   }
 
   __device__ void finish() { slabs_.drain(); }

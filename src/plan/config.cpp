@@ -10,8 +10,9 @@ namespace tpfuse {
 size_t GemmConfig::smem_bytes() const {
   const size_t bf16 = 2;
   const size_t stage = size_t(block_m + block_n) * block_k * bf16;
-  // The epilogue stages a whole tile in BF16.
-  const size_t epilogue = size_t(block_m) * block_n * bf16;
+  // The epilogue stages a whole tile in BF16, or each consumer staged_chunks 64 x 64 chunks.
+  const size_t epilogue = staged_chunks > 0 ? size_t(consumer_warpgroups) * staged_chunks * 64 * 64 * bf16
+                                            : size_t(block_m) * block_n * bf16;
   // The ring's barriers and each stage's note of its step's tile (32 bytes); each consumer's
   // hand-off to the fused op's sender (40 bytes) and the watcher's two barriers.
   const size_t barriers = size_t(stages) * (2 * 8 + 32) + size_t(consumer_warpgroups) * 40 + 2 * 8;
@@ -26,7 +27,8 @@ std::string GemmConfig::to_string() const {
   os << "tile " << block_m << "x" << block_n << "x" << block_k << ", stages " << stages
      << ", consumer warpgroups " << consumer_warpgroups << ", threads " << threads()
      << ", group_rows " << group_rows << ", own_lag " << own_lag << ", segments/tile " << segments_per_tile
-     << ", cluster " << cluster_size << ", ctas " << num_ctas << ", smem " << smem_bytes() << " B";
+     << ", cluster " << cluster_size << ", ctas " << num_ctas << ", staged chunks "
+     << (staged_chunks > 0 ? std::to_string(staged_chunks) : std::string("all")) << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 
@@ -108,6 +110,21 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   c.own_lag = problem.k_per_rank <= kMaxLaggedK && grid.tiles_per_band() >= 2 * lag ? lag : kOwnTilesLast;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
+  return Status::Ok();
+}
+
+Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
+  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
+  // A single wave of 128 x 256 tiles (M = 512, N = 8192): no tile's epilogue overlaps another's
+  // mainloop anyway, and a fourth stage shortens the one mainloop more than staging the epilogue 2
+  // chunks at a time lengthens it: cuBLAS/ours 1.020 / 1.007 against 0.995 / 0.951 at llama o_proj
+  // M = 512 (K x N / N x K). With more waves it cost 1-4%
+  // (bench/results/2026-11-29-h200-ee59bda/stage4/).
+  const int64_t tiles = tile_grid(problem, config->block_m, config->block_n, config->segments_per_tile).num_tiles();
+  if (config->block_m == 128 && config->block_n == 256 && tiles <= config->num_ctas) {
+    config->staged_chunks = 2;
+    TPFUSE_RETURN_IF_ERROR(fit_stages(device, config));
+  }
   return Status::Ok();
 }
 
