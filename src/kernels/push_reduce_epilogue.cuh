@@ -72,7 +72,6 @@ class PushReduceEpilogue {
   __device__ static void send(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
                               int num_ctas) {
     static_assert(Config::kCluster == 1, "every step of a CTA stages its slabs (no duplicate steps of a pair)");
-    static_assert(Config::kStagedChunks == Config::kChunksPerSlab, "the sender takes a whole slab at a time");
     constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
     const int num_tiles = schedule.num_tiles();
@@ -86,7 +85,7 @@ class PushReduceEpilogue {
       uint32_t slabs = kAllSlabs & ~own;
       // One call site: the stores are compiled once.
 #pragma unroll 1
-      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs(p, smem, slabs, s, epoch);
+      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs<Config>(p, smem, slabs, s, epoch);
     }
   }
 
@@ -257,7 +256,13 @@ class PushReduceEpilogue {
     pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
   }
 
-  // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
+  // A slab's hand-offs: its chunks staged kStagedChunks at a time (the same count for every slab,
+  // empty ones too, so that the sender knows it).
+  template <class Config>
+  static constexpr int kHandoffsPerSlab = (Config::kChunksPerSlab + Config::kStagedChunks - 1) / Config::kStagedChunks;
+
+  // Stages the slab and hands it to the sender, kStagedChunks chunks at a time; the last hand-off
+  // carries a pushed slab's flag, an own slab's none.
   template <class Config>
   __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const int owner = tile.owner_of(slab.row);
@@ -266,48 +271,59 @@ class PushReduceEpilogue {
     // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
     const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
     const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
-    // The sender's stores of the previous slab must have read the chunk buffers.
-    if (slabs_staged_ > 0) ptx::mbarrier_wait(&handoff_->sent, (slabs_staged_ - 1) & 1);
-    slabs_.stage<Config::kChunksPerSlab>(acc, num_chunks);
-    if (slabs_.leader()) {
-      const bool pushed = !empty && owner != p_.rank;
-      handoff_->destination = owner;
-      handoff_->row = segment_row;
-      handoff_->col = col_begin;
-      handoff_->num_chunks = num_chunks;
-      handoff_->flag = pushed ? flag_at(p_, owner, p_.rank, tile, consumer_, parity_) : nullptr;
-      ptx::mbarrier_arrive(&handoff_->staged);
+    const bool pushed = !empty && owner != p_.rank;
+    // Unrolled: the accumulators are indexed with constants only (or they would leave registers).
+#pragma unroll
+    for (int h = 0; h < kHandoffsPerSlab<Config>; ++h) {
+      const int first = h * Config::kStagedChunks;
+      const int count = max(0, min(num_chunks - first, Config::kStagedChunks));
+      // The sender's stores of the previous hand-off must have read the chunk buffers.
+      if (handoffs_ > 0) ptx::mbarrier_wait(&handoff_->sent, (handoffs_ - 1) & 1);
+      slabs_.stage<Config::kStagedChunks>(acc + 32 * first, count);
+      if (slabs_.leader()) {
+        const bool last = h == kHandoffsPerSlab<Config> - 1;
+        handoff_->destination = owner;
+        handoff_->row = segment_row;
+        handoff_->col = col_begin + first * kChunkCols;
+        handoff_->num_chunks = count;
+        handoff_->flag = pushed && last ? flag_at(p_, owner, p_.rank, tile, consumer_, parity_) : nullptr;
+        ptx::mbarrier_arrive(&handoff_->staged);
+      }
+      ++handoffs_;
     }
-    ++slabs_staged_;
   }
 
-  // Sender thread: stores the given slabs of a step (a bit per consumer) as one bulk group, hands
-  // their chunk buffers back once read, and raises the flags of the pushed ones once landed.
+  // Sender thread: stores the given slabs of a step (a bit per consumer), a bulk group per hand-off
+  // round, hands their chunk buffers back once read, and raises the flags of the pushed ones once
+  // every round has landed.
   template <class Config>
   __device__ static void send_slabs(const Params& p, SharedStorage<Config>& smem, uint32_t slabs, int step,
                                     uint32_t epoch) {
     if (slabs == 0) return;
     uint32_t* flags[Config::kConsumers] = {};
     bool any_flag = false;
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      if (!(slabs & (1u << c))) continue;
-      SlabHandoff& slab = smem.handoff[c];
-      ptx::mbarrier_wait(&slab.staged, step & 1);
-      flags[c] = slab.flag;
-      any_flag |= slab.flag != nullptr;
-      for (int i = 0; i < slab.num_chunks; ++i) {
-        const int col = slab.col + i * kChunkCols;
-        if (slab.destination == p.rank) {
-          ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
-        } else {
-          ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+#pragma unroll 1
+    for (int h = 0; h < kHandoffsPerSlab<Config>; ++h) {
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        if (!(slabs & (1u << c))) continue;
+        SlabHandoff& slab = smem.handoff[c];
+        ptx::mbarrier_wait(&slab.staged, (step * kHandoffsPerSlab<Config> + h) & 1);
+        if (slab.flag != nullptr) flags[c] = slab.flag;
+        any_flag |= slab.flag != nullptr;
+        for (int i = 0; i < slab.num_chunks; ++i) {
+          const int col = slab.col + i * kChunkCols;
+          if (slab.destination == p.rank) {
+            ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
+          } else {
+            ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+          }
         }
       }
-    }
-    ptx::bulk_commit_group();
-    ptx::bulk_wait_group_read<0>();
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.handoff[c].sent);
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group_read<0>();
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.handoff[c].sent);
+      }
     }
     if (!any_flag) return;
     ptx::bulk_wait_group<0>();
@@ -408,7 +424,7 @@ class PushReduceEpilogue {
   SlabStore slabs_;
   SlabHandoff* handoff_;
   int parity_;
-  int slabs_staged_ = 0;
+  int handoffs_ = 0;  // hand-offs of staged chunks to the sender so far
 };
 
 }  // namespace tpfuse::kernels

@@ -108,23 +108,14 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   const int lag = (2 * c.num_ctas + bands - 1) / bands;
   constexpr int64_t kMaxLaggedK = 4096;
   c.own_lag = problem.k_per_rank <= kMaxLaggedK && grid.tiles_per_band() >= 2 * lag ? lag : kOwnTilesLast;
-  TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
-  *config = c;
-  return Status::Ok();
-}
-
-Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
-  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
   // A single wave of 128 x 256 tiles (M = 512, N = 8192): no tile's epilogue overlaps another's
   // mainloop anyway, and a fourth stage shortens the one mainloop more than staging the epilogue 2
-  // chunks at a time lengthens it: cuBLAS/ours 1.020 / 1.007 against 0.995 / 0.951 at llama o_proj
-  // M = 512 (K x N / N x K). With more waves it cost 1-4%
+  // chunks at a time lengthens it: the plain GEMM's cuBLAS/ours 1.020 / 1.007 against 0.995 / 0.951
+  // at llama o_proj M = 512 (K x N / N x K). With more waves it cost 1-4%
   // (bench/results/2026-11-29-h200-ee59bda/stage4/).
-  const int64_t tiles = tile_grid(problem, config->block_m, config->block_n, config->segments_per_tile).num_tiles();
-  if (config->block_m == 128 && config->block_n == 256 && tiles <= config->num_ctas) {
-    config->staged_chunks = 2;
-    TPFUSE_RETURN_IF_ERROR(fit_stages(device, config));
-  }
+  if (c.block_m == 128 && c.block_n == 256 && grid.num_tiles() <= c.num_ctas) c.staged_chunks = 2;
+  TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
+  *config = c;
   return Status::Ok();
 }
 

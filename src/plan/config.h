@@ -37,7 +37,7 @@ struct GemmConfig {
   int own_lag = 0;               // rounds from a peer's tile to the own tile of the same rows (schedule.h)
   int segments_per_tile = 1;     // 2: 128-row tiles over two ranks' 64-row segments (schedule.h)
   // Chunk buffers (64 x 64 BF16) per consumer for the epilogue's staging: 0, a whole slab at once;
-  // fewer, the slab staged in batches (the plain GEMM only: the fused op's sender takes whole slabs).
+  // fewer, the slab staged in batches (a fourth stage then fits beside 128 x 256 tiles).
   int staged_chunks = 0;
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
@@ -48,10 +48,6 @@ struct GemmConfig {
 
 // Picks the GEMM config for one rank's partial product. Fails (never aborts) on an unsupported device.
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);
-
-// The plain GEMM's config: select_gemm_config's, and where its tiles take a single wave, 4 stages
-// with the epilogue staging 2 chunks at a time (see config.cpp).
-Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);
 
 // Sets config->stages to as many as fit in shared memory with its tile (at most 4, at least 2).
 Status fit_stages(const DeviceInfo& device, GemmConfig* config);

@@ -98,7 +98,7 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
 
   TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
   GemmConfig config;
-  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm_reduce_scatter", /*plain_gemm=*/false, &config));
+  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm_reduce_scatter", &config));
   // Clusters are the plain GEMM's option only: an own tile's extra stages (its peers' partials) would
   // break the lockstep of a cluster's shared ring.
   if (config.cluster_size != 1 && params::debug()) {
@@ -107,7 +107,7 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
   config.cluster_size = 1;
 
   const bool k_major = problem.weight_layout == WeightLayout::kNxK;
-  return with_tile_config<1, /*kStagedEpilogue=*/false>(config, k_major, [&](auto mainloop_config) -> Status {
+  return with_tile_config<1>(config, k_major, [&](auto mainloop_config) -> Status {
     using Config = decltype(mainloop_config);
     if (num_ranks > 1 && one_device) {
       // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.

@@ -16,7 +16,7 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
   TPFUSE_RETURN_IF_ERROR(validate_operand(c, "c"));
 
   GemmConfig config;
-  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm", /*plain_gemm=*/true, &config));
+  TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm", &config));
 
   return with_mainloop_config(config, problem.weight_layout, [&](auto mainloop_config) {
     using Config = decltype(mainloop_config);

@@ -15,15 +15,12 @@
 namespace tpfuse {
 
 // Calls fn(MainloopConfig<...>{}) with the compiled variant that matches the config and layout.
-// kStagedEpilogue: also the variants whose epilogue stages a slab in batches (the plain GEMM's).
-template <int kCluster, bool kStagedEpilogue, class Fn>
+template <int kCluster, class Fn>
 Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
   using kernels::MainloopConfig;
-  if constexpr (kStagedEpilogue) {
-    if (c.staged_chunks == 2 && c.block_m == 128 && c.block_n == 256 && c.stages == 4) {
-      return k_major ? fn(MainloopConfig<128, 256, 4, true, kCluster, 2>{})
-                     : fn(MainloopConfig<128, 256, 4, false, kCluster, 2>{});
-    }
+  if (c.staged_chunks == 2 && c.block_m == 128 && c.block_n == 256 && c.stages == 4) {
+    return k_major ? fn(MainloopConfig<128, 256, 4, true, kCluster, 2>{})
+                   : fn(MainloopConfig<128, 256, 4, false, kCluster, 2>{});
   }
   if (c.block_k == 64 && c.consumer_warpgroups == 2 && c.staged_chunks == 0) {
     if (c.block_m == 128 && c.block_n == 256 && c.stages == 3) {
@@ -39,12 +36,11 @@ Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
 }
 
-// The plain GEMM's variants (any cluster size, staged epilogues too).
 template <class Fn>
 Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
   const bool k_major = layout == WeightLayout::kNxK;
-  if (c.cluster_size == 2) return with_tile_config<2, true>(c, k_major, fn);
-  if (c.cluster_size == 1) return with_tile_config<1, true>(c, k_major, fn);
+  if (c.cluster_size == 2) return with_tile_config<2>(c, k_major, fn);
+  if (c.cluster_size == 1) return with_tile_config<1>(c, k_major, fn);
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
 }
 
@@ -80,13 +76,12 @@ inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
   return Status::Ok();
 }
 
-// The config for `problem` on the current device: the pure choice (the plain GEMM's, or the fused
-// op's), then the environment's overrides; logged with TPFUSE_DEBUG=1 under the name `op`.
-inline Status choose_config(const Problem& problem, const char* op, bool plain_gemm, GemmConfig* config) {
+// The config for `problem` on the current device: the pure choice, then the environment's overrides;
+// logged with TPFUSE_DEBUG=1 under the name `op`.
+inline Status choose_config(const Problem& problem, const char* op, GemmConfig* config) {
   DeviceInfo device;
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
-  TPFUSE_RETURN_IF_ERROR(plain_gemm ? select_plain_gemm_config(problem, device, config)
-                                    : select_gemm_config(problem, device, config));
+  TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
   TPFUSE_RETURN_IF_ERROR(apply_overrides(device, config));
   if (params::debug()) {
     std::fprintf(stderr, "tpfuse: %s %s -> %s\n", op, problem.to_string().c_str(), config->to_string().c_str());

@@ -65,36 +65,29 @@ TEST(Config, SweepShapesFitTheDevice) {
       const Status s = select_gemm_config(p, h100(), &c);
       ASSERT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
       expect_fits(c, h100(), p.to_string() + " -> " + c.to_string());
-      EXPECT_EQ(c.staged_chunks, 0) << "the fused op's sender takes whole slabs: " << c.to_string();
     }
   }
-  for (const Problem& p : sweep(1)) {
-    GemmConfig c;
-    ASSERT_TRUE(select_plain_gemm_config(p, h100(), &c).ok()) << p.to_string();
-    expect_fits(c, h100(), "plain GEMM " + p.to_string() + " -> " + c.to_string());
-  }
 }
 
-// The plain GEMM's single wave of 128 x 256 tiles (M = 512, N = 8192: 128 tiles) gets 4 stages, its
-// epilogue staging 2 chunks at a time; with more waves (M = 2048: 512 tiles), or narrower tiles
-// (N = 6144), the whole slab and 3 stages stay.
-TEST(Config, OneWavePlainGemmStagesInBatches) {
+// A single wave of 128 x 256 tiles (M = 512, N = 8192: 128 tiles; at P = 8 its bands of two
+// segments too) gets 4 stages, the epilogue staging 2 chunks at a time; with more waves (M = 2048:
+// 512 tiles), or narrower tiles (N = 6144), the whole slab and 3 stages stay.
+TEST(Config, OneWaveStagesInBatches) {
   GemmConfig c;
-  ASSERT_TRUE(select_plain_gemm_config(make(512, 8192, 1024, 1), h100(), &c).ok());
-  EXPECT_EQ(c.staged_chunks, 2) << c.to_string();
-  EXPECT_EQ(c.stages, 4) << c.to_string();
-  EXPECT_LE(c.smem_bytes(), size_t(h100().max_smem_per_block)) << c.to_string();
-  for (const Problem& p : {make(2048, 8192, 1024, 1), make(32768, 8192, 3584, 1), make(512, 6144, 768, 1)}) {
-    ASSERT_TRUE(select_plain_gemm_config(p, h100(), &c).ok());
-    EXPECT_EQ(c.staged_chunks, 0) << p.to_string() << " -> " << c.to_string();
-    GemmConfig fused;
-    ASSERT_TRUE(select_gemm_config(p, h100(), &fused).ok());
-    EXPECT_EQ(c.stages, fused.stages) << p.to_string();
+  for (const Problem& p : {make(512, 8192, 1024, 1), make(512, 8192, 8192, 8)}) {
+    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
+    EXPECT_EQ(c.staged_chunks, 2) << p.to_string() << " -> " << c.to_string();
+    EXPECT_EQ(c.stages, 4) << p.to_string() << " -> " << c.to_string();
+    EXPECT_LE(c.smem_bytes(), size_t(h100().max_smem_per_block)) << c.to_string();
   }
+  for (const Problem& p : {make(2048, 8192, 1024, 1), make(32768, 8192, 3584, 1), make(512, 6144, 768, 1)}) {
+    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
+    EXPECT_EQ(c.staged_chunks, 0) << p.to_string() << " -> " << c.to_string();
+  }
+  ASSERT_TRUE(select_gemm_config(make(2048, 8192, 1024, 1), h100(), &c).ok());
+  EXPECT_EQ(c.stages, 3) << c.to_string();
 }
 
-// Segments of 64 rows share 128-row tiles in pairs from P = 4 on; smaller ones, or at P = 2, get
-// 64-row tiles; larger ones 128-row tiles of their own.
 TEST(Config, SmallSegments) {
   GemmConfig c;
   for (int world_size : {4, 8}) {
