@@ -113,17 +113,16 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // chunks at a time lengthens it: the plain GEMM's cuBLAS/ours 1.020 / 1.007 against 0.995 / 0.951
   // at llama o_proj M = 512 (K x N / N x K). With more waves it cost 1-4%
   // (bench/results/2026-11-29-h200-ee59bda/stage4/).
-  // 128 x 192 tiles (M = 512, N = 6144) get a fifth stage the same way, staging 1 chunk at a time.
-  if (c.block_m == 128 && grid.num_tiles() <= c.num_ctas) c.staged_chunks = c.block_n == 256 ? 2 : 1;
+  if (c.block_m == 128 && c.block_n == 256 && grid.num_tiles() <= c.num_ctas) c.staged_chunks = 2;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   *config = c;
   return Status::Ok();
 }
 
 Status fit_stages(const DeviceInfo& device, GemmConfig* config) {
-  // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 otherwise;
-  // one more with the staging in batches).
-  config->stages = config->staged_chunks > 0 ? 5 : 4;
+  // As many pipeline stages as fit beside the epilogue's staging (3 for 128 x 256 tiles, 4 otherwise).
+  constexpr int kMaxStages = 4;
+  config->stages = kMaxStages;
   while (config->stages > 2 && config->smem_bytes() > size_t(device.max_smem_per_block)) --config->stages;
   if (config->smem_bytes() > size_t(device.max_smem_per_block)) {
     return Status::Unsupported("the GEMM tiles need " + std::to_string(config->smem_bytes()) +

@@ -22,10 +22,6 @@ Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
     return k_major ? fn(MainloopConfig<128, 256, 4, true, kCluster, 2>{})
                    : fn(MainloopConfig<128, 256, 4, false, kCluster, 2>{});
   }
-  if (c.staged_chunks == 1 && c.block_m == 128 && c.block_n == 192 && c.stages == 5) {
-    return k_major ? fn(MainloopConfig<128, 192, 5, true, kCluster, 1>{})
-                   : fn(MainloopConfig<128, 192, 5, false, kCluster, 1>{});
-  }
   if (c.block_k == 64 && c.consumer_warpgroups == 2 && c.staged_chunks == 0) {
     if (c.block_m == 128 && c.block_n == 256 && c.stages == 3) {
       return k_major ? fn(MainloopConfig<128, 256, 3, true, kCluster>{}) : fn(MainloopConfig<128, 256, 3, false, kCluster>{});

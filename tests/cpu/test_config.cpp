@@ -70,9 +70,8 @@ TEST(Config, SweepShapesFitTheDevice) {
 }
 
 // A single wave of 128 x 256 tiles (M = 512, N = 8192: 128 tiles; at P = 8 its bands of two
-// segments too) gets 4 stages, the epilogue staging 2 chunks at a time; a single wave of 128 x 192
-// tiles (M = 512, N = 6144) 5 stages, staging 1 chunk at a time; with more waves (M = 2048: 512
-// tiles) the whole slab and 3 stages stay.
+// segments too) gets 4 stages, the epilogue staging 2 chunks at a time; with more waves (M = 2048:
+// 512 tiles), or narrower tiles (N = 6144), the whole slab and 3 stages stay.
 TEST(Config, OneWaveStagesInBatches) {
   GemmConfig c;
   for (const Problem& p : {make(512, 8192, 1024, 1), make(512, 8192, 8192, 8)}) {
@@ -81,14 +80,7 @@ TEST(Config, OneWaveStagesInBatches) {
     EXPECT_EQ(c.stages, 4) << p.to_string() << " -> " << c.to_string();
     EXPECT_LE(c.smem_bytes(), size_t(h100().max_smem_per_block)) << c.to_string();
   }
-  for (const Problem& p : {make(512, 6144, 768, 1), make(512, 6144, 6144, 8)}) {
-    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
-    EXPECT_EQ(c.block_n, 192) << p.to_string() << " -> " << c.to_string();
-    EXPECT_EQ(c.staged_chunks, 1) << p.to_string() << " -> " << c.to_string();
-    EXPECT_EQ(c.stages, 5) << p.to_string() << " -> " << c.to_string();
-    EXPECT_LE(c.smem_bytes(), size_t(h100().max_smem_per_block)) << c.to_string();
-  }
-  for (const Problem& p : {make(2048, 8192, 1024, 1), make(32768, 8192, 3584, 1), make(2048, 6144, 768, 1)}) {
+  for (const Problem& p : {make(2048, 8192, 1024, 1), make(32768, 8192, 3584, 1), make(512, 6144, 768, 1)}) {
     ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
     EXPECT_EQ(c.staged_chunks, 0) << p.to_string() << " -> " << c.to_string();
   }
