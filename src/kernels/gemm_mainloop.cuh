@@ -131,6 +131,10 @@ struct alignas(1024) SharedStorage {
   uint64_t extra_taken;
 };
 
+// Synchronizes the 128 threads of consumer warpgroup `consumer` (named barrier 1 + consumer; 0 is
+// the CTA's).
+__device__ __forceinline__ void consumer_sync(int consumer) { ptx::named_barrier_sync(1 + consumer, 128); }
+
 // A position in the ring of stages (producer and consumers each keep their own).
 struct StageCursor {
   int stage = 0;
@@ -390,6 +394,9 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       // The ring is at the step's first K stage, which carries the step's work.
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
       const Work work = smem.stage_work[ring.stage];
+      // Every thread of the warpgroup has read the work before its first thread may release the
+      // stage (and the producer write the note of a later step there).
+      consumer_sync(consumer);
       consume_tile<Config>(mainloop, smem, slab, acc, ring);
       epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
     }

@@ -65,7 +65,7 @@ class SlabStore {
   __device__ SlabStore(int consumer, ChunkBuffers buffers) : consumer_(consumer), buffers_(buffers.data) {}
 
   __device__ bool leader() const { return threadIdx.x % 128 == 0; }
-  __device__ void sync() const { ptx::named_barrier_sync(1 + consumer_, 128); }
+  __device__ void sync() const { consumer_sync(consumer_); }
 
   // Rounds chunks [0, num_chunks) of `acc` into the buffers, ready for TMA stores once every thread
   // of the warpgroup has returned. The buffers must be free (their previous stores have read them).
