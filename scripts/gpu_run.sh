@@ -55,12 +55,14 @@ for step in "${steps[@]}"; do
       run_step test_fused_c2 env TPFUSE_CLUSTER_SIZE=2 "${build}/tests/gpu/test_fused"
       ;;
     sanitize)
-      small_gemm='*GemmShapes*/0:*GemmShapes*/17:*GemmExact*'
-      small_fused='*FusedExact*/1:*FusedExact*/6:*FusedExact*/7:*FusedErrors.BadCalls*'
+      # Small shapes, and one of each one-wave variant (4 stages, the slab staged 2 chunks at a time):
+      # GEMM 200 x 8192 (GemmShapes/68), fused P = 8, 512 x 8192 (FusedExact/3).
+      small_gemm='*GemmShapes*/0:*GemmShapes*/17:*GemmShapes*/68:*GemmExact*'
+      small_fused='*FusedExact*/1:*FusedExact*/3:*FusedExact*/6:*FusedExact*/7:*FusedErrors.BadCalls*'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
       run_step memcheck_fused compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter="${small_fused}"
-      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/7'
-      run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/7'
+      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
+      run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
       ;;
     gemm)
       run_step gemm_kn "${bench}" --mode gemm --layout kn --check --json "${out}/gemm_kn.json" --csv "${out}/gemm_kn.csv"
