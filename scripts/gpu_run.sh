@@ -61,7 +61,11 @@ for step in "${steps[@]}"; do
       small_fused='*FusedExact*/1:*FusedExact*/3:*FusedExact*/6:*FusedExact*/7:*FusedErrors.BadCalls*'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
       run_step memcheck_fused compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter="${small_fused}"
-      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
+      # Not FusedExact/3: with several steps per CTA racecheck reports the producer's note of a later
+      # step (stage_work) against the consumers' reads of an earlier one, which the stage's empty
+      # mbarrier orders (two arrivals, one per consumer warpgroup, each after a warpgroup barrier);
+      # racecheck reports it all the same (bench/results/2026-11-29-h200-e10c069/README.md).
+      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/7'
       run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
       ;;
     gemm)
