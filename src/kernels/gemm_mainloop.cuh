@@ -69,8 +69,8 @@ struct MainloopConfig {
   static constexpr int kAPieces = kABytes / kPieceBytes;
   static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
   static constexpr int kChunksPerSlab = kWgCols / 64;
-  // Chunk buffers per consumer for the epilogue's staging: the whole slab, or fewer (staged in
-  // batches, so that a fourth stage fits; the plain GEMM's epilogue only).
+  // Chunk buffers per consumer for the epilogue's staging: the whole slab, or fewer (the slab staged
+  // in batches, so that a fourth stage fits).
   static constexpr int kStagedChunks = kStagedChunks_ > 0 ? kStagedChunks_ : kChunksPerSlab;
 
   static constexpr int kProducerRegs = 40;

@@ -88,6 +88,8 @@ TEST(Config, OneWaveStagesInBatches) {
   EXPECT_EQ(c.stages, 3) << c.to_string();
 }
 
+// Segments of 64 rows share 128-row tiles in pairs from P = 4 on; smaller ones, or at P = 2, get
+// 64-row tiles; larger ones 128-row tiles of their own.
 TEST(Config, SmallSegments) {
   GemmConfig c;
   for (int world_size : {4, 8}) {
