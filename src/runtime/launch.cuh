@@ -18,9 +18,11 @@ namespace tpfuse {
 template <int kCluster, class Fn>
 Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
   using kernels::MainloopConfig;
-  if (c.staged_chunks == 2 && c.block_m == 128 && c.block_n == 256 && c.stages == 4) {
-    return k_major ? fn(MainloopConfig<128, 256, 4, true, kCluster, 2>{})
-                   : fn(MainloopConfig<128, 256, 4, false, kCluster, 2>{});
+  if (c.block_k == 64 && c.consumer_warpgroups == 2 && c.staged_chunks == 2) {
+    if (c.block_m == 128 && c.block_n == 256 && c.stages == 4) {
+      return k_major ? fn(MainloopConfig<128, 256, 4, true, kCluster, 2>{})
+                     : fn(MainloopConfig<128, 256, 4, false, kCluster, 2>{});
+    }
   }
   if (c.block_k == 64 && c.consumer_warpgroups == 2 && c.staged_chunks == 0) {
     if (c.block_m == 128 && c.block_n == 256 && c.stages == 3) {
