@@ -67,6 +67,10 @@ for step in "${steps[@]}"; do
       # racecheck reports it all the same (bench/results/2026-11-29-h200-e10c069/README.md).
       run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/7'
       run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
+      # Partial rounds during the K loop: a small shape with its own tiles interleaved (FusedRandom/5).
+      for tool in memcheck racecheck synccheck; do
+        run_step ${tool}_rounds env TPFUSE_OWN_LAG=0 compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/5'
+      done
       ;;
     gemm)
       run_step gemm_kn "${bench}" --mode gemm --layout kn --check --json "${out}/gemm_kn.json" --csv "${out}/gemm_kn.csv"

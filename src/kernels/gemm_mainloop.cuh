@@ -72,6 +72,7 @@ struct MainloopConfig {
   // Chunk buffers per consumer for the epilogue's staging: the whole slab, or fewer (the slab staged
   // in batches, so that a fourth stage fits).
   static constexpr int kStagedChunks = kStagedChunks_ > 0 ? kStagedChunks_ : kChunksPerSlab;
+  static_assert(kChunksPerSlab % kStagedChunks == 0, "a slab is staged in equal batches");
 
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -125,6 +126,11 @@ struct alignas(1024) SharedStorage {
   // that stage is full, and need not compute the schedule themselves).
   Work stage_work[Config::kStages];
   SlabHandoff handoff[Config::kConsumers];
+  // An epilogue's rounds of inputs into a consumer's chunk buffers during the K loop (epilogues
+  // that have them, plan/partial_rounds.h): the consumer has asked for the next round; its bytes
+  // have landed.
+  uint64_t round_empty[Config::kConsumers];
+  uint64_t round_full[Config::kConsumers];
   // An epilogue's watcher thread and the producer (epilogues that have one): the inputs of the next
   // tile with extra stages have arrived; the producer has taken that news.
   uint64_t extra_ready;
@@ -287,10 +293,12 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles.
-template <class Config>
+// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles. After
+// each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
+template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
-                                             float (&acc)[Config::kAccPerThread], StageCursor& ring) {
+                                             float (&acc)[Config::kAccPerThread], StageCursor& ring,
+                                             Epilogue& epilogue) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
   constexpr uint64_t kStepA = 32 >> 4;
@@ -322,6 +330,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
     ring.advance<Config>();
+    epilogue.template after_k_block<Config>(kb, acc, smem);
   }
   cute::warpgroup_wait<0>();
 #pragma unroll
@@ -333,6 +342,8 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // schedule, one per wave (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
 //   Epilogue(params, consumer, ChunkBuffers);
+//   begin_tile<Config>(work) before each tile's K stages, and after_k_block<Config>(kb, acc, smem)
+//             after each of them (both may do nothing);
 //   end_tile<Config>(work, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
 //             any, and the store of the slab, in the order the epilogue needs;
 //   finish() at the end;
@@ -361,6 +372,10 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     for (int c = 0; c < Config::kConsumers; ++c) {
       ptx::mbarrier_init(&smem.handoff[c].staged, 1);
       ptx::mbarrier_init(&smem.handoff[c].sent, 1);
+    }
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      ptx::mbarrier_init(&smem.round_empty[c], 1);
+      ptx::mbarrier_init(&smem.round_full[c], 1);
     }
     ptx::mbarrier_init(&smem.extra_ready, 1);
     ptx::mbarrier_init(&smem.extra_taken, 1);
@@ -397,7 +412,8 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       // Every thread of the warpgroup has read the work before its first thread may release the
       // stage (and the producer write the note of a later step there).
       consumer_sync(consumer);
-      consume_tile<Config>(mainloop, smem, slab, acc, ring);
+      epilogue.template begin_tile<Config>(work);
+      consume_tile<Config>(mainloop, smem, slab, acc, ring, epilogue);
       epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
     }
     epilogue.finish();

@@ -15,6 +15,11 @@
 // peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
 // it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
 //
+// Where own tiles are interleaved, most of an own tile's partials need not wait for its K stages:
+// the watcher loads them into the consumers' idle chunk buffers in rounds, one peer a round, and
+// each consumer adds a round between two K blocks while the other consumer's WGMMAs run
+// (plan/partial_rounds.h); the ring streams only the peers no round holds.
+//
 // The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
 // it, the pushed slabs of a tile as one bulk group, and raises their flags. It waits for the
 // consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
@@ -31,6 +36,7 @@
 #include "kernels/peer_error.h"
 #include "kernels/tile_store.cuh"
 #include "plan/epoch.h"
+#include "plan/partial_rounds.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse::kernels {
@@ -57,13 +63,15 @@ class PushReduceEpilogue {
     uint32_t* failed;                // set by the first wait of this rank that times out
     PeerError* error;                // host-mapped
     uint64_t timeout_ns;
+    int partial_rounds;              // rounds of an own slab's partials added during its K loop
+    int num_k_blocks;                // a tile's K blocks (the mainloop's)
   };
 
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
-      : p_(params), consumer_(consumer), slabs_(consumer, buffers), handoff_(buffers.handoff),
+      : p_(params), consumer_(consumer), slabs_(consumer, buffers), chunks_(buffers.data), handoff_(buffers.handoff),
         parity_(call_epoch(params) & 1) {}
 
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
@@ -90,20 +98,59 @@ class PushReduceEpilogue {
   }
 
   // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
-  // flags of the tile and fences, then tells the producer; at most one own tile ahead of it.
+  // flags of the tile and fences, then tells the producer (at most one own tile ahead of it) and
+  // feeds the tile's rounds to the consumers.
   template <class Config>
   __device__ static void watch(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
                                int num_ctas) {
     const uint32_t epoch = call_epoch(p);
     uint32_t own_tiles = 0;
+    uint32_t rounds_fed = 0;
+    int step = 0;  // this CTA's steps before the current one
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
-      if (reduced_slabs<Config>(p, work.tile) == 0) return;
-      if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
-      // A timeout is recorded in p.failed, which the producer reads.
-      if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
-      ptx::mbarrier_arrive(&smem.extra_ready);
-      ++own_tiles;
+      const uint32_t reduced = reduced_slabs<Config>(p, work.tile);
+      if (reduced != 0) {
+        if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
+        // A timeout is recorded in p.failed, which the producer reads.
+        const bool arrived = wait_for_partials<Config>(p, work.tile, epoch);
+        if (arrived) ptx::fence_acquire_sys();  // flags seen -> partials
+        ptx::mbarrier_arrive(&smem.extra_ready);
+        ++own_tiles;
+        if constexpr (kSlabFitsBuffers<Config>) {
+          if (has_rounds<Config>(p, reduced)) feed_rounds<Config>(p, work.tile, arrived, step, epoch, smem, rounds_fed);
+        }
+      }
+      ++step;
     });
+  }
+
+  // Watcher thread: loads an own tile's rounds of partials (round r: peer r's partial of the slab)
+  // into each consumer's chunk buffers as it asks for them; after a failed call only arrives, so
+  // that the consumers finish.
+  template <class Config>
+  __device__ static void feed_rounds(const Params& p, const Tile& tile, bool arrived, int step, uint32_t epoch,
+                                     SharedStorage<Config>& smem, uint32_t& rounds_fed) {
+    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
+    for (int r = 0; r < p.partial_rounds; ++r, ++rounds_fed) {
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        ptx::mbarrier_wait(&smem.round_empty[c], rounds_fed & 1);
+        // Round 0: the sender's stores of the consumer's previous slab must have read the buffers.
+        // (The consumer has staged every earlier hand-off, so that phase is the barrier's current
+        // or last one.)
+        if (r == 0 && step > 0) ptx::mbarrier_wait(&smem.handoff[c].sent, (step * kHandoffsPerSlab<Config> - 1) & 1);
+        uint64_t* full = &smem.round_full[c];
+        if (!arrived) {
+          ptx::mbarrier_arrive(full);
+          continue;
+        }
+        ptx::mbarrier_arrive_expect_tx(full, Config::kChunksPerSlab * Config::kPieceBytes);
+        for (int b = 0; b < Config::kChunksPerSlab; ++b) {
+          const PartialPiece piece = slab_piece<Config>(p, tile, c, r * Config::kChunksPerSlab + b);
+          ptx::tma_load_4d(smem.chunks[c][b], &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
+                           epoch & 1);
+        }
+      }
+    }
   }
 
   // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
@@ -134,7 +181,8 @@ class PushReduceEpilogue {
   template <class Config, int kSlabs>
   __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch,
                                          bool arrived, SharedStorage<Config>& smem, StageCursor& ring) {
-    const int num_pieces = partial_pieces<Config>(p, reduced);
+    const int num_pieces = streamed_pieces<Config>(p, reduced);
+    const int rounds_held = kSlabs * round_pieces<Config>(p, reduced);  // the pieces before these
     for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
@@ -145,12 +193,34 @@ class PushReduceEpilogue {
       } else {
         ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
         for (int q = 0; q < count; ++q) {
-          const PartialPiece piece = partial_piece<Config, kSlabs>(p, tile, reduced, first + q);
+          const PartialPiece piece = partial_piece<Config, kSlabs>(p, tile, reduced, rounds_held + first + q);
           ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
                            epoch & 1);
         }
       }
       ring.advance<Config>();
+    }
+  }
+
+  // Consumers, before a tile's K stages: a slab of this rank's rows takes rounds of its peers'
+  // partials during them.
+  template <class Config>
+  __device__ void begin_tile(const Work& work) {
+    tile_rounds_ = has_rounds<Config>(p_, reduced_slabs<Config>(p_, work.tile)) ? p_.partial_rounds : 0;
+    round_ = 0;
+  }
+
+  // Consumers, after K block kb: asks for round 0 after the first K block, adds a round at its K block
+  // (plan/partial_rounds.h).
+  template <class Config>
+  __device__ __forceinline__ void after_k_block(int kb, float (&acc)[Config::kAccPerThread],
+                                                SharedStorage<Config>& smem) {
+    if constexpr (kSlabFitsBuffers<Config>) {
+      if (round_ >= tile_rounds_) return;
+      if (kb == 0 && slabs_.leader()) ptx::mbarrier_arrive(&smem.round_empty[consumer_]);
+      if (kb == partial_round_k_block(consumer_, Config::kConsumers, round_, tile_rounds_, p_.num_k_blocks)) {
+        add_round<Config>(acc, smem);
+      }
     }
   }
 
@@ -170,6 +240,7 @@ class PushReduceEpilogue {
 
   // The sender raises the last flags; nothing is left to the consumers.
   __device__ void finish() {}
+
 
  private:
   // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
@@ -200,47 +271,74 @@ class PushReduceEpilogue {
     return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
   }
 
-  // Pieces of partials a tile takes through the ring: every chunk of each reduced slab from each
-  // peer (a chunk past the segment or past n is zero-filled by the TMA and never stored).
+  // A reduced slab's pieces of partials: every chunk of it from each peer (a chunk past the segment
+  // or past n is zero-filled by the TMA and never stored). The first round_pieces() come in rounds
+  // during the K loop, the rest through the ring after it.
   template <class Config>
-  __device__ static int partial_pieces(const Params& p, uint32_t reduced) {
-    return (p.world_size - 1) * __popc(reduced) * Config::kChunksPerSlab;
+  __device__ static int round_pieces(const Params& p, uint32_t reduced) {
+    return has_rounds<Config>(p, reduced) ? p.partial_rounds * Config::kChunksPerSlab : 0;
+  }
+
+  // A round is a whole slab of one peer in a consumer's chunk buffers: none where the epilogue stages
+  // a slab in batches (the config gives those no rounds either).
+  template <class Config>
+  static constexpr bool kSlabFitsBuffers = Config::kStagedChunks == Config::kChunksPerSlab;
+
+  // A tile takes rounds where every slab is reduced (the config gives rounds only where a tile's
+  // slabs have one owner: plan/config.cpp), so both consumers take the same rounds.
+  template <class Config>
+  __device__ static bool has_rounds(const Params& p, uint32_t reduced) {
+    return kSlabFitsBuffers<Config> && p.partial_rounds > 0 && reduced == (1u << Config::kConsumers) - 1;
+  }
+
+  template <class Config>
+  __device__ static int streamed_pieces(const Params& p, uint32_t reduced) {
+    return __popc(reduced) * ((p.world_size - 1) * Config::kChunksPerSlab - round_pieces<Config>(p, reduced));
   }
 
   template <class Config>
   __device__ static int extra_stages(const Params& p, uint32_t reduced) {
-    return (partial_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
+    return (streamed_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
   }
 
-  // Piece i = (j * chunks per slab + chunk) * S + place, S the reduced slabs: peer j (in rank order,
-  // skipping this rank) first, then the chunk, then the slab, so with two reduced slabs a
+  // Piece q of consumer c's slab: q = j * chunks per slab + chunk, peer j in rank order (skipping
+  // this rank) first, then the chunk.
+  template <class Config>
+  __device__ static PartialPiece slab_piece(const Params& p, const Tile& tile, int consumer, int q) {
+    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
+    const int chunk = q % Config::kChunksPerSlab;
+    const int j = q / Config::kChunksPerSlab;
+    return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
+  }
+
+  // Piece i of a tile's S reduced slabs = slab piece q * S + place: with two reduced slabs a
   // warpgroup takes every other piece.
   template <class Config, int kSlabs>
   __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
     const int consumer = kSlabs == Config::kConsumers ? i % kSlabs : __ffs(reduced) - 1;
-    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    const int chunk = (i / kSlabs) % Config::kChunksPerSlab;
-    const int j = i / (kSlabs * Config::kChunksPerSlab);
-    return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
+    return slab_piece<Config>(p, tile, consumer, i / kSlabs);
   }
 
-  // Adds this warpgroup's pieces of the tile's partials as the producer streams them in, releasing
-  // each extra stage once read. The pieces come source by source, so every element gets its
-  // partials in rank order.
+  // Adds this warpgroup's pieces of the tile's partials that no round held as the producer streams
+  // them in, releasing each extra stage once read. The pieces come source by source, so every
+  // element gets its partials in rank order.
   template <class Config>
   __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem,
                                StageCursor& ring) {
     static_assert(Config::kConsumers <= Config::kPiecesPerStage, "a stage holds a piece of every reduced slab");
     const int num_slabs = __popc(reduced);
     const int num_stages = extra_stages<Config>(p_, reduced);
+    if (num_stages == 0) return;
+    const int first = round_pieces<Config>(p_, reduced);
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
     // This warpgroup's next piece, counted in the held stage: every num_slabs-th from its place.
     int in_stage = __popc(reduced & ((1u << consumer_) - 1));
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
     const int num_sources = p_.world_size - 1;
-    for (int j = 0; j < num_sources; ++j) {
+    for (int j = first / Config::kChunksPerSlab; j < num_sources; ++j) {
 #pragma unroll
       for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+        if (j * Config::kChunksPerSlab + c < first) continue;
         if (in_stage >= Config::kPiecesPerStage) {
           release_extra_stage(smem, ring);
           ++held;
@@ -293,9 +391,9 @@ class PushReduceEpilogue {
     }
   }
 
-  // Sender thread: stores the given slabs of a step (a bit per consumer), a bulk group per hand-off
-  // round, hands their chunk buffers back once read, and raises the flags of the pushed ones once
-  // every round has landed.
+  // Sender thread: stores the given slabs of a step (a bit per consumer), a bulk group per batch of
+  // hand-offs, hands their chunk buffers back once read, and raises the flags of the pushed ones once
+  // every batch has landed.
   template <class Config>
   __device__ static void send_slabs(const Params& p, SharedStorage<Config>& smem, uint32_t slabs, int step,
                                     uint32_t epoch) {
@@ -377,6 +475,27 @@ class PushReduceEpilogue {
     }
   }
 
+  // Adds the current round (the next peer's partial of the slab) from the chunk buffers, and asks
+  // for the next one.
+  template <class Config>
+  __device__ void add_round(float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem) {
+    // The accumulators leave the WGMMAs first; the other consumer's keep the tensor cores busy.
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    ptx::mbarrier_wait(&smem.round_full[consumer_], rounds_done_++ & 1);
+    ++round_;
+#pragma unroll
+    for (int c = 0; c < Config::kChunksPerSlab; ++c) add_chunk_bf16(chunks_[c], acc + 32 * c);
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    // Every thread has read the buffers (generic proxy) before the next round's TMA loads or the
+    // slab's staging write them.
+    ptx::fence_proxy_async_shared();
+    slabs_.sync();
+    if (round_ < tile_rounds_ && slabs_.leader()) ptx::mbarrier_arrive(&smem.round_empty[consumer_]);
+  }
+
   // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
   // load (async proxy) may overwrite it.
   template <class Config>
@@ -422,9 +541,13 @@ class PushReduceEpilogue {
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
+  __nv_bfloat16 (*chunks_)[kChunkElems];
   SlabHandoff* handoff_;
   int parity_;
   int handoffs_ = 0;  // hand-offs of staged chunks to the sender so far
+  int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop
+  int round_ = 0;            // the next of them
+  uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
 };
 
 }  // namespace tpfuse::kernels

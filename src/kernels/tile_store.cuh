@@ -129,7 +129,11 @@ class StoreTileEpilogue {
   __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : params_(params), slabs_(consumer, buffers) {}
 
-  // A tile's output needs no input: no extra stages.
+  // A tile's output needs no input: nothing during the K loop, no extra stages.
+  template <class Config>
+  __device__ void begin_tile(const Work&) {}
+  template <class Config>
+  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], SharedStorage<Config>&) {}
   template <class Config>
   __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&,
                                               uint32_t&) {}

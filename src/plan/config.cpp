@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "plan/partial_rounds.h"
 #include "plan/schedule.h"
 
 namespace tpfuse {
@@ -14,8 +15,9 @@ size_t GemmConfig::smem_bytes() const {
   const size_t epilogue = staged_chunks > 0 ? size_t(consumer_warpgroups) * staged_chunks * 64 * 64 * bf16
                                             : size_t(block_m) * block_n * bf16;
   // The ring's barriers and each stage's note of its step's tile (32 bytes); each consumer's
-  // hand-off to the fused op's sender (40 bytes) and the watcher's two barriers.
-  const size_t barriers = size_t(stages) * (2 * 8 + 32) + size_t(consumer_warpgroups) * 40 + 2 * 8;
+  // hand-off to the fused op's sender (40 bytes) and its two barriers of partial rounds; the
+  // watcher's two barriers.
+  const size_t barriers = size_t(stages) * (2 * 8 + 32) + size_t(consumer_warpgroups) * (40 + 2 * 8) + 2 * 8;
   // The storage is 1024-byte aligned (swizzled TMA tiles need it), and the launch adds 1024 bytes of
   // slack to align the dynamic shared memory base.
   const size_t storage = (size_t(stages) * stage + epilogue + barriers + 1023) / 1024 * 1024;
@@ -28,7 +30,8 @@ std::string GemmConfig::to_string() const {
      << ", consumer warpgroups " << consumer_warpgroups << ", threads " << threads()
      << ", group_rows " << group_rows << ", own_lag " << own_lag << ", segments/tile " << segments_per_tile
      << ", cluster " << cluster_size << ", ctas " << num_ctas << ", staged chunks "
-     << (staged_chunks > 0 ? std::to_string(staged_chunks) : std::string("all")) << ", smem " << smem_bytes() << " B";
+     << (staged_chunks > 0 ? std::to_string(staged_chunks) : std::string("all")) << ", partial rounds "
+     << partial_rounds << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 
@@ -62,6 +65,21 @@ double relative_time(const Problem& problem, const DeviceInfo& device, int block
 }
 
 }  // namespace
+
+int partial_rounds_of(const Problem& problem, const GemmConfig& c) {
+  // None where
+  //  - a band has two segments: the partner computes the shared tile at the same step and pushes
+  //    this rank's slab of it only after its K loop, so a round waiting for it there would deadlock;
+  //  - the epilogue stages a slab in batches: a round is a whole slab in the chunk buffers;
+  //  - own tiles come last: there the rounds measured slower at P = 2 (M = 2048: fused/GEMM 1.20-1.21
+  //    against 1.17-1.18), no faster at P = 8 (bench/results/2026-11-29-h200-30a821f/partial_rounds/).
+  if (problem.world_size == 1 || c.segments_per_tile != 1 || c.staged_chunks > 0 ||
+      c.own_lag >= tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile).tiles_per_band()) {
+    return 0;
+  }
+  const int num_k_blocks = int((problem.k_per_rank + c.block_k - 1) / c.block_k);
+  return partial_rounds_that_fit(num_k_blocks, c.consumer_warpgroups, problem.world_size - 1);
+}
 
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
@@ -115,6 +133,7 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // (bench/results/2026-11-29-h200-ee59bda/stage4/).
   if (c.block_m == 128 && c.block_n == 256 && grid.num_tiles() <= c.num_ctas) c.staged_chunks = 2;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
+  c.partial_rounds = partial_rounds_of(problem, c);
   *config = c;
   return Status::Ok();
 }

@@ -39,6 +39,9 @@ struct GemmConfig {
   // Chunk buffers (64 x 64 BF16) per consumer for the epilogue's staging: 0, a whole slab at once;
   // fewer, the slab staged in batches (a fourth stage then fits beside 128 x 256 tiles).
   int staged_chunks = 0;
+  // Rounds of an own tile's peer partials added during its K loop (plan/partial_rounds.h); the
+  // fused op's only.
+  int partial_rounds = 0;
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
   // Shared memory the kernel needs: the stages of A and W tiles, the epilogue staging, barriers.
@@ -48,6 +51,10 @@ struct GemmConfig {
 
 // Picks the GEMM config for one rank's partial product. Fails (never aborts) on an unsupported device.
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config);
+
+// Rounds of an own tile's peer partials that config `c` adds during the K loop (plan/partial_rounds.h):
+// a round per peer, as many as the K loop holds.
+int partial_rounds_of(const Problem& problem, const GemmConfig& c);
 
 // Sets config->stages to as many as fit in shared memory with its tile (at most 4, at least 2).
 Status fit_stages(const DeviceInfo& device, GemmConfig* config);

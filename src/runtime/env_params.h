@@ -27,6 +27,9 @@ TPFUSE_PARAM(group_rows, "TPFUSE_GROUP_ROWS", 0)
 // Rounds from a peer's tile to the own tile of the same rows (plan/schedule.h) instead of the
 // config's choice; -1: the config's choice.
 TPFUSE_PARAM(own_lag, "TPFUSE_OWN_LAG", -1)
+// At most this many rounds of an own tile's peer partials added during its K loop
+// (plan/partial_rounds.h); -1: the config's choice.
+TPFUSE_PARAM(partial_rounds, "TPFUSE_PARTIAL_ROUNDS", -1)
 // How long a rank waits for a peer's partial before the call fails with kPeerTimeout.
 TPFUSE_PARAM(peer_timeout_ms, "TPFUSE_PEER_TIMEOUT_MS", 10000)
 

@@ -58,6 +58,8 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.failed = rank.failed;
   e.error = rank.error_device;
   e.timeout_ns = comm.timeout_ns;
+  e.partial_rounds = config.partial_rounds;
+  e.num_k_blocks = rp->mainloop.num_k_blocks;
   rp->calls = rank.calls;
   return Status::Ok();
 }

@@ -47,8 +47,8 @@ Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
 }
 
 // The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE, TPFUSE_GROUP_ROWS,
-// TPFUSE_OWN_LAG, TPFUSE_BLOCK_N).
-inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
+// TPFUSE_OWN_LAG, TPFUSE_BLOCK_N, TPFUSE_PARTIAL_ROUNDS).
+inline Status apply_overrides(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
   if (params::block_n() != 0 && config->block_m == 128) {
     if (params::block_n() != 192 && params::block_n() != 256) {
       return Status::InvalidArgument("TPFUSE_BLOCK_N = " + std::to_string(params::block_n()) +
@@ -75,6 +75,15 @@ inline Status apply_overrides(const DeviceInfo& device, GemmConfig* config) {
     }
     config->cluster_size = int(params::cluster_size());
   }
+  if (params::partial_rounds() < -1) {
+    return Status::InvalidArgument("TPFUSE_PARTIAL_ROUNDS = " + std::to_string(params::partial_rounds()) +
+                                   " must be a number of rounds >= 0 (or -1: the config's choice)");
+  }
+  // The tile width may have changed the chunk buffers; the override only lowers the rounds.
+  config->partial_rounds = partial_rounds_of(problem, *config);
+  if (params::partial_rounds() >= 0) {
+    config->partial_rounds = std::min(config->partial_rounds, int(params::partial_rounds()));
+  }
   return Status::Ok();
 }
 
@@ -84,7 +93,7 @@ inline Status choose_config(const Problem& problem, const char* op, GemmConfig* 
   DeviceInfo device;
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   TPFUSE_RETURN_IF_ERROR(select_gemm_config(problem, device, config));
-  TPFUSE_RETURN_IF_ERROR(apply_overrides(device, config));
+  TPFUSE_RETURN_IF_ERROR(apply_overrides(problem, device, config));
   if (params::debug()) {
     std::fprintf(stderr, "tpfuse: %s %s -> %s\n", op, problem.to_string().c_str(), config->to_string().c_str());
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "plan/config.h"
+#include "plan/partial_rounds.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse {
@@ -131,6 +132,48 @@ TEST(Config, ScheduleOfTheFusedOp) {
   EXPECT_EQ(c.group_rows, 32);
 }
 
+// An own tile's peer partials come in rounds during its K loop, one peer a round, where the K loop
+// holds them and own tiles are interleaved: every consumer's rounds end after the K block before
+// the last one, start no earlier than kFirstAdd, and are spaced out.
+TEST(Config, PartialRoundsFitTheKLoop) {
+  struct Case {
+    Problem problem;
+    int rounds;
+  };
+  for (const Case& t : {
+           Case{make(8192, 8192, 8192, 8), 4},    // 16 K blocks: rounds after 4, 7, 10, 13 (and 5, ..., 14)
+           Case{make(8192, 6144, 6144, 8), 3},    // 12 K blocks
+           Case{make(8192, 6144, 16384, 8), 7},   // 32 K blocks: every peer
+           Case{make(8192, 8192, 8192, 2), 1},    // one peer
+           Case{make(8192, 8192, 2048, 8), 0},    // 4 K blocks: too short
+           Case{make(8192, 8192, 8192, 1), 0},    // no peers
+           Case{make(512, 8192, 8192, 8), 0},     // bands of two segments: the partner pushes after its K loop
+           Case{make(2048, 8192, 8192, 2), 0},    // own tiles last
+           Case{make(8192, 8192, 28672, 2), 0},   // own tiles last (deep tiles)
+           Case{make(512, 8192, 4096, 4), 0},     // one wave, the slab staged in batches
+       }) {
+    GemmConfig c;
+    ASSERT_TRUE(select_gemm_config(t.problem, h100(), &c).ok());
+    EXPECT_EQ(c.partial_rounds, t.rounds) << t.problem.to_string() << " -> " << c.to_string();
+    const int num_k_blocks = int((t.problem.k_per_rank + 63) / 64);
+    const int rounds = c.partial_rounds;
+    if (rounds > 0) {
+      const int consumers = c.consumer_warpgroups;
+      EXPECT_EQ(partial_round_k_block(consumers - 1, consumers, rounds - 1, rounds, num_k_blocks), num_k_blocks - 2)
+          << c.to_string();
+      EXPECT_GE(partial_round_k_block(0, consumers, 0, rounds, num_k_blocks), PartialRounds::kFirstAdd)
+          << c.to_string();
+      // Each consumer's rounds are spaced out, and the consumers take them at different K blocks.
+      for (int r = 0; r < rounds; ++r) {
+        const int kb = partial_round_k_block(0, consumers, r, rounds, num_k_blocks);
+        EXPECT_LT(kb, partial_round_k_block(1, consumers, r, rounds, num_k_blocks));
+        if (r + 1 < rounds) EXPECT_GE(partial_round_k_block(0, consumers, r + 1, rounds, num_k_blocks) - kb, 2);
+      }
+    }
+  }
+  static_assert(PartialRounds::kFirstAdd >= 1, "round 0 is asked for after K block 0");
+}
+
 TEST(Config, OddShapesGetAConfig) {
   for (const Problem& p : {make(8, 8, 64, 8), make(1000, 1000, 8000, 8), make(520, 264, 1032, 8), make(24, 8, 8, 1)}) {
     GemmConfig c;
@@ -197,9 +240,10 @@ TEST(Config, SmemAccountsForEveryPart) {
   c.stages = 3;
   c.consumer_warpgroups = 2;
   // 3 stages of (128 + 256) x 64 BF16, the whole 128 x 256 BF16 tile staged for the epilogue, 6
-  // barriers and 3 notes of 32 bytes for the stages, 2 hand-offs of 40 bytes and 2 more barriers;
-  // plus at most 2 KiB for aligning the storage and the dynamic shared memory base to 1024 bytes.
-  const size_t parts = size_t(3 * 384 * 64 * 2 + 128 * 256 * 2 + 6 * 8 + 3 * 32 + 2 * 40 + 2 * 8);
+  // barriers and 3 notes of 32 bytes for the stages, 2 hand-offs of 40 bytes, 2 x 2 barriers of
+  // partial rounds and 2 more barriers; plus at most 2 KiB for aligning the storage and the dynamic
+  // shared memory base to 1024 bytes.
+  const size_t parts = size_t(3 * 384 * 64 * 2 + 128 * 256 * 2 + 6 * 8 + 3 * 32 + 2 * 40 + 4 * 8 + 2 * 8);
   EXPECT_GE(c.smem_bytes(), parts);
   EXPECT_LE(c.smem_bytes(), parts + 2048);
   // One stage more costs one stage's bytes.

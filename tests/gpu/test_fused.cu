@@ -206,7 +206,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
                          ::testing::Values(std::make_tuple(8, 2048, 8192, 1024, WeightLayout::kKxN),
                                            std::make_tuple(8, 512, 6144, 768, WeightLayout::kNxK),
                                            std::make_tuple(4, 1000, 2056, 520, WeightLayout::kKxN),
-                                           std::make_tuple(2, 4096, 1024, 2048, WeightLayout::kNxK)));
+                                           std::make_tuple(2, 4096, 1024, 2048, WeightLayout::kNxK),
+                                           // Own tiles interleaved: 2 of the 7 peers' partials in
+                                           // rounds during the K loop (plan/partial_rounds.h).
+                                           std::make_tuple(8, 8192, 4096, 512, WeightLayout::kNxK),
+                                           // Small, for the sanitizers with TPFUSE_OWN_LAG=0: one round.
+                                           std::make_tuple(2, 512, 512, 320, WeightLayout::kKxN)));
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every
 // 50th is checked.
