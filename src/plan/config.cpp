@@ -71,8 +71,9 @@ int partial_rounds_of(const Problem& problem, const GemmConfig& c) {
   //  - a band has two segments: the partner computes the shared tile at the same step and pushes
   //    this rank's slab of it only after its K loop, so a round waiting for it there would deadlock;
   //  - the epilogue stages a slab in batches: a round is a whole slab in the chunk buffers;
-  //  - own tiles come last: there the rounds measured slower at P = 2 (M = 2048: fused/GEMM 1.20-1.21
-  //    against 1.17-1.18), no faster at P = 8 (bench/results/2026-11-29-h200-30a821f/partial_rounds/).
+  //  - own tiles come last (all at the end of the call): there the rounds measured slower at P = 2
+  //    (M = 2048: fused/GEMM 1.20-1.21 against 1.17-1.18) and at most a point faster at P = 8
+  //    (bench/results/2026-11-29-h200-30a821f/partial_rounds/).
   if (problem.world_size == 1 || c.segments_per_tile != 1 || c.staged_chunks > 0 ||
       c.own_lag >= tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile).tiles_per_band()) {
     return 0;
