@@ -6,9 +6,9 @@
 // accumulators between two K blocks, while the other consumer's WGMMAs keep the tensor cores
 // busy. The peers that no round holds go through the ring after the K stages, as before:
 //
-//   16 K blocks, 4 rounds (peers 0-3 of 7; peers 4-6 through the ring):
-//   consumer 0:  0 1 2 3 4 [+r0] 5 6 7 [+r1] 8 9 10 [+r2] 11 12 13 [+r3] 14 15
-//   consumer 1:  0 1 2 3 4 5 [+r0] 6 7 8 [+r1] 9 10 11 [+r2] 12 13 14 [+r3] 15
+//   16 K blocks, 6 rounds (peers 0-5 of 7; peer 6 through the ring):
+//   consumer 0:  0 1 2 3 [+r0] 4 5 [+r1] 6 7 [+r2] 8 9 [+r3] 10 11 [+r4] 12 13 [+r5] 14 15
+//   consumer 1:  0 1 2 3 4 [+r0] 5 6 [+r1] 7 8 [+r2] 9 10 [+r3] 11 12 [+r4] 13 14 [+r5] 15
 //
 // The rounds end after the K block before the last one, whatever their number, so that round 0's
 // loads have as long as the K loop allows: it is asked for after K block 0 (once the sender has
@@ -23,7 +23,9 @@ namespace tpfuse {
 struct PartialRounds {
   static constexpr int kFirstAdd = 2;  // consumer 0 adds round 0 after this K block at the earliest
   static constexpr int kStagger = 1;   // consumer c adds c K blocks after consumer 0
-  static constexpr int kSpacing = 3;   // K blocks from one round to the next (a round's loads in flight)
+  // K blocks from one round to the next (a round's loads in flight): 2 measured faster than 3 or 4
+  // (bench/results/2026-11-29-h200-f9ea554/spacing/).
+  static constexpr int kSpacing = 2;
 };
 
 // The K block after which `consumer` (of `consumers`) adds `round` of a tile's `rounds`: the last

@@ -141,8 +141,8 @@ TEST(Config, PartialRoundsFitTheKLoop) {
     int rounds;
   };
   for (const Case& t : {
-           Case{make(8192, 8192, 8192, 8), 4},    // 16 K blocks: rounds after 4, 7, 10, 13 (and 5, ..., 14)
-           Case{make(8192, 6144, 6144, 8), 3},    // 12 K blocks
+           Case{make(8192, 8192, 8192, 8), 6},    // 16 K blocks: rounds after 3, 5, ..., 13 (and 4, ..., 14)
+           Case{make(8192, 6144, 6144, 8), 4},    // 12 K blocks
            Case{make(8192, 6144, 16384, 8), 7},   // 32 K blocks: every peer
            Case{make(8192, 8192, 8192, 2), 1},    // one peer
            Case{make(8192, 8192, 2048, 8), 0},    // 4 K blocks: too short
