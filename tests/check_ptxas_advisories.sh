@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Recompiles kernel translation units with ptxas's report (-Xptxas -v) and fails when ptxas has
-# serialized a WGMMA pipeline (advisories C7510-C7519, "wgmma.mma_async instructions are serialized
-# due to ..."). Results stay right, only every mainloop gets slower (15-20% when it happened to the
-# fused kernel), so no GPU test would notice; here the build tells. Needs the Ninja build tree.
+# serialized a WGMMA pipeline (advisories C7510-C7520 and any other "wgmma.mma_async instructions are
+# serialized due to ..."). Results stay right, only every mainloop gets slower (15-20% when it
+# happened to the fused kernel), so no GPU test would notice; here the build tells. Needs the Ninja
+# build tree.
 #
 #   check_ptxas_advisories.sh BUILD_DIR OBJECT...     (OBJECT: as ninja names it, e.g.
 #                                                      src/CMakeFiles/tpfuse.dir/runtime/fused.cu.o)
@@ -31,7 +32,7 @@ for object in "$@"; do
     continue
   fi
   kernels=$(grep -c "Compiling entry function" <<<"${report}")
-  advisories=$(grep -E "\(C751[0-9]\)" <<<"${report}")
+  advisories=$(grep -E "\(C75[0-9][0-9]\)|wgmma.mma_async instructions are serialized" <<<"${report}")
   if [[ "${kernels}" -eq 0 ]]; then
     # No report to read (e.g. ptxas printed nothing): passing would check nothing.
     echo "${object}: ptxas reported no kernels"
