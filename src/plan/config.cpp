@@ -71,11 +71,13 @@ int partial_rounds_of(const Problem& problem, const GemmConfig& c) {
   //  - a band has two segments: the partner computes the shared tile at the same step and pushes
   //    this rank's slab of it only after its K loop, so a round waiting for it there would deadlock;
   //  - the epilogue stages a slab in batches: a round is a whole slab in the chunk buffers;
-  //  - own tiles come last (all at the end of the call): there the rounds measured slower at P = 2
-  //    (M = 2048: fused/GEMM 1.20-1.21 against 1.17-1.18) and at most a point faster at P = 8
-  //    (bench/results/2026-11-29-h200-30a821f/partial_rounds/).
+  //  - own tiles come last (all at the end of the call) at P = 2, where they are half the tiles:
+  //    there the rounds measured slower (M = 2048: fused/GEMM 1.20-1.21 against 1.17-1.18), where
+  //    at P = 4 and 8 they measured 2-4 points faster (M = 2048: 1.23 against 1.26 at P = 8, 1.20
+  //    against 1.23 at P = 4; bench/results/2026-11-29-h200-e8ae53a/own_last/).
+  const bool own_last = c.own_lag >= tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile).tiles_per_band();
   if (problem.world_size == 1 || c.segments_per_tile != 1 || c.staged_chunks > 0 ||
-      c.own_lag >= tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile).tiles_per_band()) {
+      (own_last && problem.world_size < 4)) {
     return 0;
   }
   const int num_k_blocks = int((problem.k_per_rank + c.block_k - 1) / c.block_k);

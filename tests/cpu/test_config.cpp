@@ -133,8 +133,8 @@ TEST(Config, ScheduleOfTheFusedOp) {
 }
 
 // An own tile's peer partials come in rounds during its K loop, one peer a round, where the K loop
-// holds them and own tiles are interleaved: every consumer's rounds end after the K block before
-// the last one, start no earlier than kFirstAdd, and are spaced out.
+// holds them (and own tiles are interleaved, or P >= 4): every consumer's rounds end after the K
+// block before the last one, start no earlier than kFirstAdd, and are spaced out.
 TEST(Config, PartialRoundsFitTheKLoop) {
   struct Case {
     Problem problem;
@@ -148,7 +148,8 @@ TEST(Config, PartialRoundsFitTheKLoop) {
            Case{make(8192, 8192, 2048, 8), 0},    // 4 K blocks: too short
            Case{make(8192, 8192, 8192, 1), 0},    // no peers
            Case{make(512, 8192, 8192, 8), 0},     // bands of two segments: the partner pushes after its K loop
-           Case{make(2048, 8192, 8192, 2), 0},    // own tiles last
+           Case{make(2048, 8192, 8192, 2), 0},    // own tiles last at P = 2
+           Case{make(2048, 8192, 8192, 8), 6},    // own tiles last at P = 8
            Case{make(8192, 8192, 28672, 2), 0},   // own tiles last (deep tiles)
            Case{make(512, 8192, 4096, 4), 0},     // one wave, the slab staged in batches
        }) {
