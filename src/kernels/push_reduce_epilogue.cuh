@@ -15,7 +15,7 @@
 // peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
 // it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
 //
-// Where own tiles are interleaved, most of an own tile's partials need not wait for its K stages:
+// Most of an own tile's partials need not wait for its K stages (where the config gives rounds):
 // the watcher loads them into the consumers' idle chunk buffers in rounds, one peer a round, and
 // each consumer adds a round between two K blocks while the other consumer's WGMMAs run
 // (plan/partial_rounds.h); the ring streams only the peers no round holds.
