@@ -241,7 +241,6 @@ class PushReduceEpilogue {
   // The sender raises the last flags; nothing is left to the consumers.
   __device__ void finish() {}
 
-
  private:
   // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
   struct PartialPiece {
