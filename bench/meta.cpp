@@ -8,10 +8,7 @@
 #include <ctime>
 
 #include "errors.h"
-
-#ifndef TPFUSE_GIT_COMMIT
-#define TPFUSE_GIT_COMMIT "unknown"
-#endif
+#include "git_commit.h"  // TPFUSE_GIT_COMMIT, written at every build (bench/git_commit.cmake)
 
 namespace tpfuse::bench {
 
