@@ -118,7 +118,10 @@ TEST(WaitOrder, PushesFirstNeverDeadlock) {
 }
 
 // Own slabs before pushed ones: in a band of two the partners then each wait for the other's push
-// of their shared last tile; the model must see that.
+// of their shared last tile; the model must see that. Partial rounds (plan/partial_rounds.h) would
+// put an own slab's waits there, inside the tile's K loop, before the step's pushes: this is why
+// the config gives bands none (Config.PartialRoundsFitTheKLoop), and why tiles of one owner may
+// have them.
 TEST(WaitOrder, OwnSlabsFirstDeadlockPartners) {
   for (int P : {4, 8}) {
     const GridCase bands{{64 * P, 512, P, 128, 256, 2, kOwnLast, 2}, 4};
