@@ -64,7 +64,8 @@ for step in "${steps[@]}"; do
       # Not FusedExact/3: with several steps per CTA racecheck reports the producer's note of a later
       # step (stage_work) against the consumers' reads of an earlier one, which the stage's empty
       # mbarrier orders (two arrivals, one per consumer warpgroup, each after a warpgroup barrier);
-      # racecheck reports it all the same (bench/results/2026-11-29-h200-e10c069/README.md).
+      # racecheck reports it all the same (bench/results/2026-11-29-h200-e10c069/README.md), also
+      # with a barrier per consumer (bench/results/2026-11-29-h200-7df702d/racecheck_empty_per_consumer/).
       run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/7'
       run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
       # Partial rounds during the K loop: a small shape with its own tiles interleaved (FusedRandom/5).
