@@ -47,8 +47,6 @@ for step in "${steps[@]}"; do
       # Own tiles inside the rounds from the first ones (the tests' shapes are too small for the
       # default lag of a wave to interleave anything).
       run_step test_fused_lag0 env TPFUSE_OWN_LAG=0 "${build}/tests/gpu/test_fused"
-      # Whole tiles where the config splits K (the tests' one-wave shapes).
-      run_step test_fused_whole env TPFUSE_K_SPLITS=1 "${build}/tests/gpu/test_fused"
       # One process per GPU needs 2 or more GPUs; on one it runs a single rank, to check the harness.
       run_step test_multiprocess bash -c "\"${build}/tests/gpu/test_multiprocess\"; rc=\$?; [ \$rc -ne 77 ] && exit \$rc; TPFUSE_TEST_RANKS=1 \"${build}/tests/gpu/test_multiprocess\""
       ;;
@@ -58,8 +56,7 @@ for step in "${steps[@]}"; do
       ;;
     sanitize)
       # Small shapes, and one of each one-wave variant (4 stages, the slab staged 2 chunks at a time):
-      # GEMM 200 x 8192 (GemmShapes/68), fused P = 8, 512 x 8192 (FusedExact/3); K split in two:
-      # FusedExact/1.
+      # GEMM 200 x 8192 (GemmShapes/68), fused P = 8, 512 x 8192 (FusedExact/3).
       small_gemm='*GemmShapes*/0:*GemmShapes*/17:*GemmShapes*/68:*GemmExact*'
       small_fused='*FusedExact*/1:*FusedExact*/3:*FusedExact*/6:*FusedExact*/7:*FusedErrors.BadCalls*'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
@@ -71,10 +68,9 @@ for step in "${steps[@]}"; do
       # with a barrier per consumer (bench/results/2026-11-29-h200-7df702d/racecheck_empty_per_consumer/).
       run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/7'
       run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
-      # Partial rounds during the K loop: a small shape with its own tiles interleaved and whole
-      # tiles (FusedRandom/5).
+      # Partial rounds during the K loop: a small shape with its own tiles interleaved (FusedRandom/5).
       for tool in memcheck racecheck synccheck; do
-        run_step ${tool}_rounds env TPFUSE_OWN_LAG=0 TPFUSE_K_SPLITS=1 compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/5'
+        run_step ${tool}_rounds env TPFUSE_OWN_LAG=0 compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/5'
       done
       ;;
     gemm)

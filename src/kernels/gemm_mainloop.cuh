@@ -112,7 +112,6 @@ struct Work {
   Tile tile;
   bool store;             // false: a duplicate of the partner's tile, computed only to keep the pair in lockstep
   bool share_w;           // both CTAs of the pair need the same W tile: load half each, multicast
-  uint8_t k_part;         // the part of K the step multiplies (0 unless the schedule splits K)
 };
 static_assert(sizeof(Work) <= 32, "the config's shared memory model (plan/config.cpp) counts 32 bytes a stage");
 
@@ -190,32 +189,31 @@ __device__ __forceinline__ int step_of(int cta, int num_ctas, int wave) {
   return persistent_step(cta, num_ctas, wave, Config::kCluster);
 }
 
-// Steps run while this is true (for a pair: while its first step is one).
+// Steps run while this is true (for a pair: while its first step is a tile).
 template <class Config>
-__device__ __forceinline__ bool has_work(int step, int num_steps) {
-  return Config::kCluster == 1 ? step < num_steps : (step & ~1) < num_steps;
+__device__ __forceinline__ bool has_work(int step, int num_tiles) {
+  return Config::kCluster == 1 ? step < num_tiles : (step & ~1) < num_tiles;
 }
 
-// (A cluster's pair takes whole tiles: the schedule splits no K for it.)
 template <class Config>
-__device__ __forceinline__ Work work_at(const TileSchedule& schedule, int step, int num_steps) {
+__device__ __forceinline__ Work work_at(const TileSchedule& schedule, int step, int num_tiles) {
   if constexpr (Config::kCluster == 1) {
-    return {schedule.tile(schedule.tile_of_step(step)), true, false, uint8_t(schedule.k_part_of_step(step))};
+    return {schedule.tile(step), true, false};
   } else {
     const int partner = step ^ 1;
-    const bool mine = step < num_steps;
+    const bool mine = step < num_tiles;
     const Tile tile = schedule.tile(mine ? step : partner);
-    const Tile partner_tile = partner < num_steps ? schedule.tile(partner) : tile;
-    return {tile, mine, partner_tile.col_begin == tile.col_begin, 0};
+    const Tile partner_tile = partner < num_tiles ? schedule.tile(partner) : tile;
+    return {tile, mine, partner_tile.col_begin == tile.col_begin};
   }
 }
 
 // Calls fn(work) for each step of CTA `cta`, in the order the producer and the consumers take them.
 template <class Config, class Fn>
 __device__ __forceinline__ void for_each_work(const TileSchedule& schedule, int cta, int num_ctas, Fn&& fn) {
-  const int num_steps = schedule.num_steps();
-  for (int wave = 0, step = cta; has_work<Config>(step, num_steps); step = step_of<Config>(cta, num_ctas, ++wave)) {
-    fn(work_at<Config>(schedule, step, num_steps));
+  const int num_tiles = schedule.num_tiles();
+  for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+    fn(work_at<Config>(schedule, step, num_tiles));
   }
 }
 
@@ -255,13 +253,11 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
                                         SharedStorage<Config>& smem, int cta, int num_ctas) {
   StageCursor ring;
   uint32_t extra_phase = 0;  // the epilogue's, across tiles
-  const int num_steps = p.schedule.num_steps();
+  const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
-  for (int wave = 0, step = cta; has_work<Config>(step, num_steps); step = step_of<Config>(cta, num_ctas, ++wave)) {
-    const Work work = work_at<Config>(p.schedule, step, num_steps);
-    // Registers: the loop's asm clobbers memory.
-    const int first_k_block = p.schedule.first_k_block(p.num_k_blocks, work.k_part);
-    const int num_k_blocks = p.schedule.k_blocks(p.num_k_blocks, work.k_part);
+  for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+    const Work work = work_at<Config>(p.schedule, step, num_tiles);
+    const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
@@ -269,7 +265,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
       uint64_t* full = &smem.full[stage];
       // Both halves of a shared W tile arrive here: the expected bytes are the same either way.
       ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
-      const int k = (first_k_block + kb) * Config::kBlockK;
+      const int k = kb * Config::kBlockK;
       ptx::tma_load_2d(smem.a[stage], &p.a, full, k, work.tile.row_begin);
 #pragma unroll
       for (int piece = 0; piece < Config::kWPieces; ++piece) {
@@ -284,7 +280,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
       }
       ring.advance<Config>();
     }
-    Epilogue::template produce_extra_stages<Config>(epilogue, work, smem, ring, extra_phase);
+    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring, extra_phase);
   }
 }
 
@@ -297,10 +293,10 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// Accumulates one step's slab over its K blocks (at least one). `ring` carries the position across
-// steps. After each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
+// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles. After
+// each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
 template <class Config, class Epilogue>
-__device__ __forceinline__ void consume_tile(int num_k_blocks, SharedStorage<Config>& smem, Slab<Config> slab,
+__device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring,
                                              Epilogue& epilogue) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
@@ -311,6 +307,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, SharedStorage<Con
   const int w_offset_elems = slab.col * Config::kBlockK;
 
   int prev_stage = -1;
+  const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
   for (int kb = 0; kb < num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.full[stage], ring.phase);
@@ -350,7 +347,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, SharedStorage<Con
 //   end_tile<Config>(work, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
 //             any, and the store of the slab, in the order the epilogue needs;
 //   finish() at the end;
-// and Epilogue::produce_extra_stages<Config>(params, work, smem, ring, extra_phase), which the
+// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
 // producer thread calls after each tile's K stages (both sides must agree on the number of extra
 // stages; extra_phase is the epilogue's to keep across tiles).
 // Two more threads of the producer warpgroup may help the epilogue:
@@ -407,8 +404,8 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
     float acc[Config::kAccPerThread];
     StageCursor ring;
-    const int num_steps = mainloop.schedule.num_steps();
-    for (int wave = 0, step = cta; has_work<Config>(step, num_steps); step = step_of<Config>(cta, num_ctas, ++wave)) {
+    const int num_tiles = mainloop.schedule.num_tiles();
+    for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
       // The ring is at the step's first K stage, which carries the step's work.
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
       const Work work = smem.stage_work[ring.stage];
@@ -416,9 +413,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       // stage (and the producer write the note of a later step there).
       consumer_sync(consumer);
       epilogue.template begin_tile<Config>(work);
-      // A register: the loop's asm clobbers memory.
-      const int num_k_blocks = mainloop.schedule.k_blocks(mainloop.num_k_blocks, work.k_part);
-      consume_tile<Config>(num_k_blocks, smem, slab, acc, ring, epilogue);
+      consume_tile<Config>(mainloop, smem, slab, acc, ring, epilogue);
       epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
     }
     epilogue.finish();

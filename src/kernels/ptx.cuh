@@ -208,18 +208,6 @@ __device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* flag) {
 // releases (the PTX memory model's acquire pattern: strong load, then fence).
 __device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-// ---- GPU-scope flags (between the CTAs of one GPU) --------------------------------------------------
-
-__device__ __forceinline__ void store_release_gpu(uint32_t* flag, uint32_t value) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
-}
-
-__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* flag) {
-  uint32_t value;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
-  return value;
-}
-
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -20,11 +20,6 @@
 // each consumer adds a round between two K blocks while the other consumer's WGMMAs run
 // (plan/partial_rounds.h); the ring streams only the peers no round holds.
 //
-// Where the schedule splits K (the small-M design, plan/schedule.h), the two CTAs multiplying a
-// tile's halves each finish one slab: the consumer whose slab the other CTA finishes writes its FP32
-// partial of it to this rank's buffer of split partials and raises a GPU-scope flag; the finishing
-// consumer waits for it (bounded), adds it, and pushes or reduces the slab as above.
-//
 // The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
 // it, the pushed slabs of a tile as one bulk group, and raises their flags. It waits for the
 // consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
@@ -40,7 +35,6 @@
 
 #include "kernels/peer_error.h"
 #include "kernels/tile_store.cuh"
-#include "plan/config.h"
 #include "plan/epoch.h"
 #include "plan/partial_rounds.h"
 #include "tpfuse/problem.h"
@@ -71,9 +65,6 @@ class PushReduceEpilogue {
     uint64_t timeout_ns;
     int partial_rounds;              // rounds of an own slab's partials added during its K loop
     int num_k_blocks;                // a tile's K blocks (the mainloop's)
-    int k_splits;                    // the schedule's: 2, each tile's halves of K on two CTAs
-    float* split_partials;           // [tile][slab][kSplitSlabFloats]: this rank's FP32 partials of split tiles
-    uint32_t* split_flags;           // [tile][slab]: the epoch once the partial has landed
   };
 
   static constexpr bool kHasSender = true;
@@ -81,7 +72,7 @@ class PushReduceEpilogue {
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
       : p_(params), consumer_(consumer), slabs_(consumer, buffers), chunks_(buffers.data), handoff_(buffers.handoff),
-        epoch_(call_epoch(params)), parity_(epoch_ & 1) {}
+        parity_(call_epoch(params) & 1) {}
 
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
   // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
@@ -91,15 +82,14 @@ class PushReduceEpilogue {
     static_assert(Config::kCluster == 1, "every step of a CTA stages its slabs (no duplicate steps of a pair)");
     constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
-    const int num_steps = schedule.num_steps();
-    for (int wave = 0, step = cta, s = 0; has_work<Config>(step, num_steps);
+    const int num_tiles = schedule.num_tiles();
+    for (int wave = 0, step = cta, s = 0; has_work<Config>(step, num_tiles);
          step = step_of<Config>(cta, num_ctas, ++wave), ++s) {
       // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
       // segments the partner's partial of it waits for this rank's push of the partner's slab.
       // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
       // (walking it cost the fused call 0.5%).
-      const uint32_t own =
-          schedule.segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(schedule.tile_of_step(step)));
+      const uint32_t own = schedule.segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(step));
       uint32_t slabs = kAllSlabs & ~own;
       // One call site: the stores are compiled once.
 #pragma unroll 1
@@ -118,11 +108,11 @@ class PushReduceEpilogue {
     uint32_t rounds_fed = 0;
     int step = 0;  // this CTA's steps before the current one
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
-      const uint32_t reduced = reduced_slabs<Config>(p, work);
+      const uint32_t reduced = reduced_slabs<Config>(p, work.tile);
       if (reduced != 0) {
         if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
         // A timeout is recorded in p.failed, which the producer reads.
-        const bool arrived = wait_for_partials<Config>(p, work.tile, reduced, epoch);
+        const bool arrived = wait_for_partials<Config>(p, work.tile, epoch);
         if (arrived) ptx::fence_acquire_sys();  // flags seen -> partials
         ptx::mbarrier_arrive(&smem.extra_ready);
         ++own_tiles;
@@ -166,10 +156,9 @@ class PushReduceEpilogue {
   // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
   // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
   template <class Config>
-  __device__ static void produce_extra_stages(const Params& p, const Work& work, SharedStorage<Config>& smem,
+  __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
                                               StageCursor& ring, uint32_t& own_phase) {
-    const Tile& tile = work.tile;
-    const uint32_t reduced = reduced_slabs<Config>(p, work);
+    const uint32_t reduced = reduced_slabs<Config>(p, tile);
     if (reduced == 0) return;
     const uint32_t epoch = call_epoch(p);  // a load from global memory: before the wait, not after
     ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
@@ -217,7 +206,7 @@ class PushReduceEpilogue {
   // partials during them.
   template <class Config>
   __device__ void begin_tile(const Work& work) {
-    tile_rounds_ = has_rounds<Config>(p_, reduced_slabs<Config>(p_, work)) ? p_.partial_rounds : 0;
+    tile_rounds_ = has_rounds<Config>(p_, reduced_slabs<Config>(p_, work.tile)) ? p_.partial_rounds : 0;
     round_ = 0;
   }
 
@@ -235,26 +224,17 @@ class PushReduceEpilogue {
     }
   }
 
-  // Consumers, after a step's K stages: with K split, the slab first leaves for the CTA that
-  // finishes it or takes the other half's partial. A slab of this rank's rows takes its peers'
-  // partials from the tile's extra stages, then is stored; a pushed slab is staged for the sender
-  // first, and only then passes the extra stages the tile may have for the other slab (its owner may
-  // be waiting for this slab to reduce that same tile, in a band of two segments).
+  // Consumers, after a tile's K stages: a slab of this rank's rows takes its peers' partials from
+  // the tile's extra stages, then is stored; a pushed slab is staged for the sender first, and only
+  // then passes the extra stages the tile may have for the other slab (its owner may be waiting for
+  // this slab to reduce that same tile, in a band of two segments).
   template <class Config>
   __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            SharedStorage<Config>& smem, StageCursor& ring) {
-    const uint32_t reduced = reduced_slabs<Config>(p_, work);
+    const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
     const bool reduces = (reduced >> consumer_) & 1;
-    const bool finishes = (finished_slabs<Config>(p_, work) >> consumer_) & 1;
-    if (p_.k_splits != 1 && !slab_is_empty(work.tile, slab)) {
-      if (finishes) {
-        add_split_partial<Config>(work.tile, slab, acc);
-      } else {
-        hand_over_split_partial<Config>(work.tile, acc);
-      }
-    }
     if (reduces) add_partials<Config>(reduced, acc, smem, ring);
-    store<Config>(work.tile, slab, acc, finishes);  // one call: the store's code is large
+    store<Config>(work.tile, slab, acc);  // one call: the store's code is large
     if (reduced != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
   }
 
@@ -284,24 +264,10 @@ class PushReduceEpilogue {
     return slabs;
   }
 
-  // The slabs a step finishes (a bit per consumer): every one, or with K split the one of its part.
+  // The own slabs that take the peers' partials through extra stages: none without peers.
   template <class Config>
-  __device__ static uint32_t finished_slabs(const Params& p, const Work& work) {
-    static_assert(Config::kConsumers == 2, "K split in two: a slab for each half");
-    return p.k_splits == 1 ? (1u << Config::kConsumers) - 1 : 1u << work.k_part;
-  }
-
-  // The own slabs a step finishes, which take the peers' partials through extra stages: none
-  // without peers.
-  template <class Config>
-  __device__ static uint32_t reduced_slabs(const Params& p, const Work& work) {
-    return p.world_size > 1 ? own_slabs<Config>(p, work.tile) & finished_slabs<Config>(p, work) : 0;
-  }
-
-  // A slab past the band's rows or the last column holds nothing.
-  template <class Config>
-  __device__ static bool slab_is_empty(const Tile& tile, Slab<Config> slab) {
-    return tile.row_begin + slab.row >= tile.row_end || tile.col_begin + slab.col >= tile.col_end;
+  __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
+    return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
   }
 
   // A reduced slab's pieces of partials: every chunk of it from each peer (a chunk past the segment
@@ -394,14 +360,13 @@ class PushReduceEpilogue {
 
   // Stages the slab and hands it to the sender, kStagedChunks chunks at a time; the last hand-off
   // carries a pushed slab's flag, an own slab's none.
-  // A slab this step does not finish (K split) is handed off empty.
   template <class Config>
-  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], bool finishes) {
+  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const int owner = tile.owner_of(slab.row);
     const int segment_row = tile.segment_row_of(slab.row);
     const int col_begin = tile.col_begin + slab.col;
-    // An empty slab is neither pushed nor awaited.
-    const bool empty = !finishes || slab_is_empty(tile, slab);
+    // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
+    const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
     const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
     const bool pushed = !empty && owner != p_.rank;
     // Unrolled: the accumulators are indexed with constants only (or they would leave registers).
@@ -468,11 +433,13 @@ class PushReduceEpilogue {
   // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).
   // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
   template <class Config>
-  __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch) {
+  __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
     static_assert(Config::kConsumers == 2 && 2 * kMaxWorldSize <= 32, "two slab flags per source in one mask");
     uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
     for (int s = 0; s < Config::kConsumers; ++s) {
-      if (!((reduced >> s) & 1) || slab_is_empty(tile, Slab<Config>::of_consumer(s))) continue;
+      const Slab<Config> slab = Slab<Config>::of_consumer(s);
+      if (tile.owner_of(slab.row) != p.rank) continue;
+      if (tile.row_begin + slab.row >= tile.row_end || tile.col_begin + slab.col >= tile.col_end) continue;
       for (int source = 0; source < p.world_size; ++source) {
         if (source != p.rank) waiting |= 1u << (2 * source + s);
       }
@@ -504,67 +471,6 @@ class PushReduceEpilogue {
         return false;
       }
       __nanosleep(100);
-    }
-  }
-
-  // K split: where this rank keeps the FP32 partial of a tile's slab (the consumer's) for the CTA
-  // that finishes it, and the flag that says it has landed. The tile's place in the rank's grid of
-  // tiles (num_tiles() <= kMaxSplitTiles of them) names it the same on both CTAs.
-  template <class Config>
-  __device__ int split_slot(const Tile& tile) const {
-    const int band = tile.rows_per_owner == Config::kBlockM ? tile.owner_rank : tile.owner_rank >> 1;
-    const int tile_in_band = (tile.segment_row / Config::kBlockM) * p_.col_tiles + tile.col_begin / Config::kBlockN;
-    return (band * p_.tiles_per_band + tile_in_band) * Config::kConsumers + consumer_;
-  }
-
-  // K split, the consumer whose slab the other half's CTA finishes: leaves its FP32 partial there.
-  // Each thread writes its accumulators as 16-byte vectors, a warp 512 contiguous bytes at a time;
-  // the finishing thread of the same place reads them back.
-  template <class Config>
-  __device__ void hand_over_split_partial(const Tile& tile, float (&acc)[Config::kAccPerThread]) {
-    static_assert(128 * Config::kAccPerThread <= kSplitSlabFloats, "a slab's partial fits its slot");
-    const int slot = split_slot<Config>(tile);
-    float4* partial = reinterpret_cast<float4*>(p_.split_partials + size_t(slot) * kSplitSlabFloats) + threadIdx.x % 128;
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread / 4; ++i) {
-      __stcg(partial + 128 * i, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
-    }
-    // NOTE: every thread's stores -> warpgroup barrier -> one release store of the flag (GPU scope).
-    slabs_.sync();
-    if (slabs_.leader()) ptx::store_release_gpu(p_.split_flags + slot, epoch_);
-  }
-
-  // K split, the consumer that finishes the slab: waits (bounded) for the other half's partial and
-  // adds it. FP32 addition commutes, so both slabs of a tile are half 0 + half 1, run after run.
-  template <class Config>
-  __device__ void add_split_partial(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
-    const int slot = split_slot<Config>(tile);
-    if (slabs_.leader()) wait_for_split_partial(p_.split_flags + slot, tile.row_begin + slab.row, tile.col_begin + slab.col);
-    slabs_.sync();  // the leader's acquire, passed on to the warpgroup
-    const float4* partial =
-        reinterpret_cast<const float4*>(p_.split_partials + size_t(slot) * kSplitSlabFloats) + threadIdx.x % 128;
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread / 4; ++i) {
-      const float4 v = __ldcg(partial + 128 * i);
-      acc[4 * i] += v.x;
-      acc[4 * i + 1] += v.y;
-      acc[4 * i + 2] += v.z;
-      acc[4 * i + 3] += v.w;
-    }
-  }
-
-  // The other half's CTA is on this GPU and waits for no one before it writes the partial (only for
-  // its earlier steps, whose waits are bounded), so this wait ends; bounded all the same, and over
-  // once the call has failed elsewhere.
-  __device__ void wait_for_split_partial(const uint32_t* flag, int row, int col) const {
-    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
-    while (!epoch_reached(ptx::load_acquire_gpu(flag), epoch_)) {
-      if (*reinterpret_cast<volatile uint32_t*>(p_.failed) != 0) return;
-      if (ptx::globaltimer_ns() > deadline) {
-        report_timeout(p_, p_.rank, row, col);  // this rank's own CTA never delivered
-        return;
-      }
-      __nanosleep(64);
     }
   }
 
@@ -636,7 +542,6 @@ class PushReduceEpilogue {
   SlabStore slabs_;
   __nv_bfloat16 (*chunks_)[kChunkElems];
   SlabHandoff* handoff_;
-  uint32_t epoch_;
   int parity_;
   int handoffs_ = 0;  // hand-offs of staged chunks to the sender so far
   int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop

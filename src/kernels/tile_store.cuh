@@ -135,7 +135,7 @@ class StoreTileEpilogue {
   template <class Config>
   __device__ void after_k_block(int, float (&)[Config::kAccPerThread], SharedStorage<Config>&) {}
   template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Work&, SharedStorage<Config>&, StageCursor&,
+  __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&,
                                               uint32_t&) {}
 
   // Stores the slab (unless the step is a duplicate that keeps a cluster's pair in lockstep).

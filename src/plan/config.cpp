@@ -31,7 +31,7 @@ std::string GemmConfig::to_string() const {
      << ", group_rows " << group_rows << ", own_lag " << own_lag << ", segments/tile " << segments_per_tile
      << ", cluster " << cluster_size << ", ctas " << num_ctas << ", staged chunks "
      << (staged_chunks > 0 ? std::to_string(staged_chunks) : std::string("all")) << ", partial rounds "
-     << partial_rounds << ", k splits " << k_splits << ", smem " << smem_bytes() << " B";
+     << partial_rounds << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 
@@ -68,7 +68,6 @@ double relative_time(const Problem& problem, const DeviceInfo& device, int block
 
 int partial_rounds_of(const Problem& problem, const GemmConfig& c) {
   // None where
-  //  - K is split: a half-tile's K loop is short, and a slab's peers come once it is whole;
   //  - a band has two segments: the partner computes the shared tile at the same step and pushes
   //    this rank's slab of it only after its K loop, so a round waiting for it there would deadlock;
   //  - the epilogue stages a slab in batches: a round is a whole slab in the chunk buffers;
@@ -77,19 +76,12 @@ int partial_rounds_of(const Problem& problem, const GemmConfig& c) {
   //    at P = 4 and 8 they measured 2-4 points faster (M = 2048: 1.23 against 1.26 at P = 8, 1.20
   //    against 1.23 at P = 4; bench/results/2026-11-29-h200-e8ae53a/own_last/).
   const bool own_last = c.own_lag >= tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile).tiles_per_band();
-  if (problem.world_size == 1 || c.segments_per_tile != 1 || c.staged_chunks > 0 || c.k_splits != 1 ||
+  if (problem.world_size == 1 || c.segments_per_tile != 1 || c.staged_chunks > 0 ||
       (own_last && problem.world_size < 4)) {
     return 0;
   }
   const int num_k_blocks = int((problem.k_per_rank + c.block_k - 1) / c.block_k);
   return partial_rounds_that_fit(num_k_blocks, c.consumer_warpgroups, problem.world_size - 1);
-}
-
-bool k_split_fits(const Problem& problem, const GemmConfig& c) {
-  const int64_t tiles = tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile).num_tiles();
-  const int64_t num_k_blocks = (problem.k_per_rank + c.block_k - 1) / c.block_k;
-  return problem.world_size > 1 && tiles <= c.num_ctas && tiles <= kMaxSplitTiles && num_k_blocks >= 2 &&
-         c.num_ctas >= 2;
 }
 
 Status select_gemm_config(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
@@ -143,11 +135,6 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // at llama o_proj M = 512 (K x N / N x K). With more waves it cost 1-4%
   // (bench/results/2026-11-29-h200-ee59bda/stage4/).
   if (c.block_m == 128 && c.block_n == 256 && grid.num_tiles() <= c.num_ctas) c.staged_chunks = 2;
-  // The small-M design (plan/schedule.h): where one wave holds every tile, all of them would finish
-  // together at the end of the call and only then leave. Split over the halves of K, they finish in
-  // two waves of half the length (or, with half a wave of tiles or less, in one wave of half the
-  // length), and the first wave's pushes travel while the second multiplies.
-  if (k_split_fits(problem, c)) c.k_splits = 2;
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   c.partial_rounds = partial_rounds_of(problem, c);
   *config = c;

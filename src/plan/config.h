@@ -21,12 +21,6 @@ struct DeviceInfo {
 // An own_lag so large that every own tile comes after every foreign one.
 constexpr int kOwnTilesLast = 1 << 30;
 
-// Tiles a call may split over the halves of K (plan/schedule.h): each rank's buffers for the halves'
-// FP32 partials hold this many tiles.
-constexpr int kMaxSplitTiles = 160;
-// FP32 values of a slab's partial (the widest slab: 64 x 256).
-constexpr int kSplitSlabFloats = 64 * 256;
-
 // One compiled GEMM mainloop variant and how it is launched.
 struct GemmConfig {
   int block_m = 128;             // rows of a tile (one 64-row slab per consumer warpgroup)
@@ -48,8 +42,6 @@ struct GemmConfig {
   // Rounds of an own tile's peer partials added during its K loop (plan/partial_rounds.h); the
   // fused op's only.
   int partial_rounds = 0;
-  // 2: each tile as two steps over the halves of K (plan/schedule.h); the fused op's only.
-  int k_splits = 1;
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
   // Shared memory the kernel needs: the stages of A and W tiles, the epilogue staging, barriers.
@@ -63,10 +55,6 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
 // Rounds of an own tile's peer partials that config `c` adds during the K loop (plan/partial_rounds.h):
 // a round per peer, as many as the K loop holds.
 int partial_rounds_of(const Problem& problem, const GemmConfig& c);
-
-// Whether config `c` may split K in two (plan/schedule.h): a fused call of at most one wave of tiles,
-// at least a K block a half, a grid of pairs.
-bool k_split_fits(const Problem& problem, const GemmConfig& c);
 
 // Sets config->stages to as many as fit in shared memory with its tile (at most 4, at least 2).
 Status fit_stages(const DeviceInfo& device, GemmConfig* config);

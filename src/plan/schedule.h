@@ -31,12 +31,6 @@
 // the same steps as r: each must push the partner's slab of such a tile before it waits for its own
 // slab's partials, or the two wait for each other.
 //
-// With k_splits = 2 (one wave of tiles or less: the small-M design, plan/config.cpp) every tile is
-// two steps, 2t and 2t + 1, each over one half of the K blocks: two CTAs of a wave multiply the
-// tile's two halves at once, and each finishes one of its two slabs with the other's FP32 partial
-// of it (kernels/push_reduce_epilogue.cuh). The tiles then finish in two waves of half the length,
-// and the first wave's pushes travel while the second multiplies.
-//
 // Inside a band, tiles go in groups of `group_rows` row tiles, column-major inside a group, so
 // the CTAs working at the same time share A rows and W columns in L2:
 //
@@ -95,7 +89,6 @@ struct TileSchedule {
   int own_lag = 1 << 30;  // rounds between a peer tile and the own tile of the same rows (see above); >= 0
   // 1, or 2: bands of two segments (needs an even world_size and rows_per_rank() * 2 == block_m).
   int segments_per_tile = 1;
-  int k_splits = 1;  // 1, or 2: each tile as two steps over the halves of K (see above)
 
   TPFUSE_HOST_DEVICE int rows_per_rank() const { return m / world_size; }
   TPFUSE_HOST_DEVICE int num_bands() const { return over_segments_per_tile(world_size); }
@@ -104,24 +97,13 @@ struct TileSchedule {
   TPFUSE_HOST_DEVICE int col_tiles() const { return (n + block_n - 1) / block_n; }
   TPFUSE_HOST_DEVICE int tiles_per_band() const { return row_tiles_per_band() * col_tiles(); }
   TPFUSE_HOST_DEVICE int num_tiles() const { return num_bands() * tiles_per_band(); }
-  TPFUSE_HOST_DEVICE int num_steps() const { return num_tiles() * k_splits; }
-  // The tile of a step (its index in the order of tile()), and which part of K the step multiplies.
-  TPFUSE_HOST_DEVICE int tile_of_step(int step) const { return k_splits == 2 ? step >> 1 : step; }
-  TPFUSE_HOST_DEVICE int k_part_of_step(int step) const { return step & (k_splits - 1); }
-  // The K blocks of part `k_part` of a tile's `num_k_blocks`: the first half gets the odd one.
-  TPFUSE_HOST_DEVICE int first_k_block(int num_k_blocks, int k_part) const {
-    return k_part == 0 ? 0 : num_k_blocks - num_k_blocks / k_splits;
-  }
-  TPFUSE_HOST_DEVICE int k_blocks(int num_k_blocks, int k_part) const {
-    return k_splits == 1 ? num_k_blocks : (k_part == 0 ? num_k_blocks - num_k_blocks / 2 : num_k_blocks / 2);
-  }
 
   // The band at `offset` of a round: the one after this rank's, ..., then its own (offset B-1).
   TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {
     return (over_segments_per_tile(rank) + 1 + offset) % num_bands();
   }
 
-  // The band offset of tile `step` of the order and its index inside the band.
+  // The band offset of `step` and its tile's index inside the band.
   TPFUSE_HOST_DEVICE void locate(int step, int* offset, int* index) const {
     const int bands = num_bands();
     const int own = bands - 1;
@@ -147,11 +129,10 @@ struct TileSchedule {
     }
   }
 
-  // Tile `index` of this rank's order, 0 <= index < num_tiles() (the tile of step `index` when
-  // k_splits = 1; see tile_of_step).
-  TPFUSE_HOST_DEVICE Tile tile(int index) const {
+  // The tile this rank computes at `step`, 0 <= step < num_tiles().
+  TPFUSE_HOST_DEVICE Tile tile(int step) const {
     int offset = 0, t = 0;
-    locate(index, &offset, &t);
+    locate(step, &offset, &t);
     const int band = band_at_offset(offset);
 
     const int num_row_tiles = row_tiles_per_band();

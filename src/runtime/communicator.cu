@@ -9,7 +9,6 @@
 #include <memory>
 #include <string>
 
-#include "plan/config.h"
 #include "runtime/cuda_check.h"
 #include "runtime/env_params.h"
 
@@ -60,19 +59,11 @@ void size_buffers(const CommunicatorOptions& options, int world_size, Communicat
   comm->recv_parity_elems = size_t(world_size) * size_t(rows) * size_t(options.max_n);
   const size_t tiles = size_t((rows + kMinBlockM - 1) / kMinBlockM) * size_t((options.max_n + kMinBlockN - 1) / kMinBlockN);
   comm->flags_parity_words = size_t(world_size) * tiles * kSlabsPerTile;
-  // No config has more tiles than that; a single rank splits none.
-  comm->split_tiles = world_size == 1 ? 0 : int(std::min<size_t>(kMaxSplitTiles, size_t(world_size) * tiles));
 }
 
-size_t split_flag_bytes(const Communicator& comm) { return align_up(size_t(comm.split_tiles) * kSlabsPerTile * 4); }
-size_t split_partial_bytes(const Communicator& comm) {
-  return size_t(comm.split_tiles) * kSlabsPerTile * kSplitSlabFloats * sizeof(float);
-}
-
-// recv | flags | counters | split flags | split partials
 size_t allocation_bytes(const Communicator& comm) {
   return align_up(2 * comm.recv_parity_elems * 2) + align_up(2 * comm.flags_parity_words * 4) +
-         align_up(kCounterWords * 4) + split_flag_bytes(comm) + split_partial_bytes(comm);
+         align_up(kCounterWords * 4);
 }
 
 // Points the rank's fields into its allocation, zeroes flags and counters, and maps the error word.
@@ -86,10 +77,7 @@ Status init_rank(Communicator& comm, RankState& rank, void* allocation) {
   base += flag_bytes;
   rank.calls = reinterpret_cast<uint64_t*>(base);  // 256-byte aligned
   rank.failed = reinterpret_cast<uint32_t*>(base) + 2;
-  base += align_up(kCounterWords * 4);
-  rank.split_flags = reinterpret_cast<uint32_t*>(base);
-  rank.split_partials = reinterpret_cast<float*>(base + split_flag_bytes(comm));
-  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0, flag_bytes + align_up(kCounterWords * 4) + split_flag_bytes(comm)));
+  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0, flag_bytes + align_up(kCounterWords * 4)));
   TPFUSE_CUDA_TRY(cudaHostAlloc(&rank.error_host, sizeof(kernels::PeerError), cudaHostAllocMapped));
   std::memset(rank.error_host, 0, sizeof(kernels::PeerError));
   TPFUSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rank.error_device), rank.error_host, 0));

@@ -31,10 +31,6 @@ struct RankState {
   uint32_t* flags = nullptr;   // [2 parities][P][tiles per band][2 slabs]
   uint64_t* calls = nullptr;  // the rank's completed calls, in the high word (fused_kernel.cuh)
   uint32_t* failed = nullptr;
-  // Tiles split over the halves of K (plan/schedule.h): each slab's FP32 partial from the CTA of one
-  // half to the CTA of the other, and its flag; on this rank's device only.
-  float* split_partials = nullptr;  // [split_tiles][2 slabs][kSplitSlabFloats]
-  uint32_t* split_flags = nullptr;  // [split_tiles][2 slabs]
   kernels::PeerError* error_host = nullptr;  // pinned, mapped: written by the GPU, read by the host
   kernels::PeerError* error_device = nullptr;
   // Every rank's receive buffer and flags, as addressed from this rank's device.
@@ -50,7 +46,6 @@ struct Communicator {
   uint64_t timeout_ns = 0;
   size_t recv_parity_elems = 0;  // BF16 elements in one parity half of a receive buffer
   size_t flags_parity_words = 0;
-  int split_tiles = 0;  // tiles a call may split over the halves of K
   std::vector<RankState> ranks;  // the ranks this process runs
   // Transport resources, released by communicator_destroy.
   ncclComm_t nccl = nullptr;

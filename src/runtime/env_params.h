@@ -27,9 +27,6 @@ TPFUSE_PARAM(group_rows, "TPFUSE_GROUP_ROWS", 0)
 // Rounds from a peer's tile to the own tile of the same rows (plan/schedule.h) instead of the
 // config's choice; -1: the config's choice.
 TPFUSE_PARAM(own_lag, "TPFUSE_OWN_LAG", -1)
-// 1: whole tiles; 2: tiles split over the halves of K where they fit (plan/schedule.h); 0: the
-// config's choice.
-TPFUSE_PARAM(k_splits, "TPFUSE_K_SPLITS", 0)
 // At most this many rounds of an own tile's peer partials added during its K loop
 // (plan/partial_rounds.h); -1: the config's choice.
 TPFUSE_PARAM(partial_rounds, "TPFUSE_PARTIAL_ROUNDS", -1)

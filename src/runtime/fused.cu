@@ -60,13 +60,6 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.timeout_ns = comm.timeout_ns;
   e.partial_rounds = config.partial_rounds;
   e.num_k_blocks = rp->mainloop.num_k_blocks;
-  e.k_splits = config.k_splits;
-  e.split_partials = rank.split_partials;
-  e.split_flags = rank.split_flags;
-  if (config.k_splits != 1 && schedule.num_tiles() > comm.split_tiles) {
-    return Status::Internal("a call of " + std::to_string(schedule.num_tiles()) + " tiles splits K, but the communicator holds " +
-                            std::to_string(comm.split_tiles) + " split tiles");
-  }
   rp->calls = rank.calls;
   return Status::Ok();
 }
@@ -93,11 +86,6 @@ Status rank_grid(const GemmConfig& config, int* ctas) {
   TPFUSE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   return resident_grid<Config>(kernel, smem, config.num_ctas, ctas);
 }
-
-// With K split, a tile's two halves must run at once on two CTAs: an even grid keeps the two steps of
-// a tile in one wave (a grid of G CTAs gives the last step of a wave and the first of the next to the
-// same CTA).
-int even_if_split(const GemmConfig& config, int ctas) { return config.k_splits == 1 ? ctas : ctas / 2 * 2; }
 
 }  // namespace
 
@@ -129,7 +117,7 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
       int ctas = 0;
       TPFUSE_RETURN_IF_ERROR((rank_grid<Config, kMaxWorldSize>(config, &ctas)));
       // Whole clusters per rank, so that no cluster spans two ranks.
-      launch.ctas_per_rank = even_if_split(config, ctas / num_ranks / Config::kCluster * Config::kCluster);
+      launch.ctas_per_rank = ctas / num_ranks / Config::kCluster * Config::kCluster;
       if (launch.ctas_per_rank == 0) {
         return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
                                        std::to_string(ctas) + " resident CTAs");
@@ -146,7 +134,6 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
       TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
       kernels::FusedLaunch<1> launch{};
       TPFUSE_RETURN_IF_ERROR((rank_grid<Config, 1>(config, &launch.ctas_per_rank)));
-      launch.ctas_per_rank = even_if_split(config, launch.ctas_per_rank);
       TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, config, a[i], w[i], out[i], &launch.ranks[0]));
       TPFUSE_RETURN_IF_ERROR(launch_fused_kernel<Config>(launch, 1, /*cooperative=*/false, streams[i]));
     }

@@ -47,7 +47,7 @@ Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
 }
 
 // The config's tunables overridden from the environment (TPFUSE_CLUSTER_SIZE, TPFUSE_GROUP_ROWS,
-// TPFUSE_OWN_LAG, TPFUSE_BLOCK_N, TPFUSE_K_SPLITS, TPFUSE_PARTIAL_ROUNDS).
+// TPFUSE_OWN_LAG, TPFUSE_BLOCK_N, TPFUSE_PARTIAL_ROUNDS).
 inline Status apply_overrides(const Problem& problem, const DeviceInfo& device, GemmConfig* config) {
   if (params::block_n() != 0 && config->block_m == 128) {
     if (params::block_n() != 192 && params::block_n() != 256) {
@@ -75,15 +75,6 @@ inline Status apply_overrides(const Problem& problem, const DeviceInfo& device, 
     }
     config->cluster_size = int(params::cluster_size());
   }
-  if (params::k_splits() != 0) {
-    if (params::k_splits() != 1 && params::k_splits() != 2) {
-      return Status::InvalidArgument("TPFUSE_K_SPLITS = " + std::to_string(params::k_splits()) +
-                                     " must be 1 or 2 (or 0: the config's choice)");
-    }
-    config->k_splits = int(params::k_splits());
-  }
-  // Where a split does not fit (the tile width may have changed too), the call keeps whole tiles.
-  if (!k_split_fits(problem, *config)) config->k_splits = 1;
   if (params::partial_rounds() < -1) {
     return Status::InvalidArgument("TPFUSE_PARTIAL_ROUNDS = " + std::to_string(params::partial_rounds()) +
                                    " must be a number of rounds >= 0 (or -1: the config's choice)");
@@ -182,7 +173,6 @@ Status make_mainloop_params(const Problem& problem, const GemmConfig& config, in
   p->schedule.group_rows = config.group_rows;
   p->schedule.own_lag = config.own_lag;
   p->schedule.segments_per_tile = config.segments_per_tile;
-  p->schedule.k_splits = config.k_splits;
   p->num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);
   return Status::Ok();
 }

@@ -175,30 +175,6 @@ TEST(Config, PartialRoundsFitTheKLoop) {
   static_assert(PartialRounds::kFirstAdd >= 1, "round 0 is asked for after K block 0");
 }
 
-// The small-M design: a fused call whose tiles fit one wave splits K in two (plan/schedule.h); a
-// call of more waves, a single rank (and so the plain GEMM) or a single K block keeps whole tiles,
-// and a split takes no partial rounds.
-TEST(Config, OneWaveOfTilesSplitsK) {
-  GemmConfig c;
-  for (int world_size : {2, 4, 8}) {
-    for (const Problem& p : {make(512, 8192, 8192, world_size), make(512, 6144, 6144, world_size),
-                             make(512, 8192, 28672, world_size), make(512, 6144, 16384, world_size)}) {
-      ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
-      EXPECT_EQ(c.k_splits, 2) << p.to_string() << " -> " << c.to_string();
-      EXPECT_EQ(c.partial_rounds, 0) << p.to_string() << " -> " << c.to_string();
-      EXPECT_TRUE(k_split_fits(p, c)) << p.to_string();
-    }
-  }
-  for (const Problem& p : {make(2048, 8192, 8192, 8), make(8192, 6144, 6144, 2), make(512, 8192, 8192, 1),
-                           make(512, 8192, 64 * 8, 8)}) {
-    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
-    EXPECT_EQ(c.k_splits, 1) << p.to_string() << " -> " << c.to_string();
-  }
-  // A few tiles (half a wave or less) split too: their halves then run in one wave.
-  ASSERT_TRUE(select_gemm_config(make(64, 1024, 1024, 2), h100(), &c).ok());
-  EXPECT_EQ(c.k_splits, 2) << c.to_string();
-}
-
 TEST(Config, OddShapesGetAConfig) {
   for (const Problem& p : {make(8, 8, 64, 8), make(1000, 1000, 8000, 8), make(520, 264, 1032, 8), make(24, 8, 8, 1)}) {
     GemmConfig c;

@@ -337,45 +337,6 @@ TEST(PersistentSteps, EveryStepOnceInWaves) {
     }
 }
 
-// With K split (plan/schedule.h) each tile is two adjacent steps, one per half of its K blocks,
-// which together cover them once; on an even grid both steps of a tile fall in one wave, on two
-// CTAs (an odd grid gives one CTA the last step of a wave and the first of the next: the config
-// keeps the grid even).
-TEST(Schedule, SplitKStepsPairUpInOneWave) {
-  TileSchedule s = schedule_of({512, 8192, 8, 128, 256, 4, kOwnLast, 2}, 3);
-  s.k_splits = 2;
-  ASSERT_EQ(s.num_steps(), 2 * s.num_tiles());
-  for (int step = 0; step < s.num_steps(); ++step) {
-    EXPECT_EQ(s.tile_of_step(step), step / 2);
-    EXPECT_EQ(s.k_part_of_step(step), step % 2);
-  }
-  for (int num_k_blocks : {2, 3, 16, 17}) {
-    EXPECT_EQ(s.first_k_block(num_k_blocks, 0), 0);
-    EXPECT_EQ(s.first_k_block(num_k_blocks, 1), s.k_blocks(num_k_blocks, 0));
-    EXPECT_EQ(s.k_blocks(num_k_blocks, 0) + s.k_blocks(num_k_blocks, 1), num_k_blocks);
-    EXPECT_GE(s.k_blocks(num_k_blocks, 1), 1);
-    EXPECT_LE(s.k_blocks(num_k_blocks, 0) - s.k_blocks(num_k_blocks, 1), 1);
-  }
-  for (int num_ctas : {2, 16, 132}) {
-    const auto steps = steps_of_ctas(num_ctas, 1, s.num_steps());
-    for (int cta = 0; cta < num_ctas; ++cta) {
-      for (size_t wave = 0; wave < steps[cta].size(); ++wave) {
-        const int partner = steps[cta][wave] ^ 1;
-        if (partner >= s.num_steps()) continue;
-        EXPECT_EQ(partner / num_ctas, int(wave)) << num_ctas << " CTAs: step " << steps[cta][wave];
-      }
-    }
-  }
-  const auto odd = steps_of_ctas(3, 1, s.num_steps());
-  EXPECT_EQ(odd[2][0], 2);
-  EXPECT_EQ(odd[2][1], 3) << "3 CTAs: CTA 2 takes steps 2 and 3, both halves of tile 1";
-  TileSchedule whole = s;
-  whole.k_splits = 1;
-  EXPECT_EQ(whole.num_steps(), whole.num_tiles());
-  EXPECT_EQ(whole.k_blocks(17, 0), 17);
-  EXPECT_EQ(whole.first_k_block(17, 0), 0);
-}
-
 // With own tiles interleaved (one per round of P steps), every CTA of the 132 takes its share of
 // them, within two tiles: a CTA that kept its place would take all of them or none at P = 2 and 4.
 TEST(PersistentSteps, OwnTilesShareOutOverTheCtas) {

@@ -8,13 +8,10 @@
 // The kernel's order within a step: the pushed slabs first, then the own slabs (NOTE in
 // plan/schedule.h). The model checks that order over schedules with bands of two segments, own-tile
 // lags and grid sizes, and that the opposite order deadlocks the partners of a band, so that the
-// model would notice. With K split, a step first hands its unfinished slab's partial over to the
-// CTA of the tile's other half, then waits for the other half's partial of the slab it finishes:
-// on an even grid that never deadlocks, on an odd one it does.
+// model would notice.
 #include <gtest/gtest.h>
 
 #include <map>
-#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -30,12 +27,7 @@ namespace {
 using SlabKey = std::tuple<int, int>;
 
 struct Action {
-  enum Kind {
-    kPush,      // raise the owner's flag of the slab
-    kReduce,    // wait for the P-1 peers' flags of the slab
-    kHandOver,  // K split: leave this half's partial of the slab for the other half's CTA
-    kTakeHalf,  // K split: wait for the other half's partial of the slab
-  } kind;
+  bool push;  // true: raise the owner's flag of the slab; false: wait for the P-1 peers' flags
   SlabKey slab;
 };
 
@@ -43,10 +35,7 @@ struct Action {
 struct GridCase {
   Case schedule;
   int ctas_per_rank;
-  int k_splits = 1;
-  std::string name() const {
-    return schedule.name() + " CTAs=" + std::to_string(ctas_per_rank) + " k_splits=" + std::to_string(k_splits);
-  }
+  std::string name() const { return schedule.name() + " CTAs=" + std::to_string(ctas_per_rank); }
 };
 
 // The actions of CTA `cta` of `rank`, step by step: a 128-row tile has two 64-row slabs stacked, a
@@ -54,28 +43,20 @@ struct GridCase {
 // neither pushed nor awaited.
 std::vector<Action> actions_of(const GridCase& g, int rank, int cta, bool pushes_first) {
   const Case& c = g.schedule;
-  TileSchedule s = schedule_of(c, rank);
-  s.k_splits = g.k_splits;
+  const TileSchedule s = schedule_of(c, rank);
   const bool stacked = c.block_m == 128;
   std::vector<Action> actions;
   for (int wave = 0;; ++wave) {
     const int step = persistent_step(cta, g.ctas_per_rank, wave, 1);
-    if (step >= s.num_steps()) break;
-    const Tile t = s.tile(s.tile_of_step(step));
+    if (step >= s.num_tiles()) break;
+    const Tile t = s.tile(step);
     std::vector<Action> pushes, reductions;
     for (int slab = 0; slab < 2; ++slab) {
       const int row = stacked ? slab * 64 : 0;
       const int col = stacked ? 0 : slab * (c.block_n / 2);
       if (t.row_begin + row >= t.row_end || t.col_begin + col >= t.col_end) continue;
-      const SlabKey key{t.row_begin + row, t.col_begin + col};
-      if (g.k_splits == 2 && slab != s.k_part_of_step(step)) {
-        actions.push_back({Action::kHandOver, key});
-        continue;
-      }
-      const bool push = t.owner_of(row) != rank;
-      std::vector<Action>& list = push ? pushes : reductions;
-      if (g.k_splits == 2) list.push_back({Action::kTakeHalf, key});
-      list.push_back({push ? Action::kPush : Action::kReduce, key});
+      const Action action{t.owner_of(row) != rank, {t.row_begin + row, t.col_begin + col}};
+      (action.push ? pushes : reductions).push_back(action);
     }
     const auto& first = pushes_first ? pushes : reductions;
     const auto& second = pushes_first ? reductions : pushes;
@@ -92,19 +73,17 @@ std::string run_model(const GridCase& g, bool pushes_first) {
   for (int rank = 0; rank < P; ++rank)
     for (int cta = 0; cta < g.ctas_per_rank; ++cta) ctas.push_back(actions_of(g, rank, cta, pushes_first));
   std::vector<size_t> next(ctas.size(), 0);
-  std::map<SlabKey, int> flags;                    // slab -> peers that have pushed it
-  std::set<std::tuple<int, int, int>> halves;      // (rank, slab) handed over by the other half's CTA
+  std::map<SlabKey, int> flags;  // slab -> peers that have pushed it
   for (bool moved = true; moved;) {
     moved = false;
     for (size_t i = 0; i < ctas.size(); ++i) {
-      const int rank = int(i) / g.ctas_per_rank;
       while (next[i] < ctas[i].size()) {
         const Action& a = ctas[i][next[i]];
-        const auto half = std::make_tuple(rank, std::get<0>(a.slab), std::get<1>(a.slab));
-        if (a.kind == Action::kPush) ++flags[a.slab];
-        if (a.kind == Action::kHandOver) halves.insert(half);
-        if (a.kind == Action::kReduce && flags[a.slab] < P - 1) break;
-        if (a.kind == Action::kTakeHalf && halves.count(half) == 0) break;
+        if (a.push) {
+          ++flags[a.slab];
+        } else if (flags[a.slab] < P - 1) {
+          break;
+        }
         ++next[i];
         moved = true;
       }
@@ -115,12 +94,8 @@ std::string run_model(const GridCase& g, bool pushes_first) {
       const Action& a = ctas[i][next[i]];
       std::ostringstream os;
       os << "rank " << i / g.ctas_per_rank << " CTA " << i % g.ctas_per_rank << " waits at action " << next[i]
-         << " for the slab at row " << std::get<0>(a.slab) << ", column " << std::get<1>(a.slab);
-      if (a.kind == Action::kTakeHalf) {
-        os << " (the other half's partial)";
-      } else {
-        os << " (" << flags[a.slab] << " of " << P - 1 << " peers pushed)";
-      }
+         << " for the slab at row " << std::get<0>(a.slab) << ", column " << std::get<1>(a.slab) << " ("
+         << flags[a.slab] << " of " << P - 1 << " peers pushed)";
       return os.str();
     }
   }
@@ -130,30 +105,16 @@ std::string run_model(const GridCase& g, bool pushes_first) {
 TEST(WaitOrder, PushesFirstNeverDeadlock) {
   std::vector<GridCase> cases;
   for (int P : {2, 4, 8}) {
-    for (int ctas : {1, 2, 3, 16}) {
+    for (int ctas : {1, 3, 16}) {
       for (int own_lag : {kOwnLast, 0, 1, 5}) {
-        // K split on even grids only (the config's rule).
-        for (int k_splits : {1, 2}) {
-          if (k_splits == 2 && ctas % 2 != 0) continue;
-          // Segments of 64 rows in bands of two; 64-row tiles; several 128-row tiles a segment.
-          if (P >= 4) cases.push_back({{64 * P, 1000, P, 128, 256, 2, own_lag, 2}, ctas, k_splits});
-          cases.push_back({{64 * P, 520, P, 64, 256, 2, own_lag, 1}, ctas, k_splits});
-          cases.push_back({{P * 300, 600, P, 128, 256, 2, own_lag, 1}, ctas, k_splits});
-        }
+        // Segments of 64 rows in bands of two; 64-row tiles; several 128-row tiles a segment.
+        if (P >= 4) cases.push_back({{64 * P, 1000, P, 128, 256, 2, own_lag, 2}, ctas});
+        cases.push_back({{64 * P, 520, P, 64, 256, 2, own_lag, 1}, ctas});
+        cases.push_back({{P * 300, 600, P, 128, 256, 2, own_lag, 1}, ctas});
       }
     }
   }
   for (const GridCase& g : cases) EXPECT_EQ(run_model(g, /*pushes_first=*/true), "") << g.name();
-}
-
-// K split on an odd grid: a CTA takes the last step of a wave and the first of the next, the two
-// halves of one tile, and waits for itself. This is why a split call's grid is even
-// (runtime/fused.cu).
-TEST(WaitOrder, SplitKOnAnOddGridDeadlocks) {
-  for (int P : {2, 8}) {
-    const GridCase odd{{128 * P, 1024, P, 128, 256, 2, kOwnLast, 1}, 3, 2};
-    EXPECT_NE(run_model(odd, /*pushes_first=*/true), "") << odd.name();
-  }
 }
 
 // Own slabs before pushed ones: in a band of two the partners then each wait for the other's push
