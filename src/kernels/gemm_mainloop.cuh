@@ -32,8 +32,7 @@
 
 namespace tpfuse::kernels {
 
-template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kCluster_, int kStagedChunks_ = 0,
-          bool kOverlapEpilogue_ = false>
+template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kCluster_, int kStagedChunks_ = 0>
 struct MainloopConfig {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -53,9 +52,6 @@ struct MainloopConfig {
   static constexpr int kThreads = 128 * (kConsumers + 1);
 
   static constexpr int kCluster = kCluster_;  // CTAs sharing W tiles by multicast (1 or 2)
-  // Each tile's epilogue overlaps the next tile's first K block, with two sets of accumulators
-  // (epilogues without extra stages: the plain GEMM's).
-  static constexpr bool kOverlapEpilogue = kOverlapEpilogue_;
 
   static constexpr int kABytes = kBlockM * kBlockK * 2;
   static constexpr int kWBytes = kBlockN * kBlockK * 2;
@@ -297,96 +293,49 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// Issues the WGMMAs of one K block (the stage at `ring`, once it is full) into `acc` as one batch
-// and moves the ring on; returns the stage, which goes back to the producer once the batch is done.
-template <class Config>
-__device__ __forceinline__ int issue_k_block(SharedStorage<Config>& smem, Slab<Config> slab,
+// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles. After
+// each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
+template <class Config, class Epilogue>
+__device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring,
-                                             bool accumulate, bool wait_full = true) {
+                                             Epilogue& epilogue) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
   constexpr uint64_t kStepA = 32 >> 4;
   constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
   // Byte offset of the slab's columns inside a W stage (the same for both layouts: kWgCols x 64 BF16).
   const int w_offset_elems = slab.col * Config::kBlockK;
-  const int stage = ring.stage;
-  if (wait_full) ptx::mbarrier_wait(&smem.full[stage], ring.phase);
-  const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
-  const uint64_t desc_w = Config::kWeightKMajor
-                              ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
-                              : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
-#pragma unroll
-  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-  cute::warpgroup_arrive();
-#pragma unroll
-  for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
-    Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, accumulate || kk > 0);
-  }
-  cute::warpgroup_commit_batch();
-  ring.advance<Config>();
-  return stage;
-}
 
-// Accumulates K blocks [first, num_k_blocks) of a tile's slab; `in_flight` is the stage of the K
-// block before `first` if its batch may still run, else -1. `ring` carries the position across
-// tiles. After each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
-template <class Config, class Epilogue>
-__device__ __forceinline__ void consume_k_blocks(int first, int num_k_blocks, int in_flight, SharedStorage<Config>& smem,
-                                                 Slab<Config> slab, float (&acc)[Config::kAccPerThread],
-                                                 StageCursor& ring, Epilogue& epilogue) {
-  int prev_stage = in_flight;
-  for (int kb = first; kb < num_k_blocks; ++kb) {
-    const int stage = issue_k_block(smem, slab, acc, ring, kb > 0);
+  int prev_stage = -1;
+  const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
+  for (int kb = 0; kb < num_k_blocks; ++kb) {
+    const int stage = ring.stage;
+    ptx::mbarrier_wait(&smem.full[stage], ring.phase);
+    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
+    const uint64_t desc_w = Config::kWeightKMajor
+                                ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
+                                : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+    }
+    cute::warpgroup_commit_batch();
     // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
     cute::warpgroup_wait<1>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
     if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
+    ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
   }
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
   if (prev_stage >= 0) release_stage(smem, prev_stage);
-}
-
-// Waits for a step's first K stage and reads the step's work, which the producer left there.
-template <class Config>
-__device__ __forceinline__ Work read_work(SharedStorage<Config>& smem, const StageCursor& ring, int consumer) {
-  ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-  const Work work = smem.stage_work[ring.stage];
-  // Every thread of the warpgroup has read the work before its first thread may release the stage
-  // (and the producer write the note of a later step there).
-  consumer_sync(consumer);
-  return work;
-}
-
-// A consumer's steps with each tile's epilogue overlapping the next tile's first K block (configs
-// with kOverlapEpilogue, whose two sets of accumulators fit the registers): `work`'s tile, whose
-// first K block is in flight in `acc` (from `in_flight`), is finished; then the next tile's first
-// K block goes into `next` before the tile is stored. Returns whether there is a next tile, which
-// is then in `work` and `in_flight`. After the last tile a batch goes in all the same, on the
-// stale stage the ring is at (no load is in flight there any more), its products never read: with
-// WGMMAs issued on one path only, ptxas serializes every WGMMA of the kernel (C7518).
-template <class Config, class Epilogue>
-__device__ __forceinline__ bool finish_and_start_next(const MainloopParams& p, SharedStorage<Config>& smem,
-                                                      Slab<Config> slab, int consumer, Epilogue& epilogue,
-                                                      float (&acc)[Config::kAccPerThread],
-                                                      float (&next)[Config::kAccPerThread], StageCursor& ring,
-                                                      Work& work, int& in_flight, int cta, int num_ctas, int& wave) {
-  static_assert(!Epilogue::kHasWatcher, "an epilogue with extra stages takes them right after the K stages");
-  consume_k_blocks<Config>(1, p.num_k_blocks, in_flight, smem, slab, acc, ring, epilogue);
-  const int step = step_of<Config>(cta, num_ctas, ++wave);
-  const bool more = has_work<Config>(step, p.schedule.num_tiles());
-  const Work finished = work;
-  if (more) {
-    work = read_work(smem, ring, consumer);
-    epilogue.template begin_tile<Config>(work);
-  }
-  in_flight = issue_k_block(smem, slab, next, ring, false, /*wait_full=*/more);
-  epilogue.template end_tile<Config>(finished, slab, acc, smem, ring);
-  return more;
 }
 
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
@@ -453,32 +402,19 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
     Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
+    float acc[Config::kAccPerThread];
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();
-    if constexpr (Config::kOverlapEpilogue) {
-      float acc[2][Config::kAccPerThread];
-      int wave = 0;
-      if (has_work<Config>(cta, num_tiles)) {
-        Work work = read_work(smem, ring, consumer);
-        epilogue.template begin_tile<Config>(work);
-        int in_flight = issue_k_block(smem, slab, acc[0], ring, false);
-        // The two sets take turns (indexed with constants only, or they would leave registers).
-        while (finish_and_start_next<Config>(mainloop, smem, slab, consumer, epilogue, acc[0], acc[1], ring, work,
-                                             in_flight, cta, num_ctas, wave) &&
-               finish_and_start_next<Config>(mainloop, smem, slab, consumer, epilogue, acc[1], acc[0], ring, work,
-                                             in_flight, cta, num_ctas, wave)) {
-        }
-        cute::warpgroup_wait<0>();  // the batch after the last tile
-      }
-    } else {
-      float acc[Config::kAccPerThread];
-      for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
-        // The ring is at the step's first K stage, which carries the step's work.
-        const Work work = read_work(smem, ring, consumer);
-        epilogue.template begin_tile<Config>(work);
-        consume_k_blocks<Config>(0, mainloop.num_k_blocks, -1, smem, slab, acc, ring, epilogue);
-        epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
-      }
+    for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+      // The ring is at the step's first K stage, which carries the step's work.
+      ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+      const Work work = smem.stage_work[ring.stage];
+      // Every thread of the warpgroup has read the work before its first thread may release the
+      // stage (and the producer write the note of a later step there).
+      consumer_sync(consumer);
+      epilogue.template begin_tile<Config>(work);
+      consume_tile<Config>(mainloop, smem, slab, acc, ring, epilogue);
+      epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
     }
     epilogue.finish();
   }

@@ -31,8 +31,7 @@ std::string GemmConfig::to_string() const {
      << ", group_rows " << group_rows << ", own_lag " << own_lag << ", segments/tile " << segments_per_tile
      << ", cluster " << cluster_size << ", ctas " << num_ctas << ", staged chunks "
      << (staged_chunks > 0 ? std::to_string(staged_chunks) : std::string("all")) << ", partial rounds "
-     << partial_rounds << ", overlapped epilogue " << (overlap_epilogue ? "yes" : "no") << ", smem " << smem_bytes()
-     << " B";
+     << partial_rounds << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 

@@ -42,9 +42,6 @@ struct GemmConfig {
   // Rounds of an own tile's peer partials added during its K loop (plan/partial_rounds.h); the
   // fused op's only.
   int partial_rounds = 0;
-  // Each tile's epilogue overlapping the next tile's first K block, with two sets of accumulators
-  // (the plain GEMM's, 128 x 192 tiles only).
-  bool overlap_epilogue = false;
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
   // Shared memory the kernel needs: the stages of A and W tiles, the epilogue staging, barriers.

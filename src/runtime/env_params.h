@@ -27,8 +27,6 @@ TPFUSE_PARAM(group_rows, "TPFUSE_GROUP_ROWS", 0)
 // Rounds from a peer's tile to the own tile of the same rows (plan/schedule.h) instead of the
 // config's choice; -1: the config's choice.
 TPFUSE_PARAM(own_lag, "TPFUSE_OWN_LAG", -1)
-// 1: the plain GEMM's epilogue overlaps the next tile's first K block where its tiles are 128 x 192.
-TPFUSE_PARAM(overlap_epilogue, "TPFUSE_OVERLAP_EPILOGUE", 0)
 // At most this many rounds of an own tile's peer partials added during its K loop
 // (plan/partial_rounds.h); -1: the config's choice.
 TPFUSE_PARAM(partial_rounds, "TPFUSE_PARTIAL_ROUNDS", -1)

@@ -107,7 +107,6 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
     std::fprintf(stderr, "tpfuse: gemm_reduce_scatter runs without clusters (TPFUSE_CLUSTER_SIZE is the GEMM's)\n");
   }
   config.cluster_size = 1;
-  config.overlap_epilogue = false;  // the GEMM's only: the fused epilogue takes extra stages
 
   const bool k_major = problem.weight_layout == WeightLayout::kNxK;
   return with_tile_config<1>(config, k_major, [&](auto mainloop_config) -> Status {

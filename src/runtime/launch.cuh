@@ -38,19 +38,9 @@ Status with_tile_config(const GemmConfig& c, bool k_major, Fn&& fn) {
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
 }
 
-// The plain GEMM's variants: those of with_tile_config, and the overlapped epilogue's.
 template <class Fn>
 Status with_mainloop_config(const GemmConfig& c, WeightLayout layout, Fn&& fn) {
   const bool k_major = layout == WeightLayout::kNxK;
-  if (c.overlap_epilogue) {
-    using kernels::MainloopConfig;
-    if (c.cluster_size == 1 && c.block_k == 64 && c.consumer_warpgroups == 2 && c.staged_chunks == 0 &&
-        c.block_m == 128 && c.block_n == 192 && c.stages == 4) {
-      return k_major ? fn(MainloopConfig<128, 192, 4, true, 1, 0, true>{})
-                     : fn(MainloopConfig<128, 192, 4, false, 1, 0, true>{});
-    }
-    return Status::Internal("no compiled kernel variant for config: " + c.to_string());
-  }
   if (c.cluster_size == 2) return with_tile_config<2>(c, k_major, fn);
   if (c.cluster_size == 1) return with_tile_config<1>(c, k_major, fn);
   return Status::Internal("no compiled kernel variant for config: " + c.to_string());
@@ -85,7 +75,6 @@ inline Status apply_overrides(const Problem& problem, const DeviceInfo& device, 
     }
     config->cluster_size = int(params::cluster_size());
   }
-  if (params::overlap_epilogue() != 0) config->overlap_epilogue = config->block_n == 192 && config->cluster_size == 1;
   if (params::partial_rounds() < -1) {
     return Status::InvalidArgument("TPFUSE_PARTIAL_ROUNDS = " + std::to_string(params::partial_rounds()) +
                                    " must be a number of rounds >= 0 (or -1: the config's choice)");
