@@ -123,12 +123,17 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   //    against 0.993-1.026);
   //  - where a band has fewer than 2L tiles: interleaved into so few waves, some CTAs take two own
   //    tiles where others take none (one GPU, o_proj at M = 2048, P = 8: 1.38-1.52 against 1.26-1.36,
-  //    bench/results/2026-11-29-h200-a88161a/own_lag/).
+  //    bench/results/2026-11-29-h200-a88161a/own_lag/); at P = 2 fewer than L tiles. There own
+  //    tiles are half of the tiles, and last they leave the links idle for half the call: on two
+  //    GPUs at M = 2048 (256 tiles a band, L = 132) T_fused measured 2-6% lower interleaved on three
+  //    of the four per-rank shapes of P = 8 and 1% higher on one, speedup 1.449-1.456 against
+  //    1.411-1.412 (bench/results/2026-11-29-h200x2-c35637d/own_lag_m2048/).
   const TileSchedule grid = tile_grid(problem, c.block_m, c.block_n, c.segments_per_tile);
   const int bands = grid.num_bands();
   const int lag = (2 * c.num_ctas + bands - 1) / bands;
   constexpr int64_t kMaxLaggedK = 4096;
-  c.own_lag = problem.k_per_rank <= kMaxLaggedK && grid.tiles_per_band() >= 2 * lag ? lag : kOwnTilesLast;
+  const int min_tiles_per_band = problem.world_size == 2 ? lag : 2 * lag;
+  c.own_lag = problem.k_per_rank <= kMaxLaggedK && grid.tiles_per_band() >= min_tiles_per_band ? lag : kOwnTilesLast;
   // A single wave of 128 x 256 tiles (M = 512, N = 8192): no tile's epilogue overlaps another's
   // mainloop anyway, and a fourth stage shortens the one mainloop more than staging the epilogue 2
   // chunks at a time lengthens it: the plain GEMM's cuBLAS/ours 1.020 / 1.007 against 0.995 / 0.951

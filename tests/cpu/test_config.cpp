@@ -122,6 +122,14 @@ TEST(Config, ScheduleOfTheFusedOp) {
   // M = 2048 at P = 8: 2 x 32 tiles a segment, under twice the lag of 33 rounds.
   ASSERT_TRUE(select_gemm_config(make(2048, 8192, 8192, 8), h100(), &c).ok());
   EXPECT_EQ(c.own_lag, kOwnTilesLast);
+  // At P = 2 a band needs only the lag's tiles: M = 2048 has 8 x 32 (N = 8192) or 8 x 24 (N = 6144)
+  // against a lag of 132 rounds; M = 512 has 2 x 32.
+  for (const Problem& p : {make(2048, 8192, 8192, 2), make(2048, 6144, 6144, 2)}) {
+    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
+    EXPECT_EQ(c.own_lag, 132) << p.to_string();
+  }
+  ASSERT_TRUE(select_gemm_config(make(512, 8192, 8192, 2), h100(), &c).ok());
+  EXPECT_EQ(c.own_lag, kOwnTilesLast);
   // Deep tiles (K per rank 14336 at P = 2) keep their own tiles last.
   ASSERT_TRUE(select_gemm_config(make(8192, 8192, 28672, 2), h100(), &c).ok());
   EXPECT_EQ(c.own_lag, kOwnTilesLast);
@@ -148,7 +156,7 @@ TEST(Config, PartialRoundsFitTheKLoop) {
            Case{make(8192, 8192, 2048, 8), 0},    // 4 K blocks: too short
            Case{make(8192, 8192, 8192, 1), 0},    // no peers
            Case{make(512, 8192, 8192, 8), 0},     // bands of two segments: the partner pushes after its K loop
-           Case{make(2048, 8192, 8192, 2), 0},    // own tiles last at P = 2
+           Case{make(2048, 8192, 8192, 2), 1},    // own tiles interleaved at P = 2: its one peer
            Case{make(2048, 8192, 8192, 8), 6},    // own tiles last at P = 8
            Case{make(8192, 8192, 28672, 2), 0},   // own tiles last (deep tiles)
            Case{make(512, 8192, 4096, 4), 0},     // one wave, the slab staged in batches
