@@ -392,7 +392,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
     if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
     if constexpr (Epilogue::kHasSender) {
-      if (threadIdx.x / 32 == 1) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
     if constexpr (Epilogue::kHasWatcher) {
       if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);

@@ -65,11 +65,6 @@ class PushReduceEpilogue {
     uint64_t timeout_ns;
     int partial_rounds;              // rounds of an own slab's partials added during its K loop
     int num_k_blocks;                // a tile's K blocks (the mainloop's)
-    // Pushes by the sender warp's stores (1) instead of TMA stores (0): each owner's receive buffer,
-    // laid out as recv_at's tensor map says.
-    int push_by_stores;
-    __nv_bfloat16* recv_ptr[kMaxWorldSize];
-    size_t recv_parity_elems;
   };
 
   static constexpr bool kHasSender = true;
@@ -402,7 +397,6 @@ class PushReduceEpilogue {
   __device__ static void send_slabs(const Params& p, SharedStorage<Config>& smem, uint32_t slabs, int step,
                                     uint32_t epoch) {
     if (slabs == 0) return;
-    const bool leader = threadIdx.x % 32 == 0;  // issues the TMA stores and raises the flags
     uint32_t* flags[Config::kConsumers] = {};
     bool any_flag = false;
 #pragma unroll 1
@@ -415,58 +409,24 @@ class PushReduceEpilogue {
         any_flag |= slab.flag != nullptr;
         for (int i = 0; i < slab.num_chunks; ++i) {
           const int col = slab.col + i * kChunkCols;
-          if (slab.destination != p.rank && p.push_by_stores) {
-            push_chunk_by_stores(p, smem.chunks[c][i], slab.destination, col, slab.row, epoch);
-          } else if (leader) {
-            if (slab.destination == p.rank) {
-              ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
-            } else {
-              ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
-            }
+          if (slab.destination == p.rank) {
+            ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
+          } else {
+            ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
           }
         }
       }
-      if (leader) {
-        ptx::bulk_commit_group();
-        ptx::bulk_wait_group_read<0>();
-      }
-      // Every lane has read the chunk buffers (generic proxy) before the consumer stages the next
-      // slab there, or the watcher's TMA loads of a round write them.
-      if (p.push_by_stores) ptx::fence_proxy_async_shared();
-      __syncwarp();
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group_read<0>();
       for (int c = 0; c < Config::kConsumers; ++c) {
-        if (leader && (slabs & (1u << c))) ptx::mbarrier_arrive(&smem.handoff[c].sent);
+        if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.handoff[c].sent);
       }
     }
     if (!any_flag) return;
-    if (leader) {
-      ptx::bulk_wait_group<0>();
-      ptx::fence_proxy_async_global();
-    }
-    // NOTE: each lane's stores to the peer -> its fence at system scope -> warp barrier -> the
-    // leader's release of the flag.
-    if (p.push_by_stores) ptx::fence_acquire_sys();
-    __syncwarp();
+    ptx::bulk_wait_group<0>();
+    ptx::fence_proxy_async_global();
     for (int c = 0; c < Config::kConsumers; ++c) {
-      if (leader && flags[c] != nullptr) ptx::store_release_sys(flags[c], epoch);
-    }
-  }
-
-  // Sender warp: stores one staged 64 x 64 chunk (128-byte swizzled rows) into its owner's receive
-  // slot, 16 bytes a lane, a warp 4 rows of 128 bytes at a time; rows and columns past the owner's
-  // segment or n are left out, as the TMA store clips them.
-  __device__ static void push_chunk_by_stores(const Params& p, const __nv_bfloat16* chunk, int owner, int col, int row,
-                                              uint32_t epoch) {
-    __nv_bfloat16* slot =
-        p.recv_ptr[owner] + (epoch & 1) * p.recv_parity_elems + size_t(p.rank) * p.rows_per_rank * p.n;
-    const int lane = threadIdx.x % 32;
-#pragma unroll 4
-    for (int v = lane; v < kChunkRows * 8; v += 32) {
-      const int r = v >> 3, piece = v & 7;
-      if (row + r >= p.rows_per_rank || col + piece * 8 >= p.n) continue;
-      const uint4 data = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(chunk) + r * 128 +
-                                                         ((piece ^ (r & 7)) << 4));
-      *reinterpret_cast<uint4*>(slot + size_t(row + r) * p.n + col + piece * 8) = data;
+      if (flags[c] != nullptr) ptx::store_release_sys(flags[c], epoch);
     }
   }
 

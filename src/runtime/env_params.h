@@ -30,8 +30,6 @@ TPFUSE_PARAM(own_lag, "TPFUSE_OWN_LAG", -1)
 // At most this many rounds of an own tile's peer partials added during its K loop
 // (plan/partial_rounds.h); -1: the config's choice.
 TPFUSE_PARAM(partial_rounds, "TPFUSE_PARTIAL_ROUNDS", -1)
-// 1: the fused op's sender warp pushes slabs with its own stores instead of TMA stores.
-TPFUSE_PARAM(push_by_stores, "TPFUSE_PUSH_BY_STORES", 0)
 // How long a rank waits for a peer's partial before the call fails with kPeerTimeout.
 TPFUSE_PARAM(peer_timeout_ms, "TPFUSE_PEER_TIMEOUT_MS", 10000)
 

@@ -60,9 +60,6 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.timeout_ns = comm.timeout_ns;
   e.partial_rounds = config.partial_rounds;
   e.num_k_blocks = rp->mainloop.num_k_blocks;
-  e.push_by_stores = int(params::push_by_stores());
-  for (int owner = 0; owner < comm.world_size; ++owner) e.recv_ptr[owner] = static_cast<__nv_bfloat16*>(rank.recv_at[owner]);
-  e.recv_parity_elems = comm.recv_parity_elems;
   rp->calls = rank.calls;
   return Status::Ok();
 }
