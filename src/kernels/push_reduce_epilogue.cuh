@@ -206,7 +206,8 @@ class PushReduceEpilogue {
   // partials during them.
   template <class Config>
   __device__ void begin_tile(const Work& work) {
-    tile_rounds_ = has_rounds<Config>(p_, reduced_slabs<Config>(p_, work.tile)) ? p_.partial_rounds : 0;
+    reduced_ = reduced_slabs<Config>(p_, work.tile);
+    tile_rounds_ = has_rounds<Config>(p_, reduced_) ? p_.partial_rounds : 0;
     round_ = 0;
   }
 
@@ -231,11 +232,10 @@ class PushReduceEpilogue {
   template <class Config>
   __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            SharedStorage<Config>& smem, StageCursor& ring) {
-    const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
-    const bool reduces = (reduced >> consumer_) & 1;
-    if (reduces) add_partials<Config>(reduced, acc, smem, ring);
+    const bool reduces = (reduced_ >> consumer_) & 1;  // begin_tile's, for the same work
+    if (reduces) add_partials<Config>(reduced_, acc, smem, ring);
     store<Config>(work.tile, slab, acc);  // one call: the store's code is large
-    if (reduced != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
+    if (reduced_ != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced_), smem, ring);
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
@@ -544,6 +544,7 @@ class PushReduceEpilogue {
   SlabHandoff* handoff_;
   int parity_;
   int handoffs_ = 0;  // hand-offs of staged chunks to the sender so far
+  uint32_t reduced_ = 0;     // the current tile's slabs that take their peers' partials
   int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop
   int round_ = 0;            // the next of them
   uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
