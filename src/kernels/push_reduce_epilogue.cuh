@@ -89,7 +89,7 @@ class PushReduceEpilogue {
       // segments the partner's partial of it waits for this rank's push of the partner's slab.
       // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
       // (walking it cost the fused call 0.5%).
-      const uint32_t own = schedule.segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(step));
+      const uint32_t own = schedule.shape().segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(step));
       uint32_t slabs = kAllSlabs & ~own;
       // One call site: the stores are compiled once.
 #pragma unroll 1

@@ -44,14 +44,14 @@ constexpr int kGroupRowsPerWave = 32;
 // The tiles the schedule cuts a rank's partial into (plan/schedule.h), for counting them (the
 // entry points validate a problem, so its sizes fit an int, before they choose its config).
 TileSchedule tile_grid(const Problem& problem, int block_m, int block_n, int segments_per_tile) {
-  TileSchedule grid;
-  grid.world_size = problem.world_size;
-  grid.m = int(problem.m);
-  grid.n = int(problem.n);
-  grid.block_m = block_m;
-  grid.block_n = block_n;
-  grid.segments_per_tile = segments_per_tile;
-  return grid;
+  ScheduleShape shape;
+  shape.world_size = problem.world_size;
+  shape.m = int(problem.m);
+  shape.n = int(problem.n);
+  shape.block_m = block_m;
+  shape.block_n = block_n;
+  shape.segments_per_tile = segments_per_tile;
+  return TileSchedule(shape);
 }
 
 // Relative time of a config: the waves of tiles over the SMs times a tile's cost, which grows with

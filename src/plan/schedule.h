@@ -40,6 +40,7 @@
 //                                               7  9 11
 #pragma once
 
+#include "plan/fast_divmod.h"
 #include "plan/host_device.h"
 
 namespace tpfuse {
@@ -78,7 +79,8 @@ TPFUSE_HOST_DEVICE int persistent_step(int cta, int num_ctas, int wave, int cta_
   return wave * num_ctas + (cta + wave * cta_group) % num_ctas;
 }
 
-struct TileSchedule {
+// What defines a rank's schedule: the problem's sizes and the config's choices.
+struct ScheduleShape {
   int world_size = 1;
   int rank = 0;
   int m = 0;
@@ -91,41 +93,63 @@ struct TileSchedule {
   int segments_per_tile = 1;
 
   TPFUSE_HOST_DEVICE int rows_per_rank() const { return m / world_size; }
-  TPFUSE_HOST_DEVICE int num_bands() const { return over_segments_per_tile(world_size); }
-  TPFUSE_HOST_DEVICE int rows_per_band() const { return rows_per_rank() * segments_per_tile; }
-  TPFUSE_HOST_DEVICE int row_tiles_per_band() const { return (rows_per_band() + block_m - 1) / block_m; }
-  TPFUSE_HOST_DEVICE int col_tiles() const { return (n + block_n - 1) / block_n; }
-  TPFUSE_HOST_DEVICE int tiles_per_band() const { return row_tiles_per_band() * col_tiles(); }
-  TPFUSE_HOST_DEVICE int num_tiles() const { return num_bands() * tiles_per_band(); }
+};
+
+// A rank's schedule: its shape, with the counts and divisors of the per-step arithmetic prepared
+// once on the host (the kernels map steps to tiles on single threads, fast_divmod.h).
+class TileSchedule {
+ public:
+  TileSchedule() = default;
+
+  explicit TileSchedule(const ScheduleShape& shape) : shape_(shape) {
+    bands_ = over_segments_per_tile(shape.world_size);
+    own_band_ = over_segments_per_tile(shape.rank);
+    rows_per_band_ = shape.rows_per_rank() * shape.segments_per_tile;
+    row_tiles_ = (rows_per_band_ + shape.block_m - 1) / shape.block_m;
+    col_tiles_ = (shape.n + shape.block_n - 1) / shape.block_n;
+    tiles_per_band_ = row_tiles_ * col_tiles_;
+    lag_ = max_int(0, min_int(shape.own_lag, tiles_per_band_));
+    first_own_step_ = lag_ * (bands_ - 1);  // rounds 0 .. lag-1 hold B-1 tiles each, later rounds B
+    tail_ = first_own_step_ + (tiles_per_band_ - lag_) * bands_;
+    by_peer_bands_ = FastDivmod(max_int(1, bands_ - 1));
+    by_bands_ = FastDivmod(bands_);
+    by_group_tiles_ = FastDivmod(max_int(1, shape.group_rows * col_tiles_));
+    by_group_rows_ = FastDivmod(shape.group_rows);
+    last_group_ = row_tiles_ > 0 ? (row_tiles_ - 1) / shape.group_rows : 0;
+    by_last_group_rows_ = FastDivmod(max_int(1, row_tiles_ - last_group_ * shape.group_rows));
+  }
+
+  TPFUSE_HOST_DEVICE const ScheduleShape& shape() const { return shape_; }
+  TPFUSE_HOST_DEVICE int num_bands() const { return bands_; }
+  TPFUSE_HOST_DEVICE int rows_per_band() const { return rows_per_band_; }
+  TPFUSE_HOST_DEVICE int row_tiles_per_band() const { return row_tiles_; }
+  TPFUSE_HOST_DEVICE int col_tiles() const { return col_tiles_; }
+  TPFUSE_HOST_DEVICE int tiles_per_band() const { return tiles_per_band_; }
+  TPFUSE_HOST_DEVICE int num_tiles() const { return bands_ * tiles_per_band_; }
 
   // The band at `offset` of a round: the one after this rank's, ..., then its own (offset B-1).
   TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {
-    return (over_segments_per_tile(rank) + 1 + offset) % num_bands();
+    const int band = own_band_ + 1 + offset;  // < 2B
+    return band >= bands_ ? band - bands_ : band;
   }
 
   // The band offset of `step` and its tile's index inside the band.
   TPFUSE_HOST_DEVICE void locate(int step, int* offset, int* index) const {
-    const int bands = num_bands();
-    const int own = bands - 1;
+    const int own = bands_ - 1;
     if (own == 0) {
       *offset = 0;
       *index = step;
-      return;
-    }
-    const int per_band = tiles_per_band();
-    const int lag = max_int(0, min_int(own_lag, per_band));
-    const int first_own_step = lag * own;  // rounds 0 .. lag-1 hold B-1 tiles each, later rounds B
-    const int tail = first_own_step + (per_band - lag) * bands;
-    if (step < first_own_step) {
-      *offset = step % own;
-      *index = step / own;
-    } else if (step < tail) {
-      const int k = step - first_own_step;
-      *offset = k % bands;
-      *index = *offset == own ? k / bands : lag + k / bands;
+    } else if (step < first_own_step_) {
+      *index = by_peer_bands_.div(step);
+      *offset = step - *index * own;
+    } else if (step < tail_) {
+      const int k = step - first_own_step_;
+      const int round = by_bands_.div(k);
+      *offset = k - round * bands_;
+      *index = *offset == own ? round : lag_ + round;
     } else {
       *offset = own;
-      *index = per_band - lag + (step - tail);
+      *index = tiles_per_band_ - lag_ + (step - tail_);
     }
   }
 
@@ -135,33 +159,47 @@ struct TileSchedule {
     locate(step, &offset, &t);
     const int band = band_at_offset(offset);
 
-    const int num_row_tiles = row_tiles_per_band();
-    const int num_cols = col_tiles();
-    const int group = t / (group_rows * num_cols);
-    const int first_row_tile = group * group_rows;
-    const int rows_in_group = min_int(group_rows, num_row_tiles - first_row_tile);
-    const int t_in_group = t - group * group_rows * num_cols;
-    const int row_tile = first_row_tile + t_in_group % rows_in_group;
-    const int col_tile = t_in_group / rows_in_group;
+    const int group = by_group_tiles_.div(t);
+    const int t_in_group = t - group * by_group_tiles_.divisor();
+    const FastDivmod& by_rows_in_group = group == last_group_ ? by_last_group_rows_ : by_group_rows_;
+    const int col_tile = by_rows_in_group.div(t_in_group);
+    const int row_tile = group * shape_.group_rows + (t_in_group - col_tile * by_rows_in_group.divisor());
 
-    const int band_begin = band * rows_per_band();
-    const int band_end = band_begin + rows_per_band();
+    const int band_begin = band * rows_per_band_;
+    const int band_end = band_begin + rows_per_band_;
     Tile tile;
-    tile.owner_rank = band * segments_per_tile;
-    tile.segment_row = row_tile * block_m;
+    tile.owner_rank = band * shape_.segments_per_tile;
+    tile.segment_row = row_tile * shape_.block_m;
     tile.row_begin = band_begin + tile.segment_row;
-    tile.row_end = min_int(tile.row_begin + block_m, band_end);
-    tile.col_begin = col_tile * block_n;
-    tile.col_end = min_int(tile.col_begin + block_n, n);
-    tile.rows_per_owner = over_segments_per_tile(block_m);
+    tile.row_end = min_int(tile.row_begin + shape_.block_m, band_end);
+    tile.col_begin = col_tile * shape_.block_n;
+    tile.col_end = min_int(tile.col_begin + shape_.block_n, shape_.n);
+    tile.rows_per_owner = over_segments_per_tile(shape_.block_m);
     return tile;
   }
 
  private:
-  // x / segments_per_tile without a division (the producer computes every step's tile on one thread).
-  TPFUSE_HOST_DEVICE int over_segments_per_tile(int x) const { return segments_per_tile == 2 ? x >> 1 : x; }
+  // x / segments_per_tile without a division.
+  TPFUSE_HOST_DEVICE int over_segments_per_tile(int x) const { return shape_.segments_per_tile == 2 ? x >> 1 : x; }
   TPFUSE_HOST_DEVICE static int min_int(int a, int b) { return a < b ? a : b; }
   TPFUSE_HOST_DEVICE static int max_int(int a, int b) { return a > b ? a : b; }
+
+  ScheduleShape shape_;
+  int bands_ = 1;
+  int own_band_ = 0;
+  int rows_per_band_ = 0;
+  int row_tiles_ = 0;
+  int col_tiles_ = 0;
+  int tiles_per_band_ = 0;
+  int lag_ = 0;             // own_lag, at most a band's tiles
+  int first_own_step_ = 0;  // the first step of a round that holds an own tile
+  int tail_ = 0;            // the first step after the rounds (own tiles only)
+  int last_group_ = 0;      // the last group of row tiles, which may hold fewer than group_rows
+  FastDivmod by_peer_bands_;
+  FastDivmod by_bands_;
+  FastDivmod by_group_tiles_;  // group_rows * col_tiles
+  FastDivmod by_group_rows_;
+  FastDivmod by_last_group_rows_;
 };
 
 }  // namespace tpfuse

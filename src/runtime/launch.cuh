@@ -164,15 +164,17 @@ Status make_mainloop_params(const Problem& problem, const GemmConfig& config, in
   } else {
     TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, k, n, n, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
   }
-  p->schedule.world_size = problem.world_size;
-  p->schedule.rank = rank;
-  p->schedule.m = int(m);
-  p->schedule.n = int(n);
-  p->schedule.block_m = Config::kBlockM;
-  p->schedule.block_n = Config::kBlockN;
-  p->schedule.group_rows = config.group_rows;
-  p->schedule.own_lag = config.own_lag;
-  p->schedule.segments_per_tile = config.segments_per_tile;
+  ScheduleShape schedule;
+  schedule.world_size = problem.world_size;
+  schedule.rank = rank;
+  schedule.m = int(m);
+  schedule.n = int(n);
+  schedule.block_m = Config::kBlockM;
+  schedule.block_n = Config::kBlockN;
+  schedule.group_rows = config.group_rows;
+  schedule.own_lag = config.own_lag;
+  schedule.segments_per_tile = config.segments_per_tile;
+  p->schedule = TileSchedule(schedule);
   p->num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);
   return Status::Ok();
 }

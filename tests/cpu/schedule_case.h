@@ -23,7 +23,7 @@ struct Case {
 };
 
 inline TileSchedule schedule_of(const Case& c, int rank) {
-  TileSchedule s;
+  ScheduleShape s;
   s.world_size = c.world_size;
   s.rank = rank;
   s.m = c.m;
@@ -33,7 +33,7 @@ inline TileSchedule schedule_of(const Case& c, int rank) {
   s.group_rows = c.group_rows;
   s.own_lag = c.own_lag;
   s.segments_per_tile = c.segments_per_tile;
-  return s;
+  return TileSchedule(s);
 }
 
 }  // namespace tpfuse

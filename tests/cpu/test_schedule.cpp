@@ -262,14 +262,15 @@ TEST(Schedule, OwnTilesComeAfterThePeersByTheLead) {
 
 // The rounds picture in schedule.h: P = 4, rank 1, T = 4, L = 2.
 TEST(Schedule, RoundsMatchTheDiagram) {
-  TileSchedule s;
-  s.world_size = 4;
-  s.rank = 1;
-  s.m = 4 * 64 * s.world_size;
-  s.n = 256;
-  s.block_m = 64;
-  s.block_n = 256;
-  s.own_lag = 2;
+  ScheduleShape shape;
+  shape.world_size = 4;
+  shape.rank = 1;
+  shape.m = 4 * 64 * shape.world_size;
+  shape.n = 256;
+  shape.block_m = 64;
+  shape.block_n = 256;
+  shape.own_lag = 2;
+  const TileSchedule s(shape);
   ASSERT_EQ(s.tiles_per_band(), 4);
   const int expected[16][2] = {{2, 0}, {3, 0}, {0, 0},          {2, 1}, {3, 1}, {0, 1},
                                {2, 2}, {3, 2}, {0, 2}, {1, 0},  {2, 3}, {3, 3}, {0, 3}, {1, 1},
@@ -407,19 +408,20 @@ TEST(Schedule, BandsOfTwoSegments) {
 TEST(Schedule, GroupRasterMatchesTheDiagram) {
   const int expected[4][3] = {{0, 2, 4}, {1, 3, 5}, {6, 8, 10}, {7, 9, 11}};
   for (int P : {1, 4}) {
-    TileSchedule s;
-    s.world_size = P;
-    s.block_m = 16;
-    s.block_n = 32;
-    s.m = 4 * s.block_m * P;
-    s.n = 3 * s.block_n;
-    s.group_rows = 2;
+    ScheduleShape shape;
+    shape.world_size = P;
+    shape.block_m = 16;
+    shape.block_n = 32;
+    shape.m = 4 * shape.block_m * P;
+    shape.n = 3 * shape.block_n;
+    shape.group_rows = 2;
+    const TileSchedule s(shape);
     ASSERT_EQ(s.tiles_per_band(), 12);
     for (int step = 0; step < s.num_tiles(); ++step) {
       const Tile t = s.tile(step);
       int offset = 0, index = 0;
       s.locate(step, &offset, &index);
-      const int row_tile = t.segment_row / s.block_m, col_tile = t.col_begin / s.block_n;
+      const int row_tile = t.segment_row / shape.block_m, col_tile = t.col_begin / shape.block_n;
       EXPECT_EQ(expected[row_tile][col_tile], index) << "P=" << P << " step " << step << " tile (" << row_tile << ", "
                                                      << col_tile << ")";
     }
@@ -428,14 +430,15 @@ TEST(Schedule, GroupRasterMatchesTheDiagram) {
 
 // The last row tile of a segment is clipped to the segment, not to m: M=8*65 at P=8, 128-row tiles.
 TEST(Schedule, ClipsAtTheSegmentNotAtM) {
-  TileSchedule s;
-  s.world_size = 8;
-  s.rank = 3;
-  s.m = 8 * 65;
-  s.n = 264;
-  s.block_m = 128;
-  s.block_n = 256;
-  s.group_rows = 8;
+  ScheduleShape shape;
+  shape.world_size = 8;
+  shape.rank = 3;
+  shape.m = 8 * 65;
+  shape.n = 264;
+  shape.block_m = 128;
+  shape.block_n = 256;
+  shape.group_rows = 8;
+  const TileSchedule s(shape);
   ASSERT_EQ(s.row_tiles_per_band(), 1);
   ASSERT_EQ(s.col_tiles(), 2);
   const Tile first = s.tile(0);
