@@ -12,7 +12,7 @@
 // multiplied, as deep as the ring, instead of after it.
 //
 // The CTAs walk the tile schedule (plan/schedule.h) persistently, one step per wave of `grid` steps
-// (persistent_step): CTA b's place in the wave moves on by one each wave.
+// (CtaSteps): CTA b's place in the wave moves on by one each wave.
 //
 // With clusters of two, CTAs 2p and 2p+1 take adjacent steps, which usually lie in the same tile
 // column (the schedule goes column-major inside a raster group): then each CTA loads half of the W
@@ -182,11 +182,11 @@ struct KernelParams {
   typename Epilogue::Params epilogue;
 };
 
-// The step of CTA `cta` in wave `wave`. A pair of CTAs moves on by a pair, so that it keeps two
-// adjacent steps, the first even.
+// The steps of CTA `cta`. A pair of CTAs moves on by a pair, so that it keeps two adjacent steps,
+// the first even.
 template <class Config>
-__device__ __forceinline__ int step_of(int cta, int num_ctas, int wave) {
-  return persistent_step(cta, num_ctas, wave, Config::kCluster);
+__device__ __forceinline__ CtaSteps steps_of(int cta, int num_ctas) {
+  return CtaSteps(cta, num_ctas, Config::kCluster);
 }
 
 // Steps run while this is true (for a pair: while its first step is a tile).
@@ -212,8 +212,8 @@ __device__ __forceinline__ Work work_at(const TileSchedule& schedule, int step, 
 template <class Config, class Fn>
 __device__ __forceinline__ void for_each_work(const TileSchedule& schedule, int cta, int num_ctas, Fn&& fn) {
   const int num_tiles = schedule.num_tiles();
-  for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
-    fn(work_at<Config>(schedule, step, num_tiles));
+  for (CtaSteps steps = steps_of<Config>(cta, num_ctas); has_work<Config>(steps.step(), num_tiles); steps.next()) {
+    fn(work_at<Config>(schedule, steps.step(), num_tiles));
   }
 }
 
@@ -255,8 +255,8 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
   uint32_t extra_phase = 0;  // the epilogue's, across tiles
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
-  for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
-    const Work work = work_at<Config>(p.schedule, step, num_tiles);
+  for (CtaSteps steps = steps_of<Config>(cta, num_ctas); has_work<Config>(steps.step(), num_tiles); steps.next()) {
+    const Work work = work_at<Config>(p.schedule, steps.step(), num_tiles);
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
@@ -405,7 +405,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();
-    for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+    for (CtaSteps steps = steps_of<Config>(cta, num_ctas); has_work<Config>(steps.step(), num_tiles); steps.next()) {
       // The ring is at the step's first K stage, which carries the step's work.
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
       const Work work = smem.stage_work[ring.stage];

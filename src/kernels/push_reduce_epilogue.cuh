@@ -52,8 +52,6 @@ class PushReduceEpilogue {
     int rows_per_rank;
     int n;
     int col_tiles;
-    int block_m;
-    int block_n;
     int tiles_per_band;
     CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
     CUtensorMap out;                 // rows_per_rank x n, this rank's output
@@ -83,13 +81,13 @@ class PushReduceEpilogue {
     constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
     const int num_tiles = schedule.num_tiles();
-    for (int wave = 0, step = cta, s = 0; has_work<Config>(step, num_tiles);
-         step = step_of<Config>(cta, num_ctas, ++wave), ++s) {
+    int s = 0;  // this CTA's steps before the current one
+    for (CtaSteps steps = steps_of<Config>(cta, num_ctas); has_work<Config>(steps.step(), num_tiles); steps.next(), ++s) {
       // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
       // segments the partner's partial of it waits for this rank's push of the partner's slab.
       // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
       // (walking it cost the fused call 0.5%).
-      const uint32_t own = schedule.shape().segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(step));
+      const uint32_t own = schedule.shape().segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(steps.step()));
       uint32_t slabs = kAllSlabs & ~own;
       // One call site: the stores are compiled once.
 #pragma unroll 1
@@ -383,7 +381,7 @@ class PushReduceEpilogue {
         handoff_->row = segment_row;
         handoff_->col = col_begin + first * kChunkCols;
         handoff_->num_chunks = count;
-        handoff_->flag = pushed && last ? flag_at(p_, owner, p_.rank, tile, consumer_, parity_) : nullptr;
+        handoff_->flag = pushed && last ? flag_at<Config>(p_, owner, p_.rank, tile, consumer_, parity_) : nullptr;
         ptx::mbarrier_arrive(&handoff_->staged);
       }
       ++handoffs_;
@@ -444,7 +442,7 @@ class PushReduceEpilogue {
         if (source != p.rank) waiting |= 1u << (2 * source + s);
       }
     }
-    const uint32_t* flags = flag_at(p, p.rank, 0, tile, 0, epoch & 1);
+    const uint32_t* flags = flag_at<Config>(p, p.rank, 0, tile, 0, epoch & 1);
     const size_t source_stride = size_t(p.tiles_per_band) * 2;
     const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
     for (;;) {
@@ -529,9 +527,10 @@ class PushReduceEpilogue {
   }
 
   // Flag of (owner's flag array, source, tile, slab) in the given parity half.
+  template <class Config>
   __device__ static uint32_t* flag_at(const Params& p, int owner, int source, const Tile& tile, int slab, int parity) {
-    const int row_tile = tile.segment_row / p.block_m;
-    const int col_tile = tile.col_begin / p.block_n;
+    const int row_tile = tile.segment_row / Config::kBlockM;  // constants: no division on the hot paths
+    const int col_tile = tile.col_begin / Config::kBlockN;
     const int tile_idx = row_tile * p.col_tiles + col_tile;
     const size_t index = (size_t(source) * p.tiles_per_band + tile_idx) * 2 + slab;
     return p.flags_at[owner] + parity * p.flags_parity_words + index;

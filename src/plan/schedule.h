@@ -68,16 +68,37 @@ struct Tile {
   }
 };
 
-// The step that CTA `cta` of a persistent grid of `num_ctas` takes in wave `wave` (waves 0, 1, ...
+// The steps that CTA `cta` of a persistent grid of `num_ctas` takes, one a wave (waves 0, 1, ...
 // while the step is a tile): wave k holds steps k * num_ctas .. (k+1) * num_ctas - 1, and CTA b
 // takes the one at place (b + k * cta_group) % num_ctas. Moving on by a place each wave, every CTA
 // takes every place in turn. A CTA that kept its place (steps b, b + num_ctas, ...) would repeat
 // the same offsets of the rounds: with 132 CTAs and P = 2 or 4 the same CTAs would take every own
 // tile, and at P = 8 a quarter of the CTAs would take one every other step. CTAs in groups of
 // `cta_group` (a cluster; num_ctas a multiple of it) move on by a group, keeping adjacent steps.
-TPFUSE_HOST_DEVICE int persistent_step(int cta, int num_ctas, int wave, int cta_group) {
-  return wave * num_ctas + (cta + wave * cta_group) % num_ctas;
-}
+// Walked without a division (an add and a compare a wave): the kernels' single threads take every
+// step.
+class CtaSteps {
+ public:
+  // 0 <= cta < num_ctas, 1 <= cta_group <= num_ctas.
+  TPFUSE_HOST_DEVICE CtaSteps(int cta, int num_ctas, int cta_group)
+      : num_ctas_(num_ctas), cta_group_(cta_group), step_(cta), place_(cta) {}
+
+  TPFUSE_HOST_DEVICE int step() const { return step_; }
+
+  // On to the next wave's step.
+  TPFUSE_HOST_DEVICE void next() {
+    const int next_wave = step_ - place_ + num_ctas_;
+    place_ += cta_group_;
+    if (place_ >= num_ctas_) place_ -= num_ctas_;
+    step_ = next_wave + place_;
+  }
+
+ private:
+  int num_ctas_;
+  int cta_group_;
+  int step_;
+  int place_;  // in the wave: (cta + wave * cta_group) mod num_ctas
+};
 
 // What defines a rank's schedule: the problem's sizes and the config's choices.
 struct ScheduleShape {

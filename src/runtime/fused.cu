@@ -42,8 +42,6 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.rows_per_rank = int(problem.rows_per_rank());
   e.n = int(problem.n);
   e.col_tiles = schedule.col_tiles();
-  e.block_m = Config::kBlockM;
-  e.block_n = Config::kBlockN;
   e.tiles_per_band = schedule.tiles_per_band();
   for (int owner = 0; owner < comm.world_size; ++owner) {
     TPFUSE_RETURN_IF_ERROR(make_receive_tensor_map(rank.recv_at[owner], comm.world_size, problem.rows_per_rank(),

@@ -306,16 +306,13 @@ TEST(Schedule, OwnTilesSpreadEvenlyBetweenLeadAndTail) {
 std::vector<std::vector<int>> steps_of_ctas(int num_ctas, int cta_group, int num_tiles) {
   std::vector<std::vector<int>> steps(num_ctas);
   for (int cta = 0; cta < num_ctas; ++cta)
-    for (int wave = 0;; ++wave) {
-      const int step = persistent_step(cta, num_ctas, wave, cta_group);
-      if (step >= num_tiles) break;
-      steps[cta].push_back(step);
-    }
+    for (CtaSteps walk(cta, num_ctas, cta_group); walk.step() < num_tiles; walk.next()) steps[cta].push_back(walk.step());
   return steps;
 }
 
 // Every step is taken once, each CTA's steps grow (so the deadlock argument of the rounds holds),
-// and a cluster's two CTAs take adjacent steps, the first even.
+// its place in the wave moves on by its group each wave, and a cluster's two CTAs take adjacent
+// steps, the first even.
 TEST(PersistentSteps, EveryStepOnceInWaves) {
   for (const auto& [num_ctas, cta_group] : {std::pair{132, 1}, {132, 2}, {131, 1}, {16, 2}})
     for (int num_tiles : {1, 7, 131, 132, 133, 264, 1000, 2048}) {
@@ -326,6 +323,7 @@ TEST(PersistentSteps, EveryStepOnceInWaves) {
         for (size_t i = 0; i < steps[cta].size(); ++i) {
           ++taken[steps[cta][i]];
           EXPECT_EQ(steps[cta][i] / num_ctas, int(i)) << "CTA " << cta << " wave " << i;
+          EXPECT_EQ(steps[cta][i] % num_ctas, (cta + int(i) * cta_group) % num_ctas) << "CTA " << cta << " wave " << i;
         }
         if (cta_group == 2 && cta % 2 == 1)
           for (size_t i = 0; i < steps[cta].size(); ++i) {

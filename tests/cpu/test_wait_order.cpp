@@ -46,10 +46,8 @@ std::vector<Action> actions_of(const GridCase& g, int rank, int cta, bool pushes
   const TileSchedule s = schedule_of(c, rank);
   const bool stacked = c.block_m == 128;
   std::vector<Action> actions;
-  for (int wave = 0;; ++wave) {
-    const int step = persistent_step(cta, g.ctas_per_rank, wave, 1);
-    if (step >= s.num_tiles()) break;
-    const Tile t = s.tile(step);
+  for (CtaSteps walk(cta, g.ctas_per_rank, 1); walk.step() < s.num_tiles(); walk.next()) {
+    const Tile t = s.tile(walk.step());
     std::vector<Action> pushes, reductions;
     for (int slab = 0; slab < 2; ++slab) {
       const int row = stacked ? slab * 64 : 0;
