@@ -21,11 +21,11 @@
 // (plan/partial_rounds.h); the ring streams only the peers no round holds.
 //
 // The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
-// it, the pushed slabs of a tile as one bulk group, and raises their flags. It waits for the
+// it, a pushed chunk at a time, and raises the pushed slabs' flags. It waits for the
 // consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
 // consumers wait for next.
 //
-// NOTE (memory ordering, per pushed tile): the sender waits for its bulk group to COMPLETE
+// NOTE (memory ordering, per pushed tile): the sender waits for its bulk groups to COMPLETE
 // (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then stores each flag
 // with release semantics at system scope. The owner's watcher thread polls the flags with relaxed
 // system-scope loads, then fences (acquire at system scope) and arrives on an mbarrier; the producer
@@ -388,9 +388,9 @@ class PushReduceEpilogue {
     }
   }
 
-  // Sender thread: stores the given slabs of a step (a bit per consumer), a bulk group per batch of
-  // hand-offs, hands their chunk buffers back once read, and raises the flags of the pushed ones once
-  // every batch has landed.
+  // Sender thread: stores the given slabs of a step (a bit per consumer), each pushed chunk as a
+  // bulk group of its own and a batch of hand-offs' own chunks as one, hands the chunk buffers back
+  // once read, and raises the flags of the pushed slabs once every group has landed.
   template <class Config>
   __device__ static void send_slabs(const Params& p, SharedStorage<Config>& smem, uint32_t slabs, int step,
                                     uint32_t epoch) {
@@ -411,6 +411,10 @@ class PushReduceEpilogue {
             ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
           } else {
             ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+            // One pushed chunk at a time in the TMA unit: on two GPUs a step's pushes queued at once
+            // made the compute-bound shapes 3-5% slower (bench/results/2026-11-29-h200x2-272aaf7/push_queue/).
+            ptx::bulk_commit_group();
+            ptx::bulk_wait_group_read<0>();
           }
         }
       }
