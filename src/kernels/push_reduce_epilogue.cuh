@@ -66,6 +66,10 @@ class PushReduceEpilogue {
   };
 
   static constexpr bool kHasSender = true;
+  // Pushed chunks the sender lets the TMA unit hold unread at a time. On two GPUs a step's pushes
+  // queued at once (up to 8) made the compute-bound shapes 3-5% slower than one at a time
+  // (bench/results/2026-11-29-h200x2-272aaf7/push_queue/).
+  static constexpr int kPushQueue = 1;
   static constexpr bool kHasWatcher = true;
 
   __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
@@ -411,10 +415,8 @@ class PushReduceEpilogue {
             ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
           } else {
             ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
-            // One pushed chunk at a time in the TMA unit: on two GPUs a step's pushes queued at once
-            // made the compute-bound shapes 3-5% slower (bench/results/2026-11-29-h200x2-272aaf7/push_queue/).
             ptx::bulk_commit_group();
-            ptx::bulk_wait_group_read<0>();
+            ptx::bulk_wait_group_read<kPushQueue - 1>();
           }
         }
       }
