@@ -40,7 +40,7 @@
 //                                               7  9 11
 #pragma once
 
-#include "plan/fast_divmod.h"
+#include "plan/fast_division.h"
 #include "plan/host_device.h"
 
 namespace tpfuse {
@@ -117,7 +117,7 @@ struct ScheduleShape {
 };
 
 // A rank's schedule: its shape, with the counts and divisors of the per-step arithmetic prepared
-// once on the host (the kernels map steps to tiles on single threads, fast_divmod.h).
+// once on the host (the kernels map steps to tiles on single threads, fast_division.h).
 class TileSchedule {
  public:
   TileSchedule() = default;
@@ -132,12 +132,12 @@ class TileSchedule {
     lag_ = max_int(0, min_int(shape.own_lag, tiles_per_band_));
     first_own_step_ = lag_ * (bands_ - 1);  // rounds 0 .. lag-1 hold B-1 tiles each, later rounds B
     tail_ = first_own_step_ + (tiles_per_band_ - lag_) * bands_;
-    by_peer_bands_ = FastDivmod(max_int(1, bands_ - 1));
-    by_bands_ = FastDivmod(bands_);
-    by_group_tiles_ = FastDivmod(max_int(1, shape.group_rows * col_tiles_));
-    by_group_rows_ = FastDivmod(shape.group_rows);
+    by_peer_bands_ = FastDivision(max_int(1, bands_ - 1));
+    by_bands_ = FastDivision(bands_);
+    by_group_tiles_ = FastDivision(max_int(1, shape.group_rows * col_tiles_));
+    by_group_rows_ = FastDivision(shape.group_rows);
     last_group_ = row_tiles_ > 0 ? (row_tiles_ - 1) / shape.group_rows : 0;
-    by_last_group_rows_ = FastDivmod(max_int(1, row_tiles_ - last_group_ * shape.group_rows));
+    by_last_group_rows_ = FastDivision(max_int(1, row_tiles_ - last_group_ * shape.group_rows));
   }
 
   TPFUSE_HOST_DEVICE const ScheduleShape& shape() const { return shape_; }
@@ -182,7 +182,7 @@ class TileSchedule {
 
     const int group = by_group_tiles_.div(t);
     const int t_in_group = t - group * by_group_tiles_.divisor();
-    const FastDivmod& by_rows_in_group = group == last_group_ ? by_last_group_rows_ : by_group_rows_;
+    const FastDivision& by_rows_in_group = group == last_group_ ? by_last_group_rows_ : by_group_rows_;
     const int col_tile = by_rows_in_group.div(t_in_group);
     const int row_tile = group * shape_.group_rows + (t_in_group - col_tile * by_rows_in_group.divisor());
 
@@ -216,11 +216,11 @@ class TileSchedule {
   int first_own_step_ = 0;  // the first step of a round that holds an own tile
   int tail_ = 0;            // the first step after the rounds (own tiles only)
   int last_group_ = 0;      // the last group of row tiles, which may hold fewer than group_rows
-  FastDivmod by_peer_bands_;
-  FastDivmod by_bands_;
-  FastDivmod by_group_tiles_;  // group_rows * col_tiles
-  FastDivmod by_group_rows_;
-  FastDivmod by_last_group_rows_;
+  FastDivision by_peer_bands_;
+  FastDivision by_bands_;
+  FastDivision by_group_tiles_;  // group_rows * col_tiles
+  FastDivision by_group_rows_;
+  FastDivision by_last_group_rows_;
 };
 
 }  // namespace tpfuse

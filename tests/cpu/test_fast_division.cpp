@@ -1,12 +1,12 @@
-// FastDivmod: the multiply-and-shift division the schedule uses on the GPU gives floor(n / d) and
-// n mod d for every divisor the schedule can meet and every n in [0, 2^31).
+// FastDivision: the multiply-and-shift division the schedule uses on the GPU gives floor(n / d)
+// for every divisor the schedule can meet and every n in [0, 2^31).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
-#include "plan/fast_divmod.h"
+#include "plan/fast_division.h"
 
 namespace tpfuse {
 namespace {
@@ -30,50 +30,48 @@ std::vector<int> hard_numerators(int d) {
   return n;
 }
 
-void expect_exact(const FastDivmod& f, int n) {
+void expect_exact(const FastDivision& f, int n) {
   const int d = f.divisor();
   ASSERT_EQ(f.div(n), n / d) << "n = " << n << ", d = " << d;
-  ASSERT_EQ(f.mod(n), n % d) << "n = " << n << ", d = " << d;
 }
 
-TEST(FastDivmod, ExactForSmallDivisorsAndHardNumerators) {
+TEST(FastDivision, ExactForSmallDivisorsAndHardNumerators) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> any(0, INT32_MAX);
   for (int d = 1; d <= 5000; ++d) {
-    const FastDivmod f(d);
+    const FastDivision f(d);
     ASSERT_EQ(f.divisor(), d);
     for (int n : hard_numerators(d)) expect_exact(f, n);
     for (int i = 0; i < 64; ++i) expect_exact(f, any(rng));
   }
 }
 
-TEST(FastDivmod, ExactForLargeDivisors) {
+TEST(FastDivision, ExactForLargeDivisors) {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> any(0, INT32_MAX);
   std::vector<int> divisors = {INT32_MAX, INT32_MAX - 1, 1 << 30, (1 << 30) + 1, (1 << 30) - 1, 65535, 65536, 65537};
   for (int i = 0; i < 200; ++i) divisors.push_back(1 + any(rng));
   for (int d : divisors) {
-    const FastDivmod f(d);
+    const FastDivision f(d);
     for (int n : hard_numerators(d)) expect_exact(f, n);
     for (int i = 0; i < 256; ++i) expect_exact(f, any(rng));
   }
 }
 
-TEST(FastDivmod, EveryNumeratorBelowAMillionForTheScheduleDivisors) {
+TEST(FastDivision, EveryNumeratorBelowAMillionForTheScheduleDivisors) {
   // Band counts, peer band counts, group row counts and group sizes of the sweep's configs.
   for (int d : {1, 2, 3, 4, 7, 8, 16, 24, 32, 96, 128, 256, 768, 1024}) {
-    const FastDivmod f(d);
+    const FastDivision f(d);
     for (int n = 0; n < 1000000; ++n) {
-      if (f.div(n) != n / d || f.mod(n) != n % d) FAIL() << "n = " << n << ", d = " << d;
+      if (f.div(n) != n / d) FAIL() << "n = " << n << ", d = " << d;
     }
   }
 }
 
-TEST(FastDivmod, DefaultDividesByOne) {
-  const FastDivmod f;
+TEST(FastDivision, DefaultDividesByOne) {
+  const FastDivision f;
   EXPECT_EQ(f.divisor(), 1);
   EXPECT_EQ(f.div(12345), 12345);
-  EXPECT_EQ(f.mod(12345), 0);
 }
 
 }  // namespace

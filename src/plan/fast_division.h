@@ -16,12 +16,12 @@
 
 namespace tpfuse {
 
-class FastDivmod {
+class FastDivision {
  public:
-  FastDivmod() = default;  // division by 1
+  FastDivision() = default;  // division by 1
 
   // On the host, once per launch. divisor >= 1.
-  explicit FastDivmod(int divisor) : divisor_(divisor) {
+  explicit FastDivision(int divisor) : divisor_(divisor) {
     if (divisor <= 1) return;
     int ceil_log2 = 0;
     while ((int64_t(1) << ceil_log2) < divisor) ++ceil_log2;
@@ -36,8 +36,6 @@ class FastDivmod {
   TPFUSE_HOST_DEVICE int div(int n) const {
     return divisor_ == 1 ? n : int(mul_hi(uint32_t(n), multiplier_) >> shift_);
   }
-  // n mod divisor for 0 <= n < 2^31.
-  TPFUSE_HOST_DEVICE int mod(int n) const { return n - div(n) * divisor_; }
 
  private:
   TPFUSE_HOST_DEVICE static uint32_t mul_hi(uint32_t a, uint32_t b) {
