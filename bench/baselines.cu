@@ -2,7 +2,7 @@
 
 #include <cublas_v2.h>
 
-#include "errors.h"
+#include "testing/cuda_errors.h"
 
 namespace tpfuse::bench {
 
@@ -17,13 +17,13 @@ void cublas_gemm(cublasHandle_t handle, const Problem& problem, const void* a, c
   const cublasOperation_t op_w = w_is_nxk ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int ld_w = w_is_nxk ? k : n;
   const float alpha = 1.0f, beta = 0.0f;
-  BENCH_CHECK(cublasGemmEx(handle, op_w, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, ld_w, a, CUDA_R_16BF, k,
+  TESTING_CHECK(cublasGemmEx(handle, op_w, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, ld_w, a, CUDA_R_16BF, k,
                            &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void nccl_reduce_scatter(ncclComm_t comm, const void* partial, void* out, size_t partial_count, int num_ranks,
                          cudaStream_t stream) {
-  BENCH_CHECK(ncclReduceScatter(partial, out, partial_count / size_t(num_ranks), ncclBfloat16, ncclSum, comm, stream));
+  TESTING_CHECK(ncclReduceScatter(partial, out, partial_count / size_t(num_ranks), ncclBfloat16, ncclSum, comm, stream));
 }
 
 }  // namespace tpfuse::bench

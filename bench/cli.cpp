@@ -72,6 +72,38 @@ bool parse_shape_list(const std::string& text, int tp, std::vector<Shape>* shape
 
 }  // namespace
 
+bool parse_overrides(const std::string& text, ConfigOverrides* overrides, std::string* error) {
+  ConfigOverrides o;
+  if (text != "none" && !text.empty()) {
+    for (const std::string& entry : split(text, ',')) {
+      const size_t eq = entry.find('=');
+      const std::string key = entry.substr(0, eq);
+      int* field = key == "block_n" ? &o.block_n
+                   : key == "group_rows" ? &o.group_rows
+                   : key == "own_lag" ? &o.own_lag
+                   : key == "partial_rounds" ? &o.partial_rounds
+                   : nullptr;
+      if (eq == std::string::npos || field == nullptr) {
+        *error = "'" + entry + "' is not FIELD=VALUE with FIELD one of block_n, group_rows, own_lag, partial_rounds";
+        return false;
+      }
+      const std::optional<int64_t> value = parse_int(entry.substr(eq + 1), -1, std::numeric_limits<int32_t>::max());
+      if (!value) {
+        *error = "in '" + entry + "', '" + entry.substr(eq + 1) + "' is not an integer";
+        return false;
+      }
+      *field = int(*value);
+    }
+  }
+  const Status valid = validate(o);
+  if (!valid.ok()) {
+    *error = valid.message();
+    return false;
+  }
+  *overrides = o;
+  return true;
+}
+
 std::string projection_name(int64_t n, int64_t k_total) {
   for (const Projection& p : kProjections) {
     if (p.n == n && p.k_total == k_total) return p.name;
@@ -120,6 +152,10 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --gpus N         use GPUs 0..N-1 (default: every visible GPU)\n"
          "  --seed N         seed of the random inputs (default: drawn at start, and printed)\n"
          "  --no-gate        align GPUs only by synchronizing (host launch time then counts in the times)\n"
+         "  --overrides O    the library's config overrides for our calls, e.g. 'own_lag=0,partial_rounds=2'\n"
+         "                   (fields block_n, group_rows, own_lag, partial_rounds; default none)\n"
+         "  --compare O      modes gemm and proxy: also time our calls with overrides O, interleaved with\n"
+         "                   the others, and report the ratio (a before/after in one process)\n"
          "  --json FILE      write the results as JSON\n"
          "  --csv FILE       write the results as CSV\n"
          "  --help           print this help\n"
@@ -218,6 +254,17 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     } else if (flag == "--gpus") {
       if (!int_value(1, 1024, &number)) return fail(result.error);
       options.gpus = int(number);
+    } else if (flag == "--overrides" || flag == "--compare") {
+      const std::optional<std::string> text = value();
+      if (!text) return fail(flag + ": missing value (e.g. own_lag=0)");
+      ConfigOverrides parsed;
+      std::string error;
+      if (!parse_overrides(*text, &parsed, &error)) return fail(flag + ": " + error);
+      if (flag == "--overrides") {
+        options.overrides = parsed;
+      } else {
+        options.compare = parsed;
+      }
     } else if (flag == "--seed") {
       // Seeds stay below 2^53 so that the JSON (a double) records them exactly.
       if (!int_value(0, (int64_t(1) << 53) - 1, &number)) return fail(result.error);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tpfuse/overrides.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse::bench {
@@ -33,6 +34,10 @@ struct Options {
   int gpus = 0;  // 0: every visible GPU
   std::optional<uint64_t> seed;  // unset: the benchmark draws one
   bool gate = true;              // see TimingOptions::gate
+  // The library's config overrides for our calls (--overrides), and a second set timed beside them
+  // in the same process (--compare; modes gemm and proxy).
+  ConfigOverrides overrides;
+  std::optional<ConfigOverrides> compare;
 };
 
 enum class ParseOutcome { kRun, kHelp, kError };
@@ -54,6 +59,10 @@ std::vector<Shape> sweep_shapes(int tp, std::string* error);
 
 // The projection with this N and K_total, or "custom".
 std::string projection_name(int64_t n, int64_t k_total);
+
+// "own_lag=0,partial_rounds=2" -> overrides (fields block_n, group_rows, own_lag, partial_rounds;
+// "none" or "" for none); false with `error` set on a bad entry or value.
+bool parse_overrides(const std::string& text, ConfigOverrides* overrides, std::string* error);
 
 // "kn" or "nk", as on the command line.
 const char* layout_flag(WeightLayout layout);

@@ -1,7 +1,7 @@
 #include "gemm_sets.h"
 
 #include "baselines.h"
-#include "check.h"
+#include "testing/gpu_check.h"
 #include "modes.h"
 #include "tpfuse/tpfuse.h"
 
@@ -34,8 +34,8 @@ void cublas_on_set(Gpu& gpu, const Problem& problem, const GemmSets& sets, int s
   cublas_gemm(gpu.cublas, problem, sets.a[set].get(), sets.w[set].get(), sets.c_cublas[set].get());
 }
 
-void ours_on_set(Gpu& gpu, const Problem& problem, const GemmSets& sets, int set) {
-  check_op(tpfuse::gemm(problem, sets.a[set].get(), sets.w[set].get(), sets.c_ours[set].get(), gpu.stream));
+void ours_on_set(Gpu& gpu, const Problem& problem, const GemmSets& sets, int set, const ConfigOverrides& overrides) {
+  check_op(tpfuse::gemm(problem, sets.a[set].get(), sets.w[set].get(), sets.c_ours[set].get(), gpu.stream, overrides));
 }
 
 }  // namespace tpfuse::bench

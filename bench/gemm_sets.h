@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "device_buffer.h"
+#include "testing/device_buffer.h"
 #include "gpus.h"
+#include "tpfuse/overrides.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse::bench {
@@ -26,6 +27,6 @@ GemmSets make_gemm_sets(Gpu& gpu, const Problem& problem, size_t extra_bytes_per
 
 // One call on input set `set`, on the GPU's stream. tpfuse::gemm's bad Status throws OpFailed.
 void cublas_on_set(Gpu& gpu, const Problem& problem, const GemmSets& sets, int set);
-void ours_on_set(Gpu& gpu, const Problem& problem, const GemmSets& sets, int set);
+void ours_on_set(Gpu& gpu, const Problem& problem, const GemmSets& sets, int set, const ConfigOverrides& overrides);
 
 }  // namespace tpfuse::bench

@@ -17,17 +17,17 @@ GpuSet::GpuSet(int count, bool with_nccl) : gpus_(count) {
   for (int i = 0; i < count; ++i) {
     Gpu& gpu = gpus_[i];
     gpu.device = i;
-    BENCH_CHECK(cudaSetDevice(i));
+    TESTING_CHECK(cudaSetDevice(i));
     cudaDeviceProp prop{};
-    BENCH_CHECK(cudaGetDeviceProperties(&prop, i));
+    TESTING_CHECK(cudaGetDeviceProperties(&prop, i));
     gpu.name = prop.name;
     gpu.l2_bytes = size_t(prop.l2CacheSize);
-    BENCH_CHECK(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking));
-    BENCH_CHECK(cublasCreate(&gpu.cublas));
+    TESTING_CHECK(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking));
+    TESTING_CHECK(cublasCreate(&gpu.cublas));
     // NOTE: cublasSetStream resets the workspace to cuBLAS's own pool: set the stream first.
-    BENCH_CHECK(cublasSetStream(gpu.cublas, gpu.stream));
+    TESTING_CHECK(cublasSetStream(gpu.cublas, gpu.stream));
     gpu.cublas_workspace = DeviceBuffer(i, kCublasWorkspaceBytes);
-    BENCH_CHECK(cublasSetWorkspace(gpu.cublas, gpu.cublas_workspace.get(), kCublasWorkspaceBytes));
+    TESTING_CHECK(cublasSetWorkspace(gpu.cublas, gpu.cublas_workspace.get(), kCublasWorkspaceBytes));
   }
   if (with_nccl) {
     // NVLink SHARP (multicast) is off on the target machines and must stay off.
@@ -35,7 +35,7 @@ GpuSet::GpuSet(int count, bool with_nccl) : gpus_(count) {
     std::vector<ncclComm_t> comms(count);
     std::vector<int> devices(count);
     for (int i = 0; i < count; ++i) devices[i] = i;
-    BENCH_CHECK(ncclCommInitAll(comms.data(), count, devices.data()));
+    TESTING_CHECK(ncclCommInitAll(comms.data(), count, devices.data()));
     for (int i = 0; i < count; ++i) gpus_[i].comm = comms[i];
   }
 }
@@ -60,8 +60,8 @@ GpuSet::~GpuSet() {
 
 void GpuSet::synchronize() {
   for (Gpu& gpu : gpus_) {
-    BENCH_CHECK(cudaSetDevice(gpu.device));
-    BENCH_CHECK(cudaStreamSynchronize(gpu.stream));
+    TESTING_CHECK(cudaSetDevice(gpu.device));
+    TESTING_CHECK(cudaStreamSynchronize(gpu.stream));
   }
 }
 

@@ -9,9 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "device_buffer.h"
+#include "testing/device_buffer.h"
 
 namespace tpfuse::bench {
+
+// The benchmark is built on the shared test support: its buffers, fills, references, measures.
+using namespace ::tpfuse::testing;
 
 struct Gpu {
   int device = -1;

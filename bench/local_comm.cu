@@ -1,6 +1,6 @@
 #include "local_comm.h"
 
-#include "errors.h"
+#include "testing/cuda_errors.h"
 
 namespace tpfuse::bench {
 
@@ -12,15 +12,15 @@ void LocalCommunicator::create(const std::vector<int>& devices, const Problem& p
   CommunicatorOptions options;
   options.max_m = problem.m;
   options.max_n = problem.n;
-  check_op(communicator_create_local(devices.data(), int(devices.size()), options, &comm_));
+  testing::check_op(communicator_create_local(devices.data(), int(devices.size()), options, &comm_));
 }
 
-void LocalCommunicator::check_status() const { check_op(communicator_status(comm_)); }
+void LocalCommunicator::check_status() const { testing::check_op(communicator_status(comm_)); }
 
 void LocalCommunicator::destroy() {
   Communicator* comm = comm_;
   comm_ = nullptr;
-  check_op(communicator_destroy(comm));
+  testing::check_op(communicator_destroy(comm));
 }
 
 }  // namespace tpfuse::bench

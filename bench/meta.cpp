@@ -7,7 +7,7 @@
 
 #include <ctime>
 
-#include "errors.h"
+#include "testing/cuda_errors.h"
 #include "git_commit.h"  // TPFUSE_GIT_COMMIT, written at every build (bench/git_commit.cmake)
 
 namespace tpfuse::bench {
@@ -35,16 +35,16 @@ std::string cuda_version(int version) {
 
 std::string cublas_version() {
   int major = 0, minor = 0, patch = 0;
-  BENCH_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
-  BENCH_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
-  BENCH_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
+  TESTING_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
+  TESTING_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
+  TESTING_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }
 
 // 22809 -> "2.28.9"
 std::string nccl_version() {
   int version = 0;
-  BENCH_CHECK(ncclGetVersion(&version));
+  TESTING_CHECK(ncclGetVersion(&version));
   return std::to_string(version / 10000) + "." + std::to_string(version % 10000 / 100) + "." +
          std::to_string(version % 100);
 }
@@ -53,11 +53,11 @@ std::string nccl_version() {
 
 Fields collect_meta(int num_gpus) {
   int driver = 0, runtime = 0, visible = 0;
-  BENCH_CHECK(cudaDriverGetVersion(&driver));
-  BENCH_CHECK(cudaRuntimeGetVersion(&runtime));
-  BENCH_CHECK(cudaGetDeviceCount(&visible));
+  TESTING_CHECK(cudaDriverGetVersion(&driver));
+  TESTING_CHECK(cudaRuntimeGetVersion(&runtime));
+  TESTING_CHECK(cudaGetDeviceCount(&visible));
   cudaDeviceProp prop{};
-  BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
+  TESTING_CHECK(cudaGetDeviceProperties(&prop, 0));
   return {
       {"date", utc_now()},
       {"hostname", hostname()},
@@ -84,6 +84,8 @@ Fields options_fields(const Options& options) {
       {"gpus", double(options.gpus)},
       {"seed", options.seed ? Value(double(*options.seed)) : Value{}},
       {"gate", options.gate},
+      {"overrides", options.overrides.to_string()},
+      {"compare", options.compare ? Value(options.compare->to_string()) : Value{}},
   };
 }
 

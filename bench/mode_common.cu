@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "check.h"
+#include "testing/gpu_check.h"
 #include "modes.h"
 
 namespace tpfuse::bench {
@@ -97,14 +97,14 @@ uint64_t tensor_seed(uint64_t run_seed, uint64_t shape_index, int gpu, int set, 
 
 size_t rotation_budget_bytes(int device) {
   size_t free_bytes = 0, total_bytes = 0;
-  BENCH_CHECK(cudaSetDevice(device));
-  BENCH_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  TESTING_CHECK(cudaSetDevice(device));
+  TESTING_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   return free_bytes / 2;
 }
 
 std::vector<DeviceBuffer> random_bf16_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed) {
   std::vector<DeviceBuffer> sets;
-  BENCH_CHECK(cudaSetDevice(gpu.device));
+  TESTING_CHECK(cudaSetDevice(gpu.device));
   for (int s = 0; s < num_sets; ++s) {
     sets.emplace_back(gpu.device, count * sizeof(bf16));
     fill_random_bf16(sets.back().as<bf16>(), count, tensor_seed(seed, 0, 0, s, 0), gpu.stream);
@@ -114,7 +114,7 @@ std::vector<DeviceBuffer> random_bf16_sets(Gpu& gpu, size_t count, int num_sets,
 
 std::vector<DeviceBuffer> poisoned_bf16_sets(Gpu& gpu, size_t count, int num_sets) {
   std::vector<DeviceBuffer> sets;
-  BENCH_CHECK(cudaSetDevice(gpu.device));
+  TESTING_CHECK(cudaSetDevice(gpu.device));
   for (int s = 0; s < num_sets; ++s) {
     sets.emplace_back(gpu.device, count * sizeof(bf16));
     poison_bf16(sets.back().as<bf16>(), count, gpu.stream);

@@ -20,7 +20,6 @@ namespace tpfuse::bench {
 
 namespace {
 
-constexpr double kErrorFactor = 1.1;
 constexpr double kTargetE = 0.9;
 
 // The fused op's outputs, m/G x n, poisoned: [gpu][input set].
@@ -47,7 +46,7 @@ std::vector<Column> fused_columns(bool check) {
 
 // Every rank's fused op on input set `set`, each on its GPU's stream.
 void fused_all(const LocalCommunicator& comm, GpuSet& gpus, const UnfusedBuffers& inputs, FusedOutputs& outs,
-               const Problem& problem, int set) {
+               const Problem& problem, int set, const ConfigOverrides& overrides) {
   std::vector<const void*> a, w;
   std::vector<void*> out;
   std::vector<cudaStream_t> streams;
@@ -57,20 +56,20 @@ void fused_all(const LocalCommunicator& comm, GpuSet& gpus, const UnfusedBuffers
     out.push_back(outs[g][set].get());
     streams.push_back(gpus[g].stream);
   }
-  check_op(gemm_reduce_scatter_local(comm.get(), problem, a.data(), w.data(), out.data(), streams.data()));
+  check_op(gemm_reduce_scatter_local(comm.get(), problem, a.data(), w.data(), out.data(), streams.data(), overrides));
 }
 
 // Runs the fused op once on input set 0 into poisoned outputs and measures it against `refs`.
 ErrorSums check_fused(const LocalCommunicator& comm, GpuSet& gpus, const UnfusedBuffers& inputs, FusedOutputs& outs,
-                      const Problem& problem, const References& refs) {
+                      const Problem& problem, const References& refs, const ConfigOverrides& overrides) {
   const size_t out_count = inputs.counts.out;
   std::vector<const bf16*> out_ptrs;
   for (int g = 0; g < gpus.size(); ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
     poison_bf16(outs[g][0].as<bf16>(), out_count, gpus[g].stream);
     out_ptrs.push_back(outs[g][0].as<bf16>());
   }
-  fused_all(comm, gpus, inputs, outs, problem, 0);
+  fused_all(comm, gpus, inputs, outs, problem, 0, overrides);
   gpus.synchronize();
   comm.check_status();
   return measure_outputs(gpus, out_ptrs, refs, out_count);
@@ -115,13 +114,13 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     outcome.wrong = unfused_errors.gemm.num_nonfinite + unfused_errors.reduce_scatter.num_nonfinite;
     ErrorSums fused_errors;
     if (fused_ok) {
-      fused_ok = attempt([&] { fused_errors = check_fused(comm, gpus, unfused, fused_out, problem, refs); },
+      fused_ok = attempt([&] { fused_errors = check_fused(comm, gpus, unfused, fused_out, problem, refs, options.overrides); },
                          &outcome.failure);
     }
     if (fused_ok) {
       const ErrorStats fused_stats = fused_errors.stats();
       set_errors(row, "fused", fused_stats);
-      const bool pass = within_tolerance(fused_stats, unfused_stats, kErrorFactor);
+      const bool pass = within_tolerance(fused_stats, unfused_stats);
       row["rule"] = std::string(pass ? "pass" : "FAIL");
       outcome.rule_failed = !pass;
       outcome.wrong += fused_errors.num_nonfinite;
@@ -137,7 +136,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     attempt(
         [&] {
           const double t_fused = time_median_ms(gpus, timing, [&](int i) {
-            fused_all(comm, gpus, unfused, fused_out, problem, i % num_sets);
+            fused_all(comm, gpus, unfused, fused_out, problem, i % num_sets, options.overrides);
           });
           comm.check_status();
           const double hidden_ms = times.gemm + times.comm - t_fused;
@@ -213,7 +212,7 @@ void run_fused(const Options& options, Report& report) {
   const int num_gpus = options.gpus;
   if (num_gpus < 2) {
     int visible = 0;
-    BENCH_CHECK(cudaGetDeviceCount(&visible));
+    TESTING_CHECK(cudaGetDeviceCount(&visible));
     const std::string count = visible == num_gpus ? std::to_string(visible) + " visible"
                                                   : std::to_string(num_gpus) + " in use, --gpus";
     report.add_note("fused mode needs 2 or more GPUs (" + count + "): use --mode proxy");

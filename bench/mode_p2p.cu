@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ptx.cuh"
+#include "core/ptx.cuh"
 #include "modes.h"
-#include "runtime/tensor_map.h"
+#include "core/tensor_map.h"
 
 namespace tpfuse::bench {
 
@@ -63,19 +63,19 @@ std::vector<Column> p2p_columns() {
 }
 
 void enable_peer_access(int device, int peer) {
-  BENCH_CHECK(cudaSetDevice(device));
+  TESTING_CHECK(cudaSetDevice(device));
   const cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
   if (err == cudaErrorPeerAccessAlreadyEnabled) {
     cudaGetLastError();
   } else {
-    BENCH_CHECK(err);
+    TESTING_CHECK(err);
   }
 }
 
 // The last 4 bytes of `buffer` on its device hold the pattern.
 bool ends_with_pattern(const DeviceBuffer& buffer) {
   uint32_t last = 0;
-  BENCH_CHECK(cudaMemcpy(&last, buffer.as<uint8_t>() + buffer.bytes() - 4, 4, cudaMemcpyDeviceToHost));
+  TESTING_CHECK(cudaMemcpy(&last, buffer.as<uint8_t>() + buffer.bytes() - 4, 4, cudaMemcpyDeviceToHost));
   return last == kPattern;
 }
 
@@ -98,7 +98,7 @@ void run_p2p(const Options& options, Report& report) {
   report.print_header();
 
   int num_sms = 0;
-  BENCH_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, gpus[0].device));
+  TESTING_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, gpus[0].device));
   const TimingOptions timing = timing_options(options);
   double best_tma_gbps = 0;
   for (int src = 0; src < 2; ++src) {
@@ -108,9 +108,9 @@ void run_p2p(const Options& options, Report& report) {
       const int rows = int(bytes / (kMatrixCols * 2));
       DeviceBuffer source(gpus[src].device, bytes);
       DeviceBuffer target(gpus[dst].device, bytes);
-      BENCH_CHECK(cudaSetDevice(gpus[src].device));
+      TESTING_CHECK(cudaSetDevice(gpus[src].device));
       sm_store_kernel<<<num_sms, 512, 0, gpus[src].stream>>>(source.as<uint4>(), bytes / sizeof(uint4));
-      BENCH_CHECK(cudaGetLastError());
+      TESTING_CHECK(cudaGetLastError());
       CUtensorMap matrix{};
       if (const Status s = make_tensor_map_bf16(target.get(), rows, kMatrixCols, kMatrixCols, 64, 64, &matrix); !s.ok()) {
         throw CallFailed("tensor map of the destination: " + s.to_string());
@@ -118,7 +118,7 @@ void run_p2p(const Options& options, Report& report) {
       gpus.synchronize();
 
       const auto launch = [&](const char* method) {
-        BENCH_CHECK(cudaSetDevice(gpus[src].device));
+        TESTING_CHECK(cudaSetDevice(gpus[src].device));
         const cudaStream_t stream = gpus[src].stream;
         const std::string name = method;
         if (name == "sm") {
@@ -126,13 +126,13 @@ void run_p2p(const Options& options, Report& report) {
         } else if (name == "tma") {
           tma_store_kernel<<<num_sms * 2, 128, 0, stream>>>(matrix, rows / 64, kMatrixCols / 64);
         } else {
-          BENCH_CHECK(cudaMemcpyPeerAsync(target.get(), gpus[dst].device, source.get(), gpus[src].device, bytes, stream));
+          TESTING_CHECK(cudaMemcpyPeerAsync(target.get(), gpus[dst].device, source.get(), gpus[src].device, bytes, stream));
         }
-        BENCH_CHECK(cudaGetLastError());
+        TESTING_CHECK(cudaGetLastError());
       };
       for (const char* method : {"sm", "tma", "ce"}) {
-        BENCH_CHECK(cudaSetDevice(gpus[dst].device));
-        BENCH_CHECK(cudaMemset(target.get(), 0, bytes));
+        TESTING_CHECK(cudaSetDevice(gpus[dst].device));
+        TESTING_CHECK(cudaMemset(target.get(), 0, bytes));
         const double ms = time_median_ms(gpus, timing, [&](int) { launch(method); });
         const double gbps = double(bytes) / (ms * 1e-3) / 1e9;
         const bool ok = ends_with_pattern(target);

@@ -13,11 +13,11 @@
 #include <cmath>
 #include <string>
 
-#include "check.h"
+#include "testing/gpu_check.h"
 #include "gemm_sets.h"
 #include "local_comm.h"
 #include "modes.h"
-#include "runtime/communicator.h"
+#include "ops/gemm_rs/launch.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::bench {
@@ -41,7 +41,7 @@ struct Buffers {
   std::vector<DeviceBuffer> out;
 };
 
-std::vector<Column> proxy_columns(bool check) {
+std::vector<Column> proxy_columns(bool check, bool compare) {
   std::vector<Column> columns = shape_columns();
   columns.insert(columns.end(), {
       {"t_cublas_ms", "T_cublas(ms)", 12, Format::kFixed, 4},
@@ -52,6 +52,12 @@ std::vector<Column> proxy_columns(bool check) {
       {"tflops_gemm", "TF_gemm", 8, Format::kFixed, 1},
       {"tflops_fused_solo", "TF_solo", 8, Format::kFixed, 1},
   });
+  if (compare) {
+    columns.insert(columns.end(), {
+        {"t_fused_solo_b_ms", "T_solo_b(ms)", 12, Format::kFixed, 4},
+        {"fused_b_over_gemm", "b/gemm", 7, Format::kFixed, 3},
+    });
+  }
   if (check) add_error_columns(columns, "solo", "solo");
   add_outcome_columns(columns, check);
   return columns;
@@ -62,33 +68,35 @@ std::vector<Column> proxy_columns(bool check) {
 // is), and rank 0's incoming flags raised for every future call.
 void preset_partials(const LocalCommunicator& comm, Gpu& gpu, uint64_t run_seed, size_t shape_index) {
   Communicator* c = comm.get();
-  const size_t parity_elems = c->recv_parity_elems;
+  const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
   for (int r = 0; r < c->world_size; ++r) {
-    bf16* recv = static_cast<bf16*>(c->ranks[r].recv);
     const uint64_t recv_seed = tensor_seed(run_seed, shape_index, r, 0, kRecv);
-    fill_random_bf16(recv, parity_elems, recv_seed, gpu.stream);
-    fill_random_bf16(recv + parity_elems, parity_elems, recv_seed, gpu.stream);
+    for (int parity = 0; parity < 2; ++parity) {
+      fill_random_bf16(static_cast<bf16*>(receive_buffer(*c, r, parity)), parity_elems, recv_seed, gpu.stream);
+    }
   }
   check_op(preset_incoming_flags(c, 0));
   // NOTE: the communicator's own setup and the preset are not on gpu.stream: wait for all of it.
-  BENCH_CHECK(cudaDeviceSynchronize());
+  TESTING_CHECK(cudaDeviceSynchronize());
 }
 
 // Rank 0 alone on input set `set`.
-void run_solo(const LocalCommunicator& comm, const Problem& problem, Buffers& buffers, int set, cudaStream_t stream) {
+void run_solo(const LocalCommunicator& comm, const Problem& problem, Buffers& buffers, int set, cudaStream_t stream,
+              const ConfigOverrides& overrides) {
   const void* a = buffers.sets.a[set].get();
   const void* w = buffers.sets.w[set].get();
   void* out = buffers.out[set].get();
-  check_op(launch_fused(comm.get(), problem, {0}, &a, &w, &out, &stream));
+  check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, &out, &stream, overrides));
 }
 
 // Runs rank 0 once on input set 0 into a poisoned output and measures it against the FP32
 // reference: its own rows of A_0 @ W_0 plus the P-1 preset partials.
-ErrorSums check_solo(Gpu& gpu, const LocalCommunicator& comm, const Problem& problem, Buffers& buffers) {
+ErrorSums check_solo(Gpu& gpu, const LocalCommunicator& comm, const Problem& problem, Buffers& buffers,
+                     const ConfigOverrides& overrides) {
   const size_t out_count = size_t(problem.rows_per_rank()) * size_t(problem.n);
   poison_bf16(buffers.out[0].as<bf16>(), out_count, gpu.stream);
-  run_solo(comm, problem, buffers, 0, gpu.stream);
-  BENCH_CHECK(cudaStreamSynchronize(gpu.stream));
+  run_solo(comm, problem, buffers, 0, gpu.stream, overrides);
+  TESTING_CHECK(cudaStreamSynchronize(gpu.stream));
   comm.check_status();
 
   // Rank 0 owns rows [0, m/P): the first rows of A_0.
@@ -97,7 +105,7 @@ ErrorSums check_solo(Gpu& gpu, const LocalCommunicator& comm, const Problem& pro
   DeviceBuffer ref(gpu.device, out_count * sizeof(float));
   reference_gemm(own_rows, buffers.sets.a[0].as<bf16>(), buffers.sets.w[0].as<bf16>(), ref.as<float>(), gpu.stream);
   // recv[parity 0][source][m/P][n]: the partials of sources 1 .. P-1 follow source 0's slot.
-  const bf16* recv = static_cast<const bf16*>(comm.get()->ranks[0].recv);
+  const bf16* recv = static_cast<const bf16*>(receive_buffer(*comm.get(), 0, 0));
   for (int source = 1; source < problem.world_size; ++source) {
     add_bf16_to_ref(ref.as<float>(), recv + size_t(source) * out_count, out_count, gpu.stream);
   }
@@ -129,7 +137,13 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
 
   if (options.check && solo_ok) {
     ErrorSums solo;
-    solo_ok = attempt([&] { solo = check_solo(gpu, comm, problem, buffers); }, &outcome.failure);
+    solo_ok = attempt([&] { solo = check_solo(gpu, comm, problem, buffers, options.overrides); }, &outcome.failure);
+    if (solo_ok && options.compare) {
+      // The compared variant computes the same rows, within the same bound.
+      ErrorSums solo_b;
+      solo_ok = attempt([&] { solo_b = check_solo(gpu, comm, problem, buffers, *options.compare); }, &outcome.failure);
+      solo.merge(solo_b);
+    }
     if (solo_ok) {
       const ErrorStats stats = solo.stats();
       set_errors(row, "solo", stats);
@@ -143,11 +157,16 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   const TimingOptions timing = timing_options(options);
   const double flops = problem.flops_per_rank();
   const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, buffers.sets, i % num_sets); };
-  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, problem, buffers.sets, i % num_sets); };
-  const LaunchFn solo_call = [&](int i) { run_solo(comm, problem, buffers, i % num_sets, gpu.stream); };
+  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, problem, buffers.sets, i % num_sets, options.overrides); };
+  const LaunchFn solo_call = [&](int i) {
+    run_solo(comm, problem, buffers, i % num_sets, gpu.stream, options.overrides);
+  };
   // Timed interleaved (time_medians_ms); cuBLAS alone where one of ours fails.
   std::vector<LaunchFn> calls{cublas_call, gemm_call};
   if (solo_ok) calls.push_back(solo_call);
+  if (solo_ok && options.compare) {
+    calls.push_back([&](int i) { run_solo(comm, problem, buffers, i % num_sets, gpu.stream, *options.compare); });
+  }
   std::vector<double> times;
   const bool ours_ok = attempt(
       [&] {
@@ -165,6 +184,10 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
       row["t_fused_solo_ms"] = times[2];
       row["tflops_fused_solo"] = tflops(flops, times[2]);
       row["fused_over_gemm"] = times[2] / times[1];
+      if (options.compare) {
+        row["t_fused_solo_b_ms"] = times[3];
+        row["fused_b_over_gemm"] = times[3] / times[1];
+      }
     }
   }
   if (comm.get() != nullptr) attempt([&] { comm.destroy(); }, &outcome.failure);
@@ -176,20 +199,22 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
 
 void run_proxy(const Options& options, Report& report) {
   GpuSet gpus(1, /*with_nccl=*/false);
-  report.set_columns(proxy_columns(options.check));
+  report.set_columns(proxy_columns(options.check, options.compare.has_value()));
   report.add_note("GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
                   " emulated ranks runs alone on the full grid, its incoming partials preset; times in ms: median "
                   "of " + std::to_string(options.iters) + " iterations after " + std::to_string(options.warmup) +
                   " warm-up, the three calls interleaved; A and W rotate over the input sets, the receive buffers "
                   "do not");
-  report.add_note("T_gemm = tpfuse::gemm, T_fused_solo = rank 0's fused call; target fused/gemm <= 1.05");
+  report.add_note("T_gemm = tpfuse::gemm, T_fused_solo = rank 0's fused call; target fused/gemm <= 1.05; overrides " +
+                  options.overrides.to_string() +
+                  (options.compare ? "; T_solo_b: rank 0's fused call with " + options.compare->to_string() : ""));
   if (options.check) {
     report.add_note("rule: rank 0's rows against their FP32 reference (its rows of A_0 @ W_0 plus the preset "
                     "partials): max_rel <= 1/128 and L2 rel <= 1/256 (one BF16 rounding is at most 1/256)");
   }
   report.print_header();
 
-  double max_ratio = 0, log_ratio_sum = 0;
+  double max_ratio = 0, log_ratio_sum = 0, max_b = 0, log_b_sum = 0;
   int num_ratios = 0, num_meeting = 0;
   OutcomeTally tally;
   for (size_t i = 0; i < options.shapes.size(); ++i) {
@@ -199,6 +224,10 @@ void run_proxy(const Options& options, Report& report) {
       log_ratio_sum += std::log(*ratio);
       ++num_ratios;
       if (*ratio <= kTargetRatio) ++num_meeting;
+    }
+    if (const double* b = number_in(row, "fused_b_over_gemm")) {
+      max_b = std::max(max_b, *b);
+      log_b_sum += std::log(*b);
     }
     tally.add(row);
     report.add_row(row);
@@ -218,6 +247,13 @@ void run_proxy(const Options& options, Report& report) {
     line += text;
     summary["fused_over_gemm_max"] = max_ratio;
     summary["fused_over_gemm_geomean"] = geomean;
+    if (options.compare) {
+      const double b = std::exp(log_b_sum / num_ratios);
+      std::snprintf(text, sizeof(text), "; b/gemm max %.3f, geomean %.3f", max_b, b);
+      line += text;
+      summary["fused_b_over_gemm_max"] = max_b;
+      summary["fused_b_over_gemm_geomean"] = b;
+    }
   }
   tally.summarize(options, line, summary);
   report.set_summary(line, summary);

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "cli.h"
-#include "device_buffer.h"
+#include "testing/device_buffer.h"
 #include "gpus.h"
-#include "plan/reference.h"
+#include "testing/reference.h"
 #include "report.h"
 #include "timing.h"
 #include "tpfuse/problem.h"

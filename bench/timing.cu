@@ -38,7 +38,7 @@ __global__ void wait_for_release(const volatile uint32_t* released_epoch, uint32
 class StartGate {
  public:
   StartGate() {
-    BENCH_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&words_), 2 * sizeof(uint32_t),
+    TESTING_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&words_), 2 * sizeof(uint32_t),
                               cudaHostAllocMapped | cudaHostAllocPortable));
     words_[0] = 0;
     words_[1] = 0;
@@ -50,7 +50,7 @@ class StartGate {
   // Queues the hold on `stream` for the next epoch (call once per GPU, then release()).
   void hold(cudaStream_t stream) {
     wait_for_release<<<1, 1, 0, stream>>>(&words_[0], epoch_ + 1, &words_[1]);
-    BENCH_CHECK(cudaGetLastError());
+    TESTING_CHECK(cudaGetLastError());
   }
   void release() {
     ++epoch_;
@@ -67,9 +67,9 @@ class StartGate {
 class EventPair {
  public:
   explicit EventPair(int device) : device_(device) {
-    BENCH_CHECK(cudaSetDevice(device));
-    BENCH_CHECK(cudaEventCreate(&start));
-    BENCH_CHECK(cudaEventCreate(&stop));
+    TESTING_CHECK(cudaSetDevice(device));
+    TESTING_CHECK(cudaEventCreate(&start));
+    TESTING_CHECK(cudaEventCreate(&stop));
   }
   ~EventPair() {
     cudaSetDevice(device_);
@@ -106,14 +106,14 @@ std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, 
   auto time_iteration = [&](const LaunchFn& launch, int iteration) {
     try {
       for (int g = 0; g < gpus.size(); ++g) {
-        BENCH_CHECK(cudaSetDevice(gpus[g].device));
+        TESTING_CHECK(cudaSetDevice(gpus[g].device));
         if (options.gate) gate.hold(gpus[g].stream);
-        BENCH_CHECK(cudaEventRecord(events[g]->start, gpus[g].stream));
+        TESTING_CHECK(cudaEventRecord(events[g]->start, gpus[g].stream));
       }
       launch(iteration);
       for (int g = 0; g < gpus.size(); ++g) {
-        BENCH_CHECK(cudaSetDevice(gpus[g].device));
-        BENCH_CHECK(cudaEventRecord(events[g]->stop, gpus[g].stream));
+        TESTING_CHECK(cudaSetDevice(gpus[g].device));
+        TESTING_CHECK(cudaEventRecord(events[g]->stop, gpus[g].stream));
       }
     } catch (...) {
       // Let the held GPUs go before the gate's memory is freed.
@@ -133,7 +133,7 @@ std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, 
     double slowest_ms = 0;
     for (int g = 0; g < gpus.size(); ++g) {
       float ms = 0;
-      BENCH_CHECK(cudaEventElapsedTime(&ms, events[g]->start, events[g]->stop));
+      TESTING_CHECK(cudaEventElapsedTime(&ms, events[g]->start, events[g]->stop));
       slowest_ms = std::max(slowest_ms, double(ms));
     }
     return slowest_ms;

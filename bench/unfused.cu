@@ -9,6 +9,30 @@ namespace {
 
 enum Tensor { kA, kW, kPartial };
 
+// The reference reduce-scatter: out_refs[d] (m/G x n, on GPU d) = the sum over ranks r = 0..G-1, in
+// that order and in FP32, of rows [d*m/G, (d+1)*m/G) of partial_refs[r] (m x n, on GPU r),
+// G = gpus.size(). Waits for all GPUs.
+void reference_reduce_scatter(GpuSet& gpus, const std::vector<const float*>& partial_refs,
+                              const std::vector<float*>& out_refs, int64_t m, int64_t n) {
+  const int num_ranks = gpus.size();
+  const size_t rows = size_t(m / num_ranks);
+  const size_t count = rows * size_t(n);
+  gpus.synchronize();  // the partial references are complete
+  std::vector<DeviceBuffer> staging;
+  for (int d = 0; d < num_ranks; ++d) {
+    Gpu& owner = gpus[d];
+    staging.emplace_back(owner.device, count * sizeof(float));
+    TESTING_CHECK(cudaSetDevice(owner.device));
+    TESTING_CHECK(cudaMemsetAsync(out_refs[d], 0, count * sizeof(float), owner.stream));
+    for (int r = 0; r < num_ranks; ++r) {
+      TESTING_CHECK(cudaMemcpyPeerAsync(staging[d].get(), owner.device, partial_refs[r] + d * count, gpus[r].device,
+                                        count * sizeof(float), owner.stream));
+      add_f32_to_ref(out_refs[d], staging[d].as<float>(), count, owner.stream);
+    }
+  }
+  gpus.synchronize();
+}
+
 }  // namespace
 
 RankCounts rank_counts(const Problem& problem, int num_gpus, bool with_comm) {
@@ -40,18 +64,18 @@ UnfusedBuffers make_unfused_buffers(GpuSet& gpus, const RankCounts& counts, int 
 void gemm_all(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, int set) {
   for (int g = 0; g < gpus.size(); ++g) {
     const RankBuffers& rank = buffers.ranks[g];
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
     cublas_gemm(gpus[g].cublas, problem, rank.a[set].get(), rank.w[set].get(), rank.partial[set].get());
   }
 }
 
 void reduce_scatter_all(GpuSet& gpus, UnfusedBuffers& buffers, int set) {
-  BENCH_CHECK(ncclGroupStart());
+  TESTING_CHECK(ncclGroupStart());
   for (int g = 0; g < gpus.size(); ++g) {
     nccl_reduce_scatter(gpus[g].comm, buffers.ranks[g].partial[set].get(), buffers.ranks[g].out[set].get(),
                         buffers.counts.partial, gpus.size(), gpus[g].stream);
   }
-  BENCH_CHECK(ncclGroupEnd());
+  TESTING_CHECK(ncclGroupEnd());
 }
 
 UnfusedTimes time_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, const TimingOptions& timing) {
@@ -73,7 +97,7 @@ References make_references(GpuSet& gpus, const UnfusedBuffers& buffers, const Pr
   References refs;
   for (int g = 0; g < num_gpus; ++g) {
     refs.partials.emplace_back(gpus[g].device, counts.partial * sizeof(float));
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
     reference_gemm(problem, buffers.ranks[g].a[0].as<bf16>(), buffers.ranks[g].w[0].as<bf16>(),
                    refs.partials[g].as<float>(), gpus[g].stream);
   }
@@ -94,7 +118,7 @@ ErrorSums measure_outputs(GpuSet& gpus, const std::vector<const bf16*>& outs, co
                           size_t out_count) {
   ErrorSums sums;
   for (int g = 0; g < gpus.size(); ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
     sums.merge(measure_error(outs[g], refs.outs[g].as<float>(), out_count, gpus[g].stream));
   }
   return sums;
@@ -103,7 +127,7 @@ ErrorSums measure_outputs(GpuSet& gpus, const std::vector<const bf16*>& outs, co
 UnfusedErrors check_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, const References& refs) {
   const RankCounts& counts = buffers.counts;
   for (int g = 0; g < gpus.size(); ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
     poison_bf16(buffers.ranks[g].partial[0].as<bf16>(), counts.partial, gpus[g].stream);
     if (buffers.with_comm()) poison_bf16(buffers.ranks[g].out[0].as<bf16>(), counts.out, gpus[g].stream);
   }
@@ -113,7 +137,7 @@ UnfusedErrors check_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem
   UnfusedErrors errors;
   std::vector<const bf16*> outs;
   for (int g = 0; g < gpus.size(); ++g) {
-    BENCH_CHECK(cudaSetDevice(gpus[g].device));
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
     errors.gemm.merge(measure_error(buffers.ranks[g].partial[0].as<bf16>(), refs.partials[g].as<float>(),
                                     counts.partial, gpus[g].stream));
     if (buffers.with_comm()) outs.push_back(buffers.ranks[g].out[0].as<bf16>());

@@ -9,8 +9,8 @@
 #include <limits>
 #include <vector>
 
-#include "check.h"
-#include "device_buffer.h"
+#include "testing/gpu_check.h"
+#include "testing/device_buffer.h"
 #include "gpus.h"
 #include "timing.h"
 #include "tpfuse/problem.h"

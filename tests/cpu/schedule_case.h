@@ -4,15 +4,13 @@
 #include <sstream>
 #include <string>
 
-#include "plan/schedule.h"
+#include "ops/gemm_rs/schedule.h"
 
 namespace tpfuse {
 
-constexpr int kOwnLast = 1 << 30;  // an own_lag so large that the own tiles come last
-
 struct Case {
   int m, n, world_size, block_m, block_n, group_rows;
-  int own_lag = kOwnLast;
+  int own_lag = kOwnTilesLast;
   int segments_per_tile = 1;
   std::string name() const {
     std::ostringstream os;

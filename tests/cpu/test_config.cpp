@@ -1,23 +1,28 @@
-// select_gemm_config: the chosen configs fit the device (shared memory, registers, WGMMA shapes),
-// and unsupported devices get an error, not a config.
+// The config choices (gemm/config.h, ops/gemm_rs/config.h): every choice is a compiled variant that
+// fits the device (shared memory, registers, WGMMA shapes), whatever its shared memory; overrides
+// apply and are checked; unsupported devices get an error, not a config.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "plan/config.h"
-#include "plan/partial_rounds.h"
+#include "gemm/config.h"
+#include "gemm/shared_storage.h"
+#include "ops/gemm_rs/config.h"
+#include "ops/gemm_rs/partial_rounds.h"
+#include "ops/gemm_rs/shared_storage.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse {
 namespace {
 
-Problem make(int64_t m, int64_t n, int64_t k_total, int world_size) {
+Problem make(int64_t m, int64_t n, int64_t k_total, int world_size, WeightLayout layout = WeightLayout::kKxN) {
   Problem p;
   p.m = m;
   p.n = n;
   p.k_per_rank = k_total / world_size;
   p.world_size = world_size;
+  p.weight_layout = layout;
   return p;
 }
 
@@ -31,43 +36,117 @@ std::vector<Problem> sweep(int world_size) {
   return out;
 }
 
+// The sweep at P = 1, 2, 4, 8, the GPU tests' shapes and odd ones.
+std::vector<Problem> covered_problems() {
+  std::vector<Problem> out;
+  for (int p : {1, 2, 4, 8}) {
+    for (const Problem& s : sweep(p)) out.push_back(s);
+    for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) out.push_back(make(m * p, 8192, 8192, p));
+  }
+  for (const Problem& p : {make(256, 512, 256, 1), make(512, 776, 256, 2), make(1000, 1024, 256, 4),
+                           make(512, 8192, 256, 8), make(2048, 1000, 256, 8), make(64, 264, 256, 8),
+                           make(256, 1000, 256, 4), make(1000, 2056, 2080, 4), make(4096, 1024, 4096, 2),
+                           make(8192, 4096, 4096, 8), make(512, 512, 640, 2), make(2048, 1024, 256, 8),
+                           make(1024, 512, 128, 4), make(8, 8, 64, 8), make(1000, 1000, 8000, 8),
+                           make(520, 264, 1032, 8), make(24, 8, 8, 1), make(200, 8192, 1024, 1)}) {
+    out.push_back(p);
+  }
+  return out;
+}
+
 DeviceInfo h100() { return DeviceInfo{}; }  // the defaults: 132 SMs, 227 KiB opt-in shared memory, cc 9.0
 
 // Registers: 65536 per SM for one CTA. With setmaxnreg the producer warpgroup drops to 40 per thread
 // and the consumers get the rest, in multiples of 8.
-int consumer_register_budget(const GemmConfig& c) {
+int consumer_register_budget() {
   const int producer_threads = 128, producer_registers = 40;
-  const int per_consumer = (65536 - producer_threads * producer_registers) / (128 * c.consumer_warpgroups);
+  const int per_consumer = (65536 - producer_threads * producer_registers) / (128 * kConsumers);
   return per_consumer / 8 * 8;
 }
 
-void expect_fits(const GemmConfig& c, const DeviceInfo& device, const std::string& what) {
-  EXPECT_LE(c.smem_bytes(), size_t(device.max_smem_per_block)) << what;
-  EXPECT_EQ(c.threads(), 384) << what;
-  EXPECT_EQ(c.block_k * 2, 128) << what << ": block_k must be one 128-byte swizzle row of BF16";
-  EXPECT_EQ(c.block_m % 64, 0) << what;
-  EXPECT_GT(c.block_n, 0) << what;
-  EXPECT_LE(c.block_n, 256) << what << ": WGMMA's N is at most 256";
-  EXPECT_EQ(c.block_n % 8, 0) << what;
-  EXPECT_GE(c.stages, 2) << what;
+void expect_fits(const GemmConfig& c, const DeviceInfo& device, const SmemByVariant& smem, const std::string& what) {
+  ASSERT_GE(c.variant, 0) << what;
+  ASSERT_LT(c.variant, kNumGemmVariants) << what << ": not a compiled variant";
+  const GemmVariant& v = c.tile();
+  EXPECT_EQ(c.smem_bytes, smem[c.variant]) << what << ": the launch takes the variant's storage";
+  EXPECT_LE(c.smem_bytes, size_t(device.max_smem_per_block)) << what;
+  EXPECT_EQ(v.block_m % 64, 0) << what;
+  EXPECT_LE(v.block_n * 64 / v.block_m, 256) << what << ": a consumer's WGMMA N is at most 256";
+  EXPECT_GE(v.stages, 2) << what;
   EXPECT_GE(c.group_rows, 1) << what;
-  EXPECT_GE(c.own_lag, 0) << what;
   EXPECT_EQ(c.num_ctas, device.num_sms) << what << ": one persistent CTA per SM";
   // FP32 accumulators per consumer thread, plus headroom for fragments and addresses.
-  const int accumulators = c.block_m * c.block_n / (128 * c.consumer_warpgroups);
-  EXPECT_LE(accumulators + 64, consumer_register_budget(c)) << what;
+  const int accumulators = v.block_m * v.block_n / (128 * kConsumers);
+  EXPECT_LE(accumulators + 64, consumer_register_budget()) << what;
   EXPECT_FALSE(c.to_string().empty()) << what;
 }
 
+const SmemByVariant& gemm_smem() {
+  static constexpr SmemByVariant kSmem = smem_bytes_by_variant<NoOpSync>();
+  return kSmem;
+}
+
 TEST(Config, SweepShapesFitTheDevice) {
-  for (int world_size : {1, 8}) {
+  for (const Problem& p : sweep(1)) {
+    GemmConfig c;
+    const Status s = select_plain_gemm_config(p, h100(), {}, &c);
+    ASSERT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
+    expect_fits(c, h100(), gemm_smem(), p.to_string() + " -> " + c.to_string());
+  }
+  for (int world_size : {2, 4, 8}) {
     for (const Problem& p : sweep(world_size)) {
-      GemmConfig c;
-      const Status s = select_gemm_config(p, h100(), &c);
+      GemmRsConfig c;
+      const Status s = select_gemm_rs_config(p, h100(), {}, &c);
       ASSERT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
-      expect_fits(c, h100(), p.to_string() + " -> " + c.to_string());
+      expect_fits(c.gemm, h100(), gemm_rs_smem_bytes(), p.to_string() + " -> " + c.to_string());
+      EXPECT_GE(c.own_lag, 0) << c.to_string();
     }
   }
+}
+
+// Whatever the device's shared memory, the choice is a compiled variant that fits it, or an error
+// that says so: never a config the dispatch does not have.
+TEST(Config, EveryChoiceIsCompiledAndFits) {
+  int errors = 0, choices = 0;
+  for (int kib = 64; kib <= 227; ++kib) {
+    DeviceInfo device = h100();
+    device.max_smem_per_block = kib * 1024;
+    for (const Problem& p : covered_problems()) {
+      const std::string what = p.to_string() + ", " + std::to_string(kib) + " KiB";
+      GemmConfig gemm;
+      Status s = select_plain_gemm_config(p, device, {}, &gemm);
+      if (s.ok()) {
+        expect_fits(gemm, device, gemm_smem(), what);
+        ++choices;
+      } else {
+        EXPECT_EQ(s.code(), StatusCode::kUnsupported) << what;
+        EXPECT_NE(s.message().find("shared memory"), std::string::npos) << s.message();
+        ++errors;
+      }
+      if (p.world_size == 1) continue;
+      GemmRsConfig rs;
+      s = select_gemm_rs_config(p, device, {}, &rs);
+      if (s.ok()) {
+        expect_fits(rs.gemm, device, gemm_rs_smem_bytes(), what);
+        if (rs.segments_per_tile == 2) EXPECT_EQ(rs.gemm.tile().block_m, 128) << what;
+        ++choices;
+      } else {
+        EXPECT_EQ(s.code(), StatusCode::kUnsupported) << what;
+        ++errors;
+      }
+    }
+  }
+  EXPECT_GT(choices, 0);
+  EXPECT_GT(errors, 0) << "64 KiB fits no variant";
+  // 200 KiB (the case that once picked an uncompiled 2-stage variant) gets a compiled one.
+  DeviceInfo device = h100();
+  device.max_smem_per_block = 200 * 1024;
+  GemmRsConfig rs;
+  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), device, {}, &rs).ok());
+  expect_fits(rs.gemm, device, gemm_rs_smem_bytes(), rs.to_string());
+  GemmConfig gemm;
+  ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), device, {}, &gemm).ok());
+  expect_fits(gemm, device, gemm_smem(), gemm.to_string());
 }
 
 // A single wave of 128 x 256 tiles (M = 512, N = 8192: 128 tiles; at P = 8 its bands of two
@@ -75,36 +154,40 @@ TEST(Config, SweepShapesFitTheDevice) {
 // 512 tiles), or narrower tiles (N = 6144), the whole slab and 3 stages stay.
 TEST(Config, OneWaveStagesInBatches) {
   GemmConfig c;
-  for (const Problem& p : {make(512, 8192, 1024, 1), make(512, 8192, 8192, 8)}) {
-    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
-    EXPECT_EQ(c.staged_chunks, 2) << p.to_string() << " -> " << c.to_string();
-    EXPECT_EQ(c.stages, 4) << p.to_string() << " -> " << c.to_string();
-    EXPECT_LE(c.smem_bytes(), size_t(h100().max_smem_per_block)) << c.to_string();
-  }
+  ASSERT_TRUE(select_plain_gemm_config(make(512, 8192, 1024, 1), h100(), {}, &c).ok());
+  EXPECT_EQ(c.tile().staged_chunks, 2) << c.to_string();
+  EXPECT_EQ(c.tile().stages, 4) << c.to_string();
+  GemmRsConfig rs;
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 8192, 8192, 8), h100(), {}, &rs).ok());
+  EXPECT_EQ(rs.gemm.tile().staged_chunks, 2) << rs.to_string();
+  EXPECT_EQ(rs.gemm.tile().stages, 4) << rs.to_string();
   for (const Problem& p : {make(2048, 8192, 1024, 1), make(32768, 8192, 3584, 1), make(512, 6144, 768, 1)}) {
-    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
-    EXPECT_EQ(c.staged_chunks, 0) << p.to_string() << " -> " << c.to_string();
+    ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok());
+    EXPECT_EQ(c.tile().staged_chunks, 0) << p.to_string() << " -> " << c.to_string();
   }
-  ASSERT_TRUE(select_gemm_config(make(2048, 8192, 1024, 1), h100(), &c).ok());
-  EXPECT_EQ(c.stages, 3) << c.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(2048, 8192, 1024, 1), h100(), {}, &c).ok());
+  EXPECT_EQ(c.tile().stages, 3) << c.to_string();
 }
 
 // Segments of 64 rows share 128-row tiles in pairs from P = 4 on; smaller ones, or at P = 2, get
 // 64-row tiles; larger ones 128-row tiles of their own.
 TEST(Config, SmallSegments) {
-  GemmConfig c;
+  GemmRsConfig c;
   for (int world_size : {4, 8}) {
-    ASSERT_TRUE(select_gemm_config(make(64 * world_size, 8192, 8192, world_size), h100(), &c).ok());
-    EXPECT_EQ(c.block_m, 128) << c.to_string();
+    ASSERT_TRUE(select_gemm_rs_config(make(64 * world_size, 8192, 8192, world_size), h100(), {}, &c).ok());
+    EXPECT_EQ(c.gemm.tile().block_m, 128) << c.to_string();
     EXPECT_EQ(c.segments_per_tile, 2) << c.to_string();
   }
-  for (const Problem& p : {make(128, 8192, 8192, 2), make(256, 8192, 8192, 8), make(64, 8192, 8192, 1)}) {
-    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
-    EXPECT_EQ(c.block_m, 64) << p.to_string() << " -> " << c.to_string();
+  for (const Problem& p : {make(128, 8192, 8192, 2), make(256, 8192, 8192, 8)}) {
+    ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &c).ok());
+    EXPECT_EQ(c.gemm.tile().block_m, 64) << p.to_string() << " -> " << c.to_string();
     EXPECT_EQ(c.segments_per_tile, 1) << p.to_string() << " -> " << c.to_string();
   }
-  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, 8), h100(), &c).ok());
-  EXPECT_EQ(c.block_m, 128);
+  GemmConfig g;
+  ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m, 64) << g.to_string();
+  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), {}, &c).ok());
+  EXPECT_EQ(c.gemm.tile().block_m, 128);
   EXPECT_EQ(c.segments_per_tile, 1);
 }
 
@@ -113,31 +196,32 @@ TEST(Config, SmallSegments) {
 // else last; the raster groups of the P segments a wave works on add up to 32 row tiles.
 TEST(Config, ScheduleOfTheFusedOp) {
   for (int world_size : {2, 4, 8}) {
-    GemmConfig c;
-    ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, world_size), h100(), &c).ok());
+    GemmRsConfig c;
+    ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, world_size), h100(), {}, &c).ok());
     EXPECT_EQ(c.own_lag, (2 * 132 + world_size - 1) / world_size) << "P=" << world_size;
-    EXPECT_EQ(c.group_rows, 32 / world_size) << "P=" << world_size;
+    EXPECT_EQ(c.gemm.group_rows, 32 / world_size) << "P=" << world_size;
   }
-  GemmConfig c;
+  GemmRsConfig c;
   // M = 2048 at P = 8: 2 x 32 tiles a segment, under twice the lag of 33 rounds.
-  ASSERT_TRUE(select_gemm_config(make(2048, 8192, 8192, 8), h100(), &c).ok());
+  ASSERT_TRUE(select_gemm_rs_config(make(2048, 8192, 8192, 8), h100(), {}, &c).ok());
   EXPECT_EQ(c.own_lag, kOwnTilesLast);
   // At P = 2 a band needs only the lag's tiles: M = 2048 has 8 x 32 (N = 8192) or 8 x 24 (N = 6144)
   // against a lag of 132 rounds; M = 512 has 2 x 32.
   for (const Problem& p : {make(2048, 8192, 8192, 2), make(2048, 6144, 6144, 2)}) {
-    ASSERT_TRUE(select_gemm_config(p, h100(), &c).ok());
+    ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &c).ok());
     EXPECT_EQ(c.own_lag, 132) << p.to_string();
   }
-  ASSERT_TRUE(select_gemm_config(make(512, 8192, 8192, 2), h100(), &c).ok());
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 8192, 8192, 2), h100(), {}, &c).ok());
   EXPECT_EQ(c.own_lag, kOwnTilesLast);
   // Deep tiles (K per rank 14336 at P = 2) keep their own tiles last.
-  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 28672, 2), h100(), &c).ok());
+  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 28672, 2), h100(), {}, &c).ok());
   EXPECT_EQ(c.own_lag, kOwnTilesLast);
   // Bands of two segments (M = 512 at P = 8): 32 tiles a band.
-  ASSERT_TRUE(select_gemm_config(make(512, 8192, 8192, 8), h100(), &c).ok());
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 8192, 8192, 8), h100(), {}, &c).ok());
   EXPECT_EQ(c.own_lag, kOwnTilesLast);
-  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, 1), h100(), &c).ok());
-  EXPECT_EQ(c.group_rows, 32);
+  GemmConfig g;
+  ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.group_rows, 32);
 }
 
 // An own tile's peer partials come in rounds during its K loop, one peer a round, where the K loop
@@ -154,41 +238,78 @@ TEST(Config, PartialRoundsFitTheKLoop) {
            Case{make(8192, 6144, 16384, 8), 7},   // 32 K blocks: every peer
            Case{make(8192, 8192, 8192, 2), 1},    // one peer
            Case{make(8192, 8192, 2048, 8), 0},    // 4 K blocks: too short
-           Case{make(8192, 8192, 8192, 1), 0},    // no peers
            Case{make(512, 8192, 8192, 8), 0},     // bands of two segments: the partner pushes after its K loop
            Case{make(2048, 8192, 8192, 2), 1},    // own tiles interleaved at P = 2: its one peer
            Case{make(2048, 8192, 8192, 8), 6},    // own tiles last at P = 8
-           Case{make(8192, 8192, 28672, 2), 0},   // own tiles last (deep tiles)
+           Case{make(8192, 8192, 28672, 2), 0},   // own tiles last (deep tiles) at P = 2
            Case{make(512, 8192, 4096, 4), 0},     // one wave, the slab staged in batches
        }) {
-    GemmConfig c;
-    ASSERT_TRUE(select_gemm_config(t.problem, h100(), &c).ok());
+    GemmRsConfig c;
+    ASSERT_TRUE(select_gemm_rs_config(t.problem, h100(), {}, &c).ok());
     EXPECT_EQ(c.partial_rounds, t.rounds) << t.problem.to_string() << " -> " << c.to_string();
     const int num_k_blocks = int((t.problem.k_per_rank + 63) / 64);
     const int rounds = c.partial_rounds;
     if (rounds > 0) {
-      const int consumers = c.consumer_warpgroups;
-      EXPECT_EQ(partial_round_k_block(consumers - 1, consumers, rounds - 1, rounds, num_k_blocks), num_k_blocks - 2)
+      EXPECT_EQ(partial_round_k_block(kConsumers - 1, kConsumers, rounds - 1, rounds, num_k_blocks), num_k_blocks - 2)
           << c.to_string();
-      EXPECT_GE(partial_round_k_block(0, consumers, 0, rounds, num_k_blocks), PartialRounds::kFirstAdd)
+      EXPECT_GE(partial_round_k_block(0, kConsumers, 0, rounds, num_k_blocks), PartialRounds::kFirstAdd)
           << c.to_string();
       // Each consumer's rounds are spaced out, and the consumers take them at different K blocks.
       for (int r = 0; r < rounds; ++r) {
-        const int kb = partial_round_k_block(0, consumers, r, rounds, num_k_blocks);
-        EXPECT_LT(kb, partial_round_k_block(1, consumers, r, rounds, num_k_blocks));
-        if (r + 1 < rounds) EXPECT_GE(partial_round_k_block(0, consumers, r + 1, rounds, num_k_blocks) - kb, 2);
+        const int kb = partial_round_k_block(0, kConsumers, r, rounds, num_k_blocks);
+        EXPECT_LT(kb, partial_round_k_block(1, kConsumers, r, rounds, num_k_blocks));
+        if (r + 1 < rounds) EXPECT_GE(partial_round_k_block(0, kConsumers, r + 1, rounds, num_k_blocks) - kb, 2);
       }
     }
   }
-  static_assert(PartialRounds::kFirstAdd >= 1, "round 0 is asked for after K block 0");
 }
 
-TEST(Config, OddShapesGetAConfig) {
-  for (const Problem& p : {make(8, 8, 64, 8), make(1000, 1000, 8000, 8), make(520, 264, 1032, 8), make(24, 8, 8, 1)}) {
-    GemmConfig c;
-    const Status s = select_gemm_config(p, h100(), &c);
-    ASSERT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
-    expect_fits(c, h100(), p.to_string());
+TEST(Config, OverridesApply) {
+  ConfigOverrides o;
+  o.block_n = 192;
+  o.group_rows = 3;
+  GemmConfig g;
+  ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), h100(), o, &g).ok());
+  EXPECT_EQ(g.tile().block_n, 192) << g.to_string();
+  EXPECT_EQ(g.group_rows, 3) << g.to_string();
+  // 64-row tiles have one width: block_n applies to 128-row tiles only.
+  ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), o, &g).ok());
+  EXPECT_EQ(g.tile().block_m, 64);
+  EXPECT_EQ(g.tile().block_n, 256);
+
+  ConfigOverrides lag;
+  lag.own_lag = 0;
+  GemmRsConfig c;
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 512, 640, 2), h100(), lag, &c).ok());
+  EXPECT_EQ(c.own_lag, 0);
+  EXPECT_EQ(c.partial_rounds, 1) << "own tiles interleaved at P = 2: its one peer in a round";
+  lag.partial_rounds = 0;
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 512, 640, 2), h100(), lag, &c).ok());
+  EXPECT_EQ(c.partial_rounds, 0);
+  ConfigOverrides more;
+  more.partial_rounds = 100;  // at most what the K loop holds
+  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), more, &c).ok());
+  EXPECT_EQ(c.partial_rounds, 6);
+  EXPECT_NE(more.to_string().find("partial_rounds=100"), std::string::npos) << more.to_string();
+  EXPECT_EQ(ConfigOverrides{}.to_string(), "none");
+}
+
+TEST(Config, BadOverridesAreErrors) {
+  struct Case {
+    ConfigOverrides overrides;
+    const char* message;
+  };
+  ConfigOverrides block_n, group_rows, own_lag, rounds;
+  block_n.block_n = 128;
+  group_rows.group_rows = -2;
+  own_lag.own_lag = -5;
+  rounds.partial_rounds = -3;
+  for (const Case& t : {Case{block_n, "overrides.block_n = 128"}, Case{group_rows, "overrides.group_rows = -2"},
+                        Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"}}) {
+    GemmRsConfig c;
+    const Status s = select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), t.overrides, &c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << t.message;
+    EXPECT_NE(s.message().find(t.message), std::string::npos) << s.message();
   }
 }
 
@@ -197,74 +318,60 @@ TEST(Config, NonHopperIsUnsupported) {
     DeviceInfo device = h100();
     device.cc_major = cc.first;
     device.cc_minor = cc.second;
-    GemmConfig c;
-    c.block_m = -1;  // must stay untouched
-    const Status s = select_gemm_config(make(2048, 8192, 8192, 8), device, &c);
+    GemmRsConfig c;
+    c.own_lag = -7;  // must stay untouched
+    const Status s = select_gemm_rs_config(make(2048, 8192, 8192, 8), device, {}, &c);
     EXPECT_EQ(s.code(), StatusCode::kUnsupported) << cc.first << "." << cc.second;
     EXPECT_NE(s.message().find(std::to_string(cc.first) + "." + std::to_string(cc.second)), std::string::npos)
         << s.message();
-    EXPECT_EQ(c.block_m, -1);
+    EXPECT_EQ(c.own_lag, -7);
   }
 }
 
-TEST(Config, LessSharedMemoryFewerStagesOrError) {
-  DeviceInfo device = h100();
-  device.max_smem_per_block = 200 * 1024;
-  GemmConfig c;
-  ASSERT_TRUE(select_gemm_config(make(8192, 8192, 8192, 8), device, &c).ok());
-  expect_fits(c, device, c.to_string());
-
-  device.max_smem_per_block = 64 * 1024;
-  const Status s = select_gemm_config(make(8192, 8192, 8192, 8), device, &c);
-  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
-  EXPECT_NE(s.message().find("shared memory"), std::string::npos) << s.message();
-}
-
 TEST(Config, NullOutputIsAnError) {
-  EXPECT_EQ(select_gemm_config(make(2048, 8192, 8192, 8), h100(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(select_gemm_rs_config(make(2048, 8192, 8192, 8), h100(), {}, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(select_plain_gemm_config(make(2048, 8192, 8192, 1), h100(), {}, nullptr).code(),
+            StatusCode::kInvalidArgument);
 }
 
 // Tile width follows the waves: 128 x 256 tiles of M=512, N=6144 are 96 tiles on 132 SMs (a third
 // idle), 128 x 192 tiles are 128; at N=8192, 128 x 256 tiles already fill one wave.
 TEST(Config, NarrowerTilesWhereTheLastWaveWouldIdle) {
-  GemmConfig c;
-  ASSERT_TRUE(select_gemm_config(make(512, 6144, 768, 1), h100(), &c).ok());
-  EXPECT_EQ(c.block_n, 192) << c.to_string();
-  ASSERT_TRUE(select_gemm_config(make(512, 8192, 1024, 1), h100(), &c).ok());
-  EXPECT_EQ(c.block_n, 256) << c.to_string();
-  ASSERT_TRUE(select_gemm_config(make(32768, 8192, 3584, 1), h100(), &c).ok());
-  EXPECT_EQ(c.block_n, 256) << c.to_string();
+  GemmConfig g;
+  ASSERT_TRUE(select_plain_gemm_config(make(512, 6144, 768, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_n, 192) << g.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(512, 8192, 1024, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_n, 256) << g.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(32768, 8192, 3584, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_n, 256) << g.to_string();
   // 64 rows per rank at P = 8: bands of two segments, 4 x 24 tiles 256 wide, 4 x 32 tiles 192 wide.
-  ASSERT_TRUE(select_gemm_config(make(512, 6144, 768 * 8, 8), h100(), &c).ok());
-  EXPECT_EQ(c.block_n, 192) << c.to_string();
-  ASSERT_TRUE(select_gemm_config(make(512, 8192, 1024 * 8, 8), h100(), &c).ok());
-  EXPECT_EQ(c.block_n, 256) << c.to_string();
+  GemmRsConfig c;
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 6144, 768 * 8, 8), h100(), {}, &c).ok());
+  EXPECT_EQ(c.gemm.tile().block_n, 192) << c.to_string();
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 8192, 1024 * 8, 8), h100(), {}, &c).ok());
+  EXPECT_EQ(c.gemm.tile().block_n, 256) << c.to_string();
 }
 
-TEST(Config, SmemAccountsForEveryPart) {
-  GemmConfig c;
-  c.block_m = 128;
-  c.block_n = 256;
-  c.block_k = 64;
-  c.stages = 3;
-  c.consumer_warpgroups = 2;
-  // 3 stages of (128 + 256) x 64 BF16, the whole 128 x 256 BF16 tile staged for the epilogue, 6
-  // barriers and 3 notes of 32 bytes for the stages, 2 hand-offs of 40 bytes, 2 x 2 barriers of
-  // partial rounds and 2 more barriers; plus at most 2 KiB for aligning the storage and the dynamic
-  // shared memory base to 1024 bytes.
-  const size_t parts = size_t(3 * 384 * 64 * 2 + 128 * 256 * 2 + 6 * 8 + 3 * 32 + 2 * 40 + 4 * 8 + 2 * 8);
-  EXPECT_GE(c.smem_bytes(), parts);
-  EXPECT_LE(c.smem_bytes(), parts + 2048);
-  // One stage more costs one stage's bytes.
-  GemmConfig deeper = c;
-  deeper.stages = 4;
-  EXPECT_GE(deeper.smem_bytes(), c.smem_bytes() + size_t(384 * 64 * 2) - 1024);
-  const std::string s = c.to_string();
-  EXPECT_NE(s.find("128x256x64"), std::string::npos) << s;
-  // Staged 2 chunks at a time, each consumer's buffers hold 2 x 64 x 64 BF16 instead of its slab.
-  GemmConfig staged = deeper;
-  staged.staged_chunks = 2;
-  EXPECT_EQ(deeper.smem_bytes() - staged.smem_bytes(), size_t(128 * 256 * 2 - 2 * 2 * 64 * 64 * 2)) << staged.to_string();
+// The storage the kernels and the launches take holds every part of a variant, counted here from
+// the variant's own numbers: the stages of A and W tiles, the epilogue's chunk buffers, the ring's
+// barriers and notes, the op's barriers; at most the alignment's padding more.
+TEST(Config, SharedStorageHoldsEveryPart) {
+  for (int i = 0; i < kNumGemmVariants; ++i) {
+    const GemmVariant& v = kGemmVariants[i];
+    const int slab_chunks = (v.block_m == 128 ? v.block_n : v.block_n / 2) / 64;
+    const int chunks = v.staged_chunks > 0 ? v.staged_chunks : slab_chunks;
+    const size_t arrays = size_t(v.stages) * (v.block_m + v.block_n) * 64 * 2 + size_t(kConsumers) * chunks * 64 * 64 * 2;
+    const size_t ring = size_t(v.stages) * (2 * 8 + sizeof(Tile));
+    const size_t slack = 1024;  // the launch aligns the dynamic shared memory base
+    const std::string what = "variant " + std::to_string(i);
+    EXPECT_GE(gemm_smem()[i], arrays + ring + slack) << what;
+    EXPECT_LT(gemm_smem()[i], arrays + ring + slack + 1024) << what;
+    const size_t op = sizeof(SlabHandoff) * kConsumers + 2 * kConsumers * 8 + 2 * 8;
+    EXPECT_GE(gemm_rs_smem_bytes()[i], arrays + ring + op + slack) << what;
+    EXPECT_LT(gemm_rs_smem_bytes()[i], arrays + ring + op + slack + 1024) << what;
+    EXPECT_EQ(slab_chunks % chunks, 0) << what << ": a slab is staged in equal batches";
+  }
+  EXPECT_EQ(sizeof(Tile), 7 * sizeof(int)) << "the ring's note of a step is a tile";
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The call count's arithmetic (plan/epoch.h): whatever order a call's CTAs add their shares in, the
+// The call count's arithmetic (comm/epoch.h): whatever order a call's CTAs add their shares in, the
 // epoch stays the call's until the last share and then moves on by exactly one, also across the
 // count's wrap.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "plan/epoch.h"
+#include "comm/epoch.h"
 
 namespace tpfuse {
 namespace {

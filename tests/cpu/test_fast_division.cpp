@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "plan/fast_division.h"
+#include "core/fast_division.h"
 
 namespace tpfuse {
 namespace {

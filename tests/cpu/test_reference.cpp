@@ -6,9 +6,9 @@
 #include <limits>
 #include <vector>
 
-#include "plan/reference.h"
+#include "testing/reference.h"
 
-namespace tpfuse {
+namespace tpfuse::testing {
 namespace {
 
 std::vector<uint16_t> bf16(const std::vector<float>& values) {
@@ -251,4 +251,4 @@ TEST(ExactMode, FirstMismatchReportsRankRowCol) {
 }
 
 }  // namespace
-}  // namespace tpfuse
+}  // namespace tpfuse::testing

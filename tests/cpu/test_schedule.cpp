@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "plan/schedule.h"
+#include "ops/gemm_rs/schedule.h"
 #include "schedule_case.h"
 
 namespace tpfuse {
@@ -215,7 +215,7 @@ std::vector<Case> cases() {
       for (int n : {8, 200, 256, 264, 520, 1000}) {
         for (const auto& tile : tiles) {
           for (int group_rows : {1, 2, 3, 8}) {
-            for (int own_lag : {kOwnLast, 0, 1, 5}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows, own_lag});
+            for (int own_lag : {kOwnTilesLast, 0, 1, 5}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows, own_lag});
           }
         }
       }
@@ -226,7 +226,7 @@ std::vector<Case> cases() {
     for (int block_m : {16, 64, 128}) {
       for (int n : {8, 264, 1000}) {
         for (int group_rows : {1, 3}) {
-          for (int own_lag : {kOwnLast, 0, 1, 5}) out.push_back({block_m / 2 * P, n, P, block_m, 128, group_rows, own_lag, 2});
+          for (int own_lag : {kOwnTilesLast, 0, 1, 5}) out.push_back({block_m / 2 * P, n, P, block_m, 128, group_rows, own_lag, 2});
         }
       }
     }
@@ -303,34 +303,27 @@ TEST(Schedule, OwnTilesSpreadEvenlyBetweenLeadAndTail) {
 }
 
 // The steps of a persistent grid: CTA b's step in each wave until the steps run out.
-std::vector<std::vector<int>> steps_of_ctas(int num_ctas, int cta_group, int num_tiles) {
+std::vector<std::vector<int>> steps_of_ctas(int num_ctas, int num_tiles) {
   std::vector<std::vector<int>> steps(num_ctas);
   for (int cta = 0; cta < num_ctas; ++cta)
-    for (CtaSteps walk(cta, num_ctas, cta_group); walk.step() < num_tiles; walk.next()) steps[cta].push_back(walk.step());
+    for (CtaSteps walk(cta, num_ctas); walk.step() < num_tiles; walk.next()) steps[cta].push_back(walk.step());
   return steps;
 }
 
 // Every step is taken once, each CTA's steps grow (so the deadlock argument of the rounds holds),
-// its place in the wave moves on by its group each wave, and a cluster's two CTAs take adjacent
-// steps, the first even.
+// and its place in the wave moves on by one each wave.
 TEST(PersistentSteps, EveryStepOnceInWaves) {
-  for (const auto& [num_ctas, cta_group] : {std::pair{132, 1}, {132, 2}, {131, 1}, {16, 2}})
+  for (int num_ctas : {132, 131, 16, 1})
     for (int num_tiles : {1, 7, 131, 132, 133, 264, 1000, 2048}) {
-      SCOPED_TRACE(testing::Message() << num_ctas << " CTAs in groups of " << cta_group << ", " << num_tiles << " tiles");
-      const auto steps = steps_of_ctas(num_ctas, cta_group, num_tiles);
+      SCOPED_TRACE(::testing::Message() << num_ctas << " CTAs, " << num_tiles << " tiles");
+      const auto steps = steps_of_ctas(num_ctas, num_tiles);
       std::vector<int> taken(num_tiles, 0);
       for (int cta = 0; cta < num_ctas; ++cta) {
         for (size_t i = 0; i < steps[cta].size(); ++i) {
           ++taken[steps[cta][i]];
           EXPECT_EQ(steps[cta][i] / num_ctas, int(i)) << "CTA " << cta << " wave " << i;
-          EXPECT_EQ(steps[cta][i] % num_ctas, (cta + int(i) * cta_group) % num_ctas) << "CTA " << cta << " wave " << i;
+          EXPECT_EQ(steps[cta][i] % num_ctas, (cta + int(i)) % num_ctas) << "CTA " << cta << " wave " << i;
         }
-        if (cta_group == 2 && cta % 2 == 1)
-          for (size_t i = 0; i < steps[cta].size(); ++i) {
-            ASSERT_LT(i, steps[cta - 1].size());
-            EXPECT_EQ(steps[cta][i], steps[cta - 1][i] + 1);
-            EXPECT_EQ(steps[cta - 1][i] % 2, 0);
-          }
       }
       EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), num_tiles);
     }
@@ -344,7 +337,7 @@ TEST(PersistentSteps, OwnTilesShareOutOverTheCtas) {
     const Case c{8192 * world_size / 8, 8192, world_size, 128, 256, 32 / world_size, 0};
     const TileSchedule s = schedule_of(c, 0);
     const int num_tiles = s.num_tiles();
-    const auto steps = steps_of_ctas(kCtas, 1, num_tiles);
+    const auto steps = steps_of_ctas(kCtas, num_tiles);
     int fewest = num_tiles, most = 0;
     for (const auto& cta_steps : steps) {
       // Count only full waves, so that the last partial wave does not decide.
@@ -355,7 +348,7 @@ TEST(PersistentSteps, OwnTilesShareOutOverTheCtas) {
       most = std::max(most, own);
     }
     const int waves = num_tiles / kCtas;
-    SCOPED_TRACE(testing::Message() << "P=" << world_size << ", " << waves << " full waves");
+    SCOPED_TRACE(::testing::Message() << "P=" << world_size << ", " << waves << " full waves");
     EXPECT_LE(most - fewest, 2) << fewest << " to " << most;
     EXPECT_GE(fewest, waves / world_size - 1);
   }
@@ -366,7 +359,7 @@ TEST(Schedule, SweepShapes) {
   for (int m : {512, 2048, 8192, 32768}) {
     for (int n : {6144, 8192}) {
       for (int block_m : {64, 128}) {
-        for (int own_lag : {kOwnLast, 0, 17}) {
+        for (int own_lag : {kOwnTilesLast, 0, 17}) {
           for (int segments_per_tile : {1, 2}) {
             if (segments_per_tile == 2 && (m != 512 || block_m != 128)) continue;  // 64 rows per rank only
             const Case c{m, n, 8, block_m, 256, 8, own_lag, segments_per_tile};
@@ -383,7 +376,7 @@ TEST(Schedule, SweepShapes) {
 // M = 512 at P = 8 in bands of two segments: rank 3 (band 1, with rank 2) starts with band 2
 // (ranks 4 and 5) and ends with its own band, each 128-row tile half its own rows, half rank 2's.
 TEST(Schedule, BandsOfTwoSegments) {
-  const Case c{512, 8192, 8, 128, 256, 4, kOwnLast, 2};
+  const Case c{512, 8192, 8, 128, 256, 4, kOwnTilesLast, 2};
   const TileSchedule s = schedule_of(c, 3);
   ASSERT_EQ(s.num_bands(), 4);
   ASSERT_EQ(s.tiles_per_band(), 32);

@@ -6,7 +6,7 @@
 // CTA whose next action can run, until all are done or none can move.
 //
 // The kernel's order within a step: the pushed slabs first, then the own slabs (NOTE in
-// plan/schedule.h). The model checks that order over schedules with bands of two segments, own-tile
+// ops/gemm_rs/schedule.h). The model checks that order over schedules with bands of two segments, own-tile
 // lags and grid sizes, and that the opposite order deadlocks the partners of a band, so that the
 // model would notice.
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "plan/schedule.h"
+#include "ops/gemm_rs/schedule.h"
 #include "schedule_case.h"
 
 namespace tpfuse {
@@ -46,7 +46,7 @@ std::vector<Action> actions_of(const GridCase& g, int rank, int cta, bool pushes
   const TileSchedule s = schedule_of(c, rank);
   const bool stacked = c.block_m == 128;
   std::vector<Action> actions;
-  for (CtaSteps walk(cta, g.ctas_per_rank, 1); walk.step() < s.num_tiles(); walk.next()) {
+  for (CtaSteps walk(cta, g.ctas_per_rank); walk.step() < s.num_tiles(); walk.next()) {
     const Tile t = s.tile(walk.step());
     std::vector<Action> pushes, reductions;
     for (int slab = 0; slab < 2; ++slab) {
@@ -104,7 +104,7 @@ TEST(WaitOrder, PushesFirstNeverDeadlock) {
   std::vector<GridCase> cases;
   for (int P : {2, 4, 8}) {
     for (int ctas : {1, 3, 16}) {
-      for (int own_lag : {kOwnLast, 0, 1, 5}) {
+      for (int own_lag : {kOwnTilesLast, 0, 1, 5}) {
         // Segments of 64 rows in bands of two; 64-row tiles; several 128-row tiles a segment.
         if (P >= 4) cases.push_back({{64 * P, 1000, P, 128, 256, 2, own_lag, 2}, ctas});
         cases.push_back({{64 * P, 520, P, 64, 256, 2, own_lag, 1}, ctas});
@@ -116,16 +116,16 @@ TEST(WaitOrder, PushesFirstNeverDeadlock) {
 }
 
 // Own slabs before pushed ones: in a band of two the partners then each wait for the other's push
-// of their shared last tile; the model must see that. Partial rounds (plan/partial_rounds.h) would
+// of their shared last tile; the model must see that. Partial rounds (ops/gemm_rs/partial_rounds.h) would
 // put an own slab's waits there, inside the tile's K loop, before the step's pushes: this is why
 // the config gives bands none (Config.PartialRoundsFitTheKLoop), and why tiles of one owner may
 // have them.
 TEST(WaitOrder, OwnSlabsFirstDeadlockPartners) {
   for (int P : {4, 8}) {
-    const GridCase bands{{64 * P, 512, P, 128, 256, 2, kOwnLast, 2}, 4};
+    const GridCase bands{{64 * P, 512, P, 128, 256, 2, kOwnTilesLast, 2}, 4};
     EXPECT_NE(run_model(bands, /*pushes_first=*/false), "") << bands.name();
     // Without bands no tile has both kinds of slab, and the order within a step does not matter.
-    const GridCase plain{{128 * P, 512, P, 128, 256, 2, kOwnLast, 1}, 4};
+    const GridCase plain{{128 * P, 512, P, 128, 256, 2, kOwnTilesLast, 1}, 4};
     EXPECT_EQ(run_model(plain, /*pushes_first=*/false), "") << plain.name();
   }
 }

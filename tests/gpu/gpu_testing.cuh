@@ -1,15 +1,18 @@
-// Helpers for the GPU tests: device buffers, input generators, a plain FP32 reference GEMM, and
-// the SPEC's error measures.
+// Helpers for the GPU tests on top of the shared test support (testing/): typed device arrays, the
+// fills and the reference on the default stream, SPEC's error measures of host copies, and the
+// first bit-for-bit mismatch.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "testing/errors.h"
+#include "testing/gpu_check.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse::testing {
@@ -17,13 +20,13 @@ namespace tpfuse::testing {
 #define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
 
 template <class T>
-struct DeviceBuffer {
+struct DeviceArray {
   T* ptr = nullptr;
   size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) { cudaMalloc(&ptr, n * sizeof(T)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  explicit DeviceArray(size_t n) : count(n) { cudaMalloc(&ptr, n * sizeof(T)); }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
   size_t bytes() const { return count * sizeof(T); }
   std::vector<T> to_host() const {
     std::vector<T> host(count);
@@ -32,25 +35,23 @@ struct DeviceBuffer {
   }
 };
 
-// Uniform values in [-1, 1), a different stream of them for every seed.
-void fill_random(__nv_bfloat16* data, size_t count, uint64_t seed);
-// Small integers in {-1, 0, 1}: with K <= 256 every dot product is an integer of magnitude <= 256,
-// exactly representable in BF16, so the GEMM must be exact.
-void fill_small_ints(__nv_bfloat16* data, size_t count, uint64_t seed);
-// 0xFFFF (a NaN) in every element: anything left unwritten shows.
-void poison(__nv_bfloat16* data, size_t count);
+// The shared fills (testing/gpu_check.h) on the default stream.
+inline void fill_random(bf16* data, size_t count, uint64_t seed) { fill_random_bf16(data, count, seed, nullptr); }
+inline void fill_small_ints(bf16* data, size_t count, uint64_t seed) {
+  fill_small_ints_bf16(data, count, seed, nullptr);
+}
+inline void poison(bf16* data, size_t count) { poison_bf16(data, count, nullptr); }
+inline void reference_gemm(const Problem& problem, const bf16* a, const bf16* w, float* ref) {
+  reference_gemm(problem, a, w, ref, nullptr);
+}
 
-// ref = a @ w in FP32 (exact BF16 products), m x n row-major; w laid out as `layout` says.
-void reference_gemm(const Problem& problem, const __nv_bfloat16* a, const __nv_bfloat16* w, float* ref);
-
-struct Errors {
-  double max_rel = 0;   // max |out - ref| / max |ref|
-  double norm_rel = 0;  // ||out - ref|| / ||ref||
-  size_t non_finite = 0;
-};
-Errors compare(const std::vector<__nv_bfloat16>& out, const std::vector<float>& ref);
+// SPEC's measures of a BF16 output against its FP32 reference, from host copies.
+ErrorSums error_sums(const std::vector<bf16>& out, const std::vector<float>& ref);
 
 // The first element where out != ref bit for bit (as BF16 of the exact reference), or -1.
-int64_t first_mismatch(const std::vector<__nv_bfloat16>& out, const std::vector<float>& ref);
+int64_t first_mismatch(const std::vector<bf16>& out, const std::vector<float>& ref);
+
+// "row R, column C" of element `index` of a row-major matrix of `cols` columns.
+std::string element_at(int64_t index, int64_t cols);
 
 }  // namespace tpfuse::testing

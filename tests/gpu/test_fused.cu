@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "gpu_testing.cuh"
-#include "runtime/communicator.h"
+#include "ops/gemm_rs/launch.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::testing {
@@ -22,7 +22,7 @@ struct LocalRanks {
   Problem problem;
   std::vector<int> devices;
   Communicator* comm = nullptr;
-  std::vector<std::unique_ptr<DeviceBuffer<__nv_bfloat16>>> a, w, out;
+  std::vector<std::unique_ptr<DeviceArray<__nv_bfloat16>>> a, w, out;
   std::vector<cudaStream_t> streams;
 
   explicit LocalRanks(const Problem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
@@ -35,9 +35,9 @@ struct LocalRanks {
     EXPECT_TRUE(s.ok()) << s.to_string();
     for (int r = 0; r < p.world_size; ++r) {
       cudaSetDevice(devices[r]);
-      a.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.m) * p.k_per_rank));
-      w.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.k_per_rank) * p.n));
-      out.emplace_back(new DeviceBuffer<__nv_bfloat16>(size_t(p.rows_per_rank()) * p.n));
+      a.emplace_back(new DeviceArray<__nv_bfloat16>(size_t(p.m) * p.k_per_rank));
+      w.emplace_back(new DeviceArray<__nv_bfloat16>(size_t(p.k_per_rank) * p.n));
+      out.emplace_back(new DeviceArray<__nv_bfloat16>(size_t(p.rows_per_rank()) * p.n));
     }
     cudaSetDevice(0);
     streams.assign(p.world_size, nullptr);
@@ -76,7 +76,7 @@ struct LocalRanks {
     return first;
   }
 
-  Status run(const Problem& p) {
+  Status run(const Problem& p, const ConfigOverrides& overrides = {}) {
     std::vector<const void*> ap, wp;
     std::vector<void*> op;
     for (int r = 0; r < p.world_size; ++r) {
@@ -84,7 +84,7 @@ struct LocalRanks {
       wp.push_back(w[r]->ptr);
       op.push_back(out[r]->ptr);
     }
-    return gemm_reduce_scatter_local(comm, p, ap.data(), wp.data(), op.data(), streams.data());
+    return gemm_reduce_scatter_local(comm, p, ap.data(), wp.data(), op.data(), streams.data(), overrides);
   }
 
   // Every rank's FP32 partial (m x n), computed on its device.
@@ -92,7 +92,7 @@ struct LocalRanks {
     std::vector<std::vector<float>> result;
     for (int r = 0; r < p.world_size; ++r) {
       cudaSetDevice(devices[r]);
-      DeviceBuffer<float> ref(size_t(p.m) * p.n);
+      DeviceArray<float> ref(size_t(p.m) * p.n);
       reference_gemm(p, a[r]->ptr, w[r]->ptr, ref.ptr);
       result.push_back(ref.to_host());
     }
@@ -122,69 +122,91 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
 }
 
 // Exact mode (small integers: every partial and total exact in BF16): bit for bit.
-void expect_bit_for_bit(LocalRanks& ranks, const Problem& problem) {
+void expect_bit_for_bit(LocalRanks& ranks, const Problem& problem, const ConfigOverrides& overrides = {}) {
   ranks.fill(/*exact=*/true, 1);
-  const Status s = ranks.run(problem);
+  const Status s = ranks.run(problem, overrides);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_CUDA(ranks.synchronize());
   ASSERT_TRUE(communicator_status(ranks.comm).ok());
   const auto partials = ranks.partials(problem);
   for (int d = 0; d < problem.world_size; ++d) {
     const int64_t bad = first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false));
-    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at row " << bad / problem.n << ", column "
-                       << bad % problem.n;
+    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at " << element_at(bad, problem.n);
   }
 }
 
-class FusedExact : public ::testing::TestWithParam<std::tuple<int, int, int, WeightLayout>> {};
+// One shape of the emulated-rank tests, with the own tiles' lag (-1: the config's; 0: own tiles
+// inside the rounds from the first ones, which the tests' small shapes never get by themselves).
+struct FusedCase {
+  int p, m, n, k;
+  WeightLayout layout;
+  int own_lag = -1;
 
-TEST_P(FusedExact, BitForBit) {
-  const auto [p, m, n, layout] = GetParam();
-  // |partial| <= k and |sum| <= p * k: at most 256, exact in BF16.
-  const Problem problem{m, n, 256 / p, p, layout};
-  LocalRanks ranks(problem);
-  ASSERT_NE(ranks.comm, nullptr);
-  expect_bit_for_bit(ranks, problem);
+  Problem problem() const { return Problem{m, n, k, p, layout}; }
+  ConfigOverrides overrides() const {
+    ConfigOverrides o;
+    o.own_lag = own_lag;
+    return o;
+  }
+};
+
+std::string case_name(const ::testing::TestParamInfo<FusedCase>& info) {
+  const FusedCase& c = info.param;
+  return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
+         std::to_string(c.k) + "_" + to_string(c.layout) + (c.own_lag >= 0 ? "_lag" + std::to_string(c.own_lag) : "");
 }
 
+class FusedExact : public ::testing::TestWithParam<FusedCase> {};
+
+TEST_P(FusedExact, BitForBit) {
+  const Problem problem = GetParam().problem();
+  LocalRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_bit_for_bit(ranks, problem, GetParam().overrides());
+}
+
+// K per rank 256 / P: |partial| <= K and |sum| <= P K = 256, exact in BF16.
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
-                         ::testing::Values(std::make_tuple(1, 256, 512, WeightLayout::kNxK),
-                                           std::make_tuple(2, 512, 776, WeightLayout::kKxN),
-                                           std::make_tuple(4, 1000, 1024, WeightLayout::kNxK),
-                                           std::make_tuple(8, 512, 8192, WeightLayout::kKxN),
-                                           std::make_tuple(8, 512, 8192, WeightLayout::kNxK),
-                                           std::make_tuple(8, 2048, 1000, WeightLayout::kNxK),
-                                           std::make_tuple(8, 64, 264, WeightLayout::kKxN),
+                         ::testing::Values(FusedCase{1, 256, 512, 256, WeightLayout::kNxK},
+                                           FusedCase{2, 512, 776, 128, WeightLayout::kKxN},
+                                           FusedCase{2, 512, 776, 128, WeightLayout::kKxN, 0},
+                                           FusedCase{4, 1000, 1024, 64, WeightLayout::kNxK},
+                                           FusedCase{4, 1000, 1024, 64, WeightLayout::kNxK, 0},
+                                           // One wave of 128 x 256 tiles (4 stages, slabs staged in halves).
+                                           FusedCase{8, 512, 8192, 32, WeightLayout::kKxN},
+                                           FusedCase{8, 512, 8192, 32, WeightLayout::kNxK},
+                                           FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK},
+                                           FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK, 0},
+                                           FusedCase{8, 64, 264, 32, WeightLayout::kKxN},
                                            // 64 rows per rank: 128-row tiles over two ranks' rows
-                                           std::make_tuple(4, 256, 1000, WeightLayout::kKxN)));
+                                           FusedCase{4, 256, 1000, 64, WeightLayout::kKxN},
+                                           FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, 0}),
+                         case_name);
 
 // Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
-void expect_within_unfused_error_and_deterministic(LocalRanks& ranks, const Problem& problem) {
+void expect_within_unfused_error_and_deterministic(LocalRanks& ranks, const Problem& problem,
+                                                   const ConfigOverrides& overrides = {}) {
   const int p = problem.world_size;
   ranks.fill(/*exact=*/false, 7);
-  ASSERT_TRUE(ranks.run(problem).ok());
+  ASSERT_TRUE(ranks.run(problem, overrides).ok());
   ASSERT_CUDA(ranks.synchronize());
   const auto partials = ranks.partials(problem);
   // SPEC's errors are over the whole output: every rank's rows together.
   std::vector<std::vector<__nv_bfloat16>> first;
-  std::vector<__nv_bfloat16> fused_all, unfused_all;
-  std::vector<float> ref_all;
+  ErrorSums fused, unfused;
   for (int d = 0; d < p; ++d) {
     first.push_back(ranks.out[d]->to_host());
     const auto ref = reduce_rows(partials, problem, d, false);
-    const auto unfused = to_bf16(reduce_rows(partials, problem, d, true));
-    fused_all.insert(fused_all.end(), first.back().begin(), first.back().end());
-    unfused_all.insert(unfused_all.end(), unfused.begin(), unfused.end());
-    ref_all.insert(ref_all.end(), ref.begin(), ref.end());
+    fused.merge(error_sums(first.back(), ref));
+    unfused.merge(error_sums(to_bf16(reduce_rows(partials, problem, d, true)), ref));
   }
-  const Errors fused = compare(fused_all, ref_all);
-  const Errors unfused = compare(unfused_all, ref_all);
-  EXPECT_EQ(fused.non_finite, 0u) << "unwritten or non-finite outputs";
-  EXPECT_LE(fused.max_rel, 1.1 * unfused.max_rel);
-  EXPECT_LE(fused.norm_rel, 1.1 * unfused.norm_rel);
+  EXPECT_EQ(fused.num_nonfinite, 0u) << "unwritten or non-finite outputs";
+  EXPECT_TRUE(within_tolerance(fused.stats(), unfused.stats()))
+      << "fused " << fused.stats().max_rel << " / " << fused.stats().norm_rel << ", unfused "
+      << unfused.stats().max_rel << " / " << unfused.stats().norm_rel;
   // The same inputs again (the other parity of the buffers): bit-identical outputs.
   ranks.poison_outputs();
-  ASSERT_TRUE(ranks.run(problem).ok());
+  ASSERT_TRUE(ranks.run(problem, overrides).ok());
   ASSERT_CUDA(ranks.synchronize());
   for (int d = 0; d < p; ++d) {
     const auto again = ranks.out[d]->to_host();
@@ -192,26 +214,26 @@ void expect_within_unfused_error_and_deterministic(LocalRanks& ranks, const Prob
   }
 }
 
-class FusedRandom : public ::testing::TestWithParam<std::tuple<int, int, int, int, WeightLayout>> {};
+class FusedRandom : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
-  const auto [p, m, n, k, layout] = GetParam();
-  const Problem problem{m, n, k, p, layout};
+  const Problem problem = GetParam().problem();
   LocalRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
-  expect_within_unfused_error_and_deterministic(ranks, problem);
+  expect_within_unfused_error_and_deterministic(ranks, problem, GetParam().overrides());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
-                         ::testing::Values(std::make_tuple(8, 2048, 8192, 1024, WeightLayout::kKxN),
-                                           std::make_tuple(8, 512, 6144, 768, WeightLayout::kNxK),
-                                           std::make_tuple(4, 1000, 2056, 520, WeightLayout::kKxN),
-                                           std::make_tuple(2, 4096, 1024, 2048, WeightLayout::kNxK),
+                         ::testing::Values(FusedCase{8, 2048, 8192, 1024, WeightLayout::kKxN},
+                                           FusedCase{8, 512, 6144, 768, WeightLayout::kNxK},
+                                           FusedCase{4, 1000, 2056, 520, WeightLayout::kKxN},
+                                           FusedCase{2, 4096, 1024, 2048, WeightLayout::kNxK},
                                            // Own tiles interleaved: 2 of the 7 peers' partials in
-                                           // rounds during the K loop (plan/partial_rounds.h).
-                                           std::make_tuple(8, 8192, 4096, 512, WeightLayout::kNxK),
-                                           // Small, for the sanitizers with TPFUSE_OWN_LAG=0: one round.
-                                           std::make_tuple(2, 512, 512, 320, WeightLayout::kKxN)));
+                                           // rounds during the K loop (ops/gemm_rs/partial_rounds.h).
+                                           FusedCase{8, 8192, 4096, 512, WeightLayout::kNxK},
+                                           // Small, for the sanitizers: own tiles in the rounds, one round.
+                                           FusedCase{2, 512, 512, 320, WeightLayout::kKxN, 0}),
+                         case_name);
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every
 // 50th is checked.
@@ -333,7 +355,7 @@ TEST_P(FusedMissingPeer, TimesOut) {
     out.push_back(ranks.out[r]->ptr);
   }
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(launch_fused(ranks.comm, problem, {0, 1, 2}, a.data(), w.data(), out.data(), ranks.streams.data()).ok());
+  ASSERT_TRUE(launch_gemm_rs(ranks.comm, problem, {0, 1, 2}, a.data(), w.data(), out.data(), ranks.streams.data()).ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const Status s = communicator_status(ranks.comm);
@@ -344,7 +366,8 @@ TEST_P(FusedMissingPeer, TimesOut) {
   EXPECT_EQ(ranks.run(problem).code(), StatusCode::kPeerTimeout);
 }
 
-INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256));
+INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256),
+                         [](const auto& info) { return "M" + std::to_string(info.param); });
 
 TEST(FusedErrors, BadCallsAreReported) {
   const Problem problem{512, 512, 64, 4, WeightLayout::kNxK};
@@ -352,7 +375,10 @@ TEST(FusedErrors, BadCallsAreReported) {
   ASSERT_NE(ranks.comm, nullptr);
   Problem wrong = problem;
   wrong.world_size = 2;
-  EXPECT_EQ(ranks.run(wrong).code(), StatusCode::kInvalidArgument);
+  const Status other_size = ranks.run(wrong);
+  EXPECT_EQ(other_size.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(other_size.message().find("differs from the communicator's 4 ranks"), std::string::npos)
+      << other_size.message();
   wrong = problem;
   wrong.m = 1024;
   const Status too_big = ranks.run(wrong);
@@ -360,8 +386,14 @@ TEST(FusedErrors, BadCallsAreReported) {
   EXPECT_NE(too_big.message().find("max_m"), std::string::npos) << too_big.message();
   std::vector<const void*> a(4, nullptr), w(4, ranks.w[0]->ptr);
   std::vector<void*> out(4, ranks.out[0]->ptr);
-  EXPECT_EQ(gemm_reduce_scatter_local(ranks.comm, problem, a.data(), w.data(), out.data(), ranks.streams.data()).code(),
-            StatusCode::kInvalidArgument);
+  const Status null_a = gemm_reduce_scatter_local(ranks.comm, problem, a.data(), w.data(), out.data(), ranks.streams.data());
+  EXPECT_EQ(null_a.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(null_a.message().find("a must not be null"), std::string::npos) << null_a.message();
+  ConfigOverrides bad_lag;
+  bad_lag.own_lag = -3;
+  const Status bad_override = ranks.run(problem, bad_lag);
+  EXPECT_EQ(bad_override.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_override.message().find("overrides.own_lag = -3"), std::string::npos) << bad_override.message();
   EXPECT_EQ(gemm_reduce_scatter(ranks.comm, problem, ranks.a[0]->ptr, ranks.w[0]->ptr, ranks.out[0]->ptr, nullptr).code(),
             StatusCode::kInvalidArgument)
       << "a local communicator of 4 ranks needs gemm_reduce_scatter_local";
@@ -379,7 +411,7 @@ TEST(FusedNccl, SingleRankMatchesGemm) {
   Communicator* comm = nullptr;
   const Status created = communicator_create(nccl, options, &comm);
   ASSERT_TRUE(created.ok()) << created.to_string();
-  DeviceBuffer<__nv_bfloat16> a(size_t(problem.m) * problem.k_per_rank), w(size_t(problem.k_per_rank) * problem.n),
+  DeviceArray<__nv_bfloat16> a(size_t(problem.m) * problem.k_per_rank), w(size_t(problem.k_per_rank) * problem.n),
       out(size_t(problem.m) * problem.n), c(size_t(problem.m) * problem.n);
   fill_random(a.ptr, a.count, 11);
   fill_random(w.ptr, w.count, 12);

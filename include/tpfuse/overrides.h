@@ -1,0 +1,25 @@
+// ConfigOverrides: the tunables of the config choice, for experiments. Pure C++.
+#pragma once
+
+#include <string>
+
+#include "tpfuse/status.h"
+
+namespace tpfuse {
+
+// A field left at its default keeps the config's own choice. The benchmark sets these from its
+// flags and the tests from their parameters, so that variants compare within one process.
+struct ConfigOverrides {
+  int block_n = 0;          // width of 128-row tiles, 192 or 256; 0: the config's choice
+  int group_rows = 0;       // row tiles per raster group; 0: the config's choice
+  // gemm_reduce_scatter only:
+  int own_lag = -1;         // rounds from a peer's tile to the own tile of the same rows; -1: the config's
+  int partial_rounds = -1;  // at most this many rounds of an own tile's partials in its K loop; -1: the config's
+
+  std::string to_string() const;  // the fields that are set, e.g. "own_lag=0"; "none" when none is
+};
+
+// Checks the ranges; the message names the bad field and its value.
+Status validate(const ConfigOverrides& overrides);
+
+}  // namespace tpfuse

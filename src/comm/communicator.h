@@ -1,0 +1,72 @@
+// The communicator behind the public handle: a symmetric workspace per rank (the same layout on
+// every rank: data and flags, each in two parity halves, and the rank's call counter), the peers'
+// addresses of it, and the transport that mapped them. The ops decide what the data and flags mean
+// (ops/workspace.h sizes them for every op); the kernels see only the table of peer addresses, so
+// one kernel serves every transport.
+#pragma once
+
+#include <nccl.h>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "comm/peer_error.h"
+#include "tpfuse/problem.h"
+#include "tpfuse/reduce_scatter.h"
+
+namespace tpfuse {
+
+enum class Transport {
+  kLocal,          // one process, plain device pointers (peer access between distinct GPUs)
+  kNcclSymmetric,  // NCCL symmetric window, peer addresses from NCCL's device API
+  kCudaIpc,        // CUDA IPC handles exchanged through the NCCL communicator
+};
+
+const char* to_string(Transport transport);
+
+// What the ops need of one parity half of a workspace: data bytes and 32-bit flag words.
+struct WorkspaceSize {
+  size_t data_bytes = 0;
+  size_t flag_words = 0;
+};
+
+// One rank's state, owned by the process that runs the rank.
+struct RankState {
+  int rank = 0;
+  int device = 0;
+  void* allocation = nullptr;  // data, flags and counters in one allocation
+  void* data = nullptr;        // [2 parities][WorkspaceSize::data_bytes]
+  uint32_t* flags = nullptr;   // [2 parities][WorkspaceSize::flag_words]
+  uint64_t* calls = nullptr;   // the rank's completed calls, in the high word (comm/epoch.h)
+  uint32_t* failed = nullptr;  // set by the first wait of a call that times out
+  PeerError* error_host = nullptr;  // pinned, mapped: written by the GPU, read by the host
+  PeerError* error_device = nullptr;
+  // Every rank's data and flags, as addressed from this rank's device.
+  std::array<void*, kMaxWorldSize> data_at{};
+  std::array<uint32_t*, kMaxWorldSize> flags_at{};
+};
+
+struct Communicator {
+  int world_size = 1;
+  Transport transport = Transport::kLocal;
+  CommunicatorOptions options;
+  uint64_t timeout_ns = 0;
+  WorkspaceSize parity;          // one parity half; the other follows it
+  std::vector<RankState> ranks;  // the ranks this process runs
+  // Transport resources, released by communicator_destroy.
+  ncclComm_t nccl = nullptr;
+  ncclWindow_t window = nullptr;
+  std::vector<void*> ipc_opened;
+};
+
+// The transports: a workspace of `size` per parity on each rank. Collective for `nccl`.
+Status create_local_workspace(const int* devices, int num_ranks, const CommunicatorOptions& options,
+                              const WorkspaceSize& size, Communicator** out);
+Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options, const WorkspaceSize& size,
+                             Communicator** out);
+
+// Checks options against the world size (the message names the bad field).
+Status check_options(const CommunicatorOptions& options, int world_size);
+
+}  // namespace tpfuse

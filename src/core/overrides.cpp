@@ -1,0 +1,38 @@
+#include "tpfuse/overrides.h"
+
+#include <string>
+
+namespace tpfuse {
+
+std::string ConfigOverrides::to_string() const {
+  std::string s;
+  auto add = [&s](const char* name, int value) { s += (s.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(value); };
+  if (block_n != 0) add("block_n", block_n);
+  if (group_rows != 0) add("group_rows", group_rows);
+  if (own_lag != -1) add("own_lag", own_lag);
+  if (partial_rounds != -1) add("partial_rounds", partial_rounds);
+  return s.empty() ? "none" : s;
+}
+
+Status validate(const ConfigOverrides& o) {
+  constexpr int kMaxRounds = 1 << 30;
+  if (o.block_n != 0 && o.block_n != 192 && o.block_n != 256) {
+    return Status::InvalidArgument("overrides.block_n = " + std::to_string(o.block_n) +
+                                   " must be 192 or 256 (or 0: the config's choice)");
+  }
+  if (o.group_rows < 0) {
+    return Status::InvalidArgument("overrides.group_rows = " + std::to_string(o.group_rows) +
+                                   " must be positive (or 0: the config's choice)");
+  }
+  if (o.own_lag < -1 || o.own_lag > kMaxRounds) {
+    return Status::InvalidArgument("overrides.own_lag = " + std::to_string(o.own_lag) + " must be a number of rounds in 0.." +
+                                   std::to_string(kMaxRounds) + " (or -1: the config's choice)");
+  }
+  if (o.partial_rounds < -1) {
+    return Status::InvalidArgument("overrides.partial_rounds = " + std::to_string(o.partial_rounds) +
+                                   " must be a number of rounds >= 0 (or -1: the config's choice)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace tpfuse

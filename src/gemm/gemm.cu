@@ -1,0 +1,112 @@
+// tpfuse::gemm: one rank's partial product with the mainloop the fused ops are built on. Its
+// epilogue stores each tile into C on this GPU; its schedule is the output in raster order.
+#include "core/env.h"
+#include "gemm/launch.cuh"
+#include "gemm/raster.h"
+#include "gemm/slab_store.cuh"
+#include "tpfuse/gemm.h"
+
+namespace tpfuse {
+namespace kernels {
+
+class StoreTileEpilogue {
+ public:
+  struct Params {
+    CUtensorMap c;  // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
+  };
+
+  // The consumers store their slabs themselves, and there are no inputs to watch.
+  static constexpr bool kHasSender = false;
+  static constexpr bool kHasWatcher = false;
+
+  template <class Storage>
+  __device__ StoreTileEpilogue(const Params& params, int consumer, Storage& smem)
+      : params_(params), slabs_(consumer, smem.chunks[consumer]) {}
+
+  // No barriers of its own, no input for a tile: nothing during the K loop, no extra stages.
+  template <class Config>
+  __device__ static void init(StorageOf<Config>&) {}
+  template <class Config>
+  __device__ void begin_tile(const Tile&) {}
+  template <class Config>
+  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
+  template <class Config>
+  __device__ static void produce_extra_stages(const Params&, const Tile&, StorageOf<Config>&, StageCursor&, uint32_t&) {}
+
+  template <class Config>
+  __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
+                           StorageOf<Config>&, StageCursor&) {
+    const int row = tile.row_begin + slab.row;
+    const int col = tile.col_begin + slab.col;
+    // A slab past the tile's last row (a 64-row segment in a 128-row tile) or column has nothing to
+    // store; rows past m inside a slab are clipped by the TMA store.
+    if (row >= tile.row_end || col >= tile.col_end) return;
+    slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
+        acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
+          ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
+        });
+  }
+
+  __device__ void finish() { slabs_.drain(); }
+
+ private:
+  const Params& params_;
+  SlabStore slabs_;
+};
+
+struct GemmParams {
+  MainloopParams<GemmSchedule> mainloop;
+  StoreTileEpilogue::Params epilogue;
+};
+
+template <class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1) gemm_kernel(const __grid_constant__ GemmParams params) {
+  run_persistent<Config, StoreTileEpilogue>(params.mainloop, params.epilogue, aligned_shared_storage<Config>(),
+                                            blockIdx.x, gridDim.x);
+}
+
+}  // namespace kernels
+
+Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cudaStream_t stream,
+            const ConfigOverrides& overrides) {
+  // One rank's partial product: no reduce-scatter, so the whole of C is one segment.
+  Problem problem = problem_in;
+  problem.world_size = 1;
+  TPFUSE_RETURN_IF_ERROR(validate(problem));
+  TPFUSE_RETURN_IF_ERROR(validate_operand(a, "a"));
+  TPFUSE_RETURN_IF_ERROR(validate_operand(w, "w"));
+  TPFUSE_RETURN_IF_ERROR(validate_operand(c, "c"));
+  bool debug = false;
+  TPFUSE_RETURN_IF_ERROR(debug_logging(&debug));
+
+  DeviceInfo device;
+  TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
+  GemmConfig config;
+  TPFUSE_RETURN_IF_ERROR(select_plain_gemm_config(problem, device, overrides, &config));
+  if (debug) {
+    std::fprintf(stderr, "tpfuse: gemm %s, overrides %s -> %s\n", problem.to_string().c_str(),
+                 overrides.to_string().c_str(), config.to_string().c_str());
+  }
+
+  return with_variant<NoOpSync>(config.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
+    using Config = decltype(mainloop_config);
+    const auto kernel = kernels::gemm_kernel<Config>;
+    size_t smem = 0;
+    TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config, &smem));
+    const GemmSchedule schedule(int(problem.m), int(problem.n), Config::kBlockM, Config::kBlockN, config.group_rows);
+    kernels::GemmParams params{};
+    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &params.mainloop));
+    TPFUSE_RETURN_IF_ERROR(
+        make_tensor_map_bf16(c, problem.m, problem.n, problem.n, kChunkRows, kChunkCols, &params.epilogue.c));
+    // No more CTAs than tiles, and all of them resident.
+    int grid = 0;
+    TPFUSE_RETURN_IF_ERROR(resident_grid<Config>(kernel, smem, std::min(config.num_ctas, schedule.num_tiles()), &grid));
+    if (debug) {
+      std::fprintf(stderr, "tpfuse: launch grid %d x %d threads, %zu B smem, %d tiles, %d k-blocks\n", grid,
+                   Config::kThreads, smem, schedule.num_tiles(), params.mainloop.num_k_blocks);
+    }
+    return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream);
+  });
+}
+
+}  // namespace tpfuse

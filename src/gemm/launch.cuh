@@ -1,0 +1,95 @@
+// From a chosen config to a running kernel: the dispatch over the compiled variants (gemm/variants.h:
+// every entry is instantiated for both weight layouts), the mainloop's tensor maps, and the launch.
+// Shared by the plain GEMM and the fused ops.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "core/tensor_map.h"
+#include "gemm/config.h"
+#include "gemm/mainloop.cuh"
+#include "gemm/variants.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse {
+
+// Calls fn(MainloopConfig<...>{}) with the compiled variant `variant` in the weight's layout, the
+// op's shared memory part being OpSync.
+template <class OpSync, int I = 0, class Fn>
+Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
+  if constexpr (I == kNumGemmVariants) {
+    return Status::Internal("no compiled kernel variant " + std::to_string(variant));
+  } else {
+    if (variant != I) return with_variant<OpSync, I + 1>(variant, layout, fn);
+    constexpr GemmVariant v = kGemmVariants[I];
+    if (layout == WeightLayout::kNxK) {
+      return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, OpSync>{});
+    }
+    return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, OpSync>{});
+  }
+}
+
+// The dynamic shared memory a kernel of `Config` takes (the slack aligns the base to 1024 bytes);
+// checked against what the config planned, which came from the same storage (gemm/shared_storage.h).
+template <class Config>
+Status kernel_smem_bytes(const GemmConfig& config, size_t* smem) {
+  *smem = sizeof(typename Config::Storage) + 1024;
+  if (*smem != config.smem_bytes) {
+    return Status::Internal("kernel needs " + std::to_string(*smem) + " bytes of shared memory, the config planned " +
+                            std::to_string(config.smem_bytes));
+  }
+  return Status::Ok();
+}
+
+// Launches `grid` CTAs of a kernel of `Config` (cooperatively if asked: all CTAs resident at once).
+template <class Config, class Kernel, class Params>
+Status launch_persistent(Kernel kernel, const Params& params, int grid, size_t smem, bool cooperative,
+                         cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(Config::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  cfg.attrs = &attribute;
+  cfg.numAttrs = cooperative ? 1 : 0;
+  TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, params));
+  return Status::Ok();
+}
+
+// The largest persistent grid of `kernel` that is resident at once, at most `wanted` CTAs.
+template <class Config, class Kernel>
+Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
+  TPFUSE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0, device = 0, sms = 0;
+  TPFUSE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Config::kThreads, smem));
+  TPFUSE_CUDA_TRY(cudaGetDevice(&device));
+  TPFUSE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  *grid = std::min(wanted, per_sm * sms);
+  if (*grid <= 0) return Status::Unsupported("no CTA of this kernel fits on the device");
+  return Status::Ok();
+}
+
+// The mainloop's operands: A (m x k) and W in its layout.
+template <class Config, class Schedule>
+Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const Schedule& schedule,
+                            kernels::MainloopParams<Schedule>* p) {
+  const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));
+  // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
+  if (Config::kWeightKMajor) {
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
+  } else {
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, k, n, n, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
+  }
+  p->schedule = schedule;
+  p->num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);
+  return Status::Ok();
+}
+
+}  // namespace tpfuse

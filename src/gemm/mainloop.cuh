@@ -1,0 +1,312 @@
+// The per-rank GEMM: a persistent, warp-specialized Hopper kernel (TMA loads, WGMMA, FP32
+// accumulation) whose epilogue is a policy, so the same mainloop serves the plain GEMM (store the
+// tile locally) and the fused ops (the reduce-scatter pushes a tile to its owner, or reduces it).
+//
+//   warpgroup 0        producer: one thread issues the TMA loads of A and W into a ring of stages,
+//                      and leaves each step's tile next to its first stage; two more threads may
+//                      help the epilogue (run_persistent)
+//   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
+//
+// An epilogue may also stream inputs of its own through the same ring, after a tile's K stages
+// (the reduce-scatter's partials of an own tile): they then arrive while the tile is still being
+// multiplied, as deep as the ring, instead of after it.
+//
+// The CTAs walk a schedule (gemm/raster.h, or an op's) persistently, one step per wave of `grid`
+// steps (CtaSteps, gemm/tile.h). A schedule has num_tiles() and tile(step).
+#pragma once
+
+#include <cuda.h>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <utility>
+
+#include "core/ptx.cuh"
+#include "gemm/shared_storage.h"
+#include "gemm/tile.h"
+#include "gemm/variants.h"
+
+namespace tpfuse::kernels {
+
+// A compiled variant (gemm/variants.h) in one weight layout, with the op's shared-memory part.
+template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kStagedChunks_, class OpSync_>
+struct MainloopConfig {
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kBlockK = tpfuse::kBlockK;
+  static constexpr int kStages = kStages_;
+  // W stored N x K (nn.Linear, K contiguous) when true; K x N (N contiguous) when false.
+  static constexpr bool kWeightKMajor = kWeightKMajor_;
+
+  // Two consumer warpgroups, each owning a 64-row slab: stacked along M for 128-row tiles, side by
+  // side along N for 64-row tiles.
+  static constexpr int kConsumers = tpfuse::kConsumers;
+  static constexpr int kWgRows = 64;
+  static constexpr int kWgAlongM = kBlockM / kWgRows;
+  static constexpr int kWgAlongN = kConsumers / kWgAlongM;
+  static constexpr int kWgCols = kBlockN / kWgAlongN;
+  static constexpr int kAccPerThread = kWgRows * kWgCols / 128;
+  static constexpr int kThreads = tpfuse::kThreads;
+
+  static constexpr int kABytes = kBlockM * kBlockK * 2;
+  static constexpr int kWBytes = kBlockN * kBlockK * 2;
+  static constexpr int kWChunkBytes = 64 * kBlockK * 2;  // one 64-column chunk of an MN-major W tile
+  // W tiles are loaded in pieces: K-major, two halves of the tile's rows; MN-major, its 64-column chunks.
+  static constexpr int kWPieces = kWeightKMajor ? 2 : kBlockN / 64;
+  static constexpr int kWPieceElems = kBlockN * kBlockK / kWPieces;
+  static constexpr int kWPieceBoxRows = kWeightKMajor ? kBlockN / 2 : kBlockK;
+  static constexpr int kWPieceBoxCols = kWeightKMajor ? kBlockK : 64;
+
+  // Extra stages (see above) carry 8 KB pieces: a 64 x 64 BF16 chunk each, A's part of a stage
+  // first, then W's.
+  static constexpr int kPieceBytes = 64 * 64 * 2;
+  static constexpr int kAPieces = kABytes / kPieceBytes;
+  static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
+  static constexpr int kChunksPerSlab = kWgCols / 64;
+  // Chunk buffers per consumer for the epilogue's staging: the whole slab, or fewer (the slab staged
+  // in batches, so that a fourth stage fits).
+  static constexpr int kStagedChunks = kStagedChunks_ > 0 ? kStagedChunks_ : kChunksPerSlab;
+  static_assert(kChunksPerSlab % kStagedChunks == 0, "a slab is staged in equal batches");
+
+  using OpSync = OpSync_;
+  using Storage = SharedStorage<kBlockM, kBlockN, kStages, kStagedChunks, OpSync>;
+
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+
+  static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
+  static_assert(kWgCols == 128 || kWgCols == 192 || kWgCols == 256, "a consumer issues m64n{128,192,256} WGMMAs");
+  static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
+};
+
+template <class Config>
+using StorageOf = typename Config::Storage;
+
+// A consumer's chunk buffers (gemm/shared_storage.h).
+using ChunkBuffer = uint16_t[kChunkElems];
+
+// Synchronizes the 128 threads of consumer warpgroup `consumer` (named barrier 1 + consumer; 0 is
+// the CTA's).
+__device__ __forceinline__ void consumer_sync(int consumer) { ptx::named_barrier_sync(1 + consumer, 128); }
+
+// A position in the ring of stages (producer and consumers each keep their own).
+struct StageCursor {
+  int stage = 0;
+  uint32_t phase = 0;  // parity of the stage's current use
+
+  template <class Config>
+  __device__ void advance() {
+    if (++stage == Config::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Piece q of a stage used as an extra stage (8 KB, 1024-byte aligned).
+template <class Config>
+__device__ __forceinline__ uint16_t* stage_piece(StorageOf<Config>& smem, int stage, int q) {
+  constexpr int kPieceElems = Config::kPieceBytes / 2;
+  return q < Config::kAPieces ? smem.a[stage] + q * kPieceElems : smem.w[stage] + (q - Config::kAPieces) * kPieceElems;
+}
+
+template <class Schedule>
+struct MainloopParams {
+  CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM
+  CUtensorMap w;  // K-major: box 64 x kBlockN / 2; MN-major: box 64 x 64
+  Schedule schedule;
+  int num_k_blocks;
+};
+
+// The dynamic shared memory, aligned to 1024 bytes (swizzled TMA tiles need it; launches reserve the slack).
+template <class Config>
+__device__ __forceinline__ StorageOf<Config>& aligned_shared_storage() {
+  extern __shared__ uint8_t smem_raw[];
+  return *reinterpret_cast<StorageOf<Config>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
+
+// Calls fn(tile) for each step of CTA `cta`, in the order the producer and the consumers take them.
+template <class Schedule, class Fn>
+__device__ __forceinline__ void for_each_tile(const Schedule& schedule, int cta, int num_ctas, Fn&& fn) {
+  const int num_tiles = schedule.num_tiles();
+  for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(schedule.tile(steps.step()));
+}
+
+// One m64nNk16 WGMMA, A and W from shared memory, accumulating into `acc` (N/2 floats a thread).
+template <int N, bool kWeightKMajor>
+struct Wgmma {
+  static constexpr auto kMajorW = kWeightKMajor ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
+  using Op = std::conditional_t<
+      N == 256, cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+      std::conditional_t<N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+                         cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>;
+
+  template <size_t... I>
+  __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate,
+                                              std::index_sequence<I...>) {
+    Op::fma(desc_a, desc_w, acc[I]...,
+            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  }
+  __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate) {
+    call(desc_a, desc_w, acc, accumulate, std::make_index_sequence<N / 2>{});
+  }
+};
+
+// Where a consumer's 64-row slab sits inside the tile.
+template <class Config>
+struct Slab {
+  int row;  // first row within the tile
+  int col;  // first column within the tile
+  __device__ static Slab of_consumer(int consumer) {
+    return {(consumer % Config::kWgAlongM) * Config::kWgRows, (consumer / Config::kWgAlongM) * Config::kWgCols};
+  }
+};
+
+// The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
+template <class Config, class Epilogue, class Schedule>
+__device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const typename Epilogue::Params& epilogue,
+                                        StorageOf<Config>& smem, int cta, int num_ctas) {
+  StageCursor ring;
+  uint32_t extra_phase = 0;  // the epilogue's, across tiles
+  for_each_tile(p.schedule, cta, num_ctas, [&](const Tile& tile) {
+    const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
+    for (int kb = 0; kb < num_k_blocks; ++kb) {
+      const int stage = ring.stage;
+      ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
+      if (kb == 0) smem.ring.stage_tile[stage] = tile;  // published by the arrive below (a release)
+      uint64_t* full = &smem.ring.full[stage];
+      ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
+      const int k = kb * Config::kBlockK;
+      ptx::tma_load_2d(smem.a[stage], &p.a, full, k, tile.row_begin);
+#pragma unroll
+      for (int piece = 0; piece < Config::kWPieces; ++piece) {
+        uint16_t* dst = smem.w[stage] + piece * Config::kWPieceElems;
+        const int x = Config::kWeightKMajor ? k : tile.col_begin + piece * 64;
+        const int y = Config::kWeightKMajor ? tile.col_begin + piece * (Config::kBlockN / 2) : k;
+        ptx::tma_load_2d(dst, &p.w, full, x, y);
+      }
+      ring.advance<Config>();
+    }
+    Epilogue::template produce_extra_stages<Config>(epilogue, tile, smem, ring, extra_phase);
+  });
+}
+
+// Hands a stage back to the producer.
+template <class Config>
+__device__ __forceinline__ void release_stage(StorageOf<Config>& smem, int stage) {
+  if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.ring.empty[stage]);
+}
+
+// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles. After
+// each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
+template <class Config, class Epilogue>
+__device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
+                                             float (&acc)[Config::kAccPerThread], StageCursor& ring,
+                                             Epilogue& epilogue) {
+  using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
+  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
+  constexpr uint64_t kStepA = 32 >> 4;
+  constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
+  // Byte offset of the slab's columns inside a W stage (the same for both layouts: kWgCols x 64 BF16).
+  const int w_offset_elems = slab.col * Config::kBlockK;
+
+  int prev_stage = -1;
+  for (int kb = 0; kb < num_k_blocks; ++kb) {
+    const int stage = ring.stage;
+    ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
+    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
+    const uint64_t desc_w = Config::kWeightKMajor
+                                ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
+                                : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+    }
+    cute::warpgroup_commit_batch();
+    // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
+    cute::warpgroup_wait<1>();
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
+    prev_stage = stage;
+    ring.advance<Config>();
+    epilogue.template after_k_block<Config>(kb, acc, smem);
+  }
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+  if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
+}
+
+// The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
+// schedule, one per wave. The epilogue is an object per consumer warpgroup:
+//   Epilogue(params, consumer, smem);
+//   begin_tile<Config>(tile) before each tile's K stages, and after_k_block<Config>(kb, acc, smem)
+//             after each of them (both may do nothing);
+//   end_tile<Config>(tile, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
+//             any, and the store of the slab, in the order the epilogue needs;
+//   finish() at the end;
+// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
+// producer thread calls after each tile's K stages (both sides must agree on the number of extra
+// stages; extra_phase is the epilogue's to keep across tiles).
+// Two more threads of the producer warpgroup may help the epilogue:
+//   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, schedule, smem, cta,
+//   num_ctas): it takes every consumer's staged slab of every step, so that the consumers go back
+//   to multiplying while the slab goes out;
+//   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
+//   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer.
+// Epilogue::init<Config>(smem) initializes the op's barriers (one thread, before the CTA's barrier).
+// Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
+template <class Config, class Epilogue, class Schedule>
+__device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& mainloop,
+                                               const typename Epilogue::Params& epilogue_params,
+                                               StorageOf<Config>& smem, int cta, int num_ctas) {
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensor_map(&mainloop.a);
+    ptx::prefetch_tensor_map(&mainloop.w);
+    for (int s = 0; s < Config::kStages; ++s) {
+      ptx::mbarrier_init(&smem.ring.full[s], 1);
+      ptx::mbarrier_init(&smem.ring.empty[s], Config::kConsumers);
+    }
+    Epilogue::template init<Config>(smem);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<Config::kProducerRegs>();
+    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    if constexpr (Epilogue::kHasSender) {
+      if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+    }
+    if constexpr (Epilogue::kHasWatcher) {
+      if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+    }
+  } else {
+    ptx::setmaxnreg_inc<Config::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
+    Epilogue epilogue(epilogue_params, consumer, smem);
+    float acc[Config::kAccPerThread];
+    StageCursor ring;
+    const int num_tiles = mainloop.schedule.num_tiles();
+    const int num_k_blocks = mainloop.num_k_blocks;  // a register: the loop's asm clobbers memory
+    for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
+      // The ring is at the step's first K stage, which carries the step's tile.
+      ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
+      const Tile tile = smem.ring.stage_tile[ring.stage];
+      // Every thread of the warpgroup has read the tile before its first thread may release the
+      // stage (and the producer write the note of a later step there).
+      consumer_sync(consumer);
+      epilogue.template begin_tile<Config>(tile);
+      consume_tile<Config>(num_k_blocks, smem, slab, acc, ring, epilogue);
+      epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);
+    }
+    epilogue.finish();
+  }
+}
+
+}  // namespace tpfuse::kernels

@@ -1,0 +1,104 @@
+#include "ops/gemm_rs/config.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "gemm/shared_storage.h"
+#include "ops/gemm_rs/partial_rounds.h"
+#include "ops/gemm_rs/shared_storage.h"
+
+namespace tpfuse {
+
+namespace {
+
+// Own tiles stay last where a tile is this deep: its pushes are few next to its multiply, and the
+// lag only costs balance (docs/EXPERIMENTS.md).
+constexpr int64_t kMaxLaggedK = 4096;
+
+// Rounds of an own tile's peer partials that config `c` adds during the K loop: a round per peer,
+// as many as the K loop holds. None where
+//  - a band has two segments: the partner computes the shared tile at the same step and pushes this
+//    rank's slab of it only after its K loop, so a round waiting for it there would deadlock;
+//  - the epilogue stages a slab in batches: a round is a whole slab in the chunk buffers;
+//  - own tiles come last at P = 2, where they are half the tiles: there the rounds measured slower.
+int partial_rounds_of(const Problem& problem, const GemmRsConfig& c) {
+  const TileSchedule schedule(schedule_shape(problem, c, 0));
+  const bool own_last = c.own_lag >= schedule.tiles_per_band();
+  if (problem.world_size == 1 || c.segments_per_tile != 1 || c.gemm.tile().staged_chunks > 0 ||
+      (own_last && problem.world_size < 4)) {
+    return 0;
+  }
+  const int num_k_blocks = int((problem.k_per_rank + kBlockK - 1) / kBlockK);
+  return partial_rounds_that_fit(num_k_blocks, kConsumers, problem.world_size - 1);
+}
+
+}  // namespace
+
+const SmemByVariant& gemm_rs_smem_bytes() {
+  static constexpr SmemByVariant kSmem = smem_bytes_by_variant<PushReduceSync>();
+  return kSmem;
+}
+
+std::string GemmRsConfig::to_string() const {
+  std::ostringstream os;
+  os << gemm.to_string() << ", segments/tile " << segments_per_tile << ", own_lag "
+     << (own_lag >= kOwnTilesLast ? std::string("last") : std::to_string(own_lag)) << ", partial rounds "
+     << partial_rounds;
+  return os.str();
+}
+
+ScheduleShape schedule_shape(const Problem& problem, const GemmRsConfig& c, int rank) {
+  ScheduleShape shape;
+  shape.world_size = problem.world_size;
+  shape.rank = rank;
+  shape.m = int(problem.m);
+  shape.n = int(problem.n);
+  shape.block_m = c.gemm.tile().block_m;
+  shape.block_n = c.gemm.tile().block_n;
+  shape.group_rows = c.gemm.group_rows;
+  shape.own_lag = c.own_lag;
+  shape.segments_per_tile = c.segments_per_tile;
+  return shape;
+}
+
+Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides,
+                             GemmRsConfig* config) {
+  if (config == nullptr) return Status::InvalidArgument("config must not be null");
+  GemmRsConfig c;
+  // Segments of 64 rows (M = 512 at P = 8): 128-row tiles over two ranks' segments, one slab each,
+  // take one wave where 64-row tiles take two (schedule.h). With P = 2 the only band would be the
+  // own one, every tile half reduced and half pushed at the same step on both ranks.
+  const bool pair_segments = problem.rows_per_rank() == 64 && problem.world_size >= 4;
+  for (c.segments_per_tile = pair_segments ? 2 : 1;; c.segments_per_tile = 1) {
+    TileGrid grid;
+    grid.bands = problem.world_size / c.segments_per_tile;
+    grid.rows_per_band = problem.rows_per_rank() * c.segments_per_tile;
+    grid.n = problem.n;
+    TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides, gemm_rs_smem_bytes(), &c.gemm));
+    // A band of two segments needs 128-row tiles; a device that fits none takes bands of one.
+    if (c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;
+  }
+  // The CTAs at work at one time hold tiles of every segment (the schedule's rounds).
+  c.gemm.group_rows = group_rows_for(problem.world_size, overrides);
+
+  // Own tiles interleaved about two waves of steps behind the peers' tiles of the same rows (a
+  // round holds a tile of each of the B bands, so L rounds are about L * B steps; schedule.h): the
+  // pushes then keep the links busy for the whole call, not only until the own tiles start. Own
+  // tiles stay last where a tile is deep (kMaxLaggedK), and where a band has fewer than 2L tiles
+  // (interleaved into so few waves, some CTAs would take two own tiles where others take none); at
+  // P = 2, where own tiles are half of the tiles and last they leave the links idle for half the
+  // call, fewer than L tiles. The measurements are in docs/EXPERIMENTS.md.
+  c.own_lag = kOwnTilesLast;
+  const TileSchedule last(schedule_shape(problem, c, 0));
+  const int lag = (2 * c.gemm.num_ctas + last.num_bands() - 1) / last.num_bands();
+  const int min_tiles_per_band = problem.world_size == 2 ? lag : 2 * lag;
+  if (problem.k_per_rank <= kMaxLaggedK && last.tiles_per_band() >= min_tiles_per_band) c.own_lag = lag;
+  if (overrides.own_lag >= 0) c.own_lag = overrides.own_lag;
+
+  c.partial_rounds = partial_rounds_of(problem, c);
+  if (overrides.partial_rounds >= 0) c.partial_rounds = std::min(c.partial_rounds, overrides.partial_rounds);
+  *config = c;
+  return Status::Ok();
+}
+
+}  // namespace tpfuse

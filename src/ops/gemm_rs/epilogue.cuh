@@ -1,0 +1,551 @@
+// The reduce-scatter's epilogue: a finished slab of another rank's rows is pushed (BF16, TMA store) into
+// that owner's receive slot and signalled with an epoch flag; for a slab of this rank's own rows the
+// producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
+// stages, the consumer adds them to its FP32 accumulators in rank order, and the slab is rounded
+// once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
+// is still being multiplied; the consumers never wait on a peer themselves.) A tile's slabs have
+// one owner, or in a band of two segments (schedule.h) one each: then an own band's tile has
+// one slab to reduce and one to push, and the push goes first.
+//
+// Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
+// parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
+//   recv[parity][source rank][rows_per_rank][n]          BF16
+//   flags[parity][source rank][tile in band][slab]       u32 epoch values
+// A rank's calls alternate parity, so the pushes of call e+1 never land on the data of call e. A
+// peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
+// it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
+//
+// Most of an own tile's partials need not wait for its K stages (where the config gives rounds):
+// the watcher loads them into the consumers' idle chunk buffers in rounds, one peer a round, and
+// each consumer adds a round between two K blocks while the other consumer's WGMMAs run
+// (partial_rounds.h); the ring streams only the peers no round holds.
+//
+// The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
+// it, a pushed chunk at a time, and raises the pushed slabs' flags. It waits for the
+// consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
+// consumers wait for next.
+//
+// NOTE (memory ordering, per pushed tile): the sender waits for its bulk groups to COMPLETE
+// (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then stores each flag
+// with release semantics at system scope. The owner's watcher thread polls the flags with relaxed
+// system-scope loads, then fences (acquire at system scope) and arrives on an mbarrier; the producer
+// waits on it (acquire at CTA scope, so the peers' writes happen before what follows) and fences
+// generic -> async proxy before its TMA loads of the data.
+#pragma once
+
+#include "comm/device.cuh"
+#include "comm/peer_error.h"
+#include "gemm/mainloop.cuh"
+#include "gemm/slab_store.cuh"
+#include "ops/gemm_rs/partial_rounds.h"
+#include "ops/gemm_rs/schedule.h"
+#include "ops/gemm_rs/shared_storage.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse::kernels {
+
+class PushReduceEpilogue {
+ public:
+  struct Params {
+    int rank;
+    int world_size;
+    int rows_per_rank;
+    int n;
+    int col_tiles;
+    int tiles_per_band;
+    CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
+    CUtensorMap out;                 // rows_per_rank x n, this rank's output
+    uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
+    size_t flags_parity_words;       // distance between the two parity halves of a flag array
+    const uint64_t* calls;           // calls completed on this rank, in the high word; this call's epoch is one more
+    uint32_t* failed;                // set by the first wait of this rank that times out
+    PeerError* error;                // host-mapped
+    uint64_t timeout_ns;
+    int partial_rounds;              // rounds of an own slab's partials added during its K loop
+    int num_k_blocks;                // a tile's K blocks (the mainloop's)
+  };
+
+  static constexpr bool kHasSender = true;
+  // Pushed chunks the sender lets the TMA unit hold unread at a time: a step's pushes queued at
+  // once measured slower on the compute-bound shapes (docs/EXPERIMENTS.md).
+  static constexpr int kPushQueue = 1;
+  static constexpr bool kHasWatcher = true;
+
+  template <class Storage>
+  __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)
+      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), chunks_(smem.chunks[consumer]),
+        handoff_(&smem.op.handoff[consumer]), parity_(comm::call_epoch(params.calls) & 1) {}
+
+  // The op's barriers: each consumer's hand-off and rounds, the watcher's news for the producer.
+  template <class Config>
+  __device__ static void init(StorageOf<Config>& smem) {
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      ptx::mbarrier_init(&smem.op.handoff[c].staged, 1);
+      ptx::mbarrier_init(&smem.op.handoff[c].sent, 1);
+      ptx::mbarrier_init(&smem.op.round_empty[c], 1);
+      ptx::mbarrier_init(&smem.op.round_full[c], 1);
+    }
+    ptx::mbarrier_init(&smem.op.extra_ready, 1);
+    ptx::mbarrier_init(&smem.op.extra_taken, 1);
+  }
+
+  // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
+  // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
+  template <class Config>
+  __device__ static void send(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
+                              int num_ctas) {
+    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
+    const uint32_t epoch = comm::call_epoch(p.calls);
+    const int num_tiles = schedule.num_tiles();
+    int s = 0;  // this CTA's steps before the current one
+    for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next(), ++s) {
+      // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
+      // segments the partner's partial of it waits for this rank's push of the partner's slab.
+      // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
+      // (walking it cost the fused call 0.5%).
+      const uint32_t own = schedule.shape().segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(steps.step()));
+      uint32_t slabs = kAllSlabs & ~own;
+      // One call site: the stores are compiled once.
+#pragma unroll 1
+      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs<Config>(p, smem, slabs, s, epoch);
+    }
+  }
+
+  // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
+  // flags of the tile and fences, then tells the producer (at most one own tile ahead of it) and
+  // feeds the tile's rounds to the consumers.
+  template <class Config>
+  __device__ static void watch(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
+                               int num_ctas) {
+    const uint32_t epoch = comm::call_epoch(p.calls);
+    uint32_t own_tiles = 0;
+    uint32_t rounds_fed = 0;
+    int step = 0;  // this CTA's steps before the current one
+    for_each_tile(schedule, cta, num_ctas, [&](const Tile& tile) {
+      const uint32_t reduced = reduced_slabs<Config>(p, tile);
+      if (reduced != 0) {
+        if (own_tiles > 0) ptx::mbarrier_wait(&smem.op.extra_taken, (own_tiles - 1) & 1);
+        // A timeout is recorded in p.failed, which the producer reads.
+        const bool arrived = wait_for_partials<Config>(p, tile, epoch);
+        if (arrived) ptx::fence_acquire_sys();  // flags seen -> partials
+        ptx::mbarrier_arrive(&smem.op.extra_ready);
+        ++own_tiles;
+        if constexpr (kSlabFitsBuffers<Config>) {
+          if (has_rounds<Config>(p, reduced)) feed_rounds<Config>(p, tile, arrived, step, epoch, smem, rounds_fed);
+        }
+      }
+      ++step;
+    });
+  }
+
+  // Watcher thread: loads an own tile's rounds of partials (round r: peer r's partial of the slab)
+  // into each consumer's chunk buffers as it asks for them; after a failed call only arrives, so
+  // that the consumers finish.
+  template <class Config>
+  __device__ static void feed_rounds(const Params& p, const Tile& tile, bool arrived, int step, uint32_t epoch,
+                                     StorageOf<Config>& smem, uint32_t& rounds_fed) {
+    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
+    for (int r = 0; r < p.partial_rounds; ++r, ++rounds_fed) {
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        ptx::mbarrier_wait(&smem.op.round_empty[c], rounds_fed & 1);
+        // Round 0: the sender's stores of the consumer's previous slab must have read the buffers.
+        // (The consumer has staged every earlier hand-off, so that phase is the barrier's current
+        // or last one.)
+        if (r == 0 && step > 0) ptx::mbarrier_wait(&smem.op.handoff[c].sent, (step * kHandoffsPerSlab<Config> - 1) & 1);
+        uint64_t* full = &smem.op.round_full[c];
+        if (!arrived) {
+          ptx::mbarrier_arrive(full);
+          continue;
+        }
+        ptx::mbarrier_arrive_expect_tx(full, Config::kChunksPerSlab * Config::kPieceBytes);
+        for (int b = 0; b < Config::kChunksPerSlab; ++b) {
+          const PartialPiece piece = slab_piece<Config>(p, tile, c, r * Config::kChunksPerSlab + b);
+          ptx::tma_load_4d(smem.chunks[c][b], &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
+                           epoch & 1);
+        }
+      }
+    }
+  }
+
+  // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
+  // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
+  template <class Config>
+  __device__ static void produce_extra_stages(const Params& p, const Tile& tile, StorageOf<Config>& smem,
+                                              StageCursor& ring, uint32_t& own_phase) {
+    const uint32_t reduced = reduced_slabs<Config>(p, tile);
+    if (reduced == 0) return;
+    const uint32_t epoch = comm::call_epoch(p.calls);  // a load from global memory: before the wait, not after
+    ptx::mbarrier_wait(&smem.op.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
+    ptx::mbarrier_arrive(&smem.op.extra_taken);
+    own_phase ^= 1;
+    const bool arrived = !comm::call_failed(p.failed);
+    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
+    // The reduced slabs' count as a constant: the piece order's arithmetic, on this one thread per
+    // 8 KB piece, then folds into shifts (at run time it took about 80 instructions a piece, not 15).
+    if (__popc(reduced) == Config::kConsumers) {
+      stream_partials<Config, Config::kConsumers>(p, tile, reduced, epoch, arrived, smem, ring);
+    } else {
+      stream_partials<Config, 1>(p, tile, reduced, epoch, arrived, smem, ring);
+    }
+  }
+
+  // Producer thread: the TMA loads of an own tile's partials (kSlabs reduced slabs), in the order
+  // of partial_piece(); after a failed call only empty stages, so that the consumers finish.
+  template <class Config, int kSlabs>
+  __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch,
+                                         bool arrived, StorageOf<Config>& smem, StageCursor& ring) {
+    const int num_pieces = streamed_pieces<Config>(p, reduced);
+    const int rounds_held = kSlabs * round_pieces<Config>(p, reduced);  // the pieces before these
+    for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
+      const int stage = ring.stage;
+      ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
+      uint64_t* full = &smem.ring.full[stage];
+      const int count = min(Config::kPiecesPerStage, num_pieces - first);
+      if (!arrived) {
+        ptx::mbarrier_arrive(full);  // the call has failed: only let the consumers finish
+      } else {
+        ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
+        for (int q = 0; q < count; ++q) {
+          const PartialPiece piece = partial_piece<Config, kSlabs>(p, tile, reduced, rounds_held + first + q);
+          ptx::tma_load_4d(stage_piece<Config>(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
+                           epoch & 1);
+        }
+      }
+      ring.advance<Config>();
+    }
+  }
+
+  // Consumers, before a tile's K stages: a slab of this rank's rows takes rounds of its peers'
+  // partials during them.
+  template <class Config>
+  __device__ void begin_tile(const Tile& tile) {
+    reduced_ = reduced_slabs<Config>(p_, tile);
+    tile_rounds_ = has_rounds<Config>(p_, reduced_) ? p_.partial_rounds : 0;
+    round_ = 0;
+  }
+
+  // Consumers, after K block kb: asks for round 0 after the first K block, adds a round at its K block
+  // (partial_rounds.h).
+  template <class Config>
+  __device__ __forceinline__ void after_k_block(int kb, float (&acc)[Config::kAccPerThread],
+                                                StorageOf<Config>& smem) {
+    if constexpr (kSlabFitsBuffers<Config>) {
+      if (round_ >= tile_rounds_) return;
+      if (kb == 0 && slabs_.leader()) ptx::mbarrier_arrive(&smem.op.round_empty[consumer_]);
+      if (kb == partial_round_k_block(consumer_, Config::kConsumers, round_, tile_rounds_, p_.num_k_blocks)) {
+        add_round<Config>(acc, smem);
+      }
+    }
+  }
+
+  // Consumers, after a tile's K stages: a slab of this rank's rows takes its peers' partials from
+  // the tile's extra stages, then is stored; a pushed slab is staged for the sender first, and only
+  // then passes the extra stages the tile may have for the other slab (its owner may be waiting for
+  // this slab to reduce that same tile, in a band of two segments).
+  template <class Config>
+  __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
+                           StorageOf<Config>& smem, StageCursor& ring) {
+    const bool reduces = (reduced_ >> consumer_) & 1;  // begin_tile's, for the same work
+    if (reduces) add_partials<Config>(reduced_, acc, smem, ring);
+    store<Config>(tile, slab, acc);  // one call: the store's code is large
+    if (reduced_ != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced_), smem, ring);
+  }
+
+  // The sender raises the last flags; nothing is left to the consumers.
+  __device__ void finish() {}
+
+ private:
+  // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
+  struct PartialPiece {
+    int source;
+    int row;  // in the owner's segment
+    int col;
+  };
+
+  // The slabs of a tile that hold this rank's rows (a bit per consumer): stored here, not pushed.
+  template <class Config>
+  __device__ static uint32_t own_slabs(const Params& p, const Tile& tile) {
+    uint32_t slabs = 0;
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      if (tile.owner_of(Slab<Config>::of_consumer(c).row) == p.rank) slabs |= 1u << c;
+    }
+    return slabs;
+  }
+
+  // The own slabs that take the peers' partials through extra stages: none without peers.
+  template <class Config>
+  __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
+    return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
+  }
+
+  // A reduced slab's pieces of partials: every chunk of it from each peer (a chunk past the segment
+  // or past n is zero-filled by the TMA and never stored). The first round_pieces() come in rounds
+  // during the K loop, the rest through the ring after it.
+  template <class Config>
+  __device__ static int round_pieces(const Params& p, uint32_t reduced) {
+    return has_rounds<Config>(p, reduced) ? p.partial_rounds * Config::kChunksPerSlab : 0;
+  }
+
+  // A round is a whole slab of one peer in a consumer's chunk buffers: none where the epilogue stages
+  // a slab in batches (the config gives those no rounds either).
+  template <class Config>
+  static constexpr bool kSlabFitsBuffers = Config::kStagedChunks == Config::kChunksPerSlab;
+
+  // A tile takes rounds where every slab is reduced (the config gives rounds only where a tile's
+  // slabs have one owner: ops/gemm_rs/config.cpp), so both consumers take the same rounds.
+  template <class Config>
+  __device__ static bool has_rounds(const Params& p, uint32_t reduced) {
+    return kSlabFitsBuffers<Config> && p.partial_rounds > 0 && reduced == (1u << Config::kConsumers) - 1;
+  }
+
+  template <class Config>
+  __device__ static int streamed_pieces(const Params& p, uint32_t reduced) {
+    return __popc(reduced) * ((p.world_size - 1) * Config::kChunksPerSlab - round_pieces<Config>(p, reduced));
+  }
+
+  template <class Config>
+  __device__ static int extra_stages(const Params& p, uint32_t reduced) {
+    return (streamed_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
+  }
+
+  // Piece q of consumer c's slab: q = j * chunks per slab + chunk, peer j in rank order (skipping
+  // this rank) first, then the chunk.
+  template <class Config>
+  __device__ static PartialPiece slab_piece(const Params& p, const Tile& tile, int consumer, int q) {
+    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
+    const int chunk = q % Config::kChunksPerSlab;
+    const int j = q / Config::kChunksPerSlab;
+    return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
+  }
+
+  // Piece i of a tile's S reduced slabs = slab piece q * S + place: with two reduced slabs a
+  // warpgroup takes every other piece.
+  template <class Config, int kSlabs>
+  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
+    const int consumer = kSlabs == Config::kConsumers ? i % kSlabs : __ffs(reduced) - 1;
+    return slab_piece<Config>(p, tile, consumer, i / kSlabs);
+  }
+
+  // Adds this warpgroup's pieces of the tile's partials that no round held as the producer streams
+  // them in, releasing each extra stage once read. The pieces come source by source, so every
+  // element gets its partials in rank order.
+  template <class Config>
+  __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], StorageOf<Config>& smem,
+                               StageCursor& ring) {
+    static_assert(Config::kConsumers <= Config::kPiecesPerStage, "a stage holds a piece of every reduced slab");
+    const int num_slabs = __popc(reduced);
+    const int num_stages = extra_stages<Config>(p_, reduced);
+    if (num_stages == 0) return;
+    const int first = round_pieces<Config>(p_, reduced);
+    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
+    // This warpgroup's next piece, counted in the held stage: every num_slabs-th from its place.
+    int in_stage = __popc(reduced & ((1u << consumer_) - 1));
+    ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
+    const int num_sources = p_.world_size - 1;
+    for (int j = first / Config::kChunksPerSlab; j < num_sources; ++j) {
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+        if (j * Config::kChunksPerSlab + c < first) continue;
+        if (in_stage >= Config::kPiecesPerStage) {
+          release_extra_stage<Config>(smem, ring);
+          ++held;
+          in_stage -= Config::kPiecesPerStage;
+          ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
+        }
+        add_chunk_bf16(stage_piece<Config>(smem, ring.stage, in_stage), acc + c * 32);
+        in_stage += num_slabs;
+      }
+    }
+    release_extra_stage<Config>(smem, ring);
+    // The stages left may hold only the other warpgroup's pieces; each is released by both.
+    pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
+  }
+
+  // A slab's hand-offs: its chunks staged kStagedChunks at a time (the same count for every slab,
+  // empty ones too, so that the sender knows it).
+  template <class Config>
+  static constexpr int kHandoffsPerSlab = (Config::kChunksPerSlab + Config::kStagedChunks - 1) / Config::kStagedChunks;
+
+  // Stages the slab and hands it to the sender, kStagedChunks chunks at a time; the last hand-off
+  // carries a pushed slab's flag, an own slab's none.
+  template <class Config>
+  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const int owner = tile.owner_of(slab.row);
+    const int segment_row = tile.segment_row_of(slab.row);
+    const int col_begin = tile.col_begin + slab.col;
+    // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
+    const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
+    const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
+    const bool pushed = !empty && owner != p_.rank;
+    // Unrolled: the accumulators are indexed with constants only (or they would leave registers).
+#pragma unroll
+    for (int h = 0; h < kHandoffsPerSlab<Config>; ++h) {
+      const int first = h * Config::kStagedChunks;
+      const int count = max(0, min(num_chunks - first, Config::kStagedChunks));
+      // The sender's stores of the previous hand-off must have read the chunk buffers.
+      if (handoffs_ > 0) ptx::mbarrier_wait(&handoff_->sent, (handoffs_ - 1) & 1);
+      slabs_.stage<Config::kStagedChunks>(acc + 32 * first, count);
+      if (slabs_.leader()) {
+        const bool last = h == kHandoffsPerSlab<Config> - 1;
+        handoff_->destination = owner;
+        handoff_->row = segment_row;
+        handoff_->col = col_begin + first * kChunkCols;
+        handoff_->num_chunks = count;
+        handoff_->flag = pushed && last ? flag_at<Config>(p_, owner, p_.rank, tile, consumer_, parity_) : nullptr;
+        ptx::mbarrier_arrive(&handoff_->staged);
+      }
+      ++handoffs_;
+    }
+  }
+
+  // Sender thread: stores the given slabs of a step (a bit per consumer), each pushed chunk as a
+  // bulk group of its own and a batch of hand-offs' own chunks as one, hands the chunk buffers back
+  // once read, and raises the flags of the pushed slabs once every group has landed.
+  template <class Config>
+  __device__ static void send_slabs(const Params& p, StorageOf<Config>& smem, uint32_t slabs, int step,
+                                    uint32_t epoch) {
+    if (slabs == 0) return;
+    uint32_t* flags[Config::kConsumers] = {};
+    bool any_flag = false;
+#pragma unroll 1
+    for (int h = 0; h < kHandoffsPerSlab<Config>; ++h) {
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        if (!(slabs & (1u << c))) continue;
+        SlabHandoff& slab = smem.op.handoff[c];
+        ptx::mbarrier_wait(&slab.staged, (step * kHandoffsPerSlab<Config> + h) & 1);
+        if (slab.flag != nullptr) flags[c] = slab.flag;
+        any_flag |= slab.flag != nullptr;
+        for (int i = 0; i < slab.num_chunks; ++i) {
+          const int col = slab.col + i * kChunkCols;
+          if (slab.destination == p.rank) {
+            ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
+          } else {
+            ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+            ptx::bulk_commit_group();
+            ptx::bulk_wait_group_read<kPushQueue - 1>();
+          }
+        }
+      }
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group_read<0>();
+      for (int c = 0; c < Config::kConsumers; ++c) {
+        if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.op.handoff[c].sent);
+      }
+    }
+    if (!any_flag) return;
+    ptx::bulk_wait_group<0>();
+    ptx::fence_proxy_async_global();
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      if (flags[c] != nullptr) ptx::store_release_sys(flags[c], epoch);
+    }
+  }
+
+  // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).
+  // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
+  template <class Config>
+  __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
+    static_assert(Config::kConsumers == 2 && 2 * kMaxWorldSize <= 32, "two slab flags per source in one mask");
+    uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
+    for (int s = 0; s < Config::kConsumers; ++s) {
+      const Slab<Config> slab = Slab<Config>::of_consumer(s);
+      if (tile.owner_of(slab.row) != p.rank) continue;
+      if (tile.row_begin + slab.row >= tile.row_end || tile.col_begin + slab.col >= tile.col_end) continue;
+      for (int source = 0; source < p.world_size; ++source) {
+        if (source != p.rank) waiting |= 1u << (2 * source + s);
+      }
+    }
+    const uint32_t* flags = flag_at<Config>(p, p.rank, 0, tile, 0, epoch & 1);
+    const size_t source_stride = size_t(p.tiles_per_band) * 2;
+    const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
+    for (;;) {
+      // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
+      for (int first = 0; first < 2 * kMaxWorldSize; first += 4) {
+        uint32_t seen[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int f = first + i;
+          if (waiting & (1u << f)) seen[i] = ptx::load_relaxed_sys(flags + (f / 2) * source_stride + f % 2);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int f = first + i;
+          if ((waiting & (1u << f)) && comm::epoch_reached(seen[i], epoch)) waiting &= ~(1u << f);
+        }
+      }
+      if (waiting == 0) return true;
+      if (comm::call_failed(p.failed)) return false;  // this call already failed
+      if (ptx::globaltimer_ns() > deadline) {
+        const int f = __ffs(waiting) - 1;
+        comm::report_timeout(p.failed, p.error, p.rank, f / 2, tile.row_begin + Slab<Config>::of_consumer(f % 2).row,
+                       tile.col_begin + Slab<Config>::of_consumer(f % 2).col);
+        return false;
+      }
+      __nanosleep(100);
+    }
+  }
+
+  // Adds the current round (the next peer's partial of the slab) from the chunk buffers, and asks
+  // for the next one.
+  template <class Config>
+  __device__ void add_round(float (&acc)[Config::kAccPerThread], StorageOf<Config>& smem) {
+    // The accumulators leave the WGMMAs first; the other consumer's keep the tensor cores busy.
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    ptx::mbarrier_wait(&smem.op.round_full[consumer_], rounds_done_++ & 1);
+    ++round_;
+#pragma unroll
+    for (int c = 0; c < Config::kChunksPerSlab; ++c) add_chunk_bf16(chunks_[c], acc + 32 * c);
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    // Every thread has read the buffers (generic proxy) before the next round's TMA loads or the
+    // slab's staging write them.
+    ptx::fence_proxy_async_shared();
+    slabs_.sync();
+    if (round_ < tile_rounds_ && slabs_.leader()) ptx::mbarrier_arrive(&smem.op.round_empty[consumer_]);
+  }
+
+  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
+  // load (async proxy) may overwrite it.
+  template <class Config>
+  __device__ void release_extra_stage(StorageOf<Config>& smem, StageCursor& ring) {
+    ptx::fence_proxy_async_shared();
+    slabs_.sync();
+    release_stage<Config>(smem, ring.stage);
+    ring.advance<Config>();
+  }
+
+  // Consumers: waits for and releases `count` extra stages without reading them (they hold the other
+  // slab's pieces).
+  template <class Config>
+  __device__ void pass_extra_stages(int count, StorageOf<Config>& smem, StageCursor& ring) {
+    for (int i = 0; i < count; ++i) {
+      ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
+      release_extra_stage<Config>(smem, ring);
+    }
+  }
+
+  // Flag of (owner's flag array, source, tile, slab) in the given parity half.
+  template <class Config>
+  __device__ static uint32_t* flag_at(const Params& p, int owner, int source, const Tile& tile, int slab, int parity) {
+    const int row_tile = tile.segment_row / Config::kBlockM;  // constants: no division on the hot paths
+    const int col_tile = tile.col_begin / Config::kBlockN;
+    const int tile_idx = row_tile * p.col_tiles + col_tile;
+    const size_t index = (size_t(source) * p.tiles_per_band + tile_idx) * 2 + slab;
+    return p.flags_at[owner] + parity * p.flags_parity_words + index;
+  }
+
+  const Params& p_;
+  int consumer_;
+  SlabStore slabs_;
+  ChunkBuffer* chunks_;
+  SlabHandoff* handoff_;
+  int parity_;
+  int handoffs_ = 0;  // hand-offs of staged chunks to the sender so far
+  uint32_t reduced_ = 0;     // the current tile's slabs that take their peers' partials
+  int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop
+  int round_ = 0;            // the next of them
+  uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
+};
+
+}  // namespace tpfuse::kernels

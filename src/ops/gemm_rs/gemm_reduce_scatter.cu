@@ -1,0 +1,177 @@
+// The fused GEMM + reduce-scatter entry points: checks, config, parameters, launch.
+#include <cstdio>
+
+#include "core/env.h"
+#include "gemm/launch.cuh"
+#include "ops/gemm_rs/config.h"
+#include "ops/gemm_rs/kernel.cuh"
+#include "ops/gemm_rs/launch.h"
+#include "tpfuse/reduce_scatter.h"
+
+namespace tpfuse {
+namespace {
+
+Status check_call(const Communicator& comm, const Problem& problem, const std::vector<int>& local_ranks,
+                  const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams) {
+  if (problem.world_size != comm.world_size) {
+    return Status::InvalidArgument("problem.world_size = " + std::to_string(problem.world_size) +
+                                   " differs from the communicator's " + std::to_string(comm.world_size) + " ranks");
+  }
+  TPFUSE_RETURN_IF_ERROR(validate(problem));
+  if (problem.m > comm.options.max_m || problem.n > comm.options.max_n) {
+    return Status::InvalidArgument("problem " + problem.to_string() + " exceeds the communicator's capacity (max_m " +
+                                   std::to_string(comm.options.max_m) + ", max_n " +
+                                   std::to_string(comm.options.max_n) + ")");
+  }
+  if (a == nullptr || w == nullptr || out == nullptr || streams == nullptr) {
+    return Status::InvalidArgument("the operand arrays a, w, out and streams must not be null");
+  }
+  if (local_ranks.empty()) return Status::InvalidArgument("no local rank to launch");
+  for (size_t i = 0; i < local_ranks.size(); ++i) {
+    if (local_ranks[i] < 0 || local_ranks[i] >= int(comm.ranks.size())) {
+      return Status::InvalidArgument("local rank " + std::to_string(local_ranks[i]) + " is not one of the " +
+                                     std::to_string(comm.ranks.size()) + " ranks of this process");
+    }
+    TPFUSE_RETURN_IF_ERROR(validate_operand(a[i], "a"));
+    TPFUSE_RETURN_IF_ERROR(validate_operand(w[i], "w"));
+    TPFUSE_RETURN_IF_ERROR(validate_operand(out[i], "out"));
+  }
+  return communicator_status(&comm);
+}
+
+template <class Config>
+Status make_rank_params(const Communicator& comm, const RankState& rank, const Problem& problem,
+                        const GemmRsConfig& config, const void* a, const void* w, void* out,
+                        kernels::GemmRsRankParams* rp) {
+  const TileSchedule schedule(schedule_shape(problem, config, rank.rank));
+  TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &rp->mainloop));
+  kernels::PushReduceEpilogue::Params& e = rp->epilogue;
+  e.rank = rank.rank;
+  e.world_size = comm.world_size;
+  e.rows_per_rank = int(problem.rows_per_rank());
+  e.n = int(problem.n);
+  e.col_tiles = schedule.col_tiles();
+  e.tiles_per_band = schedule.tiles_per_band();
+  const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
+  for (int owner = 0; owner < comm.world_size; ++owner) {
+    TPFUSE_RETURN_IF_ERROR(make_receive_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
+                                                   problem.n, parity_elems, kChunkRows, kChunkCols, &e.recv_at[owner]));
+    e.flags_at[owner] = rank.flags_at[owner];
+  }
+  TPFUSE_RETURN_IF_ERROR(
+      make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kChunkRows, kChunkCols, &e.out));
+  e.flags_parity_words = comm.parity.flag_words;
+  e.calls = rank.calls;
+  e.failed = rank.failed;
+  e.error = rank.error_device;
+  e.timeout_ns = comm.timeout_ns;
+  e.partial_rounds = config.partial_rounds;
+  e.num_k_blocks = rp->mainloop.num_k_blocks;
+  rp->calls = rank.calls;
+  return Status::Ok();
+}
+
+template <class Config, int kLocalRanks>
+Status launch_kernel(const kernels::GemmRsLaunch<kLocalRanks>& launch, int num_ranks, size_t smem, bool cooperative,
+                     bool debug, cudaStream_t stream) {
+  const auto kernel = kernels::gemm_rs_kernel<Config, kLocalRanks>;
+  if (debug) {
+    std::fprintf(stderr, "tpfuse: gemm_reduce_scatter launch %d rank(s) x %d CTAs x %d threads, %zu B smem%s\n",
+                 num_ranks, launch.ctas_per_rank, Config::kThreads, smem, cooperative ? ", cooperative" : "");
+  }
+  return launch_persistent<Config>(kernel, launch, launch.ctas_per_rank * num_ranks, smem, cooperative, stream);
+}
+
+}  // namespace
+
+Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
+                      const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams,
+                      const ConfigOverrides& overrides) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  TPFUSE_RETURN_IF_ERROR(check_call(*comm, problem, local_ranks, a, w, out, streams));
+  bool debug = false;
+  TPFUSE_RETURN_IF_ERROR(debug_logging(&debug));
+  const int num_ranks = int(local_ranks.size());
+  const RankState& first = comm->ranks[local_ranks[0]];
+  bool one_device = true;
+  for (int i : local_ranks) one_device = one_device && comm->ranks[i].device == first.device;
+
+  TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
+  DeviceInfo device;
+  TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
+  GemmRsConfig config;
+  TPFUSE_RETURN_IF_ERROR(select_gemm_rs_config(problem, device, overrides, &config));
+  if (debug) {
+    std::fprintf(stderr, "tpfuse: gemm_reduce_scatter %s, overrides %s -> %s\n", problem.to_string().c_str(),
+                 overrides.to_string().c_str(), config.to_string().c_str());
+  }
+
+  return with_variant<PushReduceSync>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
+    using Config = decltype(mainloop_config);
+    size_t smem = 0;
+    TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));
+    if (num_ranks > 1 && one_device) {
+      // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
+      kernels::GemmRsLaunch<kMaxWorldSize> launch{};
+      int ctas = 0;
+      TPFUSE_RETURN_IF_ERROR(
+          (resident_grid<Config>(kernels::gemm_rs_kernel<Config, kMaxWorldSize>, smem, config.gemm.num_ctas, &ctas)));
+      launch.ctas_per_rank = ctas / num_ranks;
+      if (launch.ctas_per_rank == 0) {
+        return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
+                                       std::to_string(ctas) + " resident CTAs");
+      }
+      for (int i = 0; i < num_ranks; ++i) {
+        TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, config, a[i],
+                                                        w[i], out[i], &launch.ranks[i]));
+      }
+      return launch_kernel<Config>(launch, num_ranks, smem, /*cooperative=*/true, debug, streams[0]);
+    }
+    // One rank per GPU: a persistent grid of its own on each.
+    for (int i = 0; i < num_ranks; ++i) {
+      const RankState& rank = comm->ranks[local_ranks[i]];
+      TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
+      kernels::GemmRsLaunch<1> launch{};
+      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, 1>, smem, config.gemm.num_ctas,
+                                                    &launch.ctas_per_rank)));
+      TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, config, a[i], w[i], out[i], &launch.ranks[0]));
+      TPFUSE_RETURN_IF_ERROR(launch_kernel<Config>(launch, 1, smem, /*cooperative=*/false, debug, streams[i]));
+    }
+    return Status::Ok();
+  });
+}
+
+Status preset_incoming_flags(Communicator* comm, int local_rank) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  if (local_rank < 0 || local_rank >= int(comm->ranks.size())) return Status::InvalidArgument("no such local rank");
+  const RankState& rank = comm->ranks[local_rank];
+  TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
+  // 0x7F7F7F7F is at or past every epoch this communicator will reach (modulo-2^32 comparison).
+  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0x7F, 2 * comm->parity.flag_words * sizeof(uint32_t)));
+  return Status::Ok();
+}
+
+void* receive_buffer(const Communicator& comm, int local_rank, int parity) {
+  return static_cast<uint8_t*>(comm.ranks[local_rank].data) + size_t(parity) * comm.parity.data_bytes;
+}
+
+Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const void* a, const void* w, void* out,
+                           cudaStream_t stream, const ConfigOverrides& overrides) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  if (comm->ranks.size() != 1) {
+    return Status::InvalidArgument("this communicator runs " + std::to_string(comm->ranks.size()) +
+                                   " local ranks: use gemm_reduce_scatter_local");
+  }
+  return launch_gemm_rs(comm, problem, {0}, &a, &w, &out, &stream, overrides);
+}
+
+Status gemm_reduce_scatter_local(Communicator* comm, const Problem& problem, const void* const* a,
+                                 const void* const* w, void* const* out, const cudaStream_t* streams,
+                                 const ConfigOverrides& overrides) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  std::vector<int> all(comm->ranks.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = int(i);
+  return launch_gemm_rs(comm, problem, all, a, w, out, streams, overrides);
+}
+
+}  // namespace tpfuse

@@ -1,0 +1,29 @@
+// The reduce-scatter's launch for a subset of a local communicator's ranks, and the solo-rank
+// proxy's preset: internal hooks for the tests and the benchmark (the public entry points are in
+// tpfuse/reduce_scatter.h).
+#pragma once
+
+#include <vector>
+
+#include "comm/communicator.h"
+#include "tpfuse/overrides.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse {
+
+// Launches the op for the local ranks listed in `local_ranks` (indices into comm->ranks), with
+// their operands; ranks emulated on one device share one cooperative launch on the first of their
+// streams. The public entry points call this with every local rank; tests use subsets.
+Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
+                      const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams,
+                      const ConfigOverrides& overrides = {});
+
+// Marks every partial this rank will wait for as already delivered (for every future call), so one
+// rank can run alone: the solo-rank proxy benchmark. Its pushes still land in the peers' buffers.
+Status preset_incoming_flags(Communicator* comm, int local_rank);
+
+// Rank `local_rank`'s receive buffer, parity half `parity`: BF16 [source rank][rows_per_rank][n]
+// of `problem` (ops/gemm_rs/workspace.h).
+void* receive_buffer(const Communicator& comm, int local_rank, int parity);
+
+}  // namespace tpfuse

@@ -1,0 +1,36 @@
+// The reduce-scatter op's own part of the kernel's shared memory (gemm/shared_storage.h composes
+// it with the mainloop's): the consumers' hand-offs to the sender thread, the partial rounds'
+// barriers and the watcher's. Pure C++.
+#pragma once
+
+#include <cstdint>
+
+#include "gemm/variants.h"
+
+namespace tpfuse {
+
+// A staged slab handed from a consumer to the sender thread: where its chunk buffers go, and the
+// flag to raise once they have landed there.
+struct SlabHandoff {
+  uint64_t staged;   // the consumer: the chunk buffers hold the slab, the fields below say where it goes
+  uint64_t sent;     // the sender: its stores have read the chunk buffers, which may be staged again
+  int destination;   // the owner rank of the slab (this rank: its output)
+  int row;           // in the owner's segment
+  int col;
+  int num_chunks;
+  uint32_t* flag;    // raised once the stores have landed; null: none
+};
+
+struct PushReduceSync {
+  SlabHandoff handoff[kConsumers];
+  // Rounds of an own tile's partials into a consumer's chunk buffers during the K loop
+  // (ops/gemm_rs/partial_rounds.h): the consumer has asked for the next round; its bytes have landed.
+  uint64_t round_empty[kConsumers];
+  uint64_t round_full[kConsumers];
+  // The watcher thread and the producer: the partials of the next own tile have arrived; the
+  // producer has taken that news.
+  uint64_t extra_ready;
+  uint64_t extra_taken;
+};
+
+}  // namespace tpfuse

@@ -1,9 +1,0 @@
-// Functions of the plan that the kernels also compile, so that what the CPU tests check is what
-// the GPU runs.
-#pragma once
-
-#if defined(__CUDACC__)
-#define TPFUSE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define TPFUSE_HOST_DEVICE inline
-#endif
