@@ -4,9 +4,7 @@
 #
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
-# Steps (default: all, in this order): env tests sanitize gemm proxy baseline fused; also
-# tests_c2 and gemm_c2, the same with clusters of two CTAs (TPFUSE_CLUSTER_SIZE=2, not the default;
-# the GEMM's option only: the fused op runs without clusters whatever it says).
+# Steps (default: all, in this order): env tests sanitize gemm proxy baseline fused.
 # Each step's output goes to OUT_DIR/<step>.log; its last lines are echoed. Every step is bounded by
 # STEP_TIMEOUT seconds (default 300). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
@@ -44,41 +42,32 @@ for step in "${steps[@]}"; do
     tests)
       run_step test_gemm "${build}/tests/gpu/test_gemm"
       run_step test_fused "${build}/tests/gpu/test_fused"
-      # Own tiles inside the rounds from the first ones (the tests' shapes are too small for the
-      # default lag of a wave to interleave anything).
-      run_step test_fused_lag0 env TPFUSE_OWN_LAG=0 "${build}/tests/gpu/test_fused"
       # One process per GPU needs 2 or more GPUs; on one it runs a single rank, to check the harness.
       run_step test_multiprocess bash -c "\"${build}/tests/gpu/test_multiprocess\"; rc=\$?; [ \$rc -ne 77 ] && exit \$rc; TPFUSE_TEST_RANKS=1 \"${build}/tests/gpu/test_multiprocess\""
       ;;
-    tests_c2)
-      run_step test_gemm_c2 env TPFUSE_CLUSTER_SIZE=2 "${build}/tests/gpu/test_gemm"
-      run_step test_fused_c2 env TPFUSE_CLUSTER_SIZE=2 "${build}/tests/gpu/test_fused"
-      ;;
     sanitize)
-      # Small shapes, and one of each one-wave variant (4 stages, the slab staged 2 chunks at a time):
-      # GEMM 200 x 8192 (GemmShapes/68), fused P = 8, 512 x 8192 (FusedExact/3).
-      small_gemm='*GemmShapes*/0:*GemmShapes*/17:*GemmShapes*/68:*GemmExact*'
-      small_fused='*FusedExact*/1:*FusedExact*/3:*FusedExact*/6:*FusedExact*/7:*FusedErrors.BadCalls*'
+      # Small shapes, one of each variant the tests reach: the GEMM's 64-row and one-wave tiles, the
+      # fused op at P = 2, 4 (bands of two segments) and 8 (one wave: 4 stages, slabs staged in
+      # halves), own tiles inside the rounds (_lag0), and the partial rounds (FusedRandom ..._lag0).
+      small_gemm='*GemmShapes*/M8_N8_K8_KxN:*GemmShapes*/M8_N1000_K1024_NxK:*GemmShapes*/M200_N8192_K72_KxN:*GemmExact*'
+      small_fused='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P8_M512_N8192_K32_KxN:*FusedExact*/P8_M64_N264_K32_KxN'
+      small_fused+=':*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P4_M256_N1000_K64_KxN_lag0:*FusedErrors.BadCalls*'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
       run_step memcheck_fused compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter="${small_fused}"
-      # Not FusedExact/3: with several steps per CTA racecheck reports the producer's note of a later
-      # step (stage_work) against the consumers' reads of an earlier one, which the stage's empty
-      # mbarrier orders (two arrivals, one per consumer warpgroup, each after a warpgroup barrier);
-      # racecheck reports it all the same (bench/results/2026-11-29-h200-e10c069/README.md), also
-      # with a barrier per consumer (bench/results/2026-11-29-h200-7df702d/racecheck_empty_per_consumer/).
-      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/7'
-      run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/1:*FusedExact*/3:*FusedExact*/7'
-      # Partial rounds during the K loop: a small shape with its own tiles interleaved (FusedRandom/5).
+      # Not the one-wave P = 8 case: with several steps per CTA racecheck reports the producer's note
+      # of a later step (stage_tile) against the consumers' reads of an earlier one, which the
+      # stage's empty mbarrier orders (two arrivals, one per consumer warpgroup, each after a
+      # warpgroup barrier); racecheck reports it all the same (docs/EXPERIMENTS.md).
+      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P4_M256_N1000_K64_KxN'
+      run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P8_M512_N8192_K32_KxN:*FusedExact*/P4_M256_N1000_K64_KxN'
+      # Partial rounds during the K loop: a small shape with its own tiles interleaved.
       for tool in memcheck racecheck synccheck; do
-        run_step ${tool}_rounds env TPFUSE_OWN_LAG=0 compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/5'
+        run_step ${tool}_rounds compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/P2_M512_N512_K320_KxN_lag0'
       done
       ;;
     gemm)
       run_step gemm_kn "${bench}" --mode gemm --layout kn --check --json "${out}/gemm_kn.json" --csv "${out}/gemm_kn.csv"
       run_step gemm_nk "${bench}" --mode gemm --layout nk --check --json "${out}/gemm_nk.json" --csv "${out}/gemm_nk.csv"
-      ;;
-    gemm_c2)
-      run_step gemm_kn_c2 env TPFUSE_CLUSTER_SIZE=2 "${bench}" --mode gemm --layout kn --json "${out}/gemm_kn_c2.json"
       ;;
     proxy)
       run_step proxy_kn "${bench}" --mode proxy --layout kn --check --json "${out}/proxy_kn.json" --csv "${out}/proxy_kn.csv"
