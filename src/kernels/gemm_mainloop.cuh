@@ -120,6 +120,7 @@ struct alignas(1024) SharedStorage {
   // The step's work, left by the producer with the step's first K stage (the consumers read it once
   // that stage is full, and need not compute the schedule themselves).
   Work stage_work[Config::kStages];
+  Work first_work;  // the CTA's first step, computed while the barriers are set up (run_persistent)
   SlabHandoff handoff[Config::kConsumers];
   // An epilogue's watcher thread and the producer (epilogues that have one): the inputs of the next
   // tile with extra stages have arrived; the producer has taken that news.
@@ -234,6 +235,7 @@ struct Slab {
 };
 
 // The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
+// The first step's work is waiting in smem.first_work.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
                                         SharedStorage<Config>& smem, int cta, int num_ctas) {
@@ -242,7 +244,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
-    const Work work = work_at<Config>(p.schedule, step, num_tiles);
+    const Work work = wave == 0 ? smem.first_work : work_at<Config>(p.schedule, step, num_tiles);
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
@@ -343,6 +345,12 @@ template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
                                                SharedStorage<Config>& smem, int cta, int num_ctas) {
   const int warpgroup = threadIdx.x / 128;
+  // The first step's work, computed on another warp while thread 0 sets up the barriers: the
+  // schedule's arithmetic (integer divisions on parameters not yet in the constant cache) took
+  // 1.5-3k cycles, which delayed the first loads of every call by that much.
+  if (threadIdx.x == 32 && has_work<Config>(cta, mainloop.schedule.num_tiles())) {
+    smem.first_work = work_at<Config>(mainloop.schedule, cta, mainloop.schedule.num_tiles());
+  }
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&mainloop.a);
     ptx::prefetch_tensor_map(&mainloop.w);
