@@ -368,6 +368,10 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
     if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    // The helpers start once the first stage has landed, so that their own loads stay out of the
+    // producer's way while it issues the first loads of the call.
+    const bool helper = (Epilogue::kHasSender && threadIdx.x == 32) || (Epilogue::kHasWatcher && threadIdx.x == 64);
+    if (helper && has_work<Config>(cta, mainloop.schedule.num_tiles())) ptx::mbarrier_wait(&smem.full[0], 0);
     if constexpr (Epilogue::kHasSender) {
       if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
