@@ -18,8 +18,8 @@
 // column (the schedule goes column-major inside a raster group): then each CTA loads half of the W
 // tile and multicasts it to both, halving W's traffic from L2. NOTE: the two CTAs run in lockstep:
 // the same number of steps (a CTA whose step is past the end recomputes its partner's tile and
-// stores nothing) over the same K, and every consumer releases each stage in both CTAs, so a stage
-// is refilled (by either producer) only once all four consumers are done with it.
+// stores nothing) over the same K, and every consumer warp releases each stage in both CTAs, so a
+// stage is refilled (by either producer) only once all four consumers are done with it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,6 +44,7 @@ struct MainloopConfig {
   // Two consumer warpgroups, each owning a 64-row slab: stacked along M for 128-row tiles, side by
   // side along N for 64-row tiles.
   static constexpr int kConsumers = 2;
+  static constexpr int kConsumerWarps = 4 * kConsumers;
   static constexpr int kWgRows = 64;
   static constexpr int kWgAlongM = kBlockM / kWgRows;
   static constexpr int kWgAlongN = kConsumers / kWgAlongM;
@@ -116,7 +117,7 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
   __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
-  uint64_t empty[Config::kStages];  // every consumer is done reading a stage
+  uint64_t empty[Config::kStages];  // every consumer warp is done reading a stage
   // The step's work, left by the producer with the step's first K stage (the consumers read it once
   // that stage is full, and need not compute the schedule themselves).
   Work stage_work[Config::kStages];
@@ -270,11 +271,12 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
   }
 }
 
-// Hands a stage back to the producers: this CTA's, and in a cluster the partner's too (see the NOTE
-// at the top).
+// Hands a stage back to the producers, once per consumer warp (its first lane): this CTA's, and in a
+// cluster the partner's too (see the NOTE at the top). Each warp arrives for itself, so the warps of
+// a warpgroup need no barrier among them first.
 template <class Config>
 __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int stage) {
-  if (threadIdx.x % 128 != 0) return;
+  if (threadIdx.x % 32 != 0) return;
   ptx::mbarrier_arrive(&smem.empty[stage]);
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
@@ -348,7 +350,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::prefetch_tensor_map(&mainloop.w);
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.full[s], 1);
-      ptx::mbarrier_init(&smem.empty[s], Config::kConsumers * Config::kCluster);
+      ptx::mbarrier_init(&smem.empty[s], Config::kConsumerWarps * Config::kCluster);
     }
     for (int c = 0; c < Config::kConsumers; ++c) {
       ptx::mbarrier_init(&smem.handoff[c].staged, 1);

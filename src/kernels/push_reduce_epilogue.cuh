@@ -360,12 +360,12 @@ class PushReduceEpilogue {
     }
   }
 
-  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
-  // load (async proxy) may overwrite it.
+  // Every thread of the warp has read the stage (generic proxy) before the producer's next TMA load
+  // (async proxy) may overwrite it: each fences, then the warp's first lane arrives for it.
   template <class Config>
   __device__ void release_extra_stage(SharedStorage<Config>& smem, StageCursor& ring) {
     ptx::fence_proxy_async_shared();
-    slabs_.sync();
+    __syncwarp();
     release_stage(smem, ring.stage);
     ring.advance<Config>();
   }
