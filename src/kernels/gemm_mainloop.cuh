@@ -233,6 +233,11 @@ struct Slab {
   }
 };
 
+// TRACE (uncommitted): clock64 stamps of one launch, printed by CTAs 0 and 100.
+static __device__ unsigned g_trace_launch[1024];
+struct Trace { long long t[14]; unsigned launch; };
+__device__ __forceinline__ long long tclk() { long long c; asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)); return c; }
+static __shared__ Trace g_tr;
 // The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
@@ -243,6 +248,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
+    if (wave == 0) g_tr.t[12] = tclk();
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
@@ -265,6 +271,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
         }
       }
       ring.advance<Config>();
+      if (wave == 0 && kb == 0) g_tr.t[13] = tclk();
     }
     Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring, extra_phase);
   }
@@ -339,11 +346,16 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 //   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer and
 //   tells it through smem.extra_ready / extra_taken.
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
+
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
                                                SharedStorage<Config>& smem, int cta, int num_ctas) {
   const int warpgroup = threadIdx.x / 128;
+  Trace& tr = g_tr;
   if (threadIdx.x == 0) {
+    for (int i = 0; i < 14; ++i) tr.t[i] = 0;
+    tr.t[0] = tclk();
+    tr.launch = g_trace_launch[blockIdx.x]++;
     ptx::prefetch_tensor_map(&mainloop.a);
     ptx::prefetch_tensor_map(&mainloop.w);
     for (int s = 0; s < Config::kStages; ++s) {
@@ -367,12 +379,12 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    if (threadIdx.x == 0) { tr.t[1] = tclk(); produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas); tr.t[2] = tclk(); }
     if constexpr (Epilogue::kHasSender) {
-      if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      if (threadIdx.x == 32) { Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas); tr.t[3] = tclk(); }
     }
     if constexpr (Epilogue::kHasWatcher) {
-      if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      if (threadIdx.x == 64) { Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas); tr.t[4] = tclk(); }
     }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
@@ -382,14 +394,30 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();
+    long long wait_sum = 0, main_sum = 0, epi_sum = 0, tiles = 0;
+    long long t_prev = tclk();
+    if (threadIdx.x == 128) tr.t[5] = t_prev;
     for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
       // The ring is at the step's first K stage, which carries the step's work.
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+      const long long t_a = tclk();
+      if (threadIdx.x == 128 && tiles == 0) tr.t[6] = t_a;
       const Work work = smem.stage_work[ring.stage];
       consume_tile<Config>(mainloop, smem, slab, acc, ring);
+      const long long t_b = tclk();
       epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
+      const long long t_c = tclk();
+      wait_sum += t_a - t_prev; main_sum += t_b - t_a; epi_sum += t_c - t_b; ++tiles; t_prev = t_c;
     }
     epilogue.finish();
+    if (threadIdx.x == 128) { tr.t[7] = tclk(); tr.t[8] = wait_sum; tr.t[9] = main_sum; tr.t[10] = epi_sum; tr.t[11] = tiles; }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && tr.launch == 150 && (blockIdx.x == 0 || blockIdx.x == 100)) {
+    const long long t0 = tr.t[0];
+    printf("TRACE %s cta %d: first_work %lld first_issued %lld prod_start %lld prod_done %lld sender_done %lld watcher_done %lld cons_start %lld first_full %lld cons_done %lld end %lld | tiles %lld wait %lld main %lld epi %lld\n",
+           Epilogue::kHasSender ? "fused" : "gemm", int(blockIdx.x), tr.t[12] - t0, tr.t[13] - t0, tr.t[1] - t0, tr.t[2] - t0, tr.t[3] ? tr.t[3] - t0 : 0,
+           tr.t[4] ? tr.t[4] - t0 : 0, tr.t[5] - t0, tr.t[6] - t0, tr.t[7] - t0, tclk() - t0, tr.t[11], tr.t[8], tr.t[9], tr.t[10]);
   }
   // A CTA leaves only when its partner no longer multicasts into it or arrives on its barriers.
   if constexpr (Config::kCluster == 2) ptx::cluster_sync();
