@@ -10,7 +10,7 @@ namespace tpfuse::kernels {
 
 struct FusedRankParams {
   MainloopParams mainloop;
-  PushReduceEpilogue::Params epilogue;
+  PushReduceParams epilogue;
   uint32_t* epoch_counter;  // calls completed on this rank (epilogue.epoch_counter, writable)
   uint32_t* done_counter;   // CTAs of this rank done with the current call
 };
@@ -23,7 +23,7 @@ struct FusedLaunch {
 
 template <class Config>
 __device__ __forceinline__ void run_rank(const FusedRankParams& rank, int cta, int ctas_per_rank) {
-  run_persistent<Config, PushReduceEpilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta,
+  run_persistent<Config, PushReduceEpilogue<Config>>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta,
                                              ctas_per_rank);
   __syncthreads();
   // The last CTA of this rank to finish advances the epoch: the next call (stream-ordered after this

@@ -7,9 +7,9 @@
 //                      help the epilogue (run_persistent)
 //   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
 //
-// An epilogue may also stream inputs of its own through the same ring, after a tile's K stages
-// (the fused op's partials of an own tile): they then arrive while the tile is still being
-// multiplied, as deep as the ring, instead of after it.
+// An epilogue may also work in the mainloop's shadow: the consumers call it twice per K block, right
+// after issuing the block's WGMMAs and once the previous block's are done, while the tensor cores
+// multiply (the fused op reduces its own rows there, off the tensor cores' critical path).
 //
 // The CTAs walk the tile schedule (plan/schedule.h) persistently, one step per wave of `grid` steps
 // (persistent_step): CTA b's place in the wave moves on by one each wave.
@@ -63,12 +63,7 @@ struct MainloopConfig {
   static constexpr int kWPieceBoxRows = kWeightKMajor ? kBlockN / 2 : kBlockK;
   static constexpr int kWPieceBoxCols = kWeightKMajor ? kBlockK : 64;
 
-  // Extra stages (see above) carry 8 KB pieces: a 64 x 64 BF16 chunk each, A's part of a stage
-  // first, then W's.
-  static constexpr int kPieceBytes = 64 * 64 * 2;
-  static constexpr int kAPieces = kABytes / kPieceBytes;
-  static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
-  static constexpr int kChunksPerSlab = kWgCols / 64;
+  static constexpr int kChunksPerSlab = kWgCols / 64;  // 64 x 64 chunks of the epilogue's staging
 
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -76,7 +71,6 @@ struct MainloopConfig {
   static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(kWgCols == 128 || kWgCols == 192 || kWgCols == 256, "a consumer issues m64n{128,192,256} WGMMAs");
-  static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
 };
 
 // Epilogue staging: each consumer stages its whole slab, one 64 x 64 chunk per buffer.
@@ -121,10 +115,9 @@ struct alignas(1024) SharedStorage {
   // that stage is full, and need not compute the schedule themselves).
   Work stage_work[Config::kStages];
   SlabHandoff handoff[Config::kConsumers];
-  // An epilogue's watcher thread and the producer (epilogues that have one): the inputs of the next
-  // tile with extra stages have arrived; the producer has taken that news.
-  uint64_t extra_ready;
-  uint64_t extra_taken;
+  // An epilogue's watcher thread (epilogues that have one) publishes here how many of the CTA's
+  // waves have all their inputs in (ptx::store_release_cta / load_acquire_cta).
+  int inputs_arrived;
 };
 
 // A position in the ring of stages (producer and consumers each keep their own).
@@ -140,13 +133,6 @@ struct StageCursor {
     }
   }
 };
-
-// Piece q of a stage used as an extra stage (8 KB, 1024-byte aligned).
-template <class Config>
-__device__ __forceinline__ __nv_bfloat16* stage_piece(SharedStorage<Config>& smem, int stage, int q) {
-  constexpr int kPieceElems = Config::kPieceBytes / 2;
-  return q < Config::kAPieces ? smem.a[stage] + q * kPieceElems : smem.w[stage] + (q - Config::kAPieces) * kPieceElems;
-}
 
 struct MainloopParams {
   CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM
@@ -233,12 +219,10 @@ struct Slab {
   }
 };
 
-// The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
-template <class Config, class Epilogue>
-__device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
-                                        SharedStorage<Config>& smem, int cta, int num_ctas) {
+// The producer thread: each tile's K stages.
+template <class Config>
+__device__ __forceinline__ void produce(const MainloopParams& p, SharedStorage<Config>& smem, int cta, int num_ctas) {
   StageCursor ring;
-  uint32_t extra_phase = 0;  // the epilogue's, across tiles
   const int num_tiles = p.schedule.num_tiles();
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
@@ -266,7 +250,6 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
       }
       ring.advance<Config>();
     }
-    Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring, extra_phase);
   }
 }
 
@@ -279,10 +262,12 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles.
-template <class Config>
+// Accumulates one tile's slab over all K blocks, and lets the epilogue work in the shadow of each
+// block's WGMMAs. `ring` carries the position across tiles.
+template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
-                                             float (&acc)[Config::kAccPerThread], StageCursor& ring) {
+                                             float (&acc)[Config::kAccPerThread], StageCursor& ring,
+                                             Epilogue& epilogue) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
   constexpr uint64_t kStepA = 32 >> 4;
@@ -307,6 +292,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
       Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
     }
     cute::warpgroup_commit_batch();
+    epilogue.overlap_begin();
     // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
     cute::warpgroup_wait<1>();
 #pragma unroll
@@ -314,6 +300,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
     ring.advance<Config>();
+    epilogue.overlap_end();
   }
   cute::warpgroup_wait<0>();
 #pragma unroll
@@ -324,20 +311,18 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
 // schedule, one per wave (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
-//   Epilogue(params, consumer, ChunkBuffers);
-//   end_tile<Config>(work, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
-//             any, and the store of the slab, in the order the epilogue needs;
-//   finish() at the end;
-// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
-// producer thread calls after each tile's K stages (both sides must agree on the number of extra
-// stages; extra_phase is the epilogue's to keep across tiles).
+//   Epilogue(params, schedule, cta, num_ctas, consumer, ChunkBuffers, smem);
+//   overlap_begin() once per K block, right after issuing its WGMMAs, and overlap_end() once the
+//             previous block's WGMMAs are done: work in the tensor cores' shadow;
+//   end_tile(work, slab, acc) after each tile's K stages: the slab's way out;
+//   finish() at the end.
 // Two more threads of the producer warpgroup may help the epilogue:
-//   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, schedule, smem, cta,
+//   with Epilogue::kHasSender, warp 1 runs Epilogue::send(params, schedule, smem, cta,
 //   num_ctas): it takes every consumer's staged slab of every step through smem.handoff, so that the
 //   consumers go back to multiplying while the slab goes out;
-//   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
-//   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer and
-//   tells it through smem.extra_ready / extra_taken.
+//   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch(params, schedule, smem, cta,
+//   num_ctas): it waits for the inputs the epilogue needs, wave by wave, and publishes its progress
+//   in smem.inputs_arrived.
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, const typename Epilogue::Params& epilogue_params,
@@ -354,8 +339,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       ptx::mbarrier_init(&smem.handoff[c].staged, 1);
       ptx::mbarrier_init(&smem.handoff[c].sent, 1);
     }
-    ptx::mbarrier_init(&smem.extra_ready, 1);
-    ptx::mbarrier_init(&smem.extra_taken, 1);
+    smem.inputs_arrived = 0;
     ptx::fence_barrier_init();
   }
   // The partner's barriers must be initialized before any multicast or remote arrive reaches them.
@@ -367,18 +351,19 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    if (threadIdx.x == 0) produce<Config>(mainloop, smem, cta, num_ctas);
     if constexpr (Epilogue::kHasSender) {
-      if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      if (threadIdx.x == 32) Epilogue::send(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
     if constexpr (Epilogue::kHasWatcher) {
-      if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      if (threadIdx.x == 64) Epilogue::watch(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    Epilogue epilogue(epilogue_params, consumer, ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]});
+    Epilogue epilogue(epilogue_params, mainloop.schedule, cta, num_ctas, consumer,
+                      ChunkBuffers{smem.chunks[consumer], &smem.handoff[consumer]}, smem);
     float acc[Config::kAccPerThread];
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();
@@ -386,8 +371,8 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       // The ring is at the step's first K stage, which carries the step's work.
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
       const Work work = smem.stage_work[ring.stage];
-      consume_tile<Config>(mainloop, smem, slab, acc, ring);
-      epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
+      consume_tile<Config>(mainloop, smem, slab, acc, ring, epilogue);
+      epilogue.end_tile(work, slab, acc);
     }
     epilogue.finish();
   }

@@ -158,18 +158,27 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
-// Loads four 8x8 BF16 matrices from shared memory: the inverse of stmatrix_x4, same addressing.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-
 // ---- barriers among a subset of warps -----------------------------------------------------------
 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- global memory ----------------------------------------------------------------------------
+
+// Brings the line holding `ptr` into L2 (no register waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* ptr) { asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr)); }
+
+// ---- a counter in shared memory, published by one thread and read by others of the CTA ---------
+
+__device__ __forceinline__ void store_release_cta(int* counter, int value) {
+  asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"(smem_addr(counter)), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ int load_acquire_cta(const int* counter) {
+  int value;
+  asm volatile("ld.acquire.cta.shared.u32 %0, [%1];" : "=r"(value) : "r"(smem_addr(counter)) : "memory");
+  return value;
 }
 
 // ---- register reallocation between warpgroups ---------------------------------------------------

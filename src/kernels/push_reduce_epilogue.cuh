@@ -1,11 +1,9 @@
 // The fused op's epilogue: a finished slab of another rank's rows is pushed (BF16, TMA store) into
-// that owner's receive slot and signalled with an epoch flag; for a slab of this rank's own rows the
-// producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
-// stages, the consumer adds them to its FP32 accumulators in rank order, and the slab is rounded
-// once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
-// is still being multiplied; the consumers never wait on a peer themselves.) A tile's slabs have
-// one owner, or in a band of two segments (plan/schedule.h) one each: then an own band's tile has
-// one slab to reduce and one to push, and the push goes first.
+// that owner's receive slot and signalled with an epoch flag; a slab of this rank's own rows is left
+// in FP32 and reduced later with its P-1 peers' partials, in rank order, rounded once, in the shadow
+// of the following tiles' mainloops (own_slab_reducer.cuh). A tile's slabs have one owner, or in a
+// band of two segments (plan/schedule.h) one each. No consumer waits for a peer before its last
+// tile, so no order of the pushes can make two ranks wait for each other.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
@@ -17,17 +15,17 @@
 //
 // The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
 // it, the pushed slabs of a tile as one bulk group, and raises their flags. It waits for the
-// consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
-// consumers wait for next.
+// consumers only, never for a peer, so a flag goes up as soon as its slab has landed.
 //
 // NOTE (memory ordering, per pushed tile): the sender waits for its bulk group to COMPLETE
 // (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then stores each flag
 // with release semantics at system scope. The owner's watcher thread polls the flags with relaxed
-// system-scope loads, then fences (acquire at system scope) and arrives on an mbarrier; the producer
-// waits on it (acquire at CTA scope, so the peers' writes happen before what follows) and fences
-// generic -> async proxy before its TMA loads of the data.
+// system-scope loads, then fences (acquire at system scope) and publishes its progress in shared
+// memory with a CTA-scope release; the consumers read it with a CTA-scope acquire before their
+// (generic, L2-only) loads of the partials, so the peers' writes happen before those loads.
 #pragma once
 
+#include "kernels/own_slab_reducer.cuh"
 #include "kernels/peer_error.h"
 #include "kernels/tile_store.cuh"
 #include "tpfuse/problem.h"
@@ -37,233 +35,116 @@ namespace tpfuse::kernels {
 // Flag values compare modulo 2^32, so the epoch may wrap.
 __device__ __forceinline__ bool epoch_reached(uint32_t flag, uint32_t epoch) { return int32_t(flag - epoch) >= 0; }
 
+// What the fused op's epilogue needs of one rank's call.
+struct PushReduceParams {
+  int rank;
+  int world_size;
+  int rows_per_rank;
+  int n;
+  int col_tiles;
+  int block_m;
+  int block_n;
+  int tiles_per_band;
+  CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
+  CUtensorMap out;                     // rows_per_rank x n, this rank's output
+  __nv_bfloat16* out_rows;             // the same, for the reduced rows' generic stores
+  const __nv_bfloat16* recv;           // this rank's receive buffer (recv_at[rank]'s memory)
+  size_t recv_parity_elems;            // distance between its two parity halves
+  float* own_partial;                  // rows_per_rank x n FP32: own slabs waiting for their partials
+  uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
+  size_t flags_parity_words;           // distance between the two parity halves of a flag array
+  const uint32_t* epoch_counter;       // calls completed on this rank; this call's epoch is one more
+  uint32_t* failed;                    // set by the first wait of this rank that times out
+  PeerError* error;                    // host-mapped
+  uint64_t timeout_ns;
+};
+
+template <class Config>
 class PushReduceEpilogue {
  public:
-  struct Params {
-    int rank;
-    int world_size;
-    int rows_per_rank;
-    int n;
-    int col_tiles;
-    int block_m;
-    int block_n;
-    int tiles_per_band;
-    CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
-    CUtensorMap out;                 // rows_per_rank x n, this rank's output
-    uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
-    size_t flags_parity_words;       // distance between the two parity halves of a flag array
-    const uint32_t* epoch_counter;   // calls completed on this rank; this call's epoch is one more
-    uint32_t* failed;                // set by the first wait of this rank that times out
-    PeerError* error;                // host-mapped
-    uint64_t timeout_ns;
-  };
+  using Params = PushReduceParams;
 
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
 
-  __device__ PushReduceEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
+  __device__ PushReduceEpilogue(const Params& params, const TileSchedule& schedule, int cta, int num_ctas,
+                                int consumer, ChunkBuffers buffers, SharedStorage<Config>& smem)
       : p_(params), consumer_(consumer), slabs_(consumer, buffers), handoff_(buffers.handoff),
-        parity_(call_epoch(params) & 1) {}
+        parity_(call_epoch(params) & 1),
+        reducer_(OwnRows{params.own_partial, params.recv + size_t(parity_) * params.recv_parity_elems,
+                         params.out_rows, params.n, size_t(params.rows_per_rank) * size_t(params.n), params.rank,
+                         params.world_size - 1},
+                 schedule, cta, num_ctas, consumer, &smem.inputs_arrived) {}
 
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
   // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
-  template <class Config>
   __device__ static void send(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
                               int num_ctas) {
     static_assert(Config::kCluster == 1, "every step of a CTA stages its slabs (no duplicate steps of a pair)");
-    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
     const int num_tiles = schedule.num_tiles();
-    for (int wave = 0, step = cta, s = 0; has_work<Config>(step, num_tiles);
-         step = step_of<Config>(cta, num_ctas, ++wave), ++s) {
-      // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
-      // segments the partner's partial of it waits for this rank's push of the partner's slab.
-      // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
-      // (walking it cost the fused call 0.5%).
-      const uint32_t own = schedule.segments_per_tile == 1 ? 0 : own_slabs<Config>(p, schedule.tile(step));
-      uint32_t slabs = kAllSlabs & ~own;
-      // One call site: the stores are compiled once.
-#pragma unroll 1
-      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs(p, smem, slabs, s, epoch);
+    for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+      send_slabs(p, smem, wave, epoch);
     }
   }
 
   // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
-  // flags of the tile and fences, then tells the producer; at most one own tile ahead of it.
-  template <class Config>
+  // flags of the tile and fences, then publishes that the CTA's waves up to that tile's have their
+  // inputs in.
   __device__ static void watch(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
                                int num_ctas) {
     const uint32_t epoch = call_epoch(p);
-    uint32_t own_tiles = 0;
+    int waves = 0;
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
-      if (reduced_slabs<Config>(p, work.tile) == 0) return;
-      if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
-      // A timeout is recorded in p.failed, which the producer reads.
-      if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
-      ptx::mbarrier_arrive(&smem.extra_ready);
-      ++own_tiles;
+      ++waves;
+      if (p.world_size == 1 || !has_own_slab(p, work.tile)) return;
+      // A timeout is recorded in p.failed; the consumers then reduce whatever is there, and the
+      // call reports the error.
+      if (wait_for_partials(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
+      ptx::store_release_cta(&smem.inputs_arrived, waves);
     });
   }
 
-  // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
-  // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
-  template <class Config>
-  __device__ static void produce_extra_stages(const Params& p, const Tile& tile, SharedStorage<Config>& smem,
-                                              StageCursor& ring, uint32_t& own_phase) {
-    const uint32_t reduced = reduced_slabs<Config>(p, tile);
-    if (reduced == 0) return;
-    const uint32_t epoch = call_epoch(p);  // a load from global memory: before the wait, not after
-    ptx::mbarrier_wait(&smem.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
-    ptx::mbarrier_arrive(&smem.extra_taken);
-    own_phase ^= 1;
-    const bool arrived = *reinterpret_cast<volatile uint32_t*>(p.failed) == 0;
-    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    // The reduced slabs' count as a constant: the piece order's arithmetic, on this one thread per
-    // 8 KB piece, then folds into shifts. At run time it took about 80 instructions a piece instead
-    // of 15, and the proxy measured 1.249 against 1.215 (bench/results/2026-11-29-h200-a88161a/bisect/).
-    if (__popc(reduced) == Config::kConsumers) {
-      stream_partials<Config, Config::kConsumers>(p, tile, reduced, epoch, arrived, smem, ring);
-    } else {
-      stream_partials<Config, 1>(p, tile, reduced, epoch, arrived, smem, ring);
-    }
+  // Once per K block of the mainloop: a step of the own slabs' reduction.
+  __device__ void overlap_begin() { reducer_.overlap_begin(); }
+  __device__ void overlap_end() { reducer_.overlap_end(); }
+
+  // Consumers, after a tile's K stages: an own slab (with peers) is left in FP32 for the reducer, any
+  // other slab is staged for the sender (pushed to its owner, or stored here without peers).
+  __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const OwnSlab own = reducer_.slab_of(work.tile, slabs_staged_);
+    if (own.reduced) reducer_.leave(acc, own);
+    store(work.tile, slab, acc, own.reduced);  // one call: the store's code is large
+    reducer_.end_wave(own);
   }
 
-  // Producer thread: the TMA loads of an own tile's partials (kSlabs reduced slabs), in the order
-  // of partial_piece(); after a failed call only empty stages, so that the consumers finish.
-  template <class Config, int kSlabs>
-  __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch,
-                                         bool arrived, SharedStorage<Config>& smem, StageCursor& ring) {
-    const int num_pieces = partial_pieces<Config>(p, reduced);
-    for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
-      const int stage = ring.stage;
-      ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
-      uint64_t* full = &smem.full[stage];
-      const int count = min(Config::kPiecesPerStage, num_pieces - first);
-      if (!arrived) {
-        ptx::mbarrier_arrive(full);  // the call has failed: only let the consumers finish
-      } else {
-        ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
-        for (int q = 0; q < count; ++q) {
-          const PartialPiece piece = partial_piece<Config, kSlabs>(p, tile, reduced, first + q);
-          ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
-                           epoch & 1);
-        }
-      }
-      ring.advance<Config>();
-    }
-  }
-
-  // Consumers, after a tile's K stages: a slab of this rank's rows takes its peers' partials from
-  // the tile's extra stages, then is stored; a pushed slab is staged for the sender first, and only
-  // then passes the extra stages the tile may have for the other slab (its owner may be waiting for
-  // this slab to reduce that same tile, in a band of two segments).
-  template <class Config>
-  __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
-                           SharedStorage<Config>& smem, StageCursor& ring) {
-    const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
-    const bool reduces = (reduced >> consumer_) & 1;
-    if (reduces) add_partials<Config>(reduced, acc, smem, ring);
-    store<Config>(work.tile, slab, acc);  // one call: the store's code is large
-    if (reduced != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
-  }
-
-  // The sender raises the last flags; nothing is left to the consumers.
-  __device__ void finish() {}
+  // The sender raises the last flags; the own slabs left are reduced here.
+  __device__ void finish() { reducer_.finish(); }
 
  private:
-  // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
-  struct PartialPiece {
-    int source;
-    int row;  // in the owner's segment
-    int col;
-  };
-
   // This call's epoch: one more than the calls this rank has completed.
   __device__ static uint32_t call_epoch(const Params& p) {
     return *reinterpret_cast<const volatile uint32_t*>(p.epoch_counter) + 1;
   }
 
-  // The slabs of a tile that hold this rank's rows (a bit per consumer): stored here, not pushed.
-  template <class Config>
-  __device__ static uint32_t own_slabs(const Params& p, const Tile& tile) {
-    uint32_t slabs = 0;
+  // Whether a slab of the tile holds this rank's rows.
+  __device__ static bool has_own_slab(const Params& p, const Tile& tile) {
     for (int c = 0; c < Config::kConsumers; ++c) {
-      if (tile.owner_of(Slab<Config>::of_consumer(c).row) == p.rank) slabs |= 1u << c;
+      if (tile.owner_of(Slab<Config>::of_consumer(c).row) == p.rank) return true;
     }
-    return slabs;
+    return false;
   }
 
-  // The own slabs that take the peers' partials through extra stages: none without peers.
-  template <class Config>
-  __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
-    return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
-  }
-
-  // Pieces of partials a tile takes through the ring: every chunk of each reduced slab from each
-  // peer (a chunk past the segment or past n is zero-filled by the TMA and never stored).
-  template <class Config>
-  __device__ static int partial_pieces(const Params& p, uint32_t reduced) {
-    return (p.world_size - 1) * __popc(reduced) * Config::kChunksPerSlab;
-  }
-
-  template <class Config>
-  __device__ static int extra_stages(const Params& p, uint32_t reduced) {
-    return (partial_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
-  }
-
-  // Piece i = (j * chunks per slab + chunk) * S + place, S the reduced slabs: peer j (in rank order,
-  // skipping this rank) first, then the chunk, then the slab, so with two reduced slabs a
-  // warpgroup takes every other piece.
-  template <class Config, int kSlabs>
-  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
-    const int consumer = kSlabs == Config::kConsumers ? i % kSlabs : __ffs(reduced) - 1;
-    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    const int chunk = (i / kSlabs) % Config::kChunksPerSlab;
-    const int j = i / (kSlabs * Config::kChunksPerSlab);
-    return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
-  }
-
-  // Adds this warpgroup's pieces of the tile's partials as the producer streams them in, releasing
-  // each extra stage once read. The pieces come source by source, so every element gets its
-  // partials in rank order.
-  template <class Config>
-  __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem,
-                               StageCursor& ring) {
-    static_assert(Config::kConsumers <= Config::kPiecesPerStage, "a stage holds a piece of every reduced slab");
-    const int num_slabs = __popc(reduced);
-    const int num_stages = extra_stages<Config>(p_, reduced);
-    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
-    // This warpgroup's next piece, counted in the held stage: every num_slabs-th from its place.
-    int in_stage = __popc(reduced & ((1u << consumer_) - 1));
-    ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-    const int num_sources = p_.world_size - 1;
-    for (int j = 0; j < num_sources; ++j) {
-#pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-        if (in_stage >= Config::kPiecesPerStage) {
-          release_extra_stage(smem, ring);
-          ++held;
-          in_stage -= Config::kPiecesPerStage;
-          ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-        }
-        add_chunk_bf16(stage_piece(smem, ring.stage, in_stage), acc + c * 32);
-        in_stage += num_slabs;
-      }
-    }
-    release_extra_stage(smem, ring);
-    // The stages left may hold only the other warpgroup's pieces; each is released by both.
-    pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
-  }
-
-  // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
-  template <class Config>
-  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+  // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none. A reduced
+  // slab hands over nothing to store; the staging's barrier still orders its FP32 values (left by
+  // every thread of the warpgroup) before the reducer's loads of them.
+  __device__ void store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], bool reduced) {
     const int owner = tile.owner_of(slab.row);
     const int segment_row = tile.segment_row_of(slab.row);
     const int col_begin = tile.col_begin + slab.col;
     // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
     const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
-    const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
+    const int num_chunks = empty || reduced ? 0 : chunks_before<Config>(col_begin, tile.col_end);
     // The sender's stores of the previous slab must have read the chunk buffers.
     if (slabs_staged_ > 0) ptx::mbarrier_wait(&handoff_->sent, (slabs_staged_ - 1) & 1);
     slabs_.stage<Config::kChunksPerSlab>(acc, num_chunks);
@@ -279,16 +160,12 @@ class PushReduceEpilogue {
     ++slabs_staged_;
   }
 
-  // Sender thread: stores the given slabs of a step (a bit per consumer) as one bulk group, hands
-  // their chunk buffers back once read, and raises the flags of the pushed ones once landed.
-  template <class Config>
-  __device__ static void send_slabs(const Params& p, SharedStorage<Config>& smem, uint32_t slabs, int step,
-                                    uint32_t epoch) {
-    if (slabs == 0) return;
+  // Sender thread: stores every consumer's staged slab of a step as one bulk group, hands their
+  // chunk buffers back once read, and raises the flags of the pushed ones once landed.
+  __device__ static void send_slabs(const Params& p, SharedStorage<Config>& smem, int step, uint32_t epoch) {
     uint32_t* flags[Config::kConsumers] = {};
     bool any_flag = false;
     for (int c = 0; c < Config::kConsumers; ++c) {
-      if (!(slabs & (1u << c))) continue;
       SlabHandoff& slab = smem.handoff[c];
       ptx::mbarrier_wait(&slab.staged, step & 1);
       flags[c] = slab.flag;
@@ -304,9 +181,7 @@ class PushReduceEpilogue {
     }
     ptx::bulk_commit_group();
     ptx::bulk_wait_group_read<0>();
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.handoff[c].sent);
-    }
+    for (int c = 0; c < Config::kConsumers; ++c) ptx::mbarrier_arrive(&smem.handoff[c].sent);
     if (!any_flag) return;
     ptx::bulk_wait_group<0>();
     ptx::fence_proxy_async_global();
@@ -315,9 +190,8 @@ class PushReduceEpilogue {
     }
   }
 
-  // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).
+  // Watcher thread: waits, boundedly, for every flag of the tile's own slabs (each peer, each slab).
   // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
-  template <class Config>
   __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
     static_assert(Config::kConsumers == 2 && 2 * kMaxWorldSize <= 32, "two slab flags per source in one mask");
     uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
@@ -359,26 +233,6 @@ class PushReduceEpilogue {
     }
   }
 
-  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
-  // load (async proxy) may overwrite it.
-  template <class Config>
-  __device__ void release_extra_stage(SharedStorage<Config>& smem, StageCursor& ring) {
-    ptx::fence_proxy_async_shared();
-    slabs_.sync();
-    release_stage(smem, ring.stage);
-    ring.advance<Config>();
-  }
-
-  // Consumers: waits for and releases `count` extra stages without reading them (they hold the other
-  // slab's pieces).
-  template <class Config>
-  __device__ void pass_extra_stages(int count, SharedStorage<Config>& smem, StageCursor& ring) {
-    for (int i = 0; i < count; ++i) {
-      ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
-      release_extra_stage(smem, ring);
-    }
-  }
-
   // The first timeout of this rank's call records what it waited for; the host reads it after the call.
   __device__ static void report_timeout(const Params& p, int source, int row, int col) {
     if (atomicCAS(p.failed, 0u, 1u) != 0u) return;
@@ -406,7 +260,8 @@ class PushReduceEpilogue {
   SlabStore slabs_;
   SlabHandoff* handoff_;
   int parity_;
-  int slabs_staged_ = 0;
+  int slabs_staged_ = 0;  // also the CTA's waves this warpgroup has finished
+  OwnSlabReducer<Config> reducer_;
 };
 
 }  // namespace tpfuse::kernels

@@ -22,8 +22,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // elements [32c, 32c + 32).
 //
 // A chunk buffer is 64 x 64 BF16 in the TMA SWIZZLE_128B layout: 128-byte rows whose 16-byte pieces
-// are permuted by (piece ^ row % 8), which also keeps stmatrix/ldmatrix free of bank conflicts.
-// This thread's stmatrix/ldmatrix address for column-block pair p: it addresses row (lane % 8) of
+// are permuted by (piece ^ row % 8), which also keeps stmatrix free of bank conflicts.
+// This thread's stmatrix address for column-block pair p: it addresses row (lane % 8) of
 // matrix (lane / 8), i.e. rows 0-7 or 8-15 of column block 2p + (lane / 16).
 __device__ __forceinline__ uint32_t chunk_matrix_addr(const __nv_bfloat16* buffer, int pair) {
   const int lane = threadIdx.x % 32;
@@ -40,21 +40,6 @@ __device__ __forceinline__ void stage_chunk_bf16(const float* acc_chunk, __nv_bf
     const float* a = acc_chunk + 8 * pair;  // blocks 2p and 2p + 1: elements [8p, 8p + 8)
     ptx::stmatrix_x4(chunk_matrix_addr(buffer, pair), pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]),
                      pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
-  }
-}
-
-// Adds a BF16 chunk buffer to one chunk of accumulators (FP32).
-__device__ __forceinline__ void add_chunk_bf16(const __nv_bfloat16* buffer, float* acc_chunk) {
-#pragma unroll
-  for (int pair = 0; pair < 4; ++pair) {
-    uint32_t r[4];
-    ptx::ldmatrix_x4(chunk_matrix_addr(buffer, pair), r[0], r[1], r[2], r[3]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      // A BF16 is the top half of the FP32 of the same value: one integer op widens each.
-      acc_chunk[8 * pair + 2 * i] += __uint_as_float(r[i] << 16);
-      acc_chunk[8 * pair + 2 * i + 1] += __uint_as_float(r[i] & 0xffff0000u);
-    }
   }
 }
 
@@ -121,18 +106,18 @@ class StoreTileEpilogue {
   static constexpr bool kHasSender = false;
   static constexpr bool kHasWatcher = false;
 
-  __device__ StoreTileEpilogue(const Params& params, int consumer, ChunkBuffers buffers)
+  template <class Config>
+  __device__ StoreTileEpilogue(const Params& params, const TileSchedule&, int /*cta*/, int /*num_ctas*/, int consumer,
+                               ChunkBuffers buffers, SharedStorage<Config>&)
       : params_(params), slabs_(consumer, buffers) {}
 
-  // A tile's output needs no input: no extra stages.
-  template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&,
-                                              uint32_t&) {}
+  // Nothing to do while the tensor cores multiply.
+  __device__ void overlap_begin() {}
+  __device__ void overlap_end() {}
 
   // Stores the slab (unless the step is a duplicate that keeps a cluster's pair in lockstep).
   template <class Config>
-  __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
-                           SharedStorage<Config>&, StageCursor&) {
+  __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     if (!work.store) return;
     const Tile& tile = work.tile;
     const int row = tile.row_begin + slab.row;

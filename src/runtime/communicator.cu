@@ -59,6 +59,7 @@ void size_buffers(const CommunicatorOptions& options, int world_size, Communicat
   comm->recv_parity_elems = size_t(world_size) * size_t(rows) * size_t(options.max_n);
   const size_t tiles = size_t((rows + kMinBlockM - 1) / kMinBlockM) * size_t((options.max_n + kMinBlockN - 1) / kMinBlockN);
   comm->flags_parity_words = size_t(world_size) * tiles * kSlabsPerTile;
+  comm->own_partial_elems = size_t(rows) * size_t(options.max_n);
 }
 
 size_t allocation_bytes(const Communicator& comm) {
@@ -79,6 +80,7 @@ Status init_rank(Communicator& comm, RankState& rank, void* allocation) {
   rank.done_counter = rank.epoch_counter + 1;
   rank.failed = rank.epoch_counter + 2;
   TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0, flag_bytes + align_up(kCounterWords * 4)));
+  TPFUSE_CUDA_TRY(cudaMalloc(&rank.own_partial, comm.own_partial_elems * sizeof(float)));
   TPFUSE_CUDA_TRY(cudaHostAlloc(&rank.error_host, sizeof(kernels::PeerError), cudaHostAllocMapped));
   std::memset(rank.error_host, 0, sizeof(kernels::PeerError));
   TPFUSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rank.error_device), rank.error_host, 0));
@@ -155,6 +157,7 @@ void release(Communicator* comm) {
   for (RankState& rank : comm->ranks) {
     cudaSetDevice(rank.device);
     if (rank.error_host != nullptr) cudaFreeHost(rank.error_host);
+    if (rank.own_partial != nullptr) cudaFree(rank.own_partial);
     if (rank.allocation == nullptr) continue;
     if (comm->transport == Transport::kNcclSymmetric) {
       if (comm->window != nullptr) ncclCommWindowDeregister(comm->nccl, comm->window);
@@ -261,6 +264,7 @@ Status communicator_create(ncclComm_t nccl, const CommunicatorOptions& options, 
     if (comm->window != nullptr) ncclCommWindowDeregister(nccl, comm->window);
     if (comm->ranks[0].allocation != nullptr) ncclMemFree(comm->ranks[0].allocation);
     if (comm->ranks[0].error_host != nullptr) cudaFreeHost(comm->ranks[0].error_host);
+    if (comm->ranks[0].own_partial != nullptr) cudaFree(comm->ranks[0].own_partial);
     comm->window = nullptr;
     comm->ranks[0] = RankState{};
     comm->ranks[0].rank = rank_id;

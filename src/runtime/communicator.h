@@ -32,6 +32,9 @@ struct RankState {
   uint32_t* epoch_counter = nullptr;
   uint32_t* done_counter = nullptr;
   uint32_t* failed = nullptr;
+  // FP32 [rows_per_rank][n]: this rank's own slabs, waiting for their peers' partials. Private to
+  // the rank (not in the symmetric allocation).
+  float* own_partial = nullptr;
   kernels::PeerError* error_host = nullptr;  // pinned, mapped: written by the GPU, read by the host
   kernels::PeerError* error_device = nullptr;
   // Every rank's receive buffer and flags, as addressed from this rank's device.
@@ -47,6 +50,7 @@ struct Communicator {
   uint64_t timeout_ns = 0;
   size_t recv_parity_elems = 0;  // BF16 elements in one parity half of a receive buffer
   size_t flags_parity_words = 0;
+  size_t own_partial_elems = 0;  // FP32 elements of a rank's own-partial buffer
   std::vector<RankState> ranks;  // the ranks this process runs
   // Transport resources, released by communicator_destroy.
   ncclComm_t nccl = nullptr;

@@ -36,7 +36,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
                         kernels::FusedRankParams* rp) {
   TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, config, rank.rank, a, w, &rp->mainloop));
   const TileSchedule& schedule = rp->mainloop.schedule;
-  kernels::PushReduceEpilogue::Params& e = rp->epilogue;
+  kernels::PushReduceParams& e = rp->epilogue;
   e.rank = rank.rank;
   e.world_size = comm.world_size;
   e.rows_per_rank = int(problem.rows_per_rank());
@@ -53,6 +53,10 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   }
   TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kernels::kChunkRows,
                                               kernels::kChunkCols, &e.out));
+  e.out_rows = static_cast<__nv_bfloat16*>(out);
+  e.recv = static_cast<const __nv_bfloat16*>(rank.recv);
+  e.recv_parity_elems = comm.recv_parity_elems;
+  e.own_partial = rank.own_partial;
   e.flags_parity_words = comm.flags_parity_words;
   e.epoch_counter = rank.epoch_counter;
   e.failed = rank.failed;
@@ -100,8 +104,8 @@ Status launch_fused(Communicator* comm, const Problem& problem, const std::vecto
   TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
   GemmConfig config;
   TPFUSE_RETURN_IF_ERROR(choose_config(problem, "gemm_reduce_scatter", &config));
-  // Clusters are the plain GEMM's option only: an own tile's extra stages (its peers' partials) would
-  // break the lockstep of a cluster's shared ring.
+  // Clusters are the plain GEMM's option only: a cluster's pair keeps in lockstep with duplicate
+  // steps, and the fused op's sender takes every step's slabs.
   if (config.cluster_size != 1 && params::debug()) {
     std::fprintf(stderr, "tpfuse: gemm_reduce_scatter runs without clusters (TPFUSE_CLUSTER_SIZE is the GEMM's)\n");
   }
