@@ -5,7 +5,10 @@
 // once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
 // is still being multiplied; the consumers never wait on a peer themselves.) A tile's slabs have
 // one owner, or in a band of two segments (plan/schedule.h) one each: then an own band's tile has
-// one slab to reduce and one to push, and the push goes first.
+// one slab to reduce and one to push, and the push goes first. There the pushing warpgroup then
+// helps: it sums the partials of the slab's last columns (starting from zero, in rank order) and
+// hands its FP32 sums over in shared memory, while the reducing warpgroup adds those of the first
+// columns; each adds half of the pieces.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
@@ -155,16 +158,27 @@ class PushReduceEpilogue {
 
   // Consumers, after a tile's K stages: a slab of this rank's rows takes its peers' partials from
   // the tile's extra stages, then is stored; a pushed slab is staged for the sender first, and only
-  // then passes the extra stages the tile may have for the other slab (its owner may be waiting for
-  // this slab to reduce that same tile, in a band of two segments).
+  // then, in a band of two segments, helps with the other slab's partials (its owner may be waiting
+  // for this slab to reduce that same tile).
   template <class Config>
   __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            SharedStorage<Config>& smem, StageCursor& ring) {
+    static_assert(Config::kConsumers == 2, "a slab that is not reduced is the helper of the other one");
     const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
     const bool reduces = (reduced >> consumer_) & 1;
-    if (reduces) add_partials<Config>(reduced, acc, smem, ring);
+    const bool shared = __popc(reduced) == 1;
+    if (reduces) {
+      add_partials<Config>(reduced, acc, smem, ring);
+      if (shared) take_helper_sums<Config>(acc, smem);
+    }
     store<Config>(work.tile, slab, acc);  // one call: the store's code is large
-    if (reduced != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
+    if (reduced != 0 && !reduces) {
+      // acc is free once staged: it now sums the helper's columns of the other slab.
+#pragma unroll
+      for (int i = kHelperFirstChunk<Config> * 32; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
+      add_partials<Config>(reduced, acc, smem, ring);
+      give_helper_sums<Config>(acc, smem);
+    }
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
@@ -223,18 +237,28 @@ class PushReduceEpilogue {
     return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
   }
 
+  // In a band's own tile the helper sums the reduced slab's chunks from this one on (the later
+  // half, rounded down: its sums must fit in its own chunk buffers).
+  template <class Config>
+  static constexpr int kHelperFirstChunk = (Config::kChunksPerSlab + 1) / 2;
+
   // Adds this warpgroup's pieces of the tile's partials as the producer streams them in, releasing
   // each extra stage once read. The pieces come source by source, so every element gets its
-  // partials in rank order.
+  // partials in rank order. With two reduced slabs each warpgroup takes its own slab's pieces; with
+  // one, both walk its pieces, the reducing warpgroup adding the chunks before kHelperFirstChunk and
+  // the helper those from it on.
   template <class Config>
   __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem,
                                StageCursor& ring) {
     static_assert(Config::kConsumers <= Config::kPiecesPerStage, "a stage holds a piece of every reduced slab");
     const int num_slabs = __popc(reduced);
+    const bool reduces = (reduced >> consumer_) & 1;
+    const int first_chunk = num_slabs == 1 && !reduces ? kHelperFirstChunk<Config> : 0;
+    const int end_chunk = num_slabs == 1 && reduces ? kHelperFirstChunk<Config> : Config::kChunksPerSlab;
     const int num_stages = extra_stages<Config>(p_, reduced);
     int held = 0;  // the extra stage this warpgroup has waited for and not yet released
     // This warpgroup's next piece, counted in the held stage: every num_slabs-th from its place.
-    int in_stage = __popc(reduced & ((1u << consumer_) - 1));
+    int in_stage = num_slabs == 1 ? 0 : __popc(reduced & ((1u << consumer_) - 1));
     ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
     const int num_sources = p_.world_size - 1;
     for (int j = 0; j < num_sources; ++j) {
@@ -246,13 +270,54 @@ class PushReduceEpilogue {
           in_stage -= Config::kPiecesPerStage;
           ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
         }
-        add_chunk_bf16(stage_piece(smem, ring.stage, in_stage), acc + c * 32);
+        if (c >= first_chunk && c < end_chunk) add_chunk_bf16(stage_piece(smem, ring.stage, in_stage), acc + c * 32);
         in_stage += num_slabs;
       }
     }
     release_extra_stage(smem, ring);
     // The stages left may hold only the other warpgroup's pieces; each is released by both.
     pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
+  }
+
+  // The helper's sums in its chunk buffers (once the sender has read its pushed slab from them): a
+  // float4 per thread in turn, so each thread of the reducing warpgroup finds its own elements.
+  template <class Config>
+  __device__ static float4* helper_sums(SharedStorage<Config>& smem, int helper) {
+    static_assert((Config::kChunksPerSlab - kHelperFirstChunk<Config>) * 32 * 4 * 128 <= sizeof(smem.chunks[0]),
+                  "the helper's sums fit in its chunk buffers");
+    return reinterpret_cast<float4*>(smem.chunks[helper]) + threadIdx.x % 128;
+  }
+
+  static constexpr int kHandoverBarrier = 3;  // after SlabStore's 1 and 2: both consumer warpgroups
+  static constexpr int kHandedBackBarrier = 4;
+
+  // Helper, after its pieces: stores its sums, waits for the reducing warpgroup to take them.
+  template <class Config>
+  __device__ void give_helper_sums(const float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem) {
+    ptx::mbarrier_wait(&handoff_->sent, (slabs_staged_ - 1) & 1);  // the sender has read the pushed slab
+    float4* sums = helper_sums(smem, consumer_);
+#pragma unroll
+    for (int q = kHelperFirstChunk<Config> * 8; q < Config::kAccPerThread / 4; ++q) {
+      sums[(q - kHelperFirstChunk<Config> * 8) * 128] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    }
+    ptx::named_barrier_sync(kHandoverBarrier, 256);
+    ptx::named_barrier_sync(kHandedBackBarrier, 256);  // read: the buffers may be staged again
+  }
+
+  // Reducing warpgroup, after its pieces: adds the helper's sums to the slab's later chunks.
+  template <class Config>
+  __device__ void take_helper_sums(float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem) {
+    ptx::named_barrier_sync(kHandoverBarrier, 256);
+    const float4* sums = helper_sums(smem, 1 - consumer_);
+#pragma unroll
+    for (int q = kHelperFirstChunk<Config> * 8; q < Config::kAccPerThread / 4; ++q) {
+      const float4 s = sums[(q - kHelperFirstChunk<Config> * 8) * 128];
+      acc[4 * q] += s.x;
+      acc[4 * q + 1] += s.y;
+      acc[4 * q + 2] += s.z;
+      acc[4 * q + 3] += s.w;
+    }
+    ptx::named_barrier_arrive(kHandedBackBarrier, 256);
   }
 
   // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
