@@ -125,6 +125,7 @@ struct alignas(1024) SharedStorage {
   // tile with extra stages have arrived; the producer has taken that news.
   uint64_t extra_ready;
   uint64_t extra_taken;
+  int producer_wave;  // the wave whose K stages the producer is loading (a hint for the watcher)
 };
 
 // A position in the ring of stages (producer and consumers each keep their own).
@@ -243,6 +244,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
   const int cluster_rank = Config::kCluster == 1 ? 0 : int(ptx::cluster_cta_rank());
   for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
     const Work work = work_at<Config>(p.schedule, step, num_tiles);
+    if constexpr (Epilogue::kHasWatcher) *reinterpret_cast<volatile int*>(&smem.producer_wave) = wave;
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
@@ -356,6 +358,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     }
     ptx::mbarrier_init(&smem.extra_ready, 1);
     ptx::mbarrier_init(&smem.extra_taken, 1);
+    smem.producer_wave = 0;
     ptx::fence_barrier_init();
   }
   // The partner's barriers must be initialized before any multicast or remote arrive reaches them.

@@ -89,17 +89,27 @@ class PushReduceEpilogue {
   }
 
   // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
-  // flags of the tile and fences, then tells the producer; at most one own tile ahead of it.
+  // flags of the tile and fences, then tells the producer; at most one own tile ahead of it. Once
+  // the producer loads the tile before it, it also asks L2 for the tile's partials, so that the
+  // extra stages stream from L2 rather than from memory.
   template <class Config>
   __device__ static void watch(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
                                int num_ctas) {
     const uint32_t epoch = call_epoch(p);
     uint32_t own_tiles = 0;
+    int wave = -1;
     for_each_work<Config>(schedule, cta, num_ctas, [&](const Work& work) {
-      if (reduced_slabs<Config>(p, work.tile) == 0) return;
+      ++wave;
+      const uint32_t reduced = reduced_slabs<Config>(p, work.tile);
+      if (reduced == 0) return;
       if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
       // A timeout is recorded in p.failed, which the producer reads.
-      if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
+      if (wait_for_partials<Config>(p, work.tile, epoch)) {
+        ptx::fence_acquire_sys();  // flags seen -> partials
+        // The producer moves on whatever the watcher does: this wait ends.
+        while (*reinterpret_cast<volatile int*>(&smem.producer_wave) < wave - 1) __nanosleep(256);
+        prefetch_partials<Config>(p, work.tile, reduced, epoch);
+      }
       ptx::mbarrier_arrive(&smem.extra_ready);
       ++own_tiles;
     });
@@ -125,6 +135,18 @@ class PushReduceEpilogue {
       stream_partials<Config, Config::kConsumers>(p, tile, reduced, epoch, arrived, smem, ring);
     } else {
       stream_partials<Config, 1>(p, tile, reduced, epoch, arrived, smem, ring);
+    }
+  }
+
+  // Watcher thread: asks L2 for every piece of an own tile's partials.
+  template <class Config>
+  __device__ static void prefetch_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch) {
+    const int num_pieces = partial_pieces<Config>(p, reduced);
+    for (int i = 0; i < num_pieces; ++i) {
+      const PartialPiece piece = __popc(reduced) == Config::kConsumers
+                                     ? partial_piece<Config, Config::kConsumers>(p, tile, reduced, i)
+                                     : partial_piece<Config, 1>(p, tile, reduced, i);
+      ptx::tma_prefetch_l2_4d(&p.recv_at[p.rank], piece.col, piece.row, piece.source, epoch & 1);
     }
   }
 
