@@ -45,6 +45,9 @@
 #include "plan/partial_rounds.h"
 #include "tpfuse/problem.h"
 
+#ifndef TPFUSE_SPLIT_PROBE
+#define TPFUSE_SPLIT_PROBE 0  // built with 1, 2 and 3 for the probes p1-p3
+#endif
 namespace tpfuse::kernels {
 
 // Flag values compare modulo 2^32, so the epoch may wrap.
@@ -246,7 +249,7 @@ class PushReduceEpilogue {
     const uint32_t reduced = reduced_slabs<Config>(p_, work);
     const bool reduces = (reduced >> consumer_) & 1;
     const bool finishes = (finished_slabs<Config>(p_, work) >> consumer_) & 1;
-    if (p_.k_splits != 1 && !slab_is_empty(work.tile, slab)) {
+    if (p_.k_splits != 1 && !slab_is_empty(work.tile, slab) && TPFUSE_SPLIT_PROBE != 1) {
       if (finishes) {
         add_split_partial<Config>(work.tile, slab, acc);
       } else {
@@ -523,6 +526,7 @@ class PushReduceEpilogue {
   template <class Config>
   __device__ void hand_over_split_partial(const Tile& tile, float (&acc)[Config::kAccPerThread]) {
     static_assert(128 * Config::kAccPerThread <= kSplitSlabFloats, "a slab's partial fits its slot");
+    if (TPFUSE_SPLIT_PROBE == 3) return;
     const int slot = split_slot<Config>(tile);
     float4* partial = reinterpret_cast<float4*>(p_.split_partials + size_t(slot) * kSplitSlabFloats) + threadIdx.x % 128;
 #pragma unroll
@@ -539,8 +543,9 @@ class PushReduceEpilogue {
   template <class Config>
   __device__ void add_split_partial(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     const int slot = split_slot<Config>(tile);
-    if (slabs_.leader()) wait_for_split_partial(p_.split_flags + slot, tile.row_begin + slab.row, tile.col_begin + slab.col);
+    if (slabs_.leader() && TPFUSE_SPLIT_PROBE != 3) wait_for_split_partial(p_.split_flags + slot, tile.row_begin + slab.row, tile.col_begin + slab.col);
     slabs_.sync();  // the leader's acquire, passed on to the warpgroup
+    if (TPFUSE_SPLIT_PROBE == 2) return;
     const float4* partial =
         reinterpret_cast<const float4*>(p_.split_partials + size_t(slot) * kSplitSlabFloats) + threadIdx.x % 128;
 #pragma unroll
