@@ -294,6 +294,9 @@ class PushReduceEpilogue {
 
   template <class Config>
   __device__ static int streamed_pieces(const Params& p, uint32_t reduced) {
+#if TPFUSE_PROBE_NO_PARTIALS
+    return 0;  // probe, timing only: no partials streamed or added after the K loop
+#endif
     return __popc(reduced) * ((p.world_size - 1) * Config::kChunksPerSlab - round_pieces<Config>(p, reduced));
   }
 
