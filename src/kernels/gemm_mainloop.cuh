@@ -282,6 +282,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
     }
     Epilogue::template produce_extra_stages<Config>(epilogue, work.tile, smem, ring, extra_phase);
   }
+  Epilogue::template produce_final_stages<Config>(epilogue, smem, ring, extra_phase, cta, num_ctas);
 }
 
 // Hands a stage back to the producers: this CTA's, and in a cluster the partner's too (see the NOTE
@@ -346,9 +347,11 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 //             after each of them (both may do nothing);
 //   end_tile<Config>(work, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
 //             any, and the store of the slab, in the order the epilogue needs;
-//   finish() at the end;
+//   finish<Config>(acc, smem, ring, cta, num_ctas) at the end: extra stages after the tiles, if
+//             any;
 // and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
-// producer thread calls after each tile's K stages (both sides must agree on the number of extra
+// producer thread calls after each tile's K stages, and produce_final_stages<Config>(params, smem,
+// ring, extra_phase, cta, num_ctas) after the last (both sides must agree on the number of extra
 // stages; extra_phase is the epilogue's to keep across tiles).
 // Two more threads of the producer warpgroup may help the epilogue:
 //   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, schedule, smem, cta,
@@ -416,7 +419,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       consume_tile<Config>(mainloop, smem, slab, acc, ring, epilogue);
       epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
     }
-    epilogue.finish();
+    epilogue.template finish<Config>(acc, smem, ring, cta, num_ctas);
   }
   // A CTA leaves only when its partner no longer multicasts into it or arrives on its barriers.
   if constexpr (Config::kCluster == 2) ptx::cluster_sync();

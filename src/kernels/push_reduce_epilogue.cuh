@@ -8,7 +8,8 @@
 // one slab to reduce and one to push, and the push goes first.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
-// parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
+// parity half has a fixed base (sized for the largest problem), the rest is laid out for this call
+// (the flags of each source at a fixed offset too, flags_per_source apart):
 //   recv[parity][source rank][rows_per_rank][n]          BF16
 //   flags[parity][source rank][tile in band][slab]       u32 epoch values
 // A rank's calls alternate parity, so the pushes of call e+1 never land on the data of call e. A
@@ -54,7 +55,7 @@ class PushReduceEpilogue {
     int col_tiles;
     int block_m;
     int block_n;
-    int tiles_per_band;
+    int flags_per_source;            // words of a source's flags in a parity half (sized for the largest problem)
     CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
     CUtensorMap out;                 // rows_per_rank x n, this rank's output
     uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
@@ -65,7 +66,11 @@ class PushReduceEpilogue {
     uint64_t timeout_ns;
     int partial_rounds;              // rounds of an own slab's partials added during its K loop
     int num_k_blocks;                // a tile's K blocks (the mainloop's)
+    int spread_reduction;            // bands of two segments: this rank's rows reduced by every CTA after the tiles
   };
+
+  // Where a hand-off goes (SlabHandoff::destination): an owner's receive slot, or this rank's output.
+  static constexpr int kOutput = -2;
 
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
@@ -83,8 +88,8 @@ class PushReduceEpilogue {
     constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
     const uint32_t epoch = call_epoch(p);
     const int num_tiles = schedule.num_tiles();
-    for (int wave = 0, step = cta, s = 0; has_work<Config>(step, num_tiles);
-         step = step_of<Config>(cta, num_ctas, ++wave), ++s) {
+    int s = 0;  // steps so far
+    for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave), ++s) {
       // The pushed slabs first: an own slab waits for its peers' partials, and in a band of two
       // segments the partner's partial of it waits for this rank's push of the partner's slab.
       // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
@@ -94,6 +99,16 @@ class PushReduceEpilogue {
       // One call site: the stores are compiled once.
 #pragma unroll 1
       for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs<Config>(p, smem, slabs, s, epoch);
+    }
+    // The reduced chunks of this rank's rows (spread_reduction), one hand-off each by consumer 0.
+    uint32_t handoffs = s * kHandoffsPerSlab<Config>;
+    for (int q = cta; q < spread_chunks(p); q += num_ctas, ++handoffs) {
+      SlabHandoff& chunk = smem.handoff[0];
+      ptx::mbarrier_wait(&chunk.staged, handoffs & 1);
+      ptx::tma_store_2d(&p.out, smem.chunks[0][0], chunk.col, chunk.row);
+      ptx::bulk_commit_group();
+      ptx::bulk_wait_group_read<0>();
+      ptx::mbarrier_arrive(&chunk.sent);
     }
   }
 
@@ -122,6 +137,15 @@ class PushReduceEpilogue {
       }
       ++step;
     });
+    // The chunks of this rank's rows that this CTA reduces (spread_reduction): every rank's partial
+    // of each, this rank's own included.
+    for (int q = cta; q < spread_chunks(p); q += num_ctas, ++own_tiles) {
+      if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
+      uint32_t waiting = 0;
+      for (int source = 0; source < p.world_size; ++source) waiting |= 1u << (2 * source + spread_slab(p));
+      if (wait_for_flags<Config>(p, spread_tile(p, q), waiting, epoch)) ptx::fence_acquire_sys();
+      ptx::mbarrier_arrive(&smem.extra_ready);
+    }
   }
 
   // Watcher thread: loads an own tile's rounds of partials (round r: peer r's partial of the slab)
@@ -176,13 +200,39 @@ class PushReduceEpilogue {
     }
   }
 
+  // Producer thread, after its tiles: the partials of each chunk of this rank's rows it reduces
+  // (spread_reduction), every rank's in rank order, once the watcher has seen their flags.
+  template <class Config>
+  __device__ static void produce_final_stages(const Params& p, SharedStorage<Config>& smem, StageCursor& ring,
+                                              uint32_t& own_phase, int cta, int num_ctas) {
+    const uint32_t epoch = call_epoch(p);
+    for (int q = cta; q < spread_chunks(p); q += num_ctas) {
+      ptx::mbarrier_wait(&smem.extra_ready, own_phase);
+      ptx::mbarrier_arrive(&smem.extra_taken);
+      own_phase ^= 1;
+      const bool arrived = *reinterpret_cast<volatile uint32_t*>(p.failed) == 0;
+      if (arrived) ptx::fence_proxy_async_global();
+      stream_pieces<Config>(p, p.world_size, epoch, arrived, smem, ring,
+                            [&](int i) { return PartialPiece{i, 0, q * kChunkCols}; });
+    }
+  }
+
   // Producer thread: the TMA loads of an own tile's partials (kSlabs reduced slabs), in the order
-  // of partial_piece(); after a failed call only empty stages, so that the consumers finish.
+  // of partial_piece().
   template <class Config, int kSlabs>
   __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch,
                                          bool arrived, SharedStorage<Config>& smem, StageCursor& ring) {
-    const int num_pieces = streamed_pieces<Config>(p, reduced);
     const int rounds_held = kSlabs * round_pieces<Config>(p, reduced);  // the pieces before these
+    stream_pieces<Config>(p, streamed_pieces<Config>(p, reduced), epoch, arrived, smem, ring, [&](int i) {
+      return partial_piece<Config, kSlabs>(p, tile, reduced, rounds_held + i);
+    });
+  }
+
+  // Producer thread: loads pieces [0, num_pieces) of partials (piece_at(i): where from) into extra
+  // stages; after a failed call only empty stages, so that the consumers finish.
+  template <class Config, class PieceFn>
+  __device__ static void stream_pieces(const Params& p, int num_pieces, uint32_t epoch, bool arrived,
+                                       SharedStorage<Config>& smem, StageCursor& ring, PieceFn&& piece_at) {
     for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
@@ -193,7 +243,7 @@ class PushReduceEpilogue {
       } else {
         ptx::mbarrier_arrive_expect_tx(full, count * Config::kPieceBytes);
         for (int q = 0; q < count; ++q) {
-          const PartialPiece piece = partial_piece<Config, kSlabs>(p, tile, reduced, rounds_held + first + q);
+          const PartialPiece piece = piece_at(first + q);
           ptx::tma_load_4d(stage_piece(smem, stage, q), &p.recv_at[p.rank], full, piece.col, piece.row, piece.source,
                            epoch & 1);
         }
@@ -238,8 +288,39 @@ class PushReduceEpilogue {
     if (reduced != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
   }
 
-  // The sender raises the last flags; nothing is left to the consumers.
-  __device__ void finish() {}
+  // Consumers, after their tiles: consumer 0 sums every rank's partial of each chunk of this rank's
+  // rows that the CTA reduces (spread_reduction), in rank order, and hands it to the sender for
+  // this rank's output; consumer 1 passes the extra stages.
+  template <class Config>
+  __device__ void finish(float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem, StageCursor& ring, int cta,
+                         int num_ctas) {
+    const int num_stages = (p_.world_size + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
+    for (int q = cta; q < spread_chunks(p_); q += num_ctas) {
+      if (consumer_ != 0) {
+        pass_extra_stages<Config>(num_stages, smem, ring);
+        continue;
+      }
+#pragma unroll
+      for (int i = 0; i < kChunkElems / 128; ++i) acc[i] = 0.0f;
+      for (int i = 0; i < p_.world_size; ++i) {
+        const int in_stage = i % Config::kPiecesPerStage;
+        if (in_stage == 0) ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
+        add_chunk_bf16(stage_piece(smem, ring.stage, in_stage), acc);
+        if (in_stage == Config::kPiecesPerStage - 1 || i == p_.world_size - 1) release_extra_stage(smem, ring);
+      }
+      if (handoffs_ > 0) ptx::mbarrier_wait(&handoff_->sent, (handoffs_ - 1) & 1);
+      slabs_.stage<1>(acc, 1);
+      if (slabs_.leader()) {
+        handoff_->destination = kOutput;
+        handoff_->row = 0;
+        handoff_->col = q * kChunkCols;
+        handoff_->num_chunks = 1;
+        handoff_->flag = nullptr;
+        ptx::mbarrier_arrive(&handoff_->staged);
+      }
+      ++handoffs_;
+    }
+  }
 
 
  private:
@@ -265,10 +346,26 @@ class PushReduceEpilogue {
     return slabs;
   }
 
-  // The own slabs that take the peers' partials through extra stages: none without peers.
+  // The own slabs that take the peers' partials through extra stages: none without peers, or where
+  // the CTAs reduce this rank's rows after their tiles (spread_reduction).
   template <class Config>
   __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
-    return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
+    return p.world_size > 1 && !p.spread_reduction ? own_slabs<Config>(p, tile) : 0;
+  }
+
+  // spread_reduction: the 64 x 64 chunks of this rank's rows (its 64-row segment), and the tile and
+  // slab that hold chunk q among the band's tiles.
+  __device__ static int spread_chunks(const Params& p) {
+    return p.spread_reduction ? (p.n + kChunkCols - 1) / kChunkCols : 0;
+  }
+  __device__ static int spread_slab(const Params& p) { return p.rank & 1; }
+  __device__ static Tile spread_tile(const Params& p, int q) {
+    Tile tile{};
+    tile.owner_rank = p.rank & ~1;
+    tile.row_begin = tile.owner_rank * p.rows_per_rank;
+    tile.col_begin = q * kChunkCols / p.block_n * p.block_n;
+    tile.rows_per_owner = p.block_m / 2;
+    return tile;
   }
 
   // A reduced slab's pieces of partials: every chunk of it from each peer (a chunk past the segment
@@ -369,7 +466,8 @@ class PushReduceEpilogue {
     // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
     const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
     const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
-    const bool pushed = !empty && owner != p_.rank;
+    // Spreading the reduction, this rank's own slab goes to its own receive slot like a push.
+    const bool pushed = !empty && (owner != p_.rank || p_.spread_reduction);
     // Unrolled: the accumulators are indexed with constants only (or they would leave registers).
 #pragma unroll
     for (int h = 0; h < kHandoffsPerSlab<Config>; ++h) {
@@ -380,7 +478,7 @@ class PushReduceEpilogue {
       slabs_.stage<Config::kStagedChunks>(acc + 32 * first, count);
       if (slabs_.leader()) {
         const bool last = h == kHandoffsPerSlab<Config> - 1;
-        handoff_->destination = owner;
+        handoff_->destination = pushed || empty ? owner : kOutput;
         handoff_->row = segment_row;
         handoff_->col = col_begin + first * kChunkCols;
         handoff_->num_chunks = count;
@@ -410,7 +508,7 @@ class PushReduceEpilogue {
         any_flag |= slab.flag != nullptr;
         for (int i = 0; i < slab.num_chunks; ++i) {
           const int col = slab.col + i * kChunkCols;
-          if (slab.destination == p.rank) {
+          if (slab.destination == kOutput) {
             ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
           } else {
             ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
@@ -432,7 +530,6 @@ class PushReduceEpilogue {
   }
 
   // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).
-  // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
   template <class Config>
   __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
     static_assert(Config::kConsumers == 2 && 2 * kMaxWorldSize <= 32, "two slab flags per source in one mask");
@@ -445,8 +542,16 @@ class PushReduceEpilogue {
         if (source != p.rank) waiting |= 1u << (2 * source + s);
       }
     }
+    return wait_for_flags<Config>(p, tile, waiting, epoch);
+  }
+
+  // Watcher thread: waits, boundedly, for the tile's flags in `waiting` (bit 2 * source + slab) of
+  // this rank's flag array. The flags are polled with relaxed loads, several in flight at once; the
+  // caller fences after.
+  template <class Config>
+  __device__ static bool wait_for_flags(const Params& p, const Tile& tile, uint32_t waiting, uint32_t epoch) {
     const uint32_t* flags = flag_at(p, p.rank, 0, tile, 0, epoch & 1);
-    const size_t source_stride = size_t(p.tiles_per_band) * 2;
+    const size_t source_stride = size_t(p.flags_per_source);
     const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
     for (;;) {
       // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
@@ -534,7 +639,7 @@ class PushReduceEpilogue {
     const int row_tile = tile.segment_row / p.block_m;
     const int col_tile = tile.col_begin / p.block_n;
     const int tile_idx = row_tile * p.col_tiles + col_tile;
-    const size_t index = (size_t(source) * p.tiles_per_band + tile_idx) * 2 + slab;
+    const size_t index = size_t(source) * p.flags_per_source + size_t(tile_idx) * 2 + slab;
     return p.flags_at[owner] + parity * p.flags_parity_words + index;
   }
 

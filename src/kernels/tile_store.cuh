@@ -155,7 +155,14 @@ class StoreTileEpilogue {
         });
   }
 
-  __device__ void finish() { slabs_.drain(); }
+  template <class Config>
+  __device__ static void produce_final_stages(const Params&, SharedStorage<Config>&, StageCursor&, uint32_t&, int,
+                                              int) {}
+
+  template <class Config>
+  __device__ void finish(float (&)[Config::kAccPerThread], SharedStorage<Config>&, StageCursor&, int, int) {
+    slabs_.drain();
+  }
 
  private:
   const Params& params_;

@@ -31,7 +31,7 @@ std::string GemmConfig::to_string() const {
      << ", group_rows " << group_rows << ", own_lag " << own_lag << ", segments/tile " << segments_per_tile
      << ", cluster " << cluster_size << ", ctas " << num_ctas << ", staged chunks "
      << (staged_chunks > 0 ? std::to_string(staged_chunks) : std::string("all")) << ", partial rounds "
-     << partial_rounds << ", smem " << smem_bytes() << " B";
+     << partial_rounds << ", spread reduction " << spread_reduction << ", smem " << smem_bytes() << " B";
   return os.str();
 }
 
@@ -94,6 +94,10 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
     // take one wave where 64-row tiles take two (plan/schedule.h). With P = 2 the only band would
     // be the own one, every tile half reduced and half pushed at the same step on both ranks.
     c.segments_per_tile = 2;
+    // The one wave ends with every tile at once; the own band's tiles, a quarter of them, would each
+    // add the 7 peers' partials of their slab after it while the other CTAs idle. Instead every CTA
+    // adds every rank's partials of a 64 x 64 chunk of this rank's rows.
+    c.spread_reduction = 1;
   } else if (problem.rows_per_rank() <= 64) {
     // A segment of under 64 rows would waste most of a 128-row tile: 64-row tiles, the two
     // consumer warpgroups splitting the columns instead of the rows.

@@ -42,6 +42,9 @@ struct GemmConfig {
   // Rounds of an own tile's peer partials added during its K loop (plan/partial_rounds.h); the
   // fused op's only.
   int partial_rounds = 0;
+  // 1: bands of two segments reduce this rank's rows after the tiles, every CTA a 64 x 64 chunk at a
+  // time, instead of in the own band's tiles; the fused op's only.
+  int spread_reduction = 0;
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
   // Shared memory the kernel needs: the stages of A and W tiles, the epilogue staging, barriers.

@@ -30,6 +30,9 @@ TPFUSE_PARAM(own_lag, "TPFUSE_OWN_LAG", -1)
 // At most this many rounds of an own tile's peer partials added during its K loop
 // (plan/partial_rounds.h); -1: the config's choice.
 TPFUSE_PARAM(partial_rounds, "TPFUSE_PARTIAL_ROUNDS", -1)
+// 0: bands of two segments reduce this rank's rows in the own band's tiles, not spread over every
+// CTA after the tiles; -1: the config's choice.
+TPFUSE_PARAM(spread_reduction, "TPFUSE_SPREAD_REDUCTION", -1)
 // How long a rank waits for a peer's partial before the call fails with kPeerTimeout.
 TPFUSE_PARAM(peer_timeout_ms, "TPFUSE_PEER_TIMEOUT_MS", 10000)
 

@@ -44,7 +44,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.col_tiles = schedule.col_tiles();
   e.block_m = Config::kBlockM;
   e.block_n = Config::kBlockN;
-  e.tiles_per_band = schedule.tiles_per_band();
+  e.flags_per_source = int(comm.flags_parity_words / size_t(comm.world_size));
   for (int owner = 0; owner < comm.world_size; ++owner) {
     TPFUSE_RETURN_IF_ERROR(make_receive_tensor_map(rank.recv_at[owner], comm.world_size, problem.rows_per_rank(),
                                                    problem.n, int64_t(comm.recv_parity_elems), kernels::kChunkRows,
@@ -60,6 +60,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.timeout_ns = comm.timeout_ns;
   e.partial_rounds = config.partial_rounds;
   e.num_k_blocks = rp->mainloop.num_k_blocks;
+  e.spread_reduction = config.spread_reduction;
   rp->calls = rank.calls;
   return Status::Ok();
 }
@@ -147,6 +148,13 @@ Status preset_incoming_flags(Communicator* comm, int local_rank) {
   TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
   // 0x7F7F7F7F is at or past every epoch this communicator will reach (modulo-2^32 comparison).
   TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0x7F, 2 * comm->flags_parity_words * sizeof(uint32_t)));
+  // Not the rank's own flags: where the CTAs reduce its rows after the tiles (spread_reduction), its
+  // own partial goes through its receive slot too, and is awaited.
+  const size_t per_source = comm->flags_parity_words / size_t(comm->world_size);
+  for (size_t parity = 0; parity < 2; ++parity) {
+    uint32_t* own = static_cast<uint32_t*>(rank.flags) + parity * comm->flags_parity_words + size_t(rank.rank) * per_source;
+    TPFUSE_CUDA_TRY(cudaMemset(own, 0, per_source * sizeof(uint32_t)));
+  }
   return Status::Ok();
 }
 

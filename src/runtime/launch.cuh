@@ -79,6 +79,7 @@ inline Status apply_overrides(const Problem& problem, const DeviceInfo& device, 
     return Status::InvalidArgument("TPFUSE_PARTIAL_ROUNDS = " + std::to_string(params::partial_rounds()) +
                                    " must be a number of rounds >= 0 (or -1: the config's choice)");
   }
+  if (params::spread_reduction() == 0) config->spread_reduction = 0;
   // The tile width may have changed the chunk buffers; the override only lowers the rounds.
   config->partial_rounds = partial_rounds_of(problem, *config);
   if (params::partial_rounds() >= 0) {
