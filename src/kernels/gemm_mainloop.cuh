@@ -121,7 +121,10 @@ struct alignas(1024) SharedStorage {
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
   __nv_bfloat16 chunks[Config::kConsumers][Config::kStagedChunks][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
-  uint64_t empty[Config::kStages];  // every consumer is done reading a stage
+  // Consumer c is done reading a stage: a barrier per consumer, so that each phase completes on one
+  // arrival (with clusters of two, one from each CTA's consumer c), which compute-sanitizer's
+  // racecheck follows.
+  uint64_t empty[Config::kStages][Config::kConsumers];
   // The step's work, left by the producer with the step's first K stage (the consumers read it once
   // that stage is full, and need not compute the schedule themselves).
   Work stage_work[Config::kStages];
@@ -247,6 +250,13 @@ struct Slab {
   }
 };
 
+// The producer thread: waits until every consumer has released `stage` (the phase of `parity`).
+template <class Config>
+__device__ __forceinline__ void wait_stage_empty(SharedStorage<Config>& smem, int stage, uint32_t parity) {
+#pragma unroll
+  for (int c = 0; c < Config::kConsumers; ++c) ptx::mbarrier_wait(&smem.empty[stage][c], parity);
+}
+
 // The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void produce(const MainloopParams& p, const typename Epilogue::Params& epilogue,
@@ -260,7 +270,7 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
-      ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
+      wait_stage_empty(smem, stage, ring.phase ^ 1);
       if (kb == 0) smem.stage_work[stage] = work;  // published by the arrive below (a release)
       uint64_t* full = &smem.full[stage];
       // Both halves of a shared W tile arrive here: the expected bytes are the same either way.
@@ -285,12 +295,13 @@ __device__ __forceinline__ void produce(const MainloopParams& p, const typename 
 }
 
 // Hands a stage back to the producers: this CTA's, and in a cluster the partner's too (see the NOTE
-// at the top).
+// at the top). Called by every thread of a consumer warpgroup; its first thread arrives.
 template <class Config>
 __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int stage) {
   if (threadIdx.x % 128 != 0) return;
-  ptx::mbarrier_arrive(&smem.empty[stage]);
-  if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
+  uint64_t* empty = &smem.empty[stage][threadIdx.x / 128 - 1];
+  ptx::mbarrier_arrive(empty);
+  if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(empty, ptx::cluster_cta_rank() ^ 1);
 }
 
 // Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles. After
@@ -367,7 +378,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::prefetch_tensor_map(&mainloop.w);
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.full[s], 1);
-      ptx::mbarrier_init(&smem.empty[s], Config::kConsumers * Config::kCluster);
+      for (int c = 0; c < Config::kConsumers; ++c) ptx::mbarrier_init(&smem.empty[s][c], Config::kCluster);
     }
     for (int c = 0; c < Config::kConsumers; ++c) {
       ptx::mbarrier_init(&smem.handoff[c].staged, 1);

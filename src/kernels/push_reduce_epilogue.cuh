@@ -185,7 +185,7 @@ class PushReduceEpilogue {
     const int rounds_held = kSlabs * round_pieces<Config>(p, reduced);  // the pieces before these
     for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
       const int stage = ring.stage;
-      ptx::mbarrier_wait(&smem.empty[stage], ring.phase ^ 1);
+      wait_stage_empty(smem, stage, ring.phase ^ 1);
       uint64_t* full = &smem.full[stage];
       const int count = min(Config::kPiecesPerStage, num_pieces - first);
       if (!arrived) {

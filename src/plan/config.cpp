@@ -14,10 +14,12 @@ size_t GemmConfig::smem_bytes() const {
   // The epilogue stages a whole tile in BF16, or each consumer staged_chunks 64 x 64 chunks.
   const size_t epilogue = staged_chunks > 0 ? size_t(consumer_warpgroups) * staged_chunks * 64 * 64 * bf16
                                             : size_t(block_m) * block_n * bf16;
-  // The ring's barriers and each stage's note of its step's tile (32 bytes); each consumer's
+  // The ring's barriers (full, and empty per consumer) and each stage's note of its step's tile (32
+  // bytes); each consumer's
   // hand-off to the fused op's sender (40 bytes) and its two barriers of partial rounds; the
   // watcher's two barriers.
-  const size_t barriers = size_t(stages) * (2 * 8 + 32) + size_t(consumer_warpgroups) * (40 + 2 * 8) + 2 * 8;
+  const size_t barriers =
+      size_t(stages) * ((1 + consumer_warpgroups) * 8 + 32) + size_t(consumer_warpgroups) * (40 + 2 * 8) + 2 * 8;
   // The storage is 1024-byte aligned (swizzled TMA tiles need it), and the launch adds 1024 bytes of
   // slack to align the dynamic shared memory base.
   const size_t storage = (size_t(stages) * stage + epilogue + barriers + 1023) / 1024 * 1024;
