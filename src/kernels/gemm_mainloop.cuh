@@ -32,8 +32,11 @@
 
 namespace tpfuse::kernels {
 
-template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kCluster_>
+template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kCluster_, bool kPingpong_ = false>
 struct MainloopConfig {
+  // Each consumer warpgroup takes every other step of the CTA, a whole 64-row tile, so that one's
+  // epilogue runs while the other multiplies (prototype: plain GEMM only).
+  static constexpr bool kPingpong = kPingpong_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kBlockK = 64;  // 128 bytes of BF16: one 128-byte-swizzled TMA row
@@ -45,8 +48,8 @@ struct MainloopConfig {
   // side along N for 64-row tiles.
   static constexpr int kConsumers = 2;
   static constexpr int kWgRows = 64;
-  static constexpr int kWgAlongM = kBlockM / kWgRows;
-  static constexpr int kWgAlongN = kConsumers / kWgAlongM;
+  static constexpr int kWgAlongM = kPingpong ? 1 : kBlockM / kWgRows;
+  static constexpr int kWgAlongN = kPingpong ? 1 : kConsumers / kWgAlongM;
   static constexpr int kWgCols = kBlockN / kWgAlongN;
   static constexpr int kAccPerThread = kWgRows * kWgCols / 128;
   static constexpr int kThreads = 128 * (kConsumers + 1);
@@ -125,6 +128,9 @@ struct alignas(1024) SharedStorage {
   // tile with extra stages have arrived; the producer has taken that news.
   uint64_t extra_ready;
   uint64_t extra_taken;
+  // Pingpong: consumer c may wait for its next step's stages once the other has waited for all of
+  // its own step's (a stage's barrier then is at most one phase behind the waiter).
+  uint64_t consumer_turn[2];
 };
 
 // A position in the ring of stages (producer and consumers each keep their own).
@@ -229,6 +235,7 @@ struct Slab {
   int row;  // first row within the tile
   int col;  // first column within the tile
   __device__ static Slab of_consumer(int consumer) {
+    if constexpr (Config::kPingpong) return {0, 0};
     return {(consumer % Config::kWgAlongM) * Config::kWgRows, (consumer / Config::kWgAlongM) * Config::kWgCols};
   }
 };
@@ -304,7 +311,16 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
-      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+      if constexpr (Config::kPingpong) {
+        // Two independent accumulator chains (columns 0-127 and 128-255): one warpgroup alone keeps
+        // the tensor cores busy only with a second chain to issue while the first one's result is due.
+        using Half = Wgmma<Config::kWgCols / 2, Config::kWeightKMajor>;
+        constexpr uint64_t kHalfW = (Config::kWgCols / 2) * Config::kBlockK * 2 >> 4;
+        Half::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+        Half::mma(desc_a + kk * kStepA, desc_w + kHalfW + kk * kStepW, acc + Config::kAccPerThread / 2, kb > 0 || kk > 0);
+      } else {
+        Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+      }
     }
     cute::warpgroup_commit_batch();
     // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
@@ -315,6 +331,8 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     prev_stage = stage;
     ring.advance<Config>();
   }
+  // Pingpong: every full barrier of this step waited for, the other warpgroup may queue its WGMMAs.
+  if (Config::kPingpong && threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.consumer_turn[(threadIdx.x / 128 - 1) ^ 1]);
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
@@ -348,7 +366,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     ptx::prefetch_tensor_map(&mainloop.w);
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.full[s], 1);
-      ptx::mbarrier_init(&smem.empty[s], Config::kConsumers * Config::kCluster);
+      ptx::mbarrier_init(&smem.empty[s], (Config::kPingpong ? 1 : Config::kConsumers) * Config::kCluster);
     }
     for (int c = 0; c < Config::kConsumers; ++c) {
       ptx::mbarrier_init(&smem.handoff[c].staged, 1);
@@ -356,6 +374,8 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     }
     ptx::mbarrier_init(&smem.extra_ready, 1);
     ptx::mbarrier_init(&smem.extra_taken, 1);
+    ptx::mbarrier_init(&smem.consumer_turn[0], 1);
+    ptx::mbarrier_init(&smem.consumer_turn[1], 1);
     ptx::fence_barrier_init();
   }
   // The partner's barriers must be initialized before any multicast or remote arrive reaches them.
@@ -383,6 +403,14 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();
     for (int wave = 0, step = cta; has_work<Config>(step, num_tiles); step = step_of<Config>(cta, num_ctas, ++wave)) {
+      if (Config::kPingpong) {
+        if (wave % 2 != consumer) {
+          // The other warpgroup's step: its K stages go by (no extra stages in the plain GEMM).
+          for (int kb = 0; kb < mainloop.num_k_blocks; ++kb) ring.advance<Config>();
+          continue;
+        }
+        if (wave > 0) ptx::mbarrier_wait(&smem.consumer_turn[consumer], ((wave - 1) / 2) & 1);
+      }
       // The ring is at the step's first K stage, which carries the step's work.
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
       const Work work = smem.stage_work[ring.stage];
