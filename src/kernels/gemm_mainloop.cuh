@@ -125,6 +125,9 @@ struct alignas(1024) SharedStorage {
   // tile with extra stages have arrived; the producer has taken that news.
   uint64_t extra_ready;
   uint64_t extra_taken;
+  // The watcher and the consumers: how many of this CTA's tiles with extra stages have their inputs
+  // (a count, so that a consumer may look at any time).
+  uint32_t partials_seen;
 };
 
 // A position in the ring of stages (producer and consumers each keep their own).
@@ -279,10 +282,12 @@ __device__ __forceinline__ void release_stage(SharedStorage<Config>& smem, int s
   if constexpr (Config::kCluster == 2) ptx::mbarrier_arrive_cluster(&smem.empty[stage], ptx::cluster_cta_rank() ^ 1);
 }
 
-// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles.
-template <class Config>
+// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles; the
+// epilogue's during_k_block runs after each K block's WGMMAs are issued, while they run.
+template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStorage<Config>& smem, Slab<Config> slab,
-                                             float (&acc)[Config::kAccPerThread], StageCursor& ring) {
+                                             float (&acc)[Config::kAccPerThread], StageCursor& ring,
+                                             Epilogue& epilogue) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
   constexpr uint64_t kStepA = 32 >> 4;
@@ -314,6 +319,7 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
     if (prev_stage >= 0) release_stage(smem, prev_stage);
     prev_stage = stage;
     ring.advance<Config>();
+    epilogue.template during_k_block<Config>(smem);
   }
   cute::warpgroup_wait<0>();
 #pragma unroll
@@ -325,6 +331,8 @@ __device__ __forceinline__ void consume_tile(const MainloopParams& p, SharedStor
 // schedule, one per wave (with clusters of two, `num_ctas` is even and CTAs 2p, 2p+1 form a cluster).
 // The epilogue is an object per consumer warpgroup:
 //   Epilogue(params, consumer, ChunkBuffers);
+//   begin_tile<Config>(work, slab, smem) before each tile's K stages, and
+//   during_k_block<Config>(smem) after each K block's WGMMAs are issued (work in their shadow);
 //   end_tile<Config>(work, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
 //             any, and the store of the slab, in the order the epilogue needs;
 //   finish() at the end;
@@ -356,6 +364,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
     }
     ptx::mbarrier_init(&smem.extra_ready, 1);
     ptx::mbarrier_init(&smem.extra_taken, 1);
+    smem.partials_seen = 0;
     ptx::fence_barrier_init();
   }
   // The partner's barriers must be initialized before any multicast or remote arrive reaches them.
@@ -386,7 +395,8 @@ __device__ __forceinline__ void run_persistent(const MainloopParams& mainloop, c
       // The ring is at the step's first K stage, which carries the step's work.
       ptx::mbarrier_wait(&smem.full[ring.stage], ring.phase);
       const Work work = smem.stage_work[ring.stage];
-      consume_tile<Config>(mainloop, smem, slab, acc, ring);
+      epilogue.template begin_tile<Config>(work, slab, smem);
+      consume_tile<Config>(mainloop, smem, slab, acc, ring, epilogue);
       epilogue.template end_tile<Config>(work, slab, acc, smem, ring);
     }
     epilogue.finish();

@@ -44,6 +44,21 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// True once the phase with the given parity has completed; does not wait.
+__device__ __forceinline__ bool mbarrier_test(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // ---- clusters --------------------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t cluster_cta_rank() {
@@ -164,6 +179,27 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr)
                : "memory");
+}
+
+// ---- a counter in shared memory, between the threads of a CTA ---------------------------------
+
+__device__ __forceinline__ void store_release_cta(uint32_t* counter, uint32_t value) {
+  asm volatile("st.release.cta.shared::cta.u32 [%0], %1;" ::"r"(smem_addr(counter)), "r"(value) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_cta(const uint32_t* counter) {
+  uint32_t value;
+  asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(value) : "r"(smem_addr(counter)) : "memory");
+  return value;
+}
+
+// ---- streaming loads ----------------------------------------------------------------------------
+
+// 16 bytes from global memory, cached in L2 only (data other GPUs wrote during the kernel, read once).
+__device__ __forceinline__ uint4 load_l2_v4(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
 }
 
 // ---- barriers among a subset of warps -----------------------------------------------------------

@@ -1,11 +1,16 @@
 // The fused op's epilogue: a finished slab of another rank's rows is pushed (BF16, TMA store) into
-// that owner's receive slot and signalled with an epoch flag; for a slab of this rank's own rows the
-// producer streams the P-1 peers' partials through the mainloop's ring right after the tile's K
-// stages, the consumer adds them to its FP32 accumulators in rank order, and the slab is rounded
-// once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
-// is still being multiplied; the consumers never wait on a peer themselves.) A tile's slabs have
-// one owner, or in a band of two segments (plan/schedule.h) one each: then an own band's tile has
-// one slab to reduce and one to push, and the push goes first.
+// that owner's receive slot and signalled with an epoch flag; a slab of this rank's own rows takes
+// the P-1 peers' partials into its FP32 accumulators and is rounded once. The partials of an own
+// slab come two ways, each half of its chunks:
+//  - the first chunks are summed in the mainloop's shadow: while the tile is being multiplied, the
+//    consumer loads them from the receive buffer a few rows per K block, adds them up in FP32 (rank
+//    order) and keeps the sums in its chunk buffers, idle until the slab is staged (PresumShape);
+//  - the other chunks the producer streams through the mainloop's ring right after the tile's K
+//    stages, and the consumer adds them in rank order.
+// Each way alone leaves the consumers waiting: the ring's loads and adds after the multiply took
+// about as long as the tile's K stages' last third, and there is shared memory for the sums of half
+// the slab only. A tile's slabs have one owner, or in a band of two segments (plan/schedule.h) one
+// each: then an own band's tile has one slab to reduce and one to push, and the push goes first.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
@@ -35,6 +40,26 @@
 
 namespace tpfuse::kernels {
 
+// How an own slab's first chunks are pre-summed: each pass, every thread of the warpgroup loads 16
+// bytes (8 columns of one row) of each peer's partial, so a pass covers kRowsPerPass rows of the
+// chunks; the FP32 sums take the slab's chunk buffers (half their chunks' worth of BF16 each), rows
+// of kCols floats whose 16-byte pieces are permuted by (piece ^ row % 8), which keeps the reads in
+// accumulator layout free of bank conflicts.
+template <class Config>
+struct PresumShape {
+  static constexpr int kChunks = Config::kChunksPerSlab / 2;
+  static constexpr int kStreamedChunks = Config::kChunksPerSlab - kChunks;  // through the ring
+  static constexpr int kCols = kChunks * kChunkCols;
+  static constexpr int kLanesPerRow = kCols / 8;
+  static constexpr int kRowsPerPass = 128 / kLanesPerRow;
+  static constexpr int kPasses = kChunkRows / kRowsPerPass;
+  static_assert(kChunks >= 1 && kChunkRows % kRowsPerPass == 0, "whole passes over whole chunks");
+  static_assert(kCols * kChunkRows * 4 <= Config::kChunksPerSlab * kChunkElems * 2, "the sums fit in the buffers");
+
+  // Where the sum of (row, col) lies, col a multiple of 2 (two floats) or 4 (four).
+  __device__ static int index(int row, int col) { return row * kCols + (((col / 4) ^ (row % 8)) * 4) + col % 4; }
+};
+
 // Flag values compare modulo 2^32, so the epoch may wrap.
 __device__ __forceinline__ bool epoch_reached(uint32_t flag, uint32_t epoch) { return int32_t(flag - epoch) >= 0; }
 
@@ -50,6 +75,8 @@ class PushReduceEpilogue {
     int block_n;
     int tiles_per_band;
     CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
+    const __nv_bfloat16* recv;       // this rank's receive buffer (the pre-summed chunks' loads)
+    size_t recv_parity_elems;        // distance between its two parity halves
     CUtensorMap out;                 // rows_per_rank x n, this rank's output
     uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
     size_t flags_parity_words;       // distance between the two parity halves of a flag array
@@ -90,7 +117,8 @@ class PushReduceEpilogue {
   }
 
   // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
-  // flags of the tile and fences, then tells the producer; at most one own tile ahead of it.
+  // flags of the tile and fences, then tells the producer, and the consumers through the count of
+  // own tiles seen; at most one own tile ahead of the producer. After a timeout it tells them too.
   template <class Config>
   __device__ static void watch(const Params& p, const TileSchedule& schedule, SharedStorage<Config>& smem, int cta,
                                int num_ctas) {
@@ -103,6 +131,7 @@ class PushReduceEpilogue {
       if (wait_for_partials<Config>(p, work.tile, epoch)) ptx::fence_acquire_sys();  // flags seen -> partials
       ptx::mbarrier_arrive(&smem.extra_ready);
       ++own_tiles;
+      ptx::store_release_cta(&smem.partials_seen, own_tiles);  // the consumers' pre-sums
     });
   }
 
@@ -154,8 +183,45 @@ class PushReduceEpilogue {
     }
   }
 
-  // Consumers, after a tile's K stages: a slab of this rank's rows takes its peers' partials from
-  // the tile's extra stages, then is stored; a pushed slab is staged for the sender first, and only
+  // Consumers, before a tile's K stages: an own slab's pre-summed chunks start (begin_tile), and go
+  // on a pass per K block (during_k_block) once the watcher has seen the tile's partials and the
+  // sender has read the previous slab out of the chunk buffers.
+  template <class Config>
+  __device__ void begin_tile(const Work& work, Slab<Config> slab, SharedStorage<Config>&) {
+    using Shape = PresumShape<Config>;
+    const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
+    presum_.active = (reduced >> consumer_) & 1;
+    presum_.own_tile = own_tiles_;
+    own_tiles_ += reduced != 0;
+    if (!presum_.active) return;
+    const Tile& tile = work.tile;
+    const int t = threadIdx.x % 128;
+    const int segment_row = tile.segment_row_of(slab.row);
+    const int col = tile.col_begin + slab.col + 8 * (t % Shape::kLanesPerRow);
+    presum_.lane_row = t / Shape::kLanesPerRow;
+    // Rows past the segment and columns past n are not loaded (their sums are zero, never stored).
+    presum_.rows = col < p_.n ? p_.rows_per_rank - segment_row : 0;
+    presum_.first = p_.recv + parity_ * p_.recv_parity_elems + size_t(segment_row) * p_.n + col;
+    presum_.next = 0;
+    presum_.k_blocks = 0;
+    presum_.loaded = false;
+    presum_.ready = false;
+  }
+
+  // Consumers, after issuing a K block's WGMMAs: adds the pass loaded at the previous K block and
+  // loads the next, so that its loads are in flight while the tensor cores work.
+  template <class Config>
+  __device__ void during_k_block(SharedStorage<Config>& smem) {
+    // Every other K block: a pass's loads get two K blocks' time to land.
+    if (!presum_.active || (presum_.k_blocks++ & 1)) return;
+    if (presum_.loaded) presum_accumulate<Config>(smem);
+    if (presum_.next < PresumShape<Config>::kPasses && (presum_.ready || (presum_.ready = presum_may_start(smem)))) {
+      presum_load<Config>();
+    }
+  }
+
+  // Consumers, after a tile's K stages: a slab of this rank's rows takes its pre-summed partials
+  // and its peers' partials from the tile's extra stages, then is stored; a pushed slab is staged for the sender first, and only
   // then passes the extra stages the tile may have for the other slab (its owner may be waiting for
   // this slab to reduce that same tile, in a band of two segments).
   template <class Config>
@@ -163,7 +229,12 @@ class PushReduceEpilogue {
                            SharedStorage<Config>& smem, StageCursor& ring) {
     const uint32_t reduced = reduced_slabs<Config>(p_, work.tile);
     const bool reduces = (reduced >> consumer_) & 1;
-    if (reduces) add_partials<Config>(reduced, acc, smem, ring);
+    if (reduces) {
+      finish_presum<Config>(smem);
+      add_presums<Config>(acc, smem);
+      add_partials<Config>(reduced, acc, smem, ring);
+      slabs_.sync();  // every thread has read the sums before the slab is staged over them
+    }
     store<Config>(work.tile, slab, acc);  // one call: the store's code is large
     if (reduced != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced), smem, ring);
   }
@@ -200,11 +271,11 @@ class PushReduceEpilogue {
     return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
   }
 
-  // Pieces of partials a tile takes through the ring: every chunk of each reduced slab from each
-  // peer (a chunk past the segment or past n is zero-filled by the TMA and never stored).
+  // Pieces of partials a tile takes through the ring: every streamed chunk of each reduced slab from
+  // each peer (a chunk past the segment or past n is zero-filled by the TMA and never stored).
   template <class Config>
   __device__ static int partial_pieces(const Params& p, uint32_t reduced) {
-    return (p.world_size - 1) * __popc(reduced) * Config::kChunksPerSlab;
+    return (p.world_size - 1) * __popc(reduced) * PresumShape<Config>::kStreamedChunks;
   }
 
   template <class Config>
@@ -212,19 +283,20 @@ class PushReduceEpilogue {
     return (partial_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
   }
 
-  // Piece i = (j * chunks per slab + chunk) * S + place, S the reduced slabs: peer j (in rank order,
-  // skipping this rank) first, then the chunk, then the slab, so with two reduced slabs a
+  // Piece i = (j * streamed chunks + chunk) * S + place, S the reduced slabs: peer j (in rank order,
+  // skipping this rank) first, then the streamed chunk, then the slab, so with two reduced slabs a
   // warpgroup takes every other piece.
   template <class Config, int kSlabs>
   __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
+    using Shape = PresumShape<Config>;
     const int consumer = kSlabs == Config::kConsumers ? i % kSlabs : __ffs(reduced) - 1;
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    const int chunk = (i / kSlabs) % Config::kChunksPerSlab;
-    const int j = i / (kSlabs * Config::kChunksPerSlab);
+    const int chunk = Shape::kChunks + (i / kSlabs) % Shape::kStreamedChunks;
+    const int j = i / (kSlabs * Shape::kStreamedChunks);
     return {j < p.rank ? j : j + 1, tile.segment_row_of(slab.row), tile.col_begin + slab.col + chunk * kChunkCols};
   }
 
-  // Adds this warpgroup's pieces of the tile's partials as the producer streams them in, releasing
+  // Adds this warpgroup's pieces of the tile's streamed chunks as the producer streams them in, releasing
   // each extra stage once read. The pieces come source by source, so every element gets its
   // partials in rank order.
   template <class Config>
@@ -240,7 +312,7 @@ class PushReduceEpilogue {
     const int num_sources = p_.world_size - 1;
     for (int j = 0; j < num_sources; ++j) {
 #pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+      for (int c = PresumShape<Config>::kChunks; c < Config::kChunksPerSlab; ++c) {
         if (in_stage >= Config::kPiecesPerStage) {
           release_extra_stage(smem, ring);
           ++held;
@@ -254,6 +326,94 @@ class PushReduceEpilogue {
     release_extra_stage(smem, ring);
     // The stages left may hold only the other warpgroup's pieces; each is released by both.
     pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
+  }
+
+  // The pre-sum may start once the watcher has seen the tile's partials and the sender has read the
+  // previous slab out of the chunk buffers.
+  template <class Config>
+  __device__ bool presum_may_start(SharedStorage<Config>& smem) const {
+    return ptx::load_acquire_cta(&smem.partials_seen) > uint32_t(presum_.own_tile) &&
+           (slabs_staged_ == 0 || ptx::mbarrier_test(&handoff_->sent, (slabs_staged_ - 1) & 1));
+  }
+
+  // Loads this thread's 16 bytes of the next pass from every peer, in rank order.
+  template <class Config>
+  __device__ void presum_load() {
+    const int row = presum_.next * PresumShape<Config>::kRowsPerPass + presum_.lane_row;
+    const bool valid = row < presum_.rows;
+    const __nv_bfloat16* at = presum_.first + size_t(row) * p_.n;
+    const size_t source_stride = size_t(p_.rows_per_rank) * p_.n;
+#pragma unroll
+    for (int j = 0; j < kMaxWorldSize - 1; ++j) {
+      const int source = j < p_.rank ? j : j + 1;
+      if (valid && j < p_.world_size - 1) presum_data_[j] = ptx::load_l2_v4(at + source * source_stride);
+    }
+    ++presum_.next;
+    presum_.loaded = true;
+  }
+
+  // Sums the loaded pass in FP32, in rank order, into the chunk buffers.
+  template <class Config>
+  __device__ void presum_accumulate(SharedStorage<Config>& smem) {
+    using Shape = PresumShape<Config>;
+    const int row = (presum_.next - 1) * Shape::kRowsPerPass + presum_.lane_row;
+    float sum[8] = {};
+    if (row < presum_.rows) {
+#pragma unroll
+      for (int j = 0; j < kMaxWorldSize - 1; ++j) {
+        if (j >= p_.world_size - 1) break;
+        const uint32_t words[4] = {presum_data_[j].x, presum_data_[j].y, presum_data_[j].z, presum_data_[j].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          sum[2 * i] += __uint_as_float(words[i] << 16);
+          sum[2 * i + 1] += __uint_as_float(words[i] & 0xffff0000u);
+        }
+      }
+    }
+    float* sums = presum_sums(smem);
+    const int col = 8 * (threadIdx.x % 128 % Shape::kLanesPerRow);
+    *reinterpret_cast<float4*>(sums + Shape::index(row, col)) = make_float4(sum[0], sum[1], sum[2], sum[3]);
+    *reinterpret_cast<float4*>(sums + Shape::index(row, col + 4)) = make_float4(sum[4], sum[5], sum[6], sum[7]);
+    presum_.loaded = false;
+  }
+
+  // The passes left after the K stages (all of them if the partials came late), then every
+  // thread's sums are in the buffers.
+  template <class Config>
+  __device__ void finish_presum(SharedStorage<Config>& smem) {
+    if (presum_.loaded) presum_accumulate<Config>(smem);
+    if (presum_.next < PresumShape<Config>::kPasses) {
+      // Bounded: the watcher tells after a timeout too, and the sender never waits for a peer.
+      while (!presum_may_start(smem)) {
+      }
+      while (presum_.next < PresumShape<Config>::kPasses) {
+        presum_load<Config>();
+        presum_accumulate<Config>(smem);
+      }
+    }
+    slabs_.sync();
+  }
+
+  // Adds the pre-summed chunks' sums to the accumulators (layout in tile_store.cuh).
+  template <class Config>
+  __device__ void add_presums(float (&acc)[Config::kAccPerThread], SharedStorage<Config>& smem) {
+    using Shape = PresumShape<Config>;
+    const float* sums = presum_sums(smem);
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x / 32) % 4;
+#pragma unroll
+    for (int i = 0; i < Shape::kChunks * 32; i += 2) {
+      const int row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+      const int col = 8 * (i / 4) + 2 * (lane % 4);
+      const float2 sum = *reinterpret_cast<const float2*>(sums + Shape::index(row, col));
+      acc[i] += sum.x;
+      acc[i + 1] += sum.y;
+    }
+  }
+
+  template <class Config>
+  __device__ float* presum_sums(SharedStorage<Config>& smem) const {
+    return reinterpret_cast<float*>(smem.chunks[consumer_]);
   }
 
   // Stages the slab and hands it to the sender: a pushed slab's flag, an own slab none.
@@ -402,12 +562,28 @@ class PushReduceEpilogue {
     return p.flags_at[owner] + parity * p.flags_parity_words + index;
   }
 
+  // This warpgroup's pre-sum of its current own slab (see begin_tile).
+  struct Presum {
+    bool active = false;  // the tile has an own slab of this warpgroup
+    bool ready = false;   // its partials have arrived and the chunk buffers are free
+    bool loaded = false;  // presum_data_ holds pass next - 1
+    int next = 0;         // the next pass to load
+    int k_blocks = 0;     // K blocks of the tile so far
+    int own_tile = 0;     // the tile's place among this CTA's own tiles (the watcher's count)
+    int lane_row = 0;     // this thread's row in a pass
+    int rows = 0;         // rows of the segment from the slab's first on (0: columns past n)
+    const __nv_bfloat16* first = nullptr;  // source 0's partial at this thread's column, row 0 of the slab
+  };
+
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
   SlabHandoff* handoff_;
   int parity_;
   int slabs_staged_ = 0;
+  int own_tiles_ = 0;  // tiles with own slabs begun so far (either warpgroup's)
+  Presum presum_;
+  uint4 presum_data_[kMaxWorldSize - 1];
 };
 
 }  // namespace tpfuse::kernels

@@ -129,6 +129,12 @@ class StoreTileEpilogue {
   __device__ static void produce_extra_stages(const Params&, const Tile&, SharedStorage<Config>&, StageCursor&,
                                               uint32_t&) {}
 
+  // Nothing to do before or during a tile's K stages.
+  template <class Config>
+  __device__ void begin_tile(const Work&, Slab<Config>, SharedStorage<Config>&) {}
+  template <class Config>
+  __device__ void during_k_block(SharedStorage<Config>&) {}
+
   // Stores the slab (unless the step is a duplicate that keeps a cluster's pair in lockstep).
   template <class Config>
   __device__ void end_tile(const Work& work, Slab<Config> slab, float (&acc)[Config::kAccPerThread],

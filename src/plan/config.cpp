@@ -13,8 +13,8 @@ size_t GemmConfig::smem_bytes() const {
   // The epilogue stages a whole tile in BF16.
   const size_t epilogue = size_t(block_m) * block_n * bf16;
   // The ring's barriers and each stage's note of its step's tile (32 bytes); each consumer's
-  // hand-off to the fused op's sender (40 bytes) and the watcher's two barriers.
-  const size_t barriers = size_t(stages) * (2 * 8 + 32) + size_t(consumer_warpgroups) * 40 + 2 * 8;
+  // hand-off to the fused op's sender (40 bytes) and the watcher's two barriers and count.
+  const size_t barriers = size_t(stages) * (2 * 8 + 32) + size_t(consumer_warpgroups) * 40 + 3 * 8;
   // The storage is 1024-byte aligned (swizzled TMA tiles need it), and the launch adds 1024 bytes of
   // slack to align the dynamic shared memory base.
   const size_t storage = (size_t(stages) * stage + epilogue + barriers + 1023) / 1024 * 1024;

@@ -51,6 +51,8 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
                                                    kernels::kChunkCols, &e.recv_at[owner]));
     e.flags_at[owner] = rank.flags_at[owner];
   }
+  e.recv = static_cast<const __nv_bfloat16*>(rank.recv_at[rank.rank]);
+  e.recv_parity_elems = comm.recv_parity_elems;
   TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kernels::kChunkRows,
                                               kernels::kChunkCols, &e.out));
   e.flags_parity_words = comm.flags_parity_words;
