@@ -32,7 +32,7 @@
 
 namespace tpfuse::kernels {
 
-template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kCluster_>
+template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kCluster_, int kStagedChunks_ = 0>
 struct MainloopConfig {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -69,6 +69,8 @@ struct MainloopConfig {
   static constexpr int kAPieces = kABytes / kPieceBytes;
   static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
   static constexpr int kChunksPerSlab = kWgCols / 64;
+  // Chunk buffers per consumer: a whole slab, or (prototype, plain GEMM) fewer, staged in batches.
+  static constexpr int kStagedChunks = kStagedChunks_ > 0 ? kStagedChunks_ : kChunksPerSlab;
 
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -114,7 +116,7 @@ template <class Config>
 struct alignas(1024) SharedStorage {
   __nv_bfloat16 a[Config::kStages][Config::kBlockM * Config::kBlockK];
   __nv_bfloat16 w[Config::kStages][Config::kBlockN * Config::kBlockK];
-  __nv_bfloat16 chunks[Config::kConsumers][Config::kWgCols / kChunkCols][kChunkElems];
+  __nv_bfloat16 chunks[Config::kConsumers][Config::kStagedChunks][kChunkElems];
   uint64_t full[Config::kStages];   // TMA bytes of a stage have landed
   uint64_t empty[Config::kStages];  // every consumer is done reading a stage
   // The step's work, left by the producer with the step's first K stage (the consumers read it once

@@ -93,6 +93,27 @@ class SlabStore {
     }
   }
 
+  // The same, kBuffers chunks at a time, each batch one bulk group.
+  template <int kMaxChunks, int kBuffers, class StoreFn>
+  __device__ void store_batched(const float* acc, int num_chunks, StoreFn&& store_chunk) {
+#pragma unroll
+    for (int first = 0; first < kMaxChunks; first += kBuffers) {
+      if (first >= num_chunks) break;
+      if (leader()) ptx::bulk_wait_group_read<0>();
+      sync();
+#pragma unroll
+      for (int b = 0; b < kBuffers; ++b) {
+        if (first + b < kMaxChunks && first + b < num_chunks) stage_chunk_bf16(acc + 32 * (first + b), buffers_[b]);
+      }
+      ptx::fence_proxy_async_shared();
+      sync();
+      if (leader()) {
+        for (int b = 0; b < kBuffers && first + b < num_chunks; ++b) store_chunk(first + b, buffers_[b]);
+        ptx::bulk_commit_group();
+      }
+    }
+  }
+
   // Waits until every store issued so far has landed in global memory (not only read its source).
   __device__ void drain() const {
     if (leader()) ptx::bulk_wait_group<0>();
@@ -140,10 +161,15 @@ class StoreTileEpilogue {
     // A slab past the tile's last row (a 64-row segment in a 128-row tile) or column has nothing to
     // store; rows past m inside a slab are clipped by the TMA store.
     if (row >= tile.row_end || col >= tile.col_end) return;
-    slabs_.store<Config::kWgCols / kChunkCols>(acc, chunks_before<Config>(col, tile.col_end),
-                                               [&](int c, const __nv_bfloat16* buffer) {
-                                                 ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
-                                               });
+    auto store_chunk = [&](int c, const __nv_bfloat16* buffer) {
+      ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
+    };
+    if constexpr (Config::kStagedChunks < Config::kChunksPerSlab) {
+      slabs_.store_batched<Config::kChunksPerSlab, Config::kStagedChunks>(acc, chunks_before<Config>(col, tile.col_end),
+                                                                          store_chunk);
+    } else {
+      slabs_.store<Config::kWgCols / kChunkCols>(acc, chunks_before<Config>(col, tile.col_end), store_chunk);
+    }
   }
 
   __device__ void finish() { slabs_.drain(); }

@@ -11,7 +11,8 @@ size_t GemmConfig::smem_bytes() const {
   const size_t bf16 = 2;
   const size_t stage = size_t(block_m + block_n) * block_k * bf16;
   // The epilogue stages a whole tile in BF16.
-  const size_t epilogue = size_t(block_m) * block_n * bf16;
+  const size_t epilogue = staged_chunks > 0 ? size_t(consumer_warpgroups) * staged_chunks * 64 * 64 * bf16
+                                            : size_t(block_m) * block_n * bf16;
   // The ring's barriers and each stage's note of its step's tile (32 bytes); each consumer's
   // hand-off to the fused op's sender (40 bytes) and the watcher's two barriers.
   const size_t barriers = size_t(stages) * (2 * 8 + 32) + size_t(consumer_warpgroups) * 40 + 2 * 8;

@@ -36,6 +36,7 @@ struct GemmConfig {
   int num_ctas = 0;              // persistent grid size
   int own_lag = 0;               // rounds from a peer's tile to the own tile of the same rows (schedule.h)
   int segments_per_tile = 1;     // 2: 128-row tiles over two ranks' 64-row segments (schedule.h)
+  int staged_chunks = 0;         // prototype: chunk buffers per consumer (0: a whole slab)
 
   int threads() const { return 128 * (consumer_warpgroups + 1); }
   // Shared memory the kernel needs: the stages of A and W tiles, the epilogue staging, barriers.
