@@ -411,6 +411,11 @@ class PushReduceEpilogue {
             ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
           } else {
             ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+#if TPFUSE_PROBE_PUSH_QUEUE
+            // Probe: at most TPFUSE_PROBE_PUSH_QUEUE pushed chunks not yet read out of shared memory.
+            ptx::bulk_commit_group();
+            ptx::bulk_wait_group_read<TPFUSE_PROBE_PUSH_QUEUE - 1>();
+#endif
           }
         }
       }
