@@ -139,7 +139,7 @@ Status select_gemm_config(const Problem& problem, const DeviceInfo& device, Gemm
   // chunks at a time lengthens it: the plain GEMM's cuBLAS/ours 1.020 / 1.007 against 0.995 / 0.951
   // at llama o_proj M = 512 (K x N / N x K). With more waves it cost 1-4%
   // (bench/results/2026-11-29-h200-ee59bda/stage4/).
-  if (c.block_m == 128 && c.block_n == 256 && grid.num_tiles() <= c.num_ctas) c.staged_chunks = 2;
+  if (c.block_m == 128 && c.block_n == 256 && (grid.num_tiles() <= c.num_ctas || problem.world_size > 1)) c.staged_chunks = 2;  // probe: 4 stages for the fused op
   TPFUSE_RETURN_IF_ERROR(fit_stages(device, &c));
   c.partial_rounds = partial_rounds_of(problem, c);
   *config = c;
