@@ -39,6 +39,9 @@
 #include "plan/partial_rounds.h"
 #include "tpfuse/problem.h"
 
+#ifndef TPFUSE_REMOTE_PROBE
+#define TPFUSE_REMOTE_PROBE 0  // built with 1 (no waits for peers) and 2 (and pushes into this rank's own buffer)
+#endif
 namespace tpfuse::kernels {
 
 // Flag values compare modulo 2^32, so the epoch may wrap.
@@ -112,7 +115,7 @@ class PushReduceEpilogue {
       if (reduced != 0) {
         if (own_tiles > 0) ptx::mbarrier_wait(&smem.extra_taken, (own_tiles - 1) & 1);
         // A timeout is recorded in p.failed, which the producer reads.
-        const bool arrived = wait_for_partials<Config>(p, work.tile, epoch);
+        const bool arrived = TPFUSE_REMOTE_PROBE >= 1 ? true : wait_for_partials<Config>(p, work.tile, epoch);
         if (arrived) ptx::fence_acquire_sys();  // flags seen -> partials
         ptx::mbarrier_arrive(&smem.extra_ready);
         ++own_tiles;
@@ -412,7 +415,7 @@ class PushReduceEpilogue {
           if (slab.destination == p.rank) {
             ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
           } else {
-            ptx::tma_store_4d(&p.recv_at[slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+            ptx::tma_store_4d(&p.recv_at[TPFUSE_REMOTE_PROBE >= 2 ? p.rank : slab.destination], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
           }
         }
       }
