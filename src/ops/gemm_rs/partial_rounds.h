@@ -24,7 +24,7 @@ struct PartialRounds {
   static constexpr int kFirstAdd = 2;  // consumer 0 adds round 0 after this K block at the earliest
   static constexpr int kStagger = 1;   // consumer c adds c K blocks after consumer 0
   // K blocks from one round to the next (a round's loads in flight): 2 measured faster than 3 or 4
-  // (bench/results/2026-11-29-h200-f9ea554/spacing/).
+  // (docs/EXPERIMENTS.md).
   static constexpr int kSpacing = 2;
 };
 
