@@ -3,56 +3,11 @@
 #include "core/env.h"
 #include "gemm/launch.cuh"
 #include "gemm/raster.h"
-#include "gemm/slab_store.cuh"
+#include "gemm/store_epilogue.cuh"
 #include "tpfuse/gemm.h"
 
 namespace tpfuse {
 namespace kernels {
-
-class StoreTileEpilogue {
- public:
-  struct Params {
-    CUtensorMap c;  // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
-  };
-
-  // The consumers store their slabs themselves, and there are no inputs to watch.
-  static constexpr bool kHasSender = false;
-  static constexpr bool kHasWatcher = false;
-
-  template <class Storage>
-  __device__ StoreTileEpilogue(const Params& params, int consumer, Storage& smem)
-      : params_(params), slabs_(consumer, smem.chunks[consumer]) {}
-
-  // No barriers of its own, no input for a tile: nothing during the K loop, no extra stages.
-  template <class Config>
-  __device__ static void init(StorageOf<Config>&) {}
-  template <class Config>
-  __device__ void begin_tile(const Tile&) {}
-  template <class Config>
-  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
-  template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, StorageOf<Config>&, StageCursor&, uint32_t&) {}
-
-  template <class Config>
-  __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
-                           StorageOf<Config>&, StageCursor&) {
-    const int row = tile.row_begin + slab.row;
-    const int col = tile.col_begin + slab.col;
-    // A slab past the tile's last row (a 64-row segment in a 128-row tile) or column has nothing to
-    // store; rows past m inside a slab are clipped by the TMA store.
-    if (row >= tile.row_end || col >= tile.col_end) return;
-    slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
-        acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
-          ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
-        });
-  }
-
-  __device__ void finish() { slabs_.drain(); }
-
- private:
-  const Params& params_;
-  SlabStore slabs_;
-};
 
 struct GemmParams {
   MainloopParams<GemmSchedule> mainloop;

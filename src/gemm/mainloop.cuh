@@ -124,6 +124,31 @@ __device__ __forceinline__ StorageOf<Config>& aligned_shared_storage() {
   return *reinterpret_cast<StorageOf<Config>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 }
 
+// Where a tile's rows of A are loaded from: a tensor map and the row (and, for a layered map, the
+// layer) of its first row. The plain GEMM and the reduce-scatter load A_r itself (ALoad of the
+// mainloop's map); an op whose A arrives from peers chooses the map, and waits for the rows first.
+struct ALoad {
+  const CUtensorMap* map;
+  int row;
+  int layer;
+};
+
+// What an epilogue does not define itself (it derives from this): no helper threads, A from the
+// mainloop's own map, no barriers of its own, no extra stages.
+struct EpilogueBase {
+  static constexpr bool kHasSender = false;
+  static constexpr bool kHasWatcher = false;
+  static constexpr bool kHasCopier = false;
+  static constexpr bool kLayeredA = false;
+
+  template <class Config, class Params, class Mainloop>
+  __device__ static ALoad a_load(const Params&, const Mainloop& mainloop, const Tile& tile) {
+    return {&mainloop.a, tile.row_begin, 0};
+  }
+  template <class Config, class Storage>
+  __device__ static void init(Storage&) {}
+};
+
 // Calls fn(tile) for each step of CTA `cta`, in the order the producer and the consumers take them.
 template <class Schedule, class Fn>
 __device__ __forceinline__ void for_each_tile(const Schedule& schedule, int cta, int num_ctas, Fn&& fn) {
@@ -168,6 +193,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
   StageCursor ring;
   uint32_t extra_phase = 0;  // the epilogue's, across tiles
   for_each_tile(p.schedule, cta, num_ctas, [&](const Tile& tile) {
+    const ALoad a = Epilogue::template a_load<Config>(epilogue, p, tile);
     const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (int kb = 0; kb < num_k_blocks; ++kb) {
       const int stage = ring.stage;
@@ -176,7 +202,11 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       uint64_t* full = &smem.ring.full[stage];
       ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
       const int k = kb * Config::kBlockK;
-      ptx::tma_load_2d(smem.a[stage], &p.a, full, k, tile.row_begin);
+      if constexpr (Epilogue::kLayeredA) {
+        ptx::tma_load_3d(smem.a[stage], a.map, full, k, a.row, a.layer);
+      } else {
+        ptx::tma_load_2d(smem.a[stage], a.map, full, k, a.row);
+      }
 #pragma unroll
       for (int piece = 0; piece < Config::kWPieces; ++piece) {
         uint16_t* dst = smem.w[stage] + piece * Config::kWPieceElems;
@@ -248,15 +278,18 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 //   end_tile<Config>(tile, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
 //             any, and the store of the slab, in the order the epilogue needs;
 //   finish() at the end;
-// and Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase), which the
-// producer thread calls after each tile's K stages (both sides must agree on the number of extra
-// stages; extra_phase is the epilogue's to keep across tiles).
+// and, on the producer thread, Epilogue::a_load<Config>(params, mainloop, tile) before each tile's K
+// stages (where its A rows come from: ALoad; a 3D map, row and layer with Epilogue::kLayeredA), and
+// Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase) after them (both
+// sides must agree on the number of extra stages; extra_phase is the epilogue's to keep across tiles).
 // Two more threads of the producer warpgroup may help the epilogue:
 //   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, schedule, smem, cta,
 //   num_ctas): it takes every consumer's staged slab of every step, so that the consumers go back
 //   to multiplying while the slab goes out;
 //   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
-//   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer.
+//   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer;
+//   with Epilogue::kHasCopier, all 32 threads of warp 3 run Epilogue::copy<Config>(params, cta,
+//   num_ctas): data the op moves by plain stores while the tiles are multiplied.
 // Epilogue::init<Config>(smem) initializes the op's barriers (one thread, before the CTA's barrier).
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue, class Schedule>
@@ -284,6 +317,9 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     }
     if constexpr (Epilogue::kHasWatcher) {
       if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+    }
+    if constexpr (Epilogue::kHasCopier) {
+      if (threadIdx.x / 32 == 3) Epilogue::template copy<Config>(epilogue_params, cta, num_ctas);
     }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();

@@ -44,7 +44,7 @@
 
 namespace tpfuse::kernels {
 
-class PushReduceEpilogue {
+class PushReduceEpilogue : public EpilogueBase {
  public:
   struct Params {
     int rank;
