@@ -152,6 +152,8 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --gpus N         use GPUs 0..N-1 (default: every visible GPU)\n"
          "  --seed N         seed of the random inputs (default: drawn at start, and printed)\n"
          "  --no-gate        align GPUs only by synchronizing (host launch time then counts in the times)\n"
+         "  --no-sensors     do not read the SM clock and power while timing (to see that reading them does\n"
+         "                   not change the times)\n"
          "  --overrides O    the library's config overrides for our calls, e.g. 'own_lag=0,partial_rounds=2'\n"
          "                   (fields block_n, group_rows, own_lag, partial_rounds; default none)\n"
          "  --compare O      modes gemm and proxy: also time our calls with overrides O, interleaved with\n"
@@ -159,6 +161,11 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --json FILE      write the results as JSON\n"
          "  --csv FILE       write the results as CSV\n"
          "  --help           print this help\n"
+         "\n"
+         "Modes gemm, proxy and fused also report, per call: H_*(us), the host's time to queue one call\n"
+         "(no CUDA graph), median; MHz_*, the SM clock while that call ran (NVML, sampled), median; and per\n"
+         "timed loop W, the mean power per GPU. Without NVML (or with --no-sensors) MHz and W stay empty\n"
+         "and a note says why. GPU 0's max SM clock and power limit are in the metadata.\n"
          "\n"
          "Exit status: 0 all good, 1 a wrong result or a failed call, 2 bad arguments.\n";
 }
@@ -230,6 +237,9 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     } else if (flag == "--no-gate") {
       if (!no_value()) return fail(result.error);
       options.gate = false;
+    } else if (flag == "--no-sensors") {
+      if (!no_value()) return fail(result.error);
+      options.sensors = false;
     } else if (flag == "--json" || flag == "--csv") {
       const std::optional<std::string> text = value();
       if (!text || text->empty()) return fail(flag + ": missing file name");

@@ -34,6 +34,7 @@ struct Options {
   int gpus = 0;  // 0: every visible GPU
   std::optional<uint64_t> seed;  // unset: the benchmark draws one
   bool gate = true;              // see TimingOptions::gate
+  bool sensors = true;           // see TimingOptions::read_sensors
   // The library's config overrides for our calls (--overrides), and a second set timed beside them
   // in the same process (--compare; modes gemm and proxy).
   ConfigOverrides overrides;

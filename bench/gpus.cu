@@ -11,9 +11,21 @@ namespace {
 // cuBLAS's recommended workspace on Hopper. Set explicitly so that no GEMM allocates while timed.
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 
+std::vector<std::string> pci_bus_ids(int count) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < count; ++i) ids.push_back(pci_bus_id(i));
+  return ids;
+}
+
 }  // namespace
 
-GpuSet::GpuSet(int count, bool with_nccl) : gpus_(count) {
+std::string pci_bus_id(int device) {
+  char id[32] = {};
+  TESTING_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device));
+  return id;
+}
+
+GpuSet::GpuSet(int count, bool with_nccl) : gpus_(count), sensors_(pci_bus_ids(count)) {
   for (int i = 0; i < count; ++i) {
     Gpu& gpu = gpus_[i];
     gpu.device = i;

@@ -1,5 +1,6 @@
 // The GPUs one benchmark process drives (devices 0..count-1): each gets a stream, a cuBLAS handle
-// bound to it, and, when asked for, an NCCL communicator (rank = device index, ncclCommInitAll).
+// bound to it, and, when asked for, an NCCL communicator (rank = device index, ncclCommInitAll); the
+// set has their clock and power sensors.
 #pragma once
 
 #include <cublas_api.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "sensors.h"
 #include "testing/device_buffer.h"
 
 namespace tpfuse::bench {
@@ -26,6 +28,9 @@ struct Gpu {
   DeviceBuffer cublas_workspace;
 };
 
+// The device's PCI bus id, as NVML finds the device by it.
+std::string pci_bus_id(int device);
+
 class GpuSet {
  public:
   GpuSet(int count, bool with_nccl);
@@ -41,8 +46,11 @@ class GpuSet {
   // Waits until every GPU's stream is idle.
   void synchronize();
 
+  GpuSensors& sensors() { return sensors_; }
+
  private:
   std::vector<Gpu> gpus_;
+  GpuSensors sensors_;
 };
 
 }  // namespace tpfuse::bench

@@ -62,6 +62,18 @@ std::string text_of(const Fields& fields, const std::string& key) {
   return "?";
 }
 
+// "1980 MHz"; "unknown" where the metadata has no number under `key`.
+std::string number_text(const Fields& fields, const std::string& key, const char* unit) {
+  for (const auto& [name, value] : fields) {
+    if (const auto* number = std::get_if<double>(&value); name == key && number != nullptr) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%.0f %s", *number, unit);
+      return text;
+    }
+  }
+  return "unknown";
+}
+
 int run(int argc, char** argv) {
   const std::vector<std::string> names = mode_names();
   ParseResult parsed = parse_args(std::vector<std::string>(argv + 1, argv + argc), names);
@@ -100,6 +112,9 @@ int run(int argc, char** argv) {
                     std::to_string(options.gpus) + " x " + text_of(meta, "gpu") + "; CUDA driver API " +
                     text_of(meta, "cuda_driver_api") + ", runtime " + text_of(meta, "cuda_runtime") + ", cuBLAS " +
                     text_of(meta, "cublas") + ", NCCL " + text_of(meta, "nccl"));
+    const std::string nvml = text_of(meta, "nvml");
+    report.add_note("GPU 0: max SM clock " + number_text(meta, "sm_clock_max_mhz", "MHz") + ", power limit " +
+                    number_text(meta, "power_limit_w", "W") + (nvml == "ok" ? "" : " (" + nvml + ")"));
     report.add_note("mode " + options.mode + ", --tp " + std::to_string(options.tp) + " (K/P = K/" +
                     std::to_string(options.tp) + "), layout " +
                     layout_flag(options.weight_layout) + ", warmup " + std::to_string(options.warmup) + ", iters " +

@@ -7,6 +7,8 @@
 
 #include <ctime>
 
+#include "gpus.h"
+#include "sensors.h"
 #include "testing/cuda_errors.h"
 #include "git_commit.h"  // TPFUSE_GIT_COMMIT, written at every build (bench/git_commit.cmake)
 
@@ -49,6 +51,8 @@ std::string nccl_version() {
          std::to_string(version % 100);
 }
 
+Value number_or_null(const std::optional<double>& value) { return value ? Value(*value) : Value{}; }
+
 }  // namespace
 
 Fields collect_meta(int num_gpus) {
@@ -58,12 +62,20 @@ Fields collect_meta(int num_gpus) {
   TESTING_CHECK(cudaGetDeviceCount(&visible));
   cudaDeviceProp prop{};
   TESTING_CHECK(cudaGetDeviceProperties(&prop, 0));
+  GpuSensors sensors({pci_bus_id(0)});
+  const std::optional<double> max_mhz = sensors.max_sm_clock_mhz(0);
+  const std::optional<double> limit_w = sensors.power_limit_w(0);
+  std::string nvml_status = sensors.available() ? "ok" : sensors.unavailable_reason();
+  for (const std::string& failure : sensors.take_failures()) nvml_status += "; failed: " + failure;
   return {
       {"date", utc_now()},
       {"hostname", hostname()},
       {"gpu", std::string(prop.name)},
       {"gpu_count", double(num_gpus)},
       {"gpus_visible", double(visible)},
+      {"sm_clock_max_mhz", number_or_null(max_mhz)},  // GPU 0's
+      {"power_limit_w", number_or_null(limit_w)},     // GPU 0's enforced limit
+      {"nvml", nvml_status},
       {"cuda_driver_api", cuda_version(driver)},
       {"cuda_runtime", cuda_version(runtime)},
       {"cublas", cublas_version()},
@@ -84,6 +96,7 @@ Fields options_fields(const Options& options) {
       {"gpus", double(options.gpus)},
       {"seed", options.seed ? Value(double(*options.seed)) : Value{}},
       {"gate", options.gate},
+      {"sensors", options.sensors},
       {"overrides", options.overrides.to_string()},
       {"compare", options.compare ? Value(options.compare->to_string()) : Value{}},
   };

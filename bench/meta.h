@@ -1,5 +1,6 @@
-// What a result was measured on and with: date, host, GPUs, driver and library versions, the commit,
-// and the options. For the JSON's "meta" and the table's opening lines.
+// What a result was measured on and with: date, host, GPUs (and GPU 0's max SM clock and power
+// limit, from NVML), driver and library versions, the commit, and the options. For the JSON's
+// "meta" and the table's opening lines.
 #pragma once
 
 #include "cli.h"

@@ -38,6 +38,56 @@ void set_errors(Row& row, const std::string& key, const ErrorStats& stats) {
   row[key + "_norm_rel"] = stats.norm_rel;
 }
 
+namespace {
+
+std::string loop_key(const std::string& loop, const std::string& name) {
+  return loop.empty() ? name : loop + "_" + name;
+}
+
+}  // namespace
+
+void add_loop_sensor_columns(std::vector<Column>& columns, const std::string& loop, const std::string& label) {
+  const std::string suffix = label.empty() ? "" : "_" + label;
+  columns.insert(columns.end(), {
+      {loop_key(loop, "power_w"), "W" + suffix, std::max(4, int(1 + suffix.size())), Format::kInteger},
+      {loop_key(loop, "power_read_w"), "W_read" + suffix, 6, Format::kFixed, 1, false},
+      {loop_key(loop, "energy_j"), "J" + suffix, 8, Format::kFixed, 3, false},
+      {loop_key(loop, "loop_s"), "loop_s" + suffix, 7, Format::kFixed, 3, false},
+      {loop_key(loop, "sensor_readings"), "readings" + suffix, 8, Format::kInteger, 0, false},
+  });
+}
+
+void set_if_read(Row& row, const std::string& key, const std::optional<double>& value) {
+  if (value) row[key] = *value;
+}
+
+void set_loop_sensors(Row& row, const LoopSensors& sensors, const std::string& loop) {
+  set_if_read(row, loop_key(loop, "power_w"), sensors.power_w);
+  set_if_read(row, loop_key(loop, "power_read_w"), sensors.power_read_w);
+  set_if_read(row, loop_key(loop, "energy_j"), sensors.energy_j);
+  row[loop_key(loop, "loop_s")] = sensors.seconds;
+  row[loop_key(loop, "sensor_readings")] = double(sensors.num_readings);
+}
+
+std::string timing_columns_note(const Options& options, GpuSensors& sensors, bool multi_gpu) {
+  std::string note = "H_*(us): the host's time to queue one call (no CUDA graph), median over the iterations; ";
+  if (!options.sensors) return note + "MHz and W left empty: --no-sensors";
+  if (!sensors.available()) return note + "MHz and W left empty: " + sensors.unavailable_reason();
+  const std::string period = std::to_string(kSensorPeriod.count());
+  note += "MHz_*: NVML's SM clock, read every " + period + " ms while that call ran, median";
+  if (multi_gpu) note += " (the lowest of the GPUs' medians)";
+  return note + "; W: mean power" + (multi_gpu ? " per GPU" : "") +
+         " over the timed loop (all its calls and the gaps between them), from the energy counter (else the mean of "
+         "the power readings); JSON and CSV also: the power readings' mean, the energy, the loop's seconds and "
+         "number of readings";
+}
+
+void note_sensor_failures(Report& report, GpuSensors& sensors) {
+  for (const std::string& failure : sensors.take_failures()) {
+    report.add_note("sensor reading failed, its column stays empty from here: " + failure);
+  }
+}
+
 void add_outcome_columns(std::vector<Column>& columns, bool check) {
   if (check) columns.push_back({"rule", "rule", 4, Format::kText});
   columns.insert(columns.end(), {
@@ -82,6 +132,7 @@ TimingOptions timing_options(const Options& options) {
   timing.warmup = options.warmup;
   timing.iters = options.iters;
   timing.gate = options.gate;
+  timing.read_sensors = options.sensors;
   return timing;
 }
 

@@ -35,7 +35,13 @@ std::vector<Column> fused_columns(bool check) {
       {"E", "E", 6, Format::kFixed, 3},
       {"E_hideable", "E_hide", 6, Format::kFixed, 3},
       {"speedup", "speedup", 7, Format::kFixed, 3},
+      {"host_gemm_us", "H_gemm(us)", 10, Format::kFixed, 1},
+      {"host_fused_us", "H_fus(us)", 9, Format::kFixed, 1},
+      {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
+      {"mhz_fused", "MHz_fus", 7, Format::kInteger},
   });
+  add_loop_sensor_columns(columns, "gemm", "gemm");
+  add_loop_sensor_columns(columns, "fused", "fus");
   if (check) {
     add_error_columns(columns, "unfused", "unf");
     add_error_columns(columns, "fused", "fus");
@@ -132,15 +138,22 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   row["t_gemm_ms"] = times.gemm;
   row["t_comm_ms"] = times.comm;
   row["t_seq_ms"] = times.seq;
+  row["host_gemm_us"] = times.gemm_host_us;
+  set_if_read(row, "mhz_gemm", times.gemm_sensors.sm_clock_mhz[0]);
+  set_loop_sensors(row, times.gemm_sensors, "gemm");
   if (fused_ok) {
     attempt(
         [&] {
-          const double t_fused = time_median_ms(gpus, timing, [&](int i) {
+          const LoopTiming fused = time_loop(gpus, timing, {[&](int i) {
             fused_all(comm, gpus, unfused, fused_out, problem, i % num_sets, options.overrides);
-          });
+          }});
           comm.check_status();
+          const double t_fused = fused.launches[0].median_ms;
           const double hidden_ms = times.gemm + times.comm - t_fused;
           row["t_fused_ms"] = t_fused;
+          row["host_fused_us"] = fused.launches[0].host_us;
+          set_if_read(row, "mhz_fused", fused.sensors.sm_clock_mhz[0]);
+          set_loop_sensors(row, fused.sensors, "fused");
           row["E"] = hidden_ms / times.comm;
           row["E_hideable"] = hidden_ms / std::min(times.gemm, times.comm);
           row["speedup"] = times.seq / t_fused;
@@ -228,6 +241,9 @@ void run_fused(const Options& options, Report& report) {
   report.add_note("times in ms: median of " + std::to_string(options.iters) + " iterations after " +
                   std::to_string(options.warmup) + " warm-up, slowest GPU; E = (T_gemm + T_comm - T_fused) / T_comm, "
                   "E_hideable = the same over min(T_gemm, T_comm), speedup = T_seq / T_fused");
+  report.add_note("*_gemm: T_gemm's loop (one call queues every GPU's cuBLAS GEMM), *_fus: T_fused's (one call of "
+                  "the local fused op queues every GPU's rank); " +
+                  timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/true));
   if (options.check) {
     report.add_note("rule: each of the fused op's errors (max and L2, relative to the FP32 reference "
                     "reduce-scatter) <= 1.1x the unfused path's (cuBLAS + NCCL)");
@@ -237,6 +253,7 @@ void run_fused(const Options& options, Report& report) {
   std::vector<Row> rows;
   for (size_t i = 0; i < options.shapes.size(); ++i) {
     rows.push_back(run_shape(gpus, options, i, report));
+    note_sensor_failures(report, gpus.sensors());
     report.add_row(rows.back());
   }
   summarize(options, report, rows);

@@ -27,6 +27,19 @@ std::vector<Column> gemm_columns(bool check, bool compare) {
         {"b_over_ours", "b/ours", 7, Format::kFixed, 3},
     });
   }
+  columns.insert(columns.end(), {
+      {"host_cublas_us", "H_cub(us)", 9, Format::kFixed, 1},
+      {"host_ours_us", "H_our(us)", 9, Format::kFixed, 1},
+      {"mhz_cublas", "MHz_cub", 7, Format::kInteger},
+      {"mhz_ours", "MHz_our", 7, Format::kInteger},
+  });
+  if (compare) {
+    columns.insert(columns.end(), {
+        {"host_ours_b_us", "H_our_b(us)", 11, Format::kFixed, 1, false},
+        {"mhz_ours_b", "MHz_our_b", 9, Format::kInteger, 0, false},
+    });
+  }
+  add_loop_sensor_columns(columns);
   if (check) {
     add_error_columns(columns, "cublas", "cub");
     add_error_columns(columns, "ours", "our");
@@ -68,22 +81,31 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
   if (options.compare) {
     calls.push_back([&](int i) { ours_on_set(gpu, problem, sets, i % sets.num_sets, *options.compare); });
   }
-  // Timed interleaved (time_medians_ms); cuBLAS alone where ours fails.
-  std::vector<double> times;
+  // Timed interleaved (time_loop); cuBLAS alone where ours fails.
+  LoopTiming loop;
   const bool ours_ok =
-      outcome.failure.empty() && attempt([&] { times = time_medians_ms(gpus, timing, calls); }, &outcome.failure);
-  if (!ours_ok) times = {time_median_ms(gpus, timing, cublas_call)};
-  row["t_cublas_ms"] = times[0];
-  row["tflops_cublas"] = tflops(problem.flops_per_rank(), times[0]);
+      outcome.failure.empty() && attempt([&] { loop = time_loop(gpus, timing, calls); }, &outcome.failure);
+  if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
+  const auto& times = loop.launches;
+  const auto& mhz = loop.sensors.sm_clock_mhz;
+  row["t_cublas_ms"] = times[0].median_ms;
+  row["tflops_cublas"] = tflops(problem.flops_per_rank(), times[0].median_ms);
+  row["host_cublas_us"] = times[0].host_us;
+  set_if_read(row, "mhz_cublas", mhz[0]);
   if (ours_ok) {
-    row["t_ours_ms"] = times[1];
-    row["tflops_ours"] = tflops(problem.flops_per_rank(), times[1]);
-    row["cublas_over_ours"] = times[0] / times[1];
+    row["t_ours_ms"] = times[1].median_ms;
+    row["tflops_ours"] = tflops(problem.flops_per_rank(), times[1].median_ms);
+    row["cublas_over_ours"] = times[0].median_ms / times[1].median_ms;
+    row["host_ours_us"] = times[1].host_us;
+    set_if_read(row, "mhz_ours", mhz[1]);
     if (options.compare) {
-      row["t_ours_b_ms"] = times[2];
-      row["b_over_ours"] = times[2] / times[1];
+      row["t_ours_b_ms"] = times[2].median_ms;
+      row["b_over_ours"] = times[2].median_ms / times[1].median_ms;
+      row["host_ours_b_us"] = times[2].host_us;
+      set_if_read(row, "mhz_ours_b", mhz[2]);
     }
   }
+  set_loop_sensors(row, loop.sensors);
   finish_row(row, report, options, outcome, c_count, sets.num_sets);
   return row;
 }
@@ -98,6 +120,7 @@ void run_gemm(const Options& options, Report& report) {
                   " warm-up, cuBLAS's and ours interleaved; cublas/ours = T_cublas / T_ours (above 1: ours is faster); "
                   "ours with overrides " + options.overrides.to_string() +
                   (options.compare ? ", ours_b with " + options.compare->to_string() : std::string()));
+  report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
   if (options.check) {
     report.add_note("rule: each of ours' errors (max and L2, relative to the FP32 reference) <= 1.1x cuBLAS's");
   }
@@ -108,6 +131,7 @@ void run_gemm(const Options& options, Report& report) {
   OutcomeTally tally;
   for (size_t i = 0; i < options.shapes.size(); ++i) {
     const Row row = run_shape(gpus[0], gpus, options, i, report);
+    note_sensor_failures(report, gpus.sensors());
     if (const double* ratio = number_in(row, "cublas_over_ours")) {
       log_ratio_sum += std::log(*ratio);
       ++num_ours;

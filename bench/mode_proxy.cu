@@ -58,6 +58,21 @@ std::vector<Column> proxy_columns(bool check, bool compare) {
         {"fused_b_over_gemm", "b/gemm", 7, Format::kFixed, 3},
     });
   }
+  columns.insert(columns.end(), {
+      {"host_cublas_us", "H_cub(us)", 9, Format::kFixed, 1},
+      {"host_gemm_us", "H_gemm(us)", 10, Format::kFixed, 1},
+      {"host_fused_solo_us", "H_solo(us)", 10, Format::kFixed, 1},
+      {"mhz_cublas", "MHz_cub", 7, Format::kInteger},
+      {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
+      {"mhz_fused_solo", "MHz_solo", 8, Format::kInteger},
+  });
+  if (compare) {
+    columns.insert(columns.end(), {
+        {"host_fused_solo_b_us", "H_solo_b(us)", 12, Format::kFixed, 1, false},
+        {"mhz_fused_solo_b", "MHz_solo_b", 10, Format::kInteger, 0, false},
+    });
+  }
+  add_loop_sensor_columns(columns);
   if (check) add_error_columns(columns, "solo", "solo");
   add_outcome_columns(columns, check);
   return columns;
@@ -161,35 +176,46 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   const LaunchFn solo_call = [&](int i) {
     run_solo(comm, problem, buffers, i % num_sets, gpu.stream, options.overrides);
   };
-  // Timed interleaved (time_medians_ms); cuBLAS alone where one of ours fails.
+  // Timed interleaved (time_loop); cuBLAS alone where one of ours fails.
   std::vector<LaunchFn> calls{cublas_call, gemm_call};
   if (solo_ok) calls.push_back(solo_call);
   if (solo_ok && options.compare) {
     calls.push_back([&](int i) { run_solo(comm, problem, buffers, i % num_sets, gpu.stream, *options.compare); });
   }
-  std::vector<double> times;
+  LoopTiming loop;
   const bool ours_ok = attempt(
       [&] {
-        times = time_medians_ms(gpus, timing, calls);
+        loop = time_loop(gpus, timing, calls);
         if (solo_ok) comm.check_status();
       },
       &outcome.failure);
-  if (!ours_ok) times = {time_median_ms(gpus, timing, cublas_call)};
-  row["t_cublas_ms"] = times[0];
-  row["tflops_cublas"] = tflops(flops, times[0]);
+  if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
+  const auto& times = loop.launches;
+  const auto& mhz = loop.sensors.sm_clock_mhz;
+  row["t_cublas_ms"] = times[0].median_ms;
+  row["tflops_cublas"] = tflops(flops, times[0].median_ms);
+  row["host_cublas_us"] = times[0].host_us;
+  set_if_read(row, "mhz_cublas", mhz[0]);
   if (ours_ok) {
-    row["t_gemm_ms"] = times[1];
-    row["tflops_gemm"] = tflops(flops, times[1]);
+    row["t_gemm_ms"] = times[1].median_ms;
+    row["tflops_gemm"] = tflops(flops, times[1].median_ms);
+    row["host_gemm_us"] = times[1].host_us;
+    set_if_read(row, "mhz_gemm", mhz[1]);
     if (solo_ok) {
-      row["t_fused_solo_ms"] = times[2];
-      row["tflops_fused_solo"] = tflops(flops, times[2]);
-      row["fused_over_gemm"] = times[2] / times[1];
+      row["t_fused_solo_ms"] = times[2].median_ms;
+      row["tflops_fused_solo"] = tflops(flops, times[2].median_ms);
+      row["fused_over_gemm"] = times[2].median_ms / times[1].median_ms;
+      row["host_fused_solo_us"] = times[2].host_us;
+      set_if_read(row, "mhz_fused_solo", mhz[2]);
       if (options.compare) {
-        row["t_fused_solo_b_ms"] = times[3];
-        row["fused_b_over_gemm"] = times[3] / times[1];
+        row["t_fused_solo_b_ms"] = times[3].median_ms;
+        row["fused_b_over_gemm"] = times[3].median_ms / times[1].median_ms;
+        row["host_fused_solo_b_us"] = times[3].host_us;
+        set_if_read(row, "mhz_fused_solo_b", mhz[3]);
       }
     }
   }
+  set_loop_sensors(row, loop.sensors);
   if (comm.get() != nullptr) attempt([&] { comm.destroy(); }, &outcome.failure);
   finish_row(row, report, options, outcome, out_count, num_sets);
   return row;
@@ -208,6 +234,7 @@ void run_proxy(const Options& options, Report& report) {
   report.add_note("T_gemm = tpfuse::gemm, T_fused_solo = rank 0's fused call; target fused/gemm <= 1.05; overrides " +
                   options.overrides.to_string() +
                   (options.compare ? "; T_solo_b: rank 0's fused call with " + options.compare->to_string() : ""));
+  report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
   if (options.check) {
     report.add_note("rule: rank 0's rows against their FP32 reference (its rows of A_0 @ W_0 plus the preset "
                     "partials): max_rel <= 1/128 and L2 rel <= 1/256 (one BF16 rounding is at most 1/256)");
@@ -219,6 +246,7 @@ void run_proxy(const Options& options, Report& report) {
   OutcomeTally tally;
   for (size_t i = 0; i < options.shapes.size(); ++i) {
     const Row row = run_shape(gpus, options, i, report);
+    note_sensor_failures(report, gpus.sensors());
     if (const double* ratio = number_in(row, "fused_over_gemm")) {
       max_ratio = std::max(max_ratio, *ratio);
       log_ratio_sum += std::log(*ratio);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,21 @@ Row shape_row(const Shape& shape);
 // "<label>_maxrel" and "<label>_l2rel"; set_errors fills them.
 void add_error_columns(std::vector<Column>& columns, const std::string& key, const std::string& label);
 void set_errors(Row& row, const std::string& key, const ErrorStats& stats);
+
+// A timed loop's sensors: the column "<loop>_power_w" (headed "W_<label>"; "power_w" and "W" for an
+// empty `loop`), the mean power per GPU over the loop, in the table, and in JSON and CSV only
+// "<loop>_power_read_w", "<loop>_energy_j" (all GPUs), "<loop>_loop_s", "<loop>_sensor_readings";
+// set_loop_sensors fills them. The modes add their per-launch "host_*_us" and "mhz_*" columns.
+void add_loop_sensor_columns(std::vector<Column>& columns, const std::string& loop = "",
+                             const std::string& label = "");
+void set_loop_sensors(Row& row, const LoopSensors& sensors, const std::string& loop = "");
+// A number, or nothing where the sensor gave none.
+void set_if_read(Row& row, const std::string& key, const std::optional<double>& value);
+// The note on how the host times, the SM clock and the power are measured, or why the sensors'
+// columns stay empty. `multi_gpu`: the loops run on several GPUs.
+std::string timing_columns_note(const Options& options, GpuSensors& sensors, bool multi_gpu);
+// A note for each sensor reading that has failed since the last call (its column stays empty).
+void note_sensor_failures(Report& report, GpuSensors& sensors);
 
 // How a shape of a mode that calls tpfuse ended.
 struct Outcome {

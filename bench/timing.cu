@@ -3,8 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace tpfuse::bench {
@@ -94,23 +96,31 @@ double median(std::vector<double> values) {
 
 }  // namespace
 
-std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches) {
+LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches) {
   for (const LaunchFn& launch : launches) launch(0);
   gpus.synchronize();
 
   StartGate gate;
   std::vector<std::unique_ptr<EventPair>> events;
   for (Gpu& gpu : gpus) events.push_back(std::make_unique<EventPair>(gpu.device));
+  std::optional<SensorSampler> sampler;  // over the timed iterations only
 
-  // One gated iteration of `launch`: the slowest GPU's time, in ms.
-  auto time_iteration = [&](const LaunchFn& launch, int iteration) {
+  struct Times {
+    double gpu_ms = 0;   // the slowest GPU's
+    double host_us = 0;  // queuing the launch
+  };
+  // One gated iteration of launch `k`.
+  auto time_iteration = [&](int k, int iteration) {
+    double host_us = 0;
     try {
       for (int g = 0; g < gpus.size(); ++g) {
         TESTING_CHECK(cudaSetDevice(gpus[g].device));
         if (options.gate) gate.hold(gpus[g].stream);
         TESTING_CHECK(cudaEventRecord(events[g]->start, gpus[g].stream));
       }
-      launch(iteration);
+      const auto queue_start = std::chrono::steady_clock::now();
+      launches[k](iteration);
+      host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - queue_start).count();
       for (int g = 0; g < gpus.size(); ++g) {
         TESTING_CHECK(cudaSetDevice(gpus[g].device));
         TESTING_CHECK(cudaEventRecord(events[g]->stop, gpus[g].stream));
@@ -124,8 +134,11 @@ std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, 
       }
       throw;
     }
+    // The sensors' readings from here to the end of the synchronization are launch k's.
+    if (sampler) sampler->launch_started(k);
     gate.release();
     gpus.synchronize();
+    if (sampler) sampler->launch_done();
     if (gate.timed_out()) {
       throw CallFailed("the start gate timed out: the queued work waited for a GPU while the GPUs were held "
                        "(run with --no-gate to time without it)");
@@ -136,27 +149,39 @@ std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, 
       TESTING_CHECK(cudaEventElapsedTime(&ms, events[g]->start, events[g]->stop));
       slowest_ms = std::max(slowest_ms, double(ms));
     }
-    return slowest_ms;
+    return Times{slowest_ms, host_us};
   };
 
   // Calls are numbered across the launches, so that two calls in a row use different input sets:
   // one launch never finds the operands the launch before it left in L2.
   const int num_launches = int(launches.size());
-  std::vector<std::vector<double>> times_ms(launches.size());
-  for (auto& times : times_ms) times.reserve(options.iters);
+  std::vector<std::vector<double>> gpu_ms(launches.size()), host_us(launches.size());
+  for (auto& times : gpu_ms) times.reserve(options.iters);
+  for (auto& times : host_us) times.reserve(options.iters);
   for (int iteration = 0; iteration < options.warmup + options.iters; ++iteration) {
+    if (iteration == options.warmup && options.read_sensors) {
+      sampler.emplace(gpus.sensors(), num_launches, kSensorPeriod);
+    }
     for (int k = 0; k < num_launches; ++k) {
-      const double ms = time_iteration(launches[k], iteration * num_launches + k);
-      if (iteration >= options.warmup) times_ms[k].push_back(ms);
+      const Times times = time_iteration(k, iteration * num_launches + k);
+      if (iteration >= options.warmup) {
+        gpu_ms[k].push_back(times.gpu_ms);
+        host_us[k].push_back(times.host_us);
+      }
     }
   }
-  std::vector<double> medians;
-  for (auto& times : times_ms) medians.push_back(median(std::move(times)));
-  return medians;
+  LoopTiming result;
+  for (int k = 0; k < num_launches; ++k) {
+    result.launches.push_back({median(std::move(gpu_ms[k])), median(std::move(host_us[k]))});
+  }
+  SensorLog unread;
+  unread.num_launches = num_launches;
+  result.sensors = sampler ? sampler->finish() : summarize(unread);
+  return result;
 }
 
 double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch) {
-  return time_medians_ms(gpus, options, {launch})[0];
+  return time_loop(gpus, options, {launch}).launches[0].median_ms;
 }
 
 int rotation_sets(size_t bytes_per_set, size_t l2_bytes, size_t budget_bytes) {

@@ -1,14 +1,21 @@
 // Timing with CUDA events, the way SPEC asks: the median over iterations of the slowest GPU's time,
-// each iteration starting with the GPUs aligned, on inputs that are not left in L2 by the last one.
+// each iteration starting with the GPUs aligned, on inputs that are not left in L2 by the last one;
+// with it, the host's time per call and the GPUs' SM clock and power during the timed iterations.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <vector>
 
 #include "gpus.h"
+#include "sensors.h"
 
 namespace tpfuse::bench {
+
+// How often the sensors are read during a timed loop: a few clock readings per launch even in a
+// loop of small shapes (NVML's power reading is itself an average over a longer window).
+inline constexpr std::chrono::milliseconds kSensorPeriod{10};
 
 struct TimingOptions {
   int warmup = 20;
@@ -16,23 +23,35 @@ struct TimingOptions {
   // Hold every GPU at the start of an iteration until the host has queued the whole iteration on
   // all of them, so that host launch time and the skew between GPUs stay out of the times.
   bool gate = true;
+  // Sample the GPUs' SM clock and power during the timed iterations (see LoopTiming).
+  bool read_sensors = true;
 };
 
 // Queues one iteration of the timed work on every GPU of the set (streams of the set; NCCL calls
 // inside ncclGroupStart/End). `iteration` counts from 0; use it to rotate the input sets.
 using LaunchFn = std::function<void(int iteration)>;
 
-// One untimed, ungated call of `launch` first (it loads modules and lets libraries pick kernels:
-// neither may happen while the GPUs are held), then `warmup` and `iters` iterations. An iteration's
-// time is the slowest GPU's time from its start event to its stop event; returns the median, in ms.
-double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch);
+// The timed loop's results for one launch.
+struct LaunchTiming {
+  double median_ms = 0;  // the slowest GPU's time from its start event to its stop event
+  double host_us = 0;    // the host's time to queue one call (`launch` alone, no graph), median
+};
 
-// The same for several launches compared with each other, interleaved: every iteration times each
-// launch once, in order, so that slow drifts of the GPUs (clocks, temperature) fall on all of them
-// alike and stay out of their ratios. The `iteration` a launch gets counts all calls of all
-// launches, so consecutive calls rotate to different input sets. Returns each launch's median, in
-// ms, in the launches' order.
-std::vector<double> time_medians_ms(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches);
+struct LoopTiming {
+  std::vector<LaunchTiming> launches;  // in the launches' order
+  LoopSensors sensors;  // SM clock per launch and power, sampled during the timed iterations
+};
+
+// Several launches compared with each other, interleaved: one untimed, ungated call of each first
+// (it loads modules and lets libraries pick kernels: neither may happen while the GPUs are held),
+// then `warmup` and `iters` iterations, each timing every launch once, in order, so that slow drifts
+// of the GPUs (clocks, temperature) fall on all of them alike and stay out of their ratios. The
+// `iteration` a launch gets counts all calls of all launches, so consecutive calls rotate to
+// different input sets.
+LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches);
+
+// One launch alone: its median time, in ms.
+double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch);
 
 // How many input sets to rotate through: enough that one rotation touches about 4x the L2 cache
 // (so no iteration finds its operands cached), at most 16, and within `budget_bytes`; at least 1.

@@ -55,9 +55,12 @@ UnfusedBuffers make_unfused_buffers(GpuSet& gpus, const RankCounts& counts, int 
 void gemm_all(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, int set);
 void reduce_scatter_all(GpuSet& gpus, UnfusedBuffers& buffers, int set);
 
-// Medians in ms, slowest GPU; T_comm and T_seq stay NaN without a reduce-scatter.
+// Medians in ms, slowest GPU, and the GEMMs' host time and sensors (see LoopTiming); T_comm and
+// T_seq stay NaN without a reduce-scatter.
 struct UnfusedTimes {
   double gemm = 0;
+  double gemm_host_us = 0;   // queuing every GPU's GEMM
+  LoopSensors gemm_sensors;  // during the GEMMs' loop
   double comm = std::numeric_limits<double>::quiet_NaN();
   double seq = std::numeric_limits<double>::quiet_NaN();
 };

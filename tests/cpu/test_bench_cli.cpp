@@ -18,6 +18,8 @@ TEST(BenchCli, DefaultsAreTheSpecSweep) {
   EXPECT_EQ(r.options.iters, 200);
   EXPECT_GT(r.options.warmup, 0);
   EXPECT_EQ(r.options.tp, 8);
+  EXPECT_TRUE(r.options.gate);
+  EXPECT_TRUE(r.options.sensors);
   ASSERT_EQ(r.options.shapes.size(), 16u);
   // M in {512, 2048, 8192, 32768} for each projection; K per rank = K_total / 8.
   int down_proj = 0;
@@ -33,13 +35,14 @@ TEST(BenchCli, DefaultsAreTheSpecSweep) {
 
 TEST(BenchCli, ExplicitShapesAndOptions) {
   const ParseResult r = parse_args({"--mode", "proxy", "--iters=50", "--warmup", "3", "--check", "--layout", "nk",
-                                    "--shapes", "1024,8192,1024;64,264,72", "--tp", "4"},
+                                    "--shapes", "1024,8192,1024;64,264,72", "--tp", "4", "--no-sensors"},
                                    kModes);
   ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
   EXPECT_EQ(r.options.mode, "proxy");
   EXPECT_EQ(r.options.iters, 50);
   EXPECT_EQ(r.options.warmup, 3);
   EXPECT_TRUE(r.options.check);
+  EXPECT_FALSE(r.options.sensors);
   EXPECT_EQ(r.options.weight_layout, WeightLayout::kNxK);
   ASSERT_EQ(r.options.shapes.size(), 2u);
   EXPECT_EQ(r.options.shapes[1].m, 64);
@@ -54,6 +57,7 @@ TEST(BenchCli, BadArgumentsAreNamed) {
       {{"--layout", "xy"}, "--layout"},
       {{"--shapes", "1024,8192"}, "--shapes"},
       {{"--frobnicate"}, "--frobnicate"},
+      {{"--no-sensors=1"}, "--no-sensors"},
   };
   for (const auto& [args, name] : bad) {
     const ParseResult r = parse_args(args, kModes);

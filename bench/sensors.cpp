@@ -1,0 +1,246 @@
+#include "sensors.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <numeric>
+
+namespace tpfuse::bench {
+
+namespace {
+
+// The few NVML types and calls used, as nvml.h declares them (the header is not needed to build).
+using NvmlReturn = int;  // nvmlReturn_t; 0 is NVML_SUCCESS
+using NvmlDevice = void*;  // nvmlDevice_t, an opaque handle
+constexpr NvmlReturn kNvmlSuccess = 0;
+constexpr int kNvmlClockSm = 1;  // NVML_CLOCK_SM of nvmlClockType_t
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+double mean(const std::vector<double>& values) {
+  return std::accumulate(values.begin(), values.end(), 0.0) / double(values.size());
+}
+
+// The mean over the GPUs of `per_gpu`, or empty unless every GPU has a value.
+std::optional<double> mean_of_all(const std::vector<std::optional<double>>& per_gpu) {
+  if (per_gpu.empty()) return std::nullopt;
+  double sum = 0;
+  for (const std::optional<double>& value : per_gpu) {
+    if (!value) return std::nullopt;
+    sum += *value;
+  }
+  return sum / double(per_gpu.size());
+}
+
+}  // namespace
+
+struct GpuSensors::Nvml {
+  void* library = nullptr;
+  bool initialized = false;
+  NvmlReturn (*init)() = nullptr;
+  NvmlReturn (*shutdown)() = nullptr;
+  const char* (*error_string)(NvmlReturn) = nullptr;
+  NvmlReturn (*handle_by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
+  NvmlReturn (*clock_info)(NvmlDevice, int, unsigned*) = nullptr;
+  NvmlReturn (*max_clock_info)(NvmlDevice, int, unsigned*) = nullptr;
+  NvmlReturn (*power_usage)(NvmlDevice, unsigned*) = nullptr;  // mW
+  NvmlReturn (*total_energy)(NvmlDevice, unsigned long long*) = nullptr;  // mJ
+  NvmlReturn (*enforced_power_limit)(NvmlDevice, unsigned*) = nullptr;  // mW
+
+  ~Nvml() {
+    if (initialized) shutdown();
+    if (library != nullptr) dlclose(library);
+  }
+
+  // Loads `path` and initializes NVML; the reason on failure, else empty.
+  std::string open(const char* path) {
+    library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* error = dlerror();
+      return error != nullptr ? error : std::string(path) + ": cannot be loaded";
+    }
+    const std::string missing = bind(init, "nvmlInit_v2") + bind(shutdown, "nvmlShutdown") +
+                                bind(error_string, "nvmlErrorString") +
+                                bind(handle_by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") +
+                                bind(clock_info, "nvmlDeviceGetClockInfo") +
+                                bind(max_clock_info, "nvmlDeviceGetMaxClockInfo") +
+                                bind(power_usage, "nvmlDeviceGetPowerUsage") +
+                                bind(total_energy, "nvmlDeviceGetTotalEnergyConsumption") +
+                                bind(enforced_power_limit, "nvmlDeviceGetEnforcedPowerLimit");
+    if (!missing.empty()) return std::string(path) + " lacks" + missing;
+    if (const NvmlReturn result = init(); result != kNvmlSuccess) {
+      return std::string("nvmlInit_v2: ") + error_string(result);
+    }
+    initialized = true;
+    return "";
+  }
+
+  // Points `function` at the symbol `name`; " name" if the library has no such symbol, else empty.
+  template <typename Function>
+  std::string bind(Function& function, const char* name) {
+    function = reinterpret_cast<Function>(dlsym(library, name));
+    return function != nullptr ? "" : std::string(" ") + name;
+  }
+};
+
+GpuSensors::GpuSensors(const std::vector<std::string>& pci_bus_ids, const char* library)
+    : nvml_(std::make_unique<Nvml>()) {
+  if (const std::string reason = nvml_->open(library); !reason.empty()) {
+    unavailable_reason_ = "NVML unavailable: " + reason;
+    return;
+  }
+  for (size_t g = 0; g < pci_bus_ids.size(); ++g) {
+    NvmlDevice device = nullptr;
+    if (const NvmlReturn result = nvml_->handle_by_pci_bus_id(pci_bus_ids[g].c_str(), &device);
+        result != kNvmlSuccess) {
+      unavailable_reason_ = "NVML has no GPU " + std::to_string(g) + " (PCI bus id " + pci_bus_ids[g] +
+                            "): " + nvml_->error_string(result);
+      devices_.clear();
+      return;
+    }
+    devices_.push_back(device);
+  }
+  failed_.assign(devices_.size(), std::vector<bool>(kNumReadings, false));
+}
+
+GpuSensors::~GpuSensors() = default;
+
+template <typename Value, typename Call>
+std::optional<Value> GpuSensors::read(int gpu, Reading reading, const char* name, Call call) {
+  if (!available()) return std::nullopt;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_[gpu][reading]) return std::nullopt;
+  }
+  Value value{};
+  const NvmlReturn result = call(devices_[gpu], &value);
+  if (result == kNvmlSuccess) return value;
+  std::lock_guard<std::mutex> lock(mutex_);
+  failed_[gpu][reading] = true;
+  failures_.push_back(std::string(name) + " on GPU " + std::to_string(gpu) + ": " + nvml_->error_string(result));
+  return std::nullopt;
+}
+
+std::optional<double> GpuSensors::sm_clock_mhz(int gpu) {
+  const auto mhz = read<unsigned>(gpu, kSmClock, "nvmlDeviceGetClockInfo",
+                                  [&](NvmlDevice d, unsigned* v) { return nvml_->clock_info(d, kNvmlClockSm, v); });
+  return mhz ? std::optional<double>(*mhz) : std::nullopt;
+}
+
+std::optional<double> GpuSensors::max_sm_clock_mhz(int gpu) {
+  const auto mhz = read<unsigned>(gpu, kMaxSmClock, "nvmlDeviceGetMaxClockInfo", [&](NvmlDevice d, unsigned* v) {
+    return nvml_->max_clock_info(d, kNvmlClockSm, v);
+  });
+  return mhz ? std::optional<double>(*mhz) : std::nullopt;
+}
+
+std::optional<double> GpuSensors::power_w(int gpu) {
+  const auto mw = read<unsigned>(gpu, kPower, "nvmlDeviceGetPowerUsage", nvml_->power_usage);
+  return mw ? std::optional<double>(*mw * 1e-3) : std::nullopt;
+}
+
+std::optional<double> GpuSensors::energy_j(int gpu) {
+  const auto mj = read<unsigned long long>(gpu, kEnergy, "nvmlDeviceGetTotalEnergyConsumption", nvml_->total_energy);
+  return mj ? std::optional<double>(double(*mj) * 1e-3) : std::nullopt;
+}
+
+std::optional<double> GpuSensors::power_limit_w(int gpu) {
+  const auto mw = read<unsigned>(gpu, kPowerLimit, "nvmlDeviceGetEnforcedPowerLimit", nvml_->enforced_power_limit);
+  return mw ? std::optional<double>(*mw * 1e-3) : std::nullopt;
+}
+
+std::vector<std::string> GpuSensors::take_failures() {
+  std::vector<std::string> taken;
+  std::lock_guard<std::mutex> lock(mutex_);
+  taken.swap(failures_);
+  return taken;
+}
+
+LoopSensors summarize(const SensorLog& log) {
+  const size_t num_gpus = log.power_w.size();
+  LoopSensors out;
+  out.seconds = log.seconds;
+  out.num_readings = log.num_readings;
+  out.sm_clock_mhz.assign(log.num_launches, std::nullopt);
+  if (num_gpus == 0) return out;
+
+  for (int k = 0; k < log.num_launches; ++k) {
+    std::vector<double> medians;
+    for (const auto& per_launch : log.sm_clock_mhz) {
+      if (!per_launch[k].empty()) medians.push_back(median(per_launch[k]));
+    }
+    if (medians.size() == num_gpus) out.sm_clock_mhz[k] = *std::min_element(medians.begin(), medians.end());
+  }
+
+  std::vector<std::optional<double>> power(num_gpus), power_read(num_gpus), energy(num_gpus);
+  for (size_t g = 0; g < num_gpus; ++g) {
+    if (!log.power_w[g].empty()) power_read[g] = mean(log.power_w[g]);
+    if (log.energy_j[g] && log.seconds > 0) energy[g] = *log.energy_j[g];
+    power[g] = energy[g] ? std::optional<double>(*energy[g] / log.seconds) : power_read[g];
+  }
+  out.power_w = mean_of_all(power);
+  out.power_read_w = mean_of_all(power_read);
+  if (const std::optional<double> mean_energy = mean_of_all(energy)) out.energy_j = *mean_energy * double(num_gpus);
+  return out;
+}
+
+SensorSampler::SensorSampler(GpuSensors& sensors, int num_launches, std::chrono::milliseconds period)
+    : sensors_(sensors), period_(period) {
+  log_.num_launches = num_launches;
+  if (!sensors_.available()) return;
+  const int num_gpus = sensors_.size();
+  log_.sm_clock_mhz.assign(num_gpus, std::vector<std::vector<double>>(num_launches));
+  log_.power_w.assign(num_gpus, {});
+  for (int g = 0; g < num_gpus; ++g) energy_start_j_.push_back(sensors_.energy_j(g));
+  start_ = std::chrono::steady_clock::now();
+  thread_ = std::thread([this] { sample_until_stopped(); });
+}
+
+SensorSampler::~SensorSampler() { stop(); }
+
+void SensorSampler::sample_until_stopped() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    for (int g = 0; g < sensors_.size(); ++g) {
+      // A clock reading counts only if one launch ran from before it to after it.
+      const int launch = running_launch_.load();
+      const std::optional<double> mhz = sensors_.sm_clock_mhz(g);
+      if (mhz && launch >= 0 && running_launch_.load() == launch) {
+        log_.sm_clock_mhz[g][launch].push_back(*mhz);
+      }
+      if (const std::optional<double> watts = sensors_.power_w(g)) log_.power_w[g].push_back(*watts);
+    }
+    ++log_.num_readings;
+    lock.lock();
+    wake_.wait_for(lock, period_, [this] { return stopping_; });
+  }
+}
+
+void SensorSampler::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+LoopSensors SensorSampler::finish() {
+  stop();
+  if (sensors_.available()) {
+    log_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    for (int g = 0; g < sensors_.size(); ++g) {
+      const std::optional<double> end_j = sensors_.energy_j(g);
+      log_.energy_j.push_back(energy_start_j_[g] && end_j ? std::optional<double>(*end_j - *energy_start_j_[g])
+                                                          : std::nullopt);
+    }
+  }
+  return summarize(log_);
+}
+
+}  // namespace tpfuse::bench
