@@ -24,6 +24,14 @@ constexpr Projection kProjections[] = {
     {"mixtral-8x22b.down_proj", 6144, 16384},
 };
 
+// The column-parallel layers that pair with them: X all-gathered, N split over the ranks.
+constexpr Projection kColumnProjections[] = {
+    {"llama3-70b.qkv_proj", 10240, 8192},
+    {"llama3-70b.gate_up_proj", 57344, 8192},
+    {"mixtral-8x22b.qkv_proj", 8192, 6144},
+    {"mixtral-8x22b.w1_w3", 32768, 6144},
+};
+
 constexpr int64_t kSweepTokens[] = {512, 2048, 8192, 32768};
 constexpr int kMaxTp = 8;
 
@@ -126,6 +134,19 @@ std::vector<Shape> sweep_shapes(int tp, std::string* error) {
   return shapes;
 }
 
+std::vector<Shape> all_gather_sweep_shapes(int tp, std::string* error) {
+  std::vector<Shape> shapes;
+  for (const Projection& p : kColumnProjections) {
+    if (p.n % tp != 0 || (p.n / tp) % 8 != 0) {
+      *error = "--tp " + std::to_string(tp) + ": N = " + std::to_string(p.n) + " of " + p.name +
+               " does not split into multiples of 8";
+      return {};
+    }
+    for (int64_t m : kSweepTokens) shapes.push_back({p.name, m, p.n / tp, p.k_total});
+  }
+  return shapes;
+}
+
 std::string usage(const std::vector<std::string>& mode_names) {
   std::string modes;
   for (const std::string& name : mode_names) modes += (modes.empty() ? "" : "|") + name;
@@ -139,6 +160,9 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   partials preset) against tpfuse's GEMM, on GPU 0\n"
          "                   fused: the fused op on every GPU (2 or more) against cuBLAS + NCCL: T_fused, E,\n"
          "                   E_hideable, speedup\n"
+         "                   ag-proxy: the all-gather + GEMM's rank 0 alone (P ranks emulated on GPU 0, its\n"
+         "                   peers' blocks of X preset as arrived) against tpfuse's GEMM on the gathered X;\n"
+         "                   its sweep is the column-parallel layers' (M,N,K: M x N/P x K)\n"
          "                   p2p: write bandwidth from GPU 0 into GPU 1 and back by SM stores, TMA stores\n"
          "                   and the copy engine (needs 2 GPUs; ignores the shapes)\n"
          "                   (default: baseline)\n"

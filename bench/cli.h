@@ -58,6 +58,11 @@ std::string usage(const std::vector<std::string>& mode_names);
 // Fails (empty, with `error` set) if tp does not divide some projection's K.
 std::vector<Shape> sweep_shapes(int tp, std::string* error);
 
+// The all-gather + GEMM's sweep, the column-parallel partners of the sweep's projections (qkv and
+// gate_up of Llama-3-70B, qkv and w1/w3 of Mixtral-8x22B): M in {512, 2048, 8192, 32768}, each
+// shape's n = N / tp (the rank's columns) and k_per_rank = K (all of it). Fails like sweep_shapes.
+std::vector<Shape> all_gather_sweep_shapes(int tp, std::string* error);
+
 // The projection with this N and K_total, or "custom".
 std::string projection_name(int64_t n, int64_t k_total);
 

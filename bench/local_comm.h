@@ -20,6 +20,8 @@ class LocalCommunicator {
   // communicator_create_local with options.max_m = problem.m, options.max_n = problem.n and the
   // library's default peer timeout.
   void create(const std::vector<int>& devices, const Problem& problem);
+  // The same for the all-gather + GEMM: max_n = problem.n_per_rank, max_k = problem.k.
+  void create(const std::vector<int>& devices, const AllGatherProblem& problem);
   // Null until create() succeeds, and after destroy().
   Communicator* get() const { return comm_; }
   // communicator_status: throws if a call so far timed out waiting for a peer. Synchronize first.

@@ -38,6 +38,24 @@ struct Problem {
 // The message names the bad argument and its value.
 Status validate(const Problem& problem);
 
+// The column-parallel layer's shape on one rank (all_gather_gemm, tpfuse/all_gather.h): rank r holds
+// X_r (m/P x k, its rows of the activations) and W_r (its n_per_rank output columns) and computes
+// Y_r = AllGather_rows(X) @ W_r, m x n_per_rank.
+struct AllGatherProblem {
+  int64_t m = 0;           // tokens: rows of the gathered X and of Y
+  int64_t n_per_rank = 0;  // this rank's output columns (N / P)
+  int64_t k = 0;           // features of X (the whole reduction dimension)
+  int world_size = 1;      // P
+  WeightLayout weight_layout = WeightLayout::kNxK;  // W_r: k x n_per_rank (kKxN) or n_per_rank x k (kNxK)
+
+  int64_t rows_per_rank() const { return m / world_size; }
+  double flops_per_rank() const { return 2.0 * double(m) * double(n_per_rank) * double(k); }
+  std::string to_string() const;
+};
+
+// P in 1..8, m divisible by P, n_per_rank and k multiples of 8; the message names the bad field.
+Status validate(const AllGatherProblem& problem);
+
 // Checks that a device pointer argument is non-null and 16-byte aligned. `name` goes into the message.
 Status validate_operand(const void* ptr, const char* name);
 

@@ -41,6 +41,10 @@ Status check_options(const CommunicatorOptions& options, int world_size) {
     return Status::InvalidArgument("options.max_n = " + std::to_string(options.max_n) +
                                    " must be a positive multiple of 8");
   }
+  if (options.max_k < 0 || options.max_k % 8 != 0) {
+    return Status::InvalidArgument("options.max_k = " + std::to_string(options.max_k) +
+                                   " must be a multiple of 8 (0: no all-gather + GEMM calls)");
+  }
   if (options.peer_timeout_s < 0 || !std::isfinite(options.peer_timeout_s)) {
     return Status::InvalidArgument("options.peer_timeout_s must be >= 0 (0: default)");
   }
@@ -276,6 +280,16 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
   return Status::Ok();
 }
 
+Status preset_incoming_flags(Communicator* comm, int local_rank) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  if (local_rank < 0 || local_rank >= int(comm->ranks.size())) return Status::InvalidArgument("no such local rank");
+  const RankState& rank = comm->ranks[local_rank];
+  TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
+  // 0x7F7F7F7F is at or past every epoch this communicator will reach (modulo-2^32 comparison).
+  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0x7F, flag_bytes(*comm)));
+  return Status::Ok();
+}
+
 Status communicator_destroy(Communicator* comm) {
   if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
   for (const RankState& rank : comm->ranks) {
@@ -294,7 +308,7 @@ Status communicator_status(const Communicator* comm) {
       return Status(StatusCode::kPeerTimeout,
                     "rank " + std::to_string(error->waiting_rank) + " waited more than " +
                         std::to_string(double(comm->timeout_ns) / 1e9) + " s for rank " +
-                        std::to_string(error->missing_rank) + "'s partial of rows " + std::to_string(error->row) +
+                        std::to_string(error->missing_rank) + "'s data of rows " + std::to_string(error->row) +
                         ".., columns " + std::to_string(error->col) +
                         ".. (the peer never arrived); the communicator is unusable, destroy it");
     }

@@ -66,6 +66,10 @@ Status create_local_workspace(const int* devices, int num_ranks, const Communica
 Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options, const WorkspaceSize& size,
                              Communicator** out);
 
+// Marks every flag of this rank as raised (for every future call), so that one rank can run alone:
+// the solo-rank proxies of the benchmark. Its own pushes still land in the peers' buffers.
+Status preset_incoming_flags(Communicator* comm, int local_rank);
+
 // Checks options against the world size (the message names the bad field).
 Status check_options(const CommunicatorOptions& options, int world_size);
 

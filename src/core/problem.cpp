@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 namespace tpfuse {
 
@@ -69,6 +70,33 @@ Status validate(const Problem& problem) {
                                    " is not a WeightLayout (kKxN or kNxK)");
   }
   return Status::Ok();
+}
+
+std::string AllGatherProblem::to_string() const {
+  std::ostringstream os;
+  os << "m=" << m << " n_per_rank=" << n_per_rank << " k=" << k << " world_size=" << world_size
+     << " weight_layout=" << tpfuse::to_string(weight_layout);
+  return os.str();
+}
+
+Status validate(const AllGatherProblem& problem) {
+  // The same rules as the reduce-scatter's problem: a GEMM of m x n_per_rank x k, m split over P.
+  Problem gemm;
+  gemm.m = problem.m;
+  gemm.n = problem.n_per_rank;
+  gemm.k_per_rank = problem.k;
+  gemm.world_size = problem.world_size;
+  gemm.weight_layout = problem.weight_layout;
+  const Status s = validate(gemm);
+  if (s.ok()) return s;
+  // Name the all-gather's fields.
+  std::string message = s.message();
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"problem.n ", "problem.n_per_rank "},
+                                 {"problem.k_per_rank ", "problem.k "}}) {
+    const size_t at = message.find(from);
+    if (at != std::string::npos) message.replace(at, from.size(), to);
+  }
+  return Status(s.code(), message);
 }
 
 Status validate_operand(const void* ptr, const char* name) {

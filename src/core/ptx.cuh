@@ -56,15 +56,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
       : "memory");
 }
 
-// Loads a 3D box at (x, y, z) into shared memory; completion counts bytes on `bar`.
-__device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int x, int y, int z) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(
-          smem_addr(smem_dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(x), "r"(y), "r"(z)
-      : "memory");
-}
-
 // Loads a 4D box at (x, y, z, w) into shared memory; completion counts bytes on `bar`.
 __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int x, int y, int z,
                                             int w) {

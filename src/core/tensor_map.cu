@@ -53,9 +53,9 @@ Status make_tensor_map_bf16(const void* base, int64_t rows, int64_t cols, int64_
   return encode_bf16(base, 2, dims, strides, box, map);
 }
 
-Status make_receive_tensor_map(const void* base, int64_t sources, int64_t rows, int64_t cols,
+Status make_layered_tensor_map(const void* base, int64_t layers, int64_t rows, int64_t cols, int64_t parities,
                                int64_t parity_stride_elems, int box_rows, int box_cols, CUtensorMap* map) {
-  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(sources), 2};
+  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(layers), cuuint64_t(parities)};
   const cuuint64_t strides[3] = {cuuint64_t(cols) * 2, cuuint64_t(rows) * cuuint64_t(cols) * 2,
                                  cuuint64_t(parity_stride_elems) * 2};
   const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1};

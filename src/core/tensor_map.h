@@ -15,10 +15,11 @@ namespace tpfuse {
 Status make_tensor_map_bf16(const void* base, int64_t rows, int64_t cols, int64_t pitch_elems, int box_rows,
                             int box_cols, CUtensorMap* map);
 
-// A receive buffer: for each of 2 parities (`parity_stride_elems` apart), `sources` dense rows x cols
-// matrices one after another. A 4D map (x = column, y = row, z = source, w = parity) with boxes of
-// box_rows x box_cols x 1 x 1.
-Status make_receive_tensor_map(const void* base, int64_t sources, int64_t rows, int64_t cols,
+// Layers of dense rows x cols matrices: for each of `parities` halves (`parity_stride_elems` apart),
+// `layers` matrices one after another (a receive buffer's sources, a gathered buffer's blocks). A 4D
+// map (x = column, y = row, z = layer, w = parity) with boxes of box_rows x box_cols x 1 x 1: a box
+// is clipped at its layer's last row, not continued into the next layer.
+Status make_layered_tensor_map(const void* base, int64_t layers, int64_t rows, int64_t cols, int64_t parities,
                                int64_t parity_stride_elems, int box_rows, int box_cols, CUtensorMap* map);
 
 }  // namespace tpfuse

@@ -124,13 +124,15 @@ __device__ __forceinline__ StorageOf<Config>& aligned_shared_storage() {
   return *reinterpret_cast<StorageOf<Config>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 }
 
-// Where a tile's rows of A are loaded from: a tensor map and the row (and, for a layered map, the
-// layer) of its first row. The plain GEMM and the reduce-scatter load A_r itself (ALoad of the
-// mainloop's map); an op whose A arrives from peers chooses the map, and waits for the rows first.
+// Where a tile's rows of A are loaded from: a tensor map and the coordinates of its first row (for a
+// layered map, core/tensor_map.h, its layer and parity too). The plain GEMM and the
+// reduce-scatter load A_r itself, the mainloop's map; an op whose A arrives from peers chooses the
+// map, and waits for the rows first.
 struct ALoad {
   const CUtensorMap* map;
   int row;
   int layer;
+  int parity;
 };
 
 // What an epilogue does not define itself (it derives from this): no helper threads, A from the
@@ -143,7 +145,7 @@ struct EpilogueBase {
 
   template <class Config, class Params, class Mainloop>
   __device__ static ALoad a_load(const Params&, const Mainloop& mainloop, const Tile& tile) {
-    return {&mainloop.a, tile.row_begin, 0};
+    return {&mainloop.a, tile.row_begin, 0, 0};
   }
   template <class Config, class Storage>
   __device__ static void init(Storage&) {}
@@ -203,7 +205,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
       const int k = kb * Config::kBlockK;
       if constexpr (Epilogue::kLayeredA) {
-        ptx::tma_load_3d(smem.a[stage], a.map, full, k, a.row, a.layer);
+        ptx::tma_load_4d(smem.a[stage], a.map, full, k, a.row, a.layer, a.parity);
       } else {
         ptx::tma_load_2d(smem.a[stage], a.map, full, k, a.row);
       }
@@ -279,7 +281,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 //             any, and the store of the slab, in the order the epilogue needs;
 //   finish() at the end;
 // and, on the producer thread, Epilogue::a_load<Config>(params, mainloop, tile) before each tile's K
-// stages (where its A rows come from: ALoad; a 3D map, row and layer with Epilogue::kLayeredA), and
+// stages (where its A rows come from: ALoad; a layered 4D map with Epilogue::kLayeredA), and
 // Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase) after them (both
 // sides must agree on the number of extra stages; extra_phase is the epilogue's to keep across tiles).
 // Two more threads of the producer warpgroup may help the epilogue:

@@ -54,8 +54,8 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.tiles_per_band = schedule.tiles_per_band();
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
   for (int owner = 0; owner < comm.world_size; ++owner) {
-    TPFUSE_RETURN_IF_ERROR(make_receive_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
-                                                   problem.n, parity_elems, kChunkRows, kChunkCols, &e.recv_at[owner]));
+    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
+                                                   problem.n, 2, parity_elems, kChunkRows, kChunkCols, &e.recv_at[owner]));
     e.flags_at[owner] = rank.flags_at[owner];
   }
   TPFUSE_RETURN_IF_ERROR(
@@ -139,16 +139,6 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
     }
     return Status::Ok();
   });
-}
-
-Status preset_incoming_flags(Communicator* comm, int local_rank) {
-  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
-  if (local_rank < 0 || local_rank >= int(comm->ranks.size())) return Status::InvalidArgument("no such local rank");
-  const RankState& rank = comm->ranks[local_rank];
-  TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
-  // 0x7F7F7F7F is at or past every epoch this communicator will reach (modulo-2^32 comparison).
-  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0x7F, 2 * comm->parity.flag_words * sizeof(uint32_t)));
-  return Status::Ok();
 }
 
 void* receive_buffer(const Communicator& comm, int local_rank, int parity) {

@@ -18,10 +18,6 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
                       const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams,
                       const ConfigOverrides& overrides = {});
 
-// Marks every partial this rank will wait for as already delivered (for every future call), so one
-// rank can run alone: the solo-rank proxy benchmark. Its pushes still land in the peers' buffers.
-Status preset_incoming_flags(Communicator* comm, int local_rank);
-
 // Rank `local_rank`'s receive buffer, parity half `parity`: BF16 [source rank][rows_per_rank][n]
 // of `problem` (ops/gemm_rs/workspace.h).
 void* receive_buffer(const Communicator& comm, int local_rank, int parity);

@@ -1,0 +1,29 @@
+// The fused all-gather + GEMM of the column-parallel linear layer (sequence parallelism): rank r
+// holds X_r (its m/P rows of the activations, k columns) and W_r (its n_per_rank output columns)
+// and computes Y_r = AllGather_rows(X) @ W_r (m x n_per_rank), multiplying each peer's block of X as
+// soon as it has arrived.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "tpfuse/communicator.h"
+#include "tpfuse/overrides.h"
+#include "tpfuse/problem.h"
+#include "tpfuse/status.h"
+
+namespace tpfuse {
+
+// This process's rank of `comm`: x (rows_per_rank x k, this rank's rows [rank * m/P, ...)), w as
+// problem.weight_layout says, y = the gathered X @ w (m x n_per_rank, BF16). gathered_x, if not
+// null, receives the gathered X (m x k, BF16), as fused_all_gather_matmul's return_A. Calls on one
+// communicator must be stream-ordered on each rank; the communicator needs options.max_k >= k.
+Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w, void* y,
+                       void* gathered_x, cudaStream_t stream, const ConfigOverrides& overrides = {});
+
+// Every rank of a local communicator at once (x[r], w[r], y[r], gathered_x[r] on rank r's device;
+// gathered_x may be null, or any of its entries).
+Status all_gather_gemm_local(Communicator* comm, const AllGatherProblem& problem, const void* const* x,
+                             const void* const* w, void* const* y, void* const* gathered_x,
+                             const cudaStream_t* streams, const ConfigOverrides& overrides = {});
+
+}  // namespace tpfuse

@@ -1,0 +1,25 @@
+#include "ops/ag_gemm/config.h"
+
+#include "gemm/shared_storage.h"
+
+namespace tpfuse {
+
+Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInfo& device,
+                                const ConfigOverrides& overrides, AllGatherConfig* config) {
+  if (config == nullptr) return Status::InvalidArgument("config must not be null");
+  // The kernel's shared memory is the plain GEMM's: its copier works from registers, its waits are
+  // on flags in global memory.
+  static constexpr SmemByVariant kSmem = smem_bytes_by_variant<NoOpSync>();
+  TileGrid grid;
+  grid.bands = problem.world_size;
+  grid.rows_per_band = problem.rows_per_rank();
+  grid.n = problem.n_per_rank;
+  AllGatherConfig c;
+  TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides, kSmem, &c.gemm));
+  // The CTAs at work at one time are in one band (or two), the bands one after another.
+  c.gemm.group_rows = group_rows_for(1, overrides);
+  *config = c;
+  return Status::Ok();
+}
+
+}  // namespace tpfuse

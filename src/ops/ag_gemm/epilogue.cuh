@@ -1,0 +1,183 @@
+// The all-gather + GEMM's epilogue policy (gemm/mainloop.cuh): where a tile's A rows come from, the
+// copier warp that pushes this rank's block of X to its peers, and the plain store of Y's tiles.
+//
+// Who sends which block when: every CTA's copier (warp 3 of the producer warpgroup) takes pieces
+// of X_r (kCopyRows x kCopyCols, ops/ag_gemm/workspace.h), a piece every `grid` pieces, in order,
+// and stores each row of it into the gathered buffer of ranks r+1, r+2, ..., r+P-1 (and of this
+// rank, when the caller wants the gathered X), then raises the piece's flag in each. All CTAs copy
+// at once from the start of the call, so the pieces land in the first part of the own band's time.
+// Meanwhile the producer multiplies its own band from X_r itself; before the first K stage of a
+// tile of rank s's band it waits (bounded) for the flags of the pieces the tile's rows span, then
+// loads them from its own gathered buffer. The consumers store Y's tiles as the plain GEMM does,
+// into a map of P layers of m/P rows, so that a tile's store is clipped at its band's last row.
+//
+//   P = 4, rank 0:  copiers  pieces of X_0 -> ranks 1, 2, 3 (and 0)     from the start
+//                   tiles    band 0 (X_0, local)  band 3 (waits on rank 3's pieces)  band 2  band 1
+//
+// NOTE (memory ordering, per piece): each copier lane stores its 16-byte vectors to the peer, then
+// fences at system scope (fence.acq_rel.sys); the warp synchronizes; lane 0 stores the flag with
+// release semantics at system scope. The producer polls the flags with relaxed system-scope loads,
+// fences (acquire at system scope), then fences generic -> async proxy before its TMA loads.
+//
+// Reuse across calls is the reduce-scatter's argument (docs/DESIGN.md, Epochs and reuse): call e
+// writes parity e mod 2, and a peer reaches call e+2 only after this rank has started e+1, when its
+// reads of call e are done.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/device.cuh"
+#include "comm/peer_error.h"
+#include "gemm/mainloop.cuh"
+#include "gemm/slab_store.cuh"
+#include "ops/ag_gemm/workspace.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse::kernels {
+
+class AllGatherEpilogue : public EpilogueBase {
+ public:
+  struct Params {
+    int rank;
+    int world_size;
+    int rows_per_rank;
+    int k;
+    int row_blocks;                      // pieces of a block along its rows (kCopyRows)
+    int col_chunks;                      // pieces along k (kCopyCols)
+    bool copy_own;                       // also copy X_r into this rank's gathered buffer
+    CUtensorMap y;                       // Y: 4D (column, row, band, 1), box 64 x 64
+    CUtensorMap own_x;                   // X_r: 4D (k, row, 1, 1), box 64 x block_m
+    CUtensorMap gathered;                // this rank's gathered buffer: 4D (k, row, source, parity)
+    const uint16_t* x;                   // X_r, rows_per_rank x k, BF16
+    uint16_t* gathered_at[kMaxWorldSize];  // each rank's gathered buffer (parity 0), as this rank addresses it
+    size_t parity_elems;                 // distance between the parity halves of a gathered buffer
+    uint32_t* flags_at[kMaxWorldSize];   // each rank's flags
+    size_t flags_parity_words;
+    const uint64_t* calls;               // calls completed on this rank, in the high word
+    uint32_t* failed;                    // set by the first wait of this rank that times out
+    PeerError* error;                    // host-mapped
+    uint64_t timeout_ns;
+  };
+
+  static constexpr bool kHasCopier = true;
+  static constexpr bool kLayeredA = true;
+
+  template <class Storage>
+  __device__ AllGatherEpilogue(const Params& params, int consumer, Storage& smem)
+      : p_(params), slabs_(consumer, smem.chunks[consumer]) {}
+
+  // Producer thread, before a tile's K stages: its own band from X_r; a peer's band once the pieces
+  // its rows span have landed (after a failed call, at once: the consumers must still finish).
+  template <class Config, class Mainloop>
+  __device__ static ALoad a_load(const Params& p, const Mainloop&, const Tile& tile) {
+    if (tile.owner_rank == p.rank) return {&p.own_x, tile.segment_row, 0, 0};
+    const uint32_t epoch = comm::call_epoch(p.calls);
+    if (wait_for_rows(p, tile, epoch)) {
+      ptx::fence_acquire_sys();         // flags seen -> the pieces
+      ptx::fence_proxy_async_global();  // the pieces, for the TMA loads (async proxy)
+    }
+    return {&p.gathered, tile.segment_row, tile.owner_rank, int(epoch & 1)};
+  }
+
+  // Copier warp (32 threads): pushes this CTA's pieces of X_r to every peer (and to this rank's own
+  // gathered buffer when asked). A row of a piece is loaded once and stored to every destination,
+  // so the loads, whose latency bounds a warp's rate, are not repeated per peer.
+  template <class Config>
+  __device__ static void copy(const Params& p, int cta, int num_ctas) {
+    const uint32_t epoch = comm::call_epoch(p.calls);
+    const int lane = threadIdx.x % 32;
+    const int num_pieces = p.row_blocks * p.col_chunks;
+    const int destinations = p.copy_own ? p.world_size : p.world_size - 1;
+    for (int piece = cta; piece < num_pieces; piece += num_ctas) {
+      const int block = piece / p.col_chunks;
+      const int chunk = piece - block * p.col_chunks;
+      const int row0 = block * kCopyRows;
+      const int col0 = chunk * kCopyCols;
+      const int rows = min(kCopyRows, p.rows_per_rank - row0);
+      const int vectors = min(kCopyCols, p.k - col0) / 8;  // 16-byte vectors a row (k is a multiple of 8)
+      const size_t dst_offset = size_t(epoch & 1) * p.parity_elems + (size_t(p.rank) * p.rows_per_rank + row0) * p.k + col0;
+      for (int r = 0; r < rows; ++r) {
+        // kCopyCols / 8 = 4 x 32 vectors: at most four a lane.
+        const uint4* src = reinterpret_cast<const uint4*>(p.x + size_t(row0 + r) * p.k + col0);
+        uint4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (lane + 32 * i < vectors) v[i] = __ldg(src + lane + 32 * i);
+        }
+        for (int d = 1; d <= destinations; ++d) {
+          const int dest = p.rank + d < p.world_size ? p.rank + d : p.rank + d - p.world_size;
+          uint4* dst = reinterpret_cast<uint4*>(p.gathered_at[dest] + dst_offset + size_t(r) * p.k);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (lane + 32 * i < vectors) dst[lane + 32 * i] = v[i];
+          }
+        }
+      }
+      // Every lane's stores are visible system-wide before lane 0 raises the piece's flags.
+      __threadfence_system();
+      __syncwarp();
+      if (lane == 0) {
+        const size_t flag_index = size_t(epoch & 1) * p.flags_parity_words +
+                                  (size_t(p.rank) * p.row_blocks + block) * p.col_chunks + chunk;
+        for (int d = 1; d <= destinations; ++d) {
+          const int dest = p.rank + d < p.world_size ? p.rank + d : p.rank + d - p.world_size;
+          ptx::store_release_sys(p.flags_at[dest] + flag_index, epoch);
+        }
+      }
+    }
+  }
+
+  // Consumers: nothing to add during the K loop, no extra stages; the slab goes to Y's band.
+  template <class Config>
+  __device__ void begin_tile(const Tile&) {}
+  template <class Config>
+  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
+  template <class Config>
+  __device__ static void produce_extra_stages(const Params&, const Tile&, StorageOf<Config>&, StageCursor&, uint32_t&) {}
+
+  template <class Config>
+  __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
+                           StorageOf<Config>&, StageCursor&) {
+    const int row = tile.segment_row + slab.row;  // in the band
+    const int col = tile.col_begin + slab.col;
+    // A slab past the band's last row or past n has nothing to store; rows past the band inside a
+    // slab are clipped by the layered map.
+    if (tile.row_begin + slab.row >= tile.row_end || col >= tile.col_end) return;
+    slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
+        acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
+          ptx::tma_store_4d(&p_.y, buffer, col + c * kChunkCols, row, tile.owner_rank, 0);
+        });
+  }
+
+  __device__ void finish() { slabs_.drain(); }
+
+ private:
+  // Producer thread: waits, boundedly, for the flags of every piece the tile's rows span (all of k).
+  // Returns false if the call failed (this wait timed out, or another one of this rank's).
+  __device__ static bool wait_for_rows(const Params& p, const Tile& tile, uint32_t epoch) {
+    const int first_block = tile.segment_row / kCopyRows;
+    const int last_block = (tile.segment_row + (tile.row_end - tile.row_begin) - 1) / kCopyRows;
+    const uint32_t* flags = p.flags_at[p.rank] + size_t(epoch & 1) * p.flags_parity_words +
+                            size_t(tile.owner_rank) * p.row_blocks * p.col_chunks;
+    const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
+    for (int block = first_block; block <= last_block; ++block) {
+      for (int chunk = 0; chunk < p.col_chunks; ++chunk) {
+        const uint32_t* flag = flags + size_t(block) * p.col_chunks + chunk;
+        while (!comm::epoch_reached(ptx::load_relaxed_sys(flag), epoch)) {
+          if (comm::call_failed(p.failed)) return false;
+          if (ptx::globaltimer_ns() > deadline) {
+            comm::report_timeout(p.failed, p.error, p.rank, tile.owner_rank, tile.row_begin, chunk * kCopyCols);
+            return false;
+          }
+          __nanosleep(100);
+        }
+      }
+    }
+    return true;
+  }
+
+  const Params& p_;
+  SlabStore slabs_;
+};
+
+}  // namespace tpfuse::kernels

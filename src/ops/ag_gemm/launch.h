@@ -1,0 +1,26 @@
+// The all-gather + GEMM's launch for a subset of a local communicator's ranks, and the solo-rank
+// proxy's preset: internal hooks for the tests and the benchmark (the public entry points are in
+// tpfuse/all_gather.h).
+#pragma once
+
+#include <vector>
+
+#include "comm/communicator.h"
+#include "tpfuse/overrides.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse {
+
+// Launches the op for the local ranks listed in `local_ranks` (indices into comm->ranks); ranks
+// emulated on one device share one cooperative launch on the first of their streams. gathered_x may
+// be null, or any of its entries.
+Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, const std::vector<int>& local_ranks,
+                         const void* const* x, const void* const* w, void* const* y, void* const* gathered_x,
+                         const cudaStream_t* streams, const ConfigOverrides& overrides = {});
+
+// Rank `local_rank`'s gathered buffer, parity half `parity`: BF16 [source rank][rows_per_rank][k]
+// of `problem` (ops/ag_gemm/workspace.h). The proxy fills it and presets the flags
+// (preset_incoming_flags, ops/gemm_rs/launch.h, marks every flag of the rank as landed).
+void* gathered_buffer(const Communicator& comm, int local_rank, int parity);
+
+}  // namespace tpfuse

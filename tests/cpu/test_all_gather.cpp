@@ -1,0 +1,104 @@
+// The all-gather + GEMM's schedule and config (ops/ag_gemm/): every tile of Y exactly once on every
+// rank, the own band first, then r-1, r-2, ...; tiles inside their band; configs over the table.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "gemm/variants.h"
+#include "ops/ag_gemm/config.h"
+#include "ops/ag_gemm/schedule.h"
+#include "ops/ag_gemm/workspace.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse {
+namespace {
+
+TEST(AllGatherSchedule, EveryTileOnceOwnBandFirst) {
+  for (const auto& [p, m, n, block_m, block_n] : std::vector<std::tuple<int, int, int, int, int>>{
+           {1, 256, 512, 128, 256}, {2, 1000, 776, 128, 256}, {4, 1024, 1280, 128, 192}, {8, 512, 1024, 64, 256},
+           {8, 65536, 7168, 128, 256}, {8, 8, 264, 64, 256}, {3, 999, 8, 128, 256}}) {
+    const int rows = m / p;
+    for (int rank = 0; rank < p; ++rank) {
+      SCOPED_TRACE(::testing::Message() << "P=" << p << " m=" << m << " n=" << n << " rank " << rank);
+      const AllGatherSchedule s(p, rank, m, n, block_m, block_n, 4);
+      std::set<std::tuple<int, int, int>> seen;
+      int64_t area = 0;
+      for (int step = 0; step < s.num_tiles(); ++step) {
+        const Tile t = s.tile(step);
+        const int offset = step / s.tiles_per_band();
+        ASSERT_EQ(t.owner_rank, ((rank - offset) % p + p) % p) << "step " << step;
+        ASSERT_GE(t.row_begin, t.owner_rank * rows);
+        ASSERT_LE(t.row_end, (t.owner_rank + 1) * rows) << "a tile stays in its band";
+        ASSERT_EQ(t.row_begin, t.owner_rank * rows + t.segment_row);
+        ASSERT_LT(t.row_begin, t.row_end);
+        ASSERT_LT(t.col_begin, t.col_end);
+        ASSERT_LE(t.col_end, n);
+        ASSERT_TRUE(seen.insert({t.owner_rank, t.row_begin, t.col_begin}).second) << "step " << step << " twice";
+        area += int64_t(t.row_end - t.row_begin) * (t.col_end - t.col_begin);
+      }
+      EXPECT_EQ(area, int64_t(m) * n) << "the tiles cover Y exactly";
+    }
+  }
+}
+
+TEST(AllGatherSchedule, PiecesCoverABlock) {
+  // A tile's rows span at most two pieces' rows; the pieces cover k.
+  EXPECT_EQ(copy_row_blocks(1), 1);
+  EXPECT_EQ(copy_row_blocks(64), 1);
+  EXPECT_EQ(copy_row_blocks(65), 2);
+  EXPECT_EQ(copy_col_chunks(8192), 8);
+  EXPECT_EQ(copy_col_chunks(6144 + 8), 7);
+  CommunicatorOptions options;
+  options.max_m = 8192;
+  options.max_k = 8192;
+  const WorkspaceSize size = all_gather_workspace(options, 8);
+  EXPECT_EQ(size.data_bytes, size_t(8192) * 8192 * 2) << "every rank's block of X, BF16";
+  EXPECT_EQ(size.flag_words, size_t(8) * 16 * 8) << "a flag per piece: 8 sources x 16 row blocks x 8 chunks";
+}
+
+TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
+  const DeviceInfo device;
+  for (int p : {1, 2, 4, 8}) {
+    for (int64_t m : {8, 512, 2048, 8192, 32768}) {
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{10240, 8192}, {57344, 8192}, {8192, 6144}, {32768, 6144}}) {
+        AllGatherProblem problem;
+        problem.m = m * p;
+        problem.n_per_rank = n / 8;
+        problem.k = k;
+        problem.world_size = p;
+        AllGatherConfig c;
+        ASSERT_TRUE(select_all_gather_config(problem, device, {}, &c).ok()) << problem.to_string();
+        ASSERT_GE(c.gemm.variant, 0);
+        ASSERT_LT(c.gemm.variant, kNumGemmVariants);
+        EXPECT_LE(c.gemm.smem_bytes, size_t(device.max_smem_per_block));
+        EXPECT_EQ(c.gemm.tile().block_m, problem.rows_per_rank() <= 64 ? 64 : 128) << problem.to_string();
+      }
+    }
+  }
+}
+
+TEST(AllGatherProblemTest, ValidationNamesItsFields) {
+  AllGatherProblem p;
+  p.m = 1024;
+  p.n_per_rank = 1020;
+  p.k = 512;
+  p.world_size = 8;
+  Status s = validate(p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("problem.n_per_rank = 1020 is not a multiple of 8"), std::string::npos) << s.message();
+  p.n_per_rank = 1024;
+  p.k = 100;
+  s = validate(p);
+  EXPECT_NE(s.message().find("problem.k = 100 is not a multiple of 8"), std::string::npos) << s.message();
+  p.k = 512;
+  p.m = 1001;
+  s = validate(p);
+  EXPECT_NE(s.message().find("problem.m = 1001 is not divisible by world_size = 8"), std::string::npos) << s.message();
+  p.m = 1024;
+  EXPECT_TRUE(validate(p).ok());
+}
+
+}  // namespace
+}  // namespace tpfuse

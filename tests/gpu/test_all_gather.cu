@@ -1,0 +1,389 @@
+// The fused all-gather + GEMM with P ranks emulated on one GPU (real cross-rank stores and flags,
+// all ranks' CTAs resident in one cooperative launch), and with one rank per GPU where there are
+// several: the gathered X bit for bit, Y against tpfuse::gemm and cuBLAS on the gathered X.
+#include <cublas_v2.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_testing.cuh"
+#include "ops/ag_gemm/launch.h"
+#include "tpfuse/tpfuse.h"
+
+namespace tpfuse::testing {
+namespace {
+
+using Array = DeviceArray<__nv_bfloat16>;
+
+// P ranks' operands and outputs, rank r on devices[r] (by default all on device 0: emulated ranks).
+struct AllGatherRanks {
+  AllGatherProblem problem;
+  std::vector<int> devices;
+  Communicator* comm = nullptr;
+  std::vector<std::unique_ptr<Array>> x, w, y, gathered;
+  std::vector<cudaStream_t> streams;
+
+  explicit AllGatherRanks(const AllGatherProblem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
+      : problem(p), devices(rank_devices.empty() ? std::vector<int>(p.world_size, 0) : rank_devices) {
+    CommunicatorOptions options;
+    options.max_m = p.m;
+    options.max_n = p.n_per_rank;
+    options.max_k = p.k;
+    options.peer_timeout_s = timeout_s;
+    const Status s = communicator_create_local(devices.data(), p.world_size, options, &comm);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    for (int r = 0; r < p.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      x.emplace_back(new Array(size_t(p.rows_per_rank()) * p.k));
+      w.emplace_back(new Array(size_t(p.k) * p.n_per_rank));
+      y.emplace_back(new Array(size_t(p.m) * p.n_per_rank));
+      gathered.emplace_back(new Array(size_t(p.m) * p.k));
+    }
+    cudaSetDevice(0);
+    streams.assign(p.world_size, nullptr);
+  }
+  ~AllGatherRanks() {
+    if (comm != nullptr) communicator_destroy(comm);
+  }
+
+  void fill(bool exact, uint64_t seed) {
+    for (int r = 0; r < problem.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      (exact ? fill_small_ints : fill_random)(x[r]->ptr, x[r]->count, seed * 1000 + 2 * r);
+      (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 2 * r + 1);
+    }
+    poison_outputs();
+  }
+
+  void poison_outputs() {
+    for (int r = 0; r < problem.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      poison(y[r]->ptr, y[r]->count);
+      poison(gathered[r]->ptr, gathered[r]->count);
+    }
+    cudaSetDevice(0);
+  }
+
+  cudaError_t synchronize() {
+    cudaError_t first = cudaSuccess;
+    for (int r = 0; r < problem.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      const cudaError_t err = cudaDeviceSynchronize();
+      if (first == cudaSuccess) first = err;
+    }
+    cudaSetDevice(0);
+    return first;
+  }
+
+  Status run(const AllGatherProblem& p, bool want_gathered = true) {
+    std::vector<const void*> xp, wp;
+    std::vector<void*> yp, gp;
+    for (int r = 0; r < p.world_size; ++r) {
+      xp.push_back(x[r]->ptr);
+      wp.push_back(w[r]->ptr);
+      yp.push_back(y[r]->ptr);
+      gp.push_back(want_gathered ? gathered[r]->ptr : nullptr);
+    }
+    return all_gather_gemm_local(comm, p, xp.data(), wp.data(), yp.data(), gp.data(), streams.data());
+  }
+
+  // The gathered X of problem `p` (m x k) on the host: every rank's rows in rank order.
+  std::vector<__nv_bfloat16> expected_gathered(const AllGatherProblem& p) {
+    std::vector<__nv_bfloat16> all;
+    const size_t block = size_t(p.rows_per_rank()) * p.k;
+    for (int r = 0; r < p.world_size; ++r) {
+      cudaSetDevice(devices[r]);
+      std::vector<__nv_bfloat16> part = x[r]->to_host();
+      all.insert(all.end(), part.begin(), part.begin() + block);
+    }
+    cudaSetDevice(0);
+    return all;
+  }
+};
+
+// Rank r's problem as a plain GEMM: the gathered X (m x k) times W_r.
+Problem gemm_of(const AllGatherProblem& p) {
+  return Problem{p.m, p.n_per_rank, p.k, 1, p.weight_layout};
+}
+
+// The gathered X uploaded to rank r's device and the FP32 reference of Y_r = gathered @ W_r.
+std::vector<float> reference_y(AllGatherRanks& ranks, const AllGatherProblem& p, int r,
+                               const std::vector<__nv_bfloat16>& gathered_host, Array* gathered_device) {
+  cudaSetDevice(ranks.devices[r]);
+  cudaMemcpy(gathered_device->ptr, gathered_host.data(), gathered_host.size() * 2, cudaMemcpyHostToDevice);
+  DeviceArray<float> ref(size_t(p.m) * p.n_per_rank);
+  reference_gemm(gemm_of(p), gathered_device->ptr, ranks.w[r]->ptr, ref.ptr);
+  std::vector<float> host = ref.to_host();
+  cudaSetDevice(0);
+  return host;
+}
+
+void expect_gathered_bit_for_bit(AllGatherRanks& ranks, const AllGatherProblem& p,
+                                 const std::vector<__nv_bfloat16>& expected) {
+  for (int r = 0; r < p.world_size; ++r) {
+    cudaSetDevice(ranks.devices[r]);
+    std::vector<__nv_bfloat16> got = ranks.gathered[r]->to_host();
+    got.resize(expected.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), expected.data(), expected.size() * 2)) << "rank " << r << "'s gathered X";
+  }
+  cudaSetDevice(0);
+}
+
+struct AllGatherCase {
+  int p, m, n, k;
+  WeightLayout layout;
+  AllGatherProblem problem() const { return AllGatherProblem{m, n, k, p, layout}; }
+};
+
+std::string case_name(const ::testing::TestParamInfo<AllGatherCase>& info) {
+  const AllGatherCase& c = info.param;
+  return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
+         std::to_string(c.k) + "_" + to_string(c.layout);
+}
+
+// Exact mode (small integers, k <= 256: every sum exact in BF16): Y and the gathered X bit for bit.
+void expect_exact(AllGatherRanks& ranks, const AllGatherProblem& p) {
+  ranks.fill(/*exact=*/true, 1);
+  const Status s = ranks.run(p);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(ranks.synchronize());
+  ASSERT_TRUE(communicator_status(ranks.comm).ok());
+  const std::vector<__nv_bfloat16> gathered = ranks.expected_gathered(p);
+  expect_gathered_bit_for_bit(ranks, p, gathered);
+  Array scratch(size_t(p.m) * p.k);
+  for (int r = 0; r < p.world_size; ++r) {
+    const std::vector<float> ref = reference_y(ranks, p, r, gathered, &scratch);
+    cudaSetDevice(ranks.devices[r]);
+    const int64_t bad = first_mismatch(ranks.y[r]->to_host(), ref);
+    EXPECT_EQ(bad, -1) << "rank " << r << ": first mismatch at " << element_at(bad, p.n_per_rank);
+  }
+  cudaSetDevice(0);
+}
+
+class AllGatherExact : public ::testing::TestWithParam<AllGatherCase> {};
+
+TEST_P(AllGatherExact, BitForBit) {
+  const AllGatherProblem p = GetParam().problem();
+  AllGatherRanks ranks(p);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_exact(ranks, p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
+                         ::testing::Values(AllGatherCase{1, 256, 512, 256, WeightLayout::kNxK},
+                                           AllGatherCase{2, 512, 776, 256, WeightLayout::kKxN},
+                                           AllGatherCase{4, 1000, 1024, 256, WeightLayout::kNxK},
+                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kKxN},
+                                           AllGatherCase{8, 2048, 1000, 248, WeightLayout::kNxK},
+                                           AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN},
+                                           AllGatherCase{3, 999, 136, 200, WeightLayout::kKxN}),
+                         case_name);
+
+// Random mode: Y bit-identical to tpfuse::gemm on the gathered X (the same mainloop and, with
+// whole 128-row tiles in every band, the same tiles), within 1.1x of cuBLAS's error, and
+// bit-identical when run again (the other parity of the buffers).
+class AllGatherRandom : public ::testing::TestWithParam<AllGatherCase> {};
+
+TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
+  const AllGatherProblem p = GetParam().problem();
+  AllGatherRanks ranks(p);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/false, 7);
+  ASSERT_TRUE(ranks.run(p).ok());
+  ASSERT_CUDA(ranks.synchronize());
+  const std::vector<__nv_bfloat16> gathered = ranks.expected_gathered(p);
+  expect_gathered_bit_for_bit(ranks, p, gathered);
+  cublasHandle_t cublas;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  Array g(size_t(p.m) * p.k), plain(size_t(p.m) * p.n_per_rank), theirs(size_t(p.m) * p.n_per_rank);
+  std::vector<std::vector<__nv_bfloat16>> first;
+  for (int r = 0; r < p.world_size; ++r) {
+    const std::vector<float> ref = reference_y(ranks, p, r, gathered, &g);
+    ASSERT_TRUE(gemm(gemm_of(p), g.ptr, ranks.w[r]->ptr, plain.ptr, nullptr).ok());
+    const float alpha = 1, beta = 0;
+    const bool k_major = p.weight_layout == WeightLayout::kNxK;
+    ASSERT_EQ(cublasGemmEx(cublas, k_major ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, int(p.n_per_rank), int(p.m),
+                           int(p.k), &alpha, ranks.w[r]->ptr, CUDA_R_16BF, int(k_major ? p.k : p.n_per_rank), g.ptr,
+                           CUDA_R_16BF, int(p.k), &beta, theirs.ptr, CUDA_R_16BF, int(p.n_per_rank),
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    first.push_back(ranks.y[r]->to_host());
+    const ErrorSums ours = error_sums(first.back(), ref);
+    EXPECT_EQ(ours.num_nonfinite, 0u) << "rank " << r << ": unwritten or non-finite outputs";
+    EXPECT_TRUE(within_tolerance(ours.stats(), error_sums(theirs.to_host(), ref).stats())) << "rank " << r;
+    if (p.rows_per_rank() % 128 == 0) {
+      const std::vector<__nv_bfloat16> expected = plain.to_host();
+      EXPECT_EQ(0, std::memcmp(first.back().data(), expected.data(), expected.size() * 2))
+          << "rank " << r << ": Y differs from tpfuse::gemm on the gathered X";
+    }
+  }
+  cublasDestroy(cublas);
+  ranks.poison_outputs();
+  ASSERT_TRUE(ranks.run(p, /*want_gathered=*/false).ok());
+  ASSERT_CUDA(ranks.synchronize());
+  for (int r = 0; r < p.world_size; ++r) {
+    const std::vector<__nv_bfloat16> again = ranks.y[r]->to_host();
+    EXPECT_EQ(0, std::memcmp(again.data(), first[r].data(), again.size() * 2)) << "rank " << r << " not deterministic";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
+                         ::testing::Values(AllGatherCase{8, 2048, 1280, 1024, WeightLayout::kNxK},
+                                           AllGatherCase{8, 1024, 1024, 6144, WeightLayout::kKxN},
+                                           AllGatherCase{4, 1000, 2056, 520, WeightLayout::kKxN},
+                                           AllGatherCase{2, 4096, 1024, 2048, WeightLayout::kNxK},
+                                           AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK}),
+                         case_name);
+
+// Back-to-back calls with random m (exact inputs), no host synchronization between them; every
+// 50th is checked, Y and the gathered X.
+TEST(AllGatherStress, ThousandCallsBackToBack) {
+  const AllGatherProblem max_problem{2048, 512, 64, 8, WeightLayout::kNxK};
+  AllGatherRanks ranks(max_problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 3);
+  std::mt19937 rng(42);
+  Array scratch(size_t(max_problem.m) * max_problem.k);
+  for (int call = 0; call < 1000; ++call) {
+    const int m = 8 * int(1 + rng() % (max_problem.m / 8));
+    const AllGatherProblem p{m, max_problem.n_per_rank, max_problem.k, 8, max_problem.weight_layout};
+    const bool check = call % 50 == 49;
+    if (check) ranks.poison_outputs();
+    ASSERT_TRUE(ranks.run(p, check).ok()) << "call " << call;
+    if (!check) continue;
+    ASSERT_CUDA(ranks.synchronize());
+    ASSERT_TRUE(communicator_status(ranks.comm).ok());
+    const std::vector<__nv_bfloat16> gathered = ranks.expected_gathered(p);
+    expect_gathered_bit_for_bit(ranks, p, gathered);
+    for (int r = 0; r < 8; ++r) {
+      const std::vector<float> ref = reference_y(ranks, p, r, gathered, &scratch);
+      std::vector<__nv_bfloat16> y = ranks.y[r]->to_host();
+      y.resize(ref.size());
+      const int64_t bad = first_mismatch(y, ref);
+      ASSERT_EQ(bad, -1) << "call " << call << " (m = " << m << "), rank " << r << ": first mismatch at "
+                         << element_at(bad, p.n_per_rank);
+    }
+  }
+}
+
+// Calls captured once in a CUDA graph and replayed: the epoch, and so the parity, live on the device.
+TEST(AllGatherGraph, ReplaysStayCorrect) {
+  const AllGatherProblem p{1024, 512, 128, 4, WeightLayout::kKxN};
+  AllGatherRanks ranks(p);
+  ASSERT_NE(ranks.comm, nullptr);
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ranks.streams.assign(p.world_size, stream);
+  cudaGraph_t graph;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status s = ranks.run(p);
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  cudaGraphExec_t exec;
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  Array scratch(size_t(p.m) * p.k);
+  for (int replay = 0; replay < 5; ++replay) {
+    ranks.fill(/*exact=*/true, 100 + replay);
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    const std::vector<__nv_bfloat16> gathered = ranks.expected_gathered(p);
+    expect_gathered_bit_for_bit(ranks, p, gathered);
+    for (int r = 0; r < p.world_size; ++r) {
+      EXPECT_EQ(first_mismatch(ranks.y[r]->to_host(), reference_y(ranks, p, r, gathered, &scratch)), -1)
+          << "replay " << replay << ", rank " << r;
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
+TEST(AllGatherMissingPeer, TimesOut) {
+  const AllGatherProblem p{1024, 512, 256, 4, WeightLayout::kNxK};
+  AllGatherRanks ranks(p, /*timeout_s=*/0.2);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(false, 5);
+  std::vector<const void*> x, w;
+  std::vector<void*> y;
+  for (int r = 0; r < 3; ++r) {
+    x.push_back(ranks.x[r]->ptr);
+    w.push_back(ranks.w[r]->ptr);
+    y.push_back(ranks.y[r]->ptr);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(launch_all_gather(ranks.comm, p, {0, 1, 2}, x.data(), w.data(), y.data(), nullptr, ranks.streams.data()).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Status s = communicator_status(ranks.comm);
+  EXPECT_EQ(s.code(), StatusCode::kPeerTimeout) << s.to_string();
+  EXPECT_NE(s.message().find("for rank 3"), std::string::npos) << s.message();
+  EXPECT_LT(seconds, 5.0) << "the timeout is 0.2 s";
+  EXPECT_EQ(ranks.run(p).code(), StatusCode::kPeerTimeout) << "later calls report the failure instead of running";
+}
+
+TEST(AllGatherErrors, BadCallsAreReported) {
+  const AllGatherProblem p{512, 512, 64, 4, WeightLayout::kNxK};
+  AllGatherRanks ranks(p);
+  ASSERT_NE(ranks.comm, nullptr);
+  AllGatherProblem wrong = p;
+  wrong.k = 128;
+  Status s = ranks.run(wrong);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("max_k 64"), std::string::npos) << s.message();
+  wrong = p;
+  wrong.world_size = 2;
+  s = ranks.run(wrong);
+  EXPECT_NE(s.message().find("differs from the communicator's 4 ranks"), std::string::npos) << s.message();
+  wrong = p;
+  wrong.n_per_rank = 500;
+  s = ranks.run(wrong);
+  EXPECT_NE(s.message().find("problem.n_per_rank = 500"), std::string::npos) << s.message();
+  std::vector<const void*> x(4, nullptr), w(4, ranks.w[0]->ptr);
+  std::vector<void*> y(4, ranks.y[0]->ptr);
+  s = all_gather_gemm_local(ranks.comm, p, x.data(), w.data(), y.data(), nullptr, ranks.streams.data());
+  EXPECT_NE(s.message().find("x must not be null"), std::string::npos) << s.message();
+  s = all_gather_gemm(ranks.comm, p, ranks.x[0]->ptr, ranks.w[0]->ptr, ranks.y[0]->ptr, nullptr, nullptr);
+  EXPECT_NE(s.message().find("use all_gather_gemm_local"), std::string::npos) << s.message();
+  // A communicator made without max_k serves no all-gather call.
+  CommunicatorOptions options;
+  options.max_m = 512;
+  options.max_n = 512;
+  Communicator* rs_only = nullptr;
+  const int devices[4] = {0, 0, 0, 0};
+  ASSERT_TRUE(communicator_create_local(devices, 4, options, &rs_only).ok());
+  std::vector<const void*> xs, ws;
+  std::vector<void*> ys;
+  for (int r = 0; r < 4; ++r) {
+    xs.push_back(ranks.x[r]->ptr);
+    ws.push_back(ranks.w[r]->ptr);
+    ys.push_back(ranks.y[r]->ptr);
+  }
+  s = all_gather_gemm_local(rs_only, p, xs.data(), ws.data(), ys.data(), nullptr, ranks.streams.data());
+  EXPECT_NE(s.message().find("max_k 0"), std::string::npos) << s.message();
+  EXPECT_TRUE(communicator_destroy(rs_only).ok());
+}
+
+// One rank per GPU (the largest power of two of the visible GPUs, at most 8).
+TEST(AllGatherAcrossGpus, BitForBit) {
+  int count = 0;
+  ASSERT_CUDA(cudaGetDeviceCount(&count));
+  int p = 1;
+  while (p * 2 <= count && p * 2 <= 8) p *= 2;
+  if (p < 2) GTEST_SKIP() << "one rank per GPU needs 2 or more GPUs (" << count << " visible)";
+  std::vector<int> devices;
+  for (int d = 0; d < p; ++d) devices.push_back(d);
+  const AllGatherProblem problem{512 * p, 776, 256, p, WeightLayout::kKxN};
+  AllGatherRanks ranks(problem, 0, devices);
+  ASSERT_NE(ranks.comm, nullptr);
+  expect_exact(ranks, problem);
+}
+
+}  // namespace
+}  // namespace tpfuse::testing
