@@ -4,7 +4,7 @@
 #
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
-# Steps (default: all, in this order): env tests sanitize gemm proxy baseline fused.
+# Steps (default: all, in this order): env tests sanitize gemm proxy ag_proxy baseline fused.
 # Each step's output goes to OUT_DIR/<step>.log; its last lines are echoed. Every step is bounded by
 # STEP_TIMEOUT seconds (default 300). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
@@ -13,7 +13,7 @@ build=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 shift 2
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(env tests sanitize gemm proxy baseline fused)
+[[ ${#steps[@]} -gt 0 ]] || steps=(env tests sanitize gemm proxy ag_proxy baseline fused)
 bench="${build}/bench/tpfuse_bench"
 
 export NCCL_NVLS_ENABLE=0
@@ -42,6 +42,7 @@ for step in "${steps[@]}"; do
     tests)
       run_step test_gemm "${build}/tests/gpu/test_gemm"
       run_step test_fused "${build}/tests/gpu/test_fused"
+      run_step test_all_gather "${build}/tests/gpu/test_all_gather"
       # One process per GPU needs 2 or more GPUs; on one it runs a single rank, to check the harness.
       run_step test_multiprocess bash -c "\"${build}/tests/gpu/test_multiprocess\"; rc=\$?; [ \$rc -ne 77 ] && exit \$rc; TPFUSE_TEST_RANKS=1 \"${build}/tests/gpu/test_multiprocess\""
       ;;
@@ -60,6 +61,11 @@ for step in "${steps[@]}"; do
       # warpgroup barrier); racecheck reports it all the same (docs/EXPERIMENTS.md).
       run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P4_M256_N1000_K64_KxN'
       run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P8_M512_N8192_K32_KxN:*FusedExact*/P4_M256_N1000_K64_KxN'
+      # The all-gather + GEMM: P = 2, 3 (rows per rank not a multiple of 64) and 8 (64-row tiles).
+      small_ag='*AllGatherExact*/P2_M512_N776_K256_KxN:*AllGatherExact*/P3_M999_N136_K200_KxN:*AllGatherExact*/P8_M64_N264_K256_KxN'
+      for tool in memcheck racecheck synccheck; do
+        run_step ${tool}_all_gather compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_all_gather" --gtest_filter="${small_ag}"
+      done
       # Partial rounds during the K loop: a small shape with its own tiles interleaved.
       for tool in memcheck racecheck synccheck; do
         run_step ${tool}_rounds compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/P2_M512_N512_K320_KxN_lag0'
@@ -72,6 +78,10 @@ for step in "${steps[@]}"; do
     proxy)
       run_step proxy_kn "${bench}" --mode proxy --layout kn --check --json "${out}/proxy_kn.json" --csv "${out}/proxy_kn.csv"
       run_step proxy_nk "${bench}" --mode proxy --layout nk --check --json "${out}/proxy_nk.json" --csv "${out}/proxy_nk.csv"
+      ;;
+    ag_proxy)
+      run_step ag_proxy_kn "${bench}" --mode ag-proxy --layout kn --check --json "${out}/ag_proxy_kn.json" --csv "${out}/ag_proxy_kn.csv"
+      run_step ag_proxy_nk "${bench}" --mode ag-proxy --layout nk --check --json "${out}/ag_proxy_nk.json" --csv "${out}/ag_proxy_nk.csv"
       ;;
     baseline)
       run_step baseline "${bench}" --mode baseline --check --json "${out}/baseline.json" --csv "${out}/baseline.csv"
