@@ -12,7 +12,12 @@ namespace tpfuse {
 
 // c = a @ w: BF16 inputs, FP32 accumulation, BF16 output (m x n, row-major). `a` is m x k_per_rank
 // row-major; `w` is laid out as problem.weight_layout says. Device pointers, 16-byte aligned.
-// problem.world_size is ignored. Asynchronous on `stream`.
+// problem.world_size is ignored. Asynchronous on `stream`. Where the output has few tiles (small m),
+// each tile's K loop is split over several CTAs, which use a workspace of the library's: one per
+// device and stream (FP32 partials for a step per SM, about 17 MB on 132 SMs), allocated on the
+// first such call on that stream (also while it is being captured into a CUDA graph) and kept until
+// the process exits. Calls on different streams may overlap; a captured graph uses the workspace of
+// the stream it was captured from, so its replays must not overlap each other or calls on that stream.
 Status gemm(const Problem& problem, const void* a, const void* w, void* c, cudaStream_t stream,
             const ConfigOverrides& overrides = {});
 

@@ -12,6 +12,8 @@ namespace tpfuse {
 struct ConfigOverrides {
   int block_n = 0;          // width of 128-row tiles, 192 or 256; 0: the config's choice
   int group_rows = 0;       // row tiles per raster group; 0: the config's choice
+  // gemm only:
+  int split_k = 0;          // 0: the config's choice, 1: never split K, S >= 2: each tile's K loop in S splits
   // gemm_reduce_scatter only:
   int own_lag = -1;         // rounds from a peer's tile to the own tile of the same rows; -1: the config's
   int partial_rounds = -1;  // at most this many rounds of an own tile's partials in its K loop; -1: the config's

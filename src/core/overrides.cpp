@@ -9,6 +9,7 @@ std::string ConfigOverrides::to_string() const {
   auto add = [&s](const char* name, int value) { s += (s.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(value); };
   if (block_n != 0) add("block_n", block_n);
   if (group_rows != 0) add("group_rows", group_rows);
+  if (split_k != 0) add("split_k", split_k);
   if (own_lag != -1) add("own_lag", own_lag);
   if (partial_rounds != -1) add("partial_rounds", partial_rounds);
   return s.empty() ? "none" : s;
@@ -16,6 +17,7 @@ std::string ConfigOverrides::to_string() const {
 
 Status validate(const ConfigOverrides& o) {
   constexpr int kMaxRounds = 1 << 30;
+  constexpr int kMaxSplitK = 1024;  // more than any device's SMs: a call's steps are at most its SMs
   if (o.block_n != 0 && o.block_n != 192 && o.block_n != 256) {
     return Status::InvalidArgument("overrides.block_n = " + std::to_string(o.block_n) +
                                    " must be 192 or 256 (or 0: the config's choice)");
@@ -23,6 +25,11 @@ Status validate(const ConfigOverrides& o) {
   if (o.group_rows < 0) {
     return Status::InvalidArgument("overrides.group_rows = " + std::to_string(o.group_rows) +
                                    " must be positive (or 0: the config's choice)");
+  }
+  if (o.split_k < 0 || o.split_k > kMaxSplitK) {
+    return Status::InvalidArgument("overrides.split_k = " + std::to_string(o.split_k) +
+                                   " must be 0 (the config's choice), 1 (never split K) or a number of splits 2.." +
+                                   std::to_string(kMaxSplitK));
   }
   if (o.own_lag < -1 || o.own_lag > kMaxRounds) {
     return Status::InvalidArgument("overrides.own_lag = " + std::to_string(o.own_lag) + " must be a number of rounds in 0.." +

@@ -135,12 +135,44 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// ---- a counter in global memory -----------------------------------------------------------------
+// True in every thread of the `threads` that sync on named barrier `id` when `pred` is true in any.
+__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n"
+      ".reg .pred p, q;\n"
+      "setp.ne.u32 p, %1, 0;\n"
+      "bar.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n"
+      "}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
+// ---- counters in global memory ------------------------------------------------------------------
 
 // Adds to a 64-bit counter without waiting for the result (no ordering of its own).
 __device__ __forceinline__ void red_add_u64(uint64_t* counter, uint64_t value) {
   asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(counter), "l"(value) : "memory");
 }
+
+// Adds to a 32-bit counter and returns its value before (no ordering of its own: pair it with
+// fence_acq_rel_gpu).
+__device__ __forceinline__ uint32_t atomic_add_relaxed_gpu(uint32_t* counter, uint32_t value) {
+  uint32_t old;
+  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+  return old;
+}
+
+__device__ __forceinline__ void store_relaxed_gpu(uint32_t* counter, uint32_t value) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(counter), "r"(value) : "memory");
+}
+
+// Orders this thread's earlier accesses (and those it has synchronized with: a barrier's) before its
+// later ones, for every thread of the GPU: before a counter's add, a release; after it, an acquire.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // ---- register reallocation between warpgroups ---------------------------------------------------
 

@@ -13,28 +13,65 @@ namespace {
 // for the plain GEMM (docs/EXPERIMENTS.md).
 constexpr int kGroupRowsPerWave = 32;
 
-// Relative time of a tile shape: the waves of tiles over the SMs times a tile's cost, which grows
-// with its columns plus a fixed part (pipeline fill and epilogue) worth about 32 columns.
-double relative_time(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n) {
-  const int64_t waves = (grid.tiles(block_m, block_n) + device.num_sms - 1) / device.num_sms;
+// The config's own splits of K: each at least this many K blocks (the stages a split streams
+// before its pipeline drains), at most this many splits (the last split adds all S partials).
+constexpr int kMinKBlocksPerSplit = 3;
+constexpr int kMaxSplits = 8;
+// What splitting costs a step beyond its K blocks, in K blocks: its partial's round trip through
+// the workspace (written, counted in, read back and added by the last split).
+constexpr double kSplitCostKBlocks = 2;
+
+// Relative time of a tile shape whose K loop of num_k_blocks is cut into `splits`: the waves of
+// steps over the SMs times a step's cost, which grows with its columns plus a fixed part (pipeline
+// fill and epilogue) worth about 32 columns, and with its K blocks plus, split, the partials' cost.
+double relative_time(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n, int num_k_blocks,
+                     int splits) {
+  const int64_t steps = grid.tiles(block_m, block_n) * splits;
+  const int64_t waves = (steps + device.num_sms - 1) / device.num_sms;
   constexpr double kFixedCols = 32;
-  return double(waves) * (block_m / 128.0) * (block_n + kFixedCols);
+  const double k_blocks = (num_k_blocks + splits - 1) / splits + (splits > 1 ? kSplitCostKBlocks : 0);
+  return double(waves) * (block_m / 128.0) * (block_n + kFixedCols) * k_blocks;
 }
 
-}  // namespace
-
-std::string GemmConfig::to_string() const {
-  const GemmVariant& v = tile();
-  std::ostringstream os;
-  os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << kBlockK << ", stages "
-     << v.stages << ", staged chunks " << (v.staged_chunks > 0 ? std::to_string(v.staged_chunks) : std::string("all"))
-     << ", threads " << kThreads << ", ctas " << num_ctas << ", group_rows " << group_rows << ", smem "
-     << smem_bytes << " B";
-  return os.str();
+// Whether tiles of block_m x block_n may cut K in `splits`: at most one wave of steps (the
+// workspace holds a step per SM), a K block at least per split (and the schedule's 32-bit arithmetic).
+bool can_split(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n, int num_k_blocks,
+               int splits) {
+  return splits == 1 || (grid.tiles(block_m, block_n) * splits <= device.num_sms && splits <= num_k_blocks &&
+                         int64_t(splits) * num_k_blocks < (int64_t(1) << 31));
 }
 
-Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
-                          const SmemByVariant& smem, GemmConfig* config) {
+// The splits for tiles of block_m x block_n: overrides.split_k's, or the fastest the config allows
+// (fewest where they tie); 1 where num_k_blocks is 0 (K never split). 0 where the forced ones cannot.
+int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides, int block_m,
+               int block_n, int num_k_blocks) {
+  if (num_k_blocks == 0) return 1;
+  if (overrides.split_k != 0) {
+    return can_split(grid, device, block_m, block_n, num_k_blocks, overrides.split_k) ? overrides.split_k : 0;
+  }
+  int best = 1;
+  for (int splits = 2; splits <= kMaxSplits && splits * kMinKBlocksPerSplit <= num_k_blocks; ++splits) {
+    if (!can_split(grid, device, block_m, block_n, num_k_blocks, splits)) break;  // more tiles' steps than SMs
+    if (relative_time(grid, device, block_m, block_n, num_k_blocks, splits) <
+        relative_time(grid, device, block_m, block_n, num_k_blocks, best)) {
+      best = splits;
+    }
+  }
+  return best;
+}
+
+Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
+                                int block_m, int block_n, int num_k_blocks) {
+  return Status::InvalidArgument(
+      "overrides.split_k = " + std::to_string(overrides.split_k) + " does not fit: " +
+      std::to_string(grid.tiles(block_m, block_n)) + " tiles of " + std::to_string(block_m) + "x" +
+      std::to_string(block_n) + " in that many splits are more steps than the device's " +
+      std::to_string(device.num_sms) + " SMs, or than the " + std::to_string(num_k_blocks) + " K blocks");
+}
+
+// The common choice: num_k_blocks = 0 never splits K.
+Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
+                     const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   if (device.cc_major != 9) {
     return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
@@ -42,20 +79,31 @@ Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const 
   }
   TPFUSE_RETURN_IF_ERROR(validate(overrides));
   // The tile this output wants. A band of at most 64 rows would waste most of a 128-row tile: then
-  // 64-row tiles, the two consumers splitting the columns instead of the rows.
+  // 64-row tiles, the two consumers splitting the columns instead of the rows. 128-row tiles are
+  // 256 or 192 wide: 192 where 256-wide tiles would leave SMs idle in the last wave (M = 512,
+  // N = 6144), or where their splits of K fill the SMs better (M = 128, N = 6144).
   const int block_m = grid.rows_per_band <= 64 ? 64 : 128;
   int block_n = 256;
+  int splits = splits_for(grid, device, overrides, block_m, 256, num_k_blocks);
   if (block_m == 128) {
     if (overrides.block_n != 0) {
       block_n = overrides.block_n;
-    } else if (relative_time(grid, device, 128, 192) < relative_time(grid, device, 128, 256)) {
-      block_n = 192;  // 256-wide tiles would leave SMs idle in the last wave (M = 512, N = 6144)
+      splits = splits_for(grid, device, overrides, block_m, block_n, num_k_blocks);
+    } else {
+      const int narrow_splits = splits_for(grid, device, overrides, 128, 192, num_k_blocks);
+      const auto time = [&](int n, int s) { return relative_time(grid, device, 128, n, std::max(num_k_blocks, 1), s); };
+      if (narrow_splits > 0 && (splits == 0 || time(192, narrow_splits) < time(256, splits))) {
+        block_n = 192;
+        splits = narrow_splits;
+      }
     }
   }
-  // A single wave of 128 x 256 tiles: no tile's epilogue overlaps another's mainloop anyway, and a
-  // fourth stage shortens the one mainloop more than staging the epilogue in batches lengthens it;
-  // with more waves the batches cost more than the stage gains (docs/EXPERIMENTS.md).
-  const bool want_batches = block_m == 128 && block_n == 256 && grid.tiles(128, 256) <= device.num_sms;
+  if (splits == 0) return forced_splits_do_not_fit(grid, device, overrides, block_m, block_n, num_k_blocks);
+  // A single wave of 128 x 256 tiles (or of their splits): no tile's epilogue overlaps another's
+  // mainloop anyway, and a fourth stage shortens the one mainloop more than staging the epilogue in
+  // batches lengthens it; with more waves the batches cost more than the stage gains
+  // (docs/EXPERIMENTS.md).
+  const bool want_batches = block_m == 128 && block_n == 256 && grid.tiles(128, 256) * splits <= device.num_sms;
 
   // The best variant that fits: that tile and staging, else that tile, else any; deeper first.
   int best = -1, best_rank = -1;
@@ -76,13 +124,44 @@ Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const 
                                " bytes of shared memory; the device allows " +
                                std::to_string(device.max_smem_per_block));
   }
+  // Another tile than wanted (the device's shared memory): its own splits.
+  const GemmVariant& chosen = kGemmVariants[best];
+  if (chosen.block_m != block_m || chosen.block_n != block_n) {
+    splits = splits_for(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks);
+    if (splits == 0) {
+      return forced_splits_do_not_fit(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks);
+    }
+  }
   GemmConfig c;
   c.variant = best;
+  c.split_k = splits;
   c.num_ctas = device.num_sms;
   c.smem_bytes = smem[best];
   c.group_rows = group_rows_for(1, overrides);
   *config = c;
   return Status::Ok();
+}
+
+}  // namespace
+
+std::string GemmConfig::to_string() const {
+  const GemmVariant& v = tile();
+  std::ostringstream os;
+  os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << kBlockK << ", stages "
+     << v.stages << ", staged chunks " << (v.staged_chunks > 0 ? std::to_string(v.staged_chunks) : std::string("all"))
+     << ", split_k " << split_k << ", threads " << kThreads << ", ctas " << num_ctas << ", group_rows "
+     << group_rows << ", smem " << smem_bytes << " B";
+  return os.str();
+}
+
+Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
+                          const SmemByVariant& smem, GemmConfig* config) {
+  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, config);
+}
+
+Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
+                                  const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config) {
+  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, config);
 }
 
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
@@ -98,7 +177,8 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   TileGrid grid;
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
-  return select_gemm_config(grid, device, overrides, kSmem, config);
+  const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
+  return select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, config);
 }
 
 }  // namespace tpfuse

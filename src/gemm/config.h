@@ -30,6 +30,7 @@ struct TileGrid {
 
 struct GemmConfig {
   int variant = 0;       // index into kGemmVariants
+  int split_k = 1;       // splits of each tile's K loop, a step each (gemm/split_k.h); 1: a step a tile
   int num_ctas = 0;      // persistent grid size (at most one CTA per SM)
   int group_rows = 32;   // raster group (gemm/raster.h): row tiles visited together for L2 reuse
   size_t smem_bytes = 0; // dynamic shared memory of a launch (the op's storage, gemm/shared_storage.h)
@@ -46,14 +47,23 @@ using SmemByVariant = std::array<size_t, kNumGemmVariants>;
 // overrides.block_n), a fourth stage for a single wave of 128 x 256 tiles; the deepest compiled
 // variant of that tile that fits the device's shared memory, else any that fits. Fails (never
 // aborts) on a device that is not Hopper or where no variant fits. Sets every field but group_rows.
+// Never splits K (split_k = 1): for an op whose epilogue takes whole tiles.
 Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                           const SmemByVariant& smem, GemmConfig* config);
+
+// The same for an op that can split K (gemm/split_k.h) over num_k_blocks K blocks: where a tile's
+// steps would leave SMs idle, each tile's K loop in S splits, a step each, at most one wave of
+// steps in all (so at most device.num_sms steps: the split workspace's size), each split at least
+// a few K blocks, the tile and S the fastest by the same model of waves (or overrides.split_k:
+// 1 never splits, S >= 2 splits in S and fails where that is more steps than SMs or than K blocks).
+Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
+                                  const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config);
 
 // Row tiles per raster group when the CTAs at work at one time hold tiles of `segments_in_flight`
 // row segments (1 for the plain GEMM, P for the reduce-scatter's rounds), or overrides.group_rows.
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides);
 
-// The plain GEMM's config: the whole m x n output as one band.
+// The plain GEMM's config: the whole m x n output as one band, K split where that fills the SMs.
 Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides,
                                 GemmConfig* config);
 

@@ -11,8 +11,10 @@
 // (the reduce-scatter's partials of an own tile): they then arrive while the tile is still being
 // multiplied, as deep as the ring, instead of after it.
 //
-// The CTAs walk a schedule (gemm/raster.h, or an op's) persistently, one step per wave of `grid`
-// steps (CtaSteps, gemm/tile.h). A schedule has num_tiles() and tile(step).
+// The CTAs walk a schedule (gemm/raster.h, gemm/split_k.h, or an op's) persistently, one step per
+// wave of `grid` steps (CtaSteps, gemm/tile.h). A schedule has num_tiles() and tile(step); a step
+// multiplies its tile over all K blocks, or over its slice of them where the schedule splits K
+// (k_slice_of, gemm/split_k.h).
 #pragma once
 
 #include <cuda.h>
@@ -22,6 +24,7 @@
 
 #include "core/ptx.cuh"
 #include "gemm/shared_storage.h"
+#include "gemm/split_k.h"
 #include "gemm/tile.h"
 #include "gemm/variants.h"
 
@@ -151,7 +154,14 @@ struct EpilogueBase {
   __device__ static void init(Storage&) {}
 };
 
-// Calls fn(tile) for each step of CTA `cta`, in the order the producer and the consumers take them.
+// Calls fn(step, tile) for each step of CTA `cta`, in the order the producer and the consumers take them.
+template <class Schedule, class Fn>
+__device__ __forceinline__ void for_each_step(const Schedule& schedule, int cta, int num_ctas, Fn&& fn) {
+  const int num_tiles = schedule.num_tiles();
+  for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(steps.step(), schedule.tile(steps.step()));
+}
+
+// The same, fn(tile).
 template <class Schedule, class Fn>
 __device__ __forceinline__ void for_each_tile(const Schedule& schedule, int cta, int num_ctas, Fn&& fn) {
   const int num_tiles = schedule.num_tiles();
@@ -188,22 +198,23 @@ struct Slab {
   }
 };
 
-// The producer thread: each tile's K stages, then the epilogue's extra stages of the tile, if any.
+// The producer thread: each step's K stages (its tile's, or its slice of them), then the
+// epilogue's extra stages of the tile, if any.
 template <class Config, class Epilogue, class Schedule>
 __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const typename Epilogue::Params& epilogue,
                                         StorageOf<Config>& smem, int cta, int num_ctas) {
   StageCursor ring;
   uint32_t extra_phase = 0;  // the epilogue's, across tiles
-  for_each_tile(p.schedule, cta, num_ctas, [&](const Tile& tile) {
+  for_each_step(p.schedule, cta, num_ctas, [&](int step, const Tile& tile) {
     const ALoad a = Epilogue::template a_load<Config>(epilogue, p, tile);
-    const int num_k_blocks = p.num_k_blocks;  // a register: the loop's asm clobbers memory
-    for (int kb = 0; kb < num_k_blocks; ++kb) {
+    const KSlice k_slice = k_slice_of(p.schedule, step, p.num_k_blocks);  // registers: the loop's asm clobbers memory
+    for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
       const int stage = ring.stage;
       ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
       if (kb == 0) smem.ring.stage_tile[stage] = tile;  // published by the arrive below (a release)
       uint64_t* full = &smem.ring.full[stage];
       ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
-      const int k = kb * Config::kBlockK;
+      const int k = (k_slice.k_block_begin + kb) * Config::kBlockK;
       if constexpr (Epilogue::kLayeredA) {
         ptx::tma_load_4d(smem.a[stage], a.map, full, k, a.row, a.layer, a.parity);
       } else {
@@ -228,8 +239,8 @@ __device__ __forceinline__ void release_stage(StorageOf<Config>& smem, int stage
   if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.ring.empty[stage]);
 }
 
-// Accumulates one tile's slab over all K blocks. `ring` carries the position across tiles. After
-// each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
+// Accumulates one step's slab over its num_k_blocks K blocks. `ring` carries the position across
+// steps. After each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
 template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring,
@@ -275,8 +286,9 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
 // schedule, one per wave. The epilogue is an object per consumer warpgroup:
 //   Epilogue(params, consumer, smem);
-//   begin_tile<Config>(tile) before each tile's K stages, and after_k_block<Config>(kb, acc, smem)
-//             after each of them (both may do nothing);
+//   begin_tile<Config>(tile, k_slice) before each step's K stages (k_slice: which of the tile's K
+//             blocks they are), and after_k_block<Config>(kb, acc, smem) after each of them (both
+//             may do nothing);
 //   end_tile<Config>(tile, slab, acc, smem, ring) after each tile's K stages: its extra stages, if
 //             any, and the store of the slab, in the order the epilogue needs;
 //   finish() at the end;
@@ -339,8 +351,9 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
       // Every thread of the warpgroup has read the tile before its first thread may release the
       // stage (and the producer write the note of a later step there).
       consumer_sync(consumer);
-      epilogue.template begin_tile<Config>(tile);
-      consume_tile<Config>(num_k_blocks, smem, slab, acc, ring, epilogue);
+      const KSlice k_slice = k_slice_of(mainloop.schedule, steps.step(), num_k_blocks);
+      epilogue.template begin_tile<Config>(tile, k_slice);
+      consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
       epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);
     }
     epilogue.finish();

@@ -20,7 +20,7 @@ class StoreTileEpilogue : public EpilogueBase {
 
   // No input for a tile: nothing during the K loop, no extra stages.
   template <class Config>
-  __device__ void begin_tile(const Tile&) {}
+  __device__ void begin_tile(const Tile&, const KSlice&) {}
   template <class Config>
   __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
   template <class Config>

@@ -29,6 +29,18 @@ struct Tile {
   }
 };
 
+// The part of its tile's K loop that a step multiplies: K blocks [k_block_begin, k_block_begin +
+// num_k_blocks), split `split` of the `num_splits` the tile's K loop is cut into; tile_index is the
+// tile's place in its schedule. A schedule that splits K gives each of a tile's steps a slice
+// (gemm/split_k.h); the others give every step all of K, split 0 of 1, tile_index = the step.
+struct KSlice {
+  int tile_index;
+  int split;
+  int num_splits;
+  int k_block_begin;
+  int num_k_blocks;
+};
+
 // The steps that CTA `cta` of a persistent grid of `num_ctas` takes, one a wave: wave k holds steps
 // k * num_ctas .. (k+1) * num_ctas - 1, and CTA b takes the one at place (b + k) % num_ctas. Moving
 // on by a place each wave, every CTA takes every place in turn: a CTA that kept its place (steps b,

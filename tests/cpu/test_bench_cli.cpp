@@ -67,6 +67,19 @@ TEST(BenchCli, BadArgumentsAreNamed) {
   EXPECT_EQ(parse_args({"--help"}, kModes).outcome, ParseOutcome::kHelp);
 }
 
+// --compare split_k=1 times the unsplit GEMM beside the config's split in one run.
+TEST(BenchCli, OverridesByName) {
+  ConfigOverrides o;
+  std::string error;
+  ASSERT_TRUE(parse_overrides("split_k=1,group_rows=4", &o, &error)) << error;
+  EXPECT_EQ(o.split_k, 1);
+  EXPECT_EQ(o.group_rows, 4);
+  EXPECT_FALSE(parse_overrides("split_k=-1", &o, &error));
+  EXPECT_NE(error.find("overrides.split_k = -1"), std::string::npos) << error;
+  EXPECT_FALSE(parse_overrides("splits=2", &o, &error));
+  EXPECT_NE(error.find("split_k"), std::string::npos) << "the error lists the fields: " << error;
+}
+
 TEST(BenchCli, SweepNeedsTpToDivideK) {
   std::string error;
   EXPECT_EQ(sweep_shapes(8, &error).size(), 16u) << error;

@@ -79,6 +79,19 @@ void expect_fits(const GemmConfig& c, const DeviceInfo& device, const SmemByVari
   const int accumulators = v.block_m * v.block_n / (128 * kConsumers);
   EXPECT_LE(accumulators + 64, consumer_register_budget()) << what;
   EXPECT_FALSE(c.to_string().empty()) << what;
+  EXPECT_GE(c.split_k, 1) << what;
+}
+
+// A split plain GEMM config: at most one wave of steps (the workspace holds a step per SM), a few K
+// blocks at least in every split.
+void expect_split_fits(const GemmConfig& c, const Problem& p, const DeviceInfo& device, const std::string& what) {
+  if (c.split_k == 1) return;
+  const GemmVariant& v = c.tile();
+  const int64_t tiles = ((p.m + v.block_m - 1) / v.block_m) * ((p.n + v.block_n - 1) / v.block_n);
+  const int64_t num_k_blocks = (p.k_per_rank + kBlockK - 1) / kBlockK;
+  EXPECT_LE(tiles * c.split_k, device.num_sms) << what << ": more steps than SMs";
+  EXPECT_GE(num_k_blocks / c.split_k, 3) << what << ": splits of under 3 K blocks";
+  EXPECT_LE(c.split_k, 8) << what;
 }
 
 const SmemByVariant& gemm_smem() {
@@ -117,6 +130,7 @@ TEST(Config, EveryChoiceIsCompiledAndFits) {
       Status s = select_plain_gemm_config(p, device, {}, &gemm);
       if (s.ok()) {
         expect_fits(gemm, device, gemm_smem(), what);
+        expect_split_fits(gemm, p, device, what);
         ++choices;
       } else {
         EXPECT_EQ(s.code(), StatusCode::kUnsupported) << what;
@@ -128,6 +142,7 @@ TEST(Config, EveryChoiceIsCompiledAndFits) {
       s = select_gemm_rs_config(p, device, {}, &rs);
       if (s.ok()) {
         expect_fits(rs.gemm, device, gemm_rs_smem_bytes(), what);
+        EXPECT_EQ(rs.gemm.split_k, 1) << what << ": the reduce-scatter's epilogue takes whole tiles";
         if (rs.segments_per_tile == 2) EXPECT_EQ(rs.gemm.tile().block_m, 128) << what;
         ++choices;
       } else {
@@ -299,13 +314,15 @@ TEST(Config, BadOverridesAreErrors) {
     ConfigOverrides overrides;
     const char* message;
   };
-  ConfigOverrides block_n, group_rows, own_lag, rounds;
+  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k;
   block_n.block_n = 128;
   group_rows.group_rows = -2;
   own_lag.own_lag = -5;
   rounds.partial_rounds = -3;
+  split_k.split_k = -1;
   for (const Case& t : {Case{block_n, "overrides.block_n = 128"}, Case{group_rows, "overrides.group_rows = -2"},
-                        Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"}}) {
+                        Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"},
+                        Case{split_k, "overrides.split_k = -1"}}) {
     GemmRsConfig c;
     const Status s = select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), t.overrides, &c);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << t.message;
@@ -372,6 +389,77 @@ TEST(Config, SharedStorageHoldsEveryPart) {
     EXPECT_EQ(slab_chunks % chunks, 0) << what << ": a slab is staged in equal batches";
   }
   EXPECT_EQ(sizeof(Tile), 7 * sizeof(int)) << "the ring's note of a step is a tile";
+}
+
+// Small M: where a call's tiles would leave most of the SMs idle, each tile's K loop is split so
+// that about one wave of steps fills them: the four per-rank projections at P = 8 (N x K per rank),
+// M = 1 .. 64 on 64 x 256 tiles, M = 128 and 256 on 128-row tiles, M = 512 unsplit (one wave of
+// tiles already).
+TEST(Config, SplitKWhereTilesFillFewSms) {
+  struct Expected {
+    int64_t n, k;
+    int small_m_splits;      // M = 1 .. 64: 64 x 256 tiles
+    int block_n_128, splits_128;  // M = 128
+    int block_n_256, splits_256;  // M = 256
+    int block_n_512;              // M = 512, unsplit
+  };
+  for (const Expected& e : {
+           Expected{8192, 1024, 4, 256, 4, 256, 2, 256},  // 32 tiles x 4 splits of 4 K blocks
+           Expected{8192, 3584, 4, 256, 4, 256, 2, 256},  // 32 x 4 of 14
+           Expected{6144, 768, 4, 192, 4, 192, 2, 192},   // 24 x 4 of 3 (5 splits would have 2 K blocks)
+           Expected{6144, 2048, 5, 192, 4, 192, 2, 192},  // 24 x 5 of 6 or 7
+       }) {
+    for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
+      GemmConfig c;
+      const Problem p = make(m, e.n, e.k, 1);
+      ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok()) << p.to_string();
+      const std::string what = p.to_string() + " -> " + c.to_string();
+      expect_split_fits(c, p, h100(), what);
+      if (m <= 64) {
+        EXPECT_EQ(c.tile().block_m, 64) << what;
+        EXPECT_EQ(c.split_k, e.small_m_splits) << what;
+      } else {
+        EXPECT_EQ(c.tile().block_m, 128) << what;
+        EXPECT_EQ(c.tile().block_n, m == 128 ? e.block_n_128 : m == 256 ? e.block_n_256 : e.block_n_512) << what;
+        EXPECT_EQ(c.split_k, m == 128 ? e.splits_128 : m == 256 ? e.splits_256 : 1) << what;
+      }
+    }
+  }
+  // Many waves of tiles, or few K blocks, stay unsplit.
+  for (const Problem& p : {make(8192, 8192, 8192, 1), make(2048, 8192, 1024, 1), make(8, 8192, 128, 1)}) {
+    GemmConfig c;
+    ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok()) << p.to_string();
+    EXPECT_EQ(c.split_k, 1) << p.to_string() << " -> " << c.to_string();
+  }
+}
+
+// overrides.split_k: 1 never splits, S >= 2 splits in S (where that fits one wave of steps and the K
+// blocks), else an error that names it; the reduce-scatter never splits.
+TEST(Config, SplitKOverrides) {
+  ConfigOverrides never, three, too_many, more_than_k;
+  never.split_k = 1;
+  three.split_k = 3;
+  too_many.split_k = 5;     // 32 tiles x 5 = 160 steps on 132 SMs
+  more_than_k.split_k = 3;  // 2 K blocks
+  GemmConfig c;
+  ASSERT_TRUE(select_plain_gemm_config(make(8, 8192, 1024, 1), h100(), never, &c).ok());
+  EXPECT_EQ(c.split_k, 1) << c.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(8, 8192, 1024, 1), h100(), three, &c).ok());
+  EXPECT_EQ(c.split_k, 3) << c.to_string();
+  EXPECT_NE(c.to_string().find("split_k 3"), std::string::npos) << c.to_string();
+  EXPECT_NE(three.to_string().find("split_k=3"), std::string::npos) << three.to_string();
+  // M = 256: the config's own choice is 2 splits.
+  ASSERT_TRUE(select_plain_gemm_config(make(256, 8192, 2048, 1), h100(), never, &c).ok());
+  EXPECT_EQ(c.split_k, 1);
+  for (const auto& [problem, overrides] : {std::pair<Problem, ConfigOverrides>{make(8, 8192, 1024, 1), too_many},
+                                           {make(8, 8192, 128, 1), more_than_k}}) {
+    const Status s = select_plain_gemm_config(problem, h100(), overrides, &c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << problem.to_string();
+    EXPECT_NE(s.message().find("overrides.split_k = "), std::string::npos) << s.message();
+  }
+  GemmRsConfig rs;
+  ASSERT_TRUE(select_gemm_rs_config(make(64, 8192, 8192, 8), h100(), three, &rs).ok());
+  EXPECT_EQ(rs.gemm.split_k, 1) << rs.to_string();
 }
 
 }  // namespace

@@ -1,8 +1,13 @@
 // The per-rank GEMM against an FP32 reference and against cuBLAS's own error, on odd shapes too.
 #include <cublas_v2.h>
 
+#include <memory>
+#include <string>
 #include <tuple>
+#include <vector>
 
+#include "core/device_info.h"
+#include "gemm/config.h"
 #include "gpu_testing.cuh"
 #include "tpfuse/tpfuse.h"
 
@@ -128,6 +133,242 @@ TEST(GemmOverrides, VariantsComputeTheSameProduct) {
     const int64_t bad = first_mismatch(c.to_host(), ref.to_host());
     EXPECT_EQ(bad, -1) << o.to_string() << ": first mismatch at " << element_at(bad, p.n);
   }
+}
+
+// ---- Small M: split K (gemm/split_k.h) ----------------------------------------------------------
+
+// The config this device gives `p` under `o`, so that a test knows whether (and how) it splits.
+GemmConfig config_of(const Problem& p, const ConfigOverrides& o = {}) {
+  DeviceInfo device;
+  GemmConfig c;
+  EXPECT_TRUE(current_device_info(&device).ok());
+  const Status s = select_plain_gemm_config(p, device, o, &c);
+  EXPECT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
+  return c;
+}
+
+ConfigOverrides split_in(int splits) {
+  ConfigOverrides o;
+  o.split_k = splits;
+  return o;
+}
+
+// "" when a and b (BF16, row-major, `cols` columns) are bit-identical, else where they first differ
+// and how many elements do.
+std::string difference(const std::vector<bf16>& a, const std::vector<bf16>& b, int64_t cols) {
+  int64_t first = -1, count = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (*reinterpret_cast<const uint16_t*>(&a[i]) != *reinterpret_cast<const uint16_t*>(&b[i])) {
+      if (first < 0) first = int64_t(i);
+      ++count;
+    }
+  }
+  if (first < 0) return "";
+  return std::to_string(count) + " of " + std::to_string(a.size()) + " elements differ, the first at " +
+         element_at(first, cols) + ": " + std::to_string(__bfloat162float(a[first])) + " against " +
+         std::to_string(__bfloat162float(b[first]));
+}
+
+// The overrides a split test runs: the config's own split, and forced splits in 2 and 3 where they
+// fit the shape (one wave of steps, a K block a split).
+std::vector<ConfigOverrides> split_overrides(const Problem& p) {
+  std::vector<ConfigOverrides> out = {ConfigOverrides{}};
+  DeviceInfo device;
+  if (!current_device_info(&device).ok()) return out;
+  for (int splits : {2, 3}) {
+    GemmConfig c;
+    if (select_plain_gemm_config(p, device, split_in(splits), &c).ok()) out.push_back(split_in(splits));
+  }
+  return out;
+}
+
+class GemmSplitK : public ::testing::TestWithParam<GemmShape> {};
+
+// Random inputs: every split within 1.1x cuBLAS's error, and bit-identical run to run.
+TEST_P(GemmSplitK, WithinCublasErrorRunToRun) {
+  const auto [m, n, k, layout] = GetParam();
+  const Problem p{m, n, k, 1, layout};
+  ASSERT_GT(config_of(p).split_k, 1) << p.to_string() << " was meant to split: " << config_of(p).to_string();
+  DeviceArray<__nv_bfloat16> a(size_t(m) * k), w(size_t(k) * n), c(size_t(m) * n), c_cublas(size_t(m) * n);
+  DeviceArray<float> ref(size_t(m) * n);
+  fill_random(a.ptr, a.count, 11 + m);
+  fill_random(w.ptr, w.count, 17 + n);
+  reference_gemm(p, a.ptr, w.ptr, ref.ptr);
+  cublas_gemm(p, a.ptr, w.ptr, c_cublas.ptr);
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto ref_host = ref.to_host();
+  const ErrorStats theirs = error_sums(c_cublas.to_host(), ref_host).stats();
+  for (const ConfigOverrides& o : split_overrides(p)) {
+    const std::string what = p.to_string() + ", " + config_of(p, o).to_string();
+    std::vector<bf16> first_run;
+    for (int run = 0; run < 3; ++run) {
+      poison(c.ptr, c.count);
+      const Status s = gemm(p, a.ptr, w.ptr, c.ptr, nullptr, o);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<bf16> out = c.to_host();
+      if (run > 0) {
+        EXPECT_EQ(difference(out, first_run, n), "") << what << ": run " << run << " against run 0";
+        continue;
+      }
+      first_run = out;
+      const ErrorSums ours_sums = error_sums(out, ref_host);
+      EXPECT_EQ(ours_sums.num_nonfinite, 0u) << what << ": unwritten (poisoned) or non-finite outputs";
+      const ErrorStats ours = ours_sums.stats();
+      EXPECT_LE(ours.max_rel, kErrorFactor * theirs.max_rel + 1e-7) << what << ": cuBLAS max_rel " << theirs.max_rel;
+      EXPECT_LE(ours.norm_rel, kErrorFactor * theirs.norm_rel + 1e-7) << what << ": cuBLAS norm_rel " << theirs.norm_rel;
+    }
+  }
+}
+
+// Small integers: every partial and every sum is exact, so every split gives the unsplit GEMM's
+// output (and the reference's) bit for bit.
+TEST_P(GemmSplitK, SmallIntegersBitIdenticalToUnsplit) {
+  const auto [m, n, k, layout] = GetParam();
+  const Problem p{m, n, k, 1, layout};
+  DeviceArray<__nv_bfloat16> a(size_t(m) * k), w(size_t(k) * n), c(size_t(m) * n);
+  DeviceArray<float> ref(size_t(m) * n);
+  fill_small_ints(a.ptr, a.count, 21 + m);
+  fill_small_ints(w.ptr, w.count, 23 + n);
+  reference_gemm(p, a.ptr, w.ptr, ref.ptr);
+  poison(c.ptr, c.count);
+  ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr, split_in(1)).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<bf16> unsplit = c.to_host();
+  const int64_t bad = first_mismatch(unsplit, ref.to_host());
+  ASSERT_EQ(bad, -1) << p.to_string() << " unsplit: first mismatch with the reference at " << element_at(bad, n);
+  for (const ConfigOverrides& o : split_overrides(p)) {
+    poison(c.ptr, c.count);
+    ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr, o).ok());
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(difference(c.to_host(), unsplit, n), "") << p.to_string() << ", " << config_of(p, o).to_string();
+  }
+}
+
+// M = 1 .. 64 (64-row tiles, rows past M never stored), 128 and 200 (128-row tiles, a clipped slab),
+// N and K whole tiles and K blocks or not.
+INSTANTIATE_TEST_SUITE_P(
+    SmallM, GemmSplitK,
+    ::testing::Combine(::testing::Values(1, 8, 24, 64, 128, 200),
+                       ::testing::Values(8192, 1000, 264), ::testing::Values(1024, 1000, 2056),
+                       ::testing::Values(WeightLayout::kKxN, WeightLayout::kNxK)),
+    shape_name);
+
+// The calls of a split test sequence: shapes whose splits differ (and one unsplit), both layouts.
+struct SplitCall {
+  Problem problem;
+  ConfigOverrides overrides;
+};
+
+std::vector<SplitCall> split_calls() {
+  return {{Problem{8, 8192, 1024, 1, WeightLayout::kNxK}, {}},             // 32 tiles x 4
+          {Problem{64, 6144, 2048, 1, WeightLayout::kKxN}, {}},            // 24 tiles x 5
+          {Problem{1, 1000, 1000, 1, WeightLayout::kNxK}, split_in(2)},    // forced
+          {Problem{256, 8192, 1024, 1, WeightLayout::kKxN}, {}},           // 128-row tiles x 2
+          {Problem{24, 264, 2056, 1, WeightLayout::kNxK}, split_in(1)},    // unsplit
+          {Problem{128, 6144, 768, 1, WeightLayout::kNxK}, {}}};           // 128 x 192 tiles x 4
+}
+
+// Each call's operands (small integers) and its expected output: the unsplit GEMM's.
+struct SplitCallData {
+  DeviceArray<__nv_bfloat16> a, w, c;
+  std::vector<bf16> expected;
+  explicit SplitCallData(const Problem& p)
+      : a(size_t(p.m) * p.k_per_rank), w(size_t(p.k_per_rank) * p.n), c(size_t(p.m) * p.n) {}
+};
+
+std::vector<std::unique_ptr<SplitCallData>> prepare(const std::vector<SplitCall>& calls) {
+  std::vector<std::unique_ptr<SplitCallData>> data;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Problem& p = calls[i].problem;
+    data.push_back(std::make_unique<SplitCallData>(p));
+    fill_small_ints(data[i]->a.ptr, data[i]->a.count, 31 + i);
+    fill_small_ints(data[i]->w.ptr, data[i]->w.count, 37 + i);
+    EXPECT_TRUE(gemm(p, data[i]->a.ptr, data[i]->w.ptr, data[i]->c.ptr, nullptr, split_in(1)).ok());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    data[i]->expected = data[i]->c.to_host();
+  }
+  return data;
+}
+
+// Back to back on one stream, no synchronization between: the counters every call leaves at 0
+// serve the next one, whatever its tiles and splits. Twice round, so that each shape follows another.
+TEST(GemmSplitKCalls, BackToBackOnOneStream) {
+  const std::vector<SplitCall> calls = split_calls();
+  auto data = prepare(calls);
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      poison_bf16(data[i]->c.ptr, data[i]->c.count, stream);
+      const Status s = gemm(calls[i].problem, data[i]->a.ptr, data[i]->w.ptr, data[i]->c.ptr, stream, calls[i].overrides);
+      ASSERT_TRUE(s.ok()) << calls[i].problem.to_string() << ": " << s.to_string();
+    }
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(difference(data[i]->c.to_host(), data[i]->expected, calls[i].problem.n), "")
+          << "round " << round << ", " << calls[i].problem.to_string() << ", "
+          << config_of(calls[i].problem, calls[i].overrides).to_string();
+    }
+  }
+  ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
+// Calls on two streams at once: each stream has a workspace of its own.
+TEST(GemmSplitKCalls, TwoStreamsOverlap) {
+  const std::vector<SplitCall> calls = split_calls();
+  auto data = prepare(calls);
+  cudaStream_t streams[2];
+  for (cudaStream_t& s : streams) ASSERT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      cudaStream_t stream = streams[i % 2];
+      poison_bf16(data[i]->c.ptr, data[i]->c.count, stream);
+      ASSERT_TRUE(gemm(calls[i].problem, data[i]->a.ptr, data[i]->w.ptr, data[i]->c.ptr, stream, calls[i].overrides).ok());
+    }
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(difference(data[i]->c.to_host(), data[i]->expected, calls[i].problem.n), "")
+          << "repeat " << repeat << ", stream " << i % 2 << ", " << calls[i].problem.to_string();
+    }
+  }
+  for (cudaStream_t s : streams) ASSERT_CUDA(cudaStreamDestroy(s));
+}
+
+// The calls captured in a CUDA graph (on a stream that never ran a split call, so its workspace is
+// allocated during the capture) and replayed: every replay gives the expected outputs, with no reset
+// of the counters between replays.
+TEST(GemmSplitKCalls, CudaGraphReplays) {
+  const std::vector<SplitCall> calls = split_calls();
+  auto data = prepare(calls);
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Status s = gemm(calls[i].problem, data[i]->a.ptr, data[i]->w.ptr, data[i]->c.ptr, stream, calls[i].overrides);
+    EXPECT_TRUE(s.ok()) << "captured " << calls[i].problem.to_string() << ": " << s.to_string();
+  }
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    for (size_t i = 0; i < calls.size(); ++i) poison_bf16(data[i]->c.ptr, data[i]->c.count, stream);
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(difference(data[i]->c.to_host(), data[i]->expected, calls[i].problem.n), "")
+          << "replay " << replay << ", " << calls[i].problem.to_string();
+    }
+  }
+  // A direct call on the same stream after the replays still finds its counters at 0.
+  poison_bf16(data[0]->c.ptr, data[0]->c.count, stream);
+  ASSERT_TRUE(gemm(calls[0].problem, data[0]->a.ptr, data[0]->w.ptr, data[0]->c.ptr, stream, calls[0].overrides).ok());
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  EXPECT_EQ(difference(data[0]->c.to_host(), data[0]->expected, calls[0].problem.n), "") << "direct after replays";
+  ASSERT_CUDA(cudaGraphExecDestroy(exec));
+  ASSERT_CUDA(cudaGraphDestroy(graph));
+  ASSERT_CUDA(cudaStreamDestroy(stream));
 }
 
 }  // namespace

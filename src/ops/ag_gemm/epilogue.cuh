@@ -129,7 +129,7 @@ class AllGatherEpilogue : public EpilogueBase {
 
   // Consumers: nothing to add during the K loop, no extra stages; the slab goes to Y's band.
   template <class Config>
-  __device__ void begin_tile(const Tile&) {}
+  __device__ void begin_tile(const Tile&, const KSlice&) {}
   template <class Config>
   __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
   template <class Config>

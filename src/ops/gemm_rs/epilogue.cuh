@@ -215,10 +215,10 @@ class PushReduceEpilogue : public EpilogueBase {
     }
   }
 
-  // Consumers, before a tile's K stages: a slab of this rank's rows takes rounds of its peers'
-  // partials during them.
+  // Consumers, before a tile's K stages (all of its K blocks: this schedule does not split K): a
+  // slab of this rank's rows takes rounds of its peers' partials during them.
   template <class Config>
-  __device__ void begin_tile(const Tile& tile) {
+  __device__ void begin_tile(const Tile& tile, const KSlice&) {
     reduced_ = reduced_slabs<Config>(p_, tile);
     tile_rounds_ = has_rounds<Config>(p_, reduced_) ? p_.partial_rounds : 0;
     round_ = 0;
