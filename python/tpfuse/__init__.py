@@ -14,7 +14,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-from . import _ops
+from . import _ops  # noqa: F401 -- registers the torch.ops.tpfuse custom ops
 from ._communicators import close, status
 from ._library import NcclInfo, library
 from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, PeerTimeoutError, StatusCode,
@@ -61,27 +61,7 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     N x K/P nn.Linear weight (used in place). reduce_op must be "sum" and scatter_dim 0; A.shape[0]
     must divide by the group's size. Returns (A.shape[0]/P, *A.shape[1:-1], N).
     """
-    if reduce_op != "sum":
-        raise InvalidArgumentError(f"reduce_op = {reduce_op!r}: tpfuse reduces with 'sum' only")
-    if scatter_dim != 0:
-        raise InvalidArgumentError(f"scatter_dim = {scatter_dim}: tpfuse scatters the rows (scatter_dim 0) only")
-    if A.dim() < 2 or B.dim() != 2:
-        raise InvalidArgumentError(f"A {tuple(A.shape)} must have 2 or more dimensions and B {tuple(B.shape)} 2")
-    world_size = _ops._group_size(group_name)
-    if A.shape[0] % world_size != 0:
-        raise InvalidArgumentError(f"A.shape[0] = {A.shape[0]} does not divide over the group's {world_size} ranks")
-    if not A.is_contiguous():
-        raise InvalidArgumentError(f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous")
-    # B is K x N: stored so (kn), or the transpose view of an nn.Linear weight, which B.t() is (nk).
-    if B.is_contiguous():
-        weight_layout, w = "kn", B
-    elif B.t().is_contiguous():
-        weight_layout, w = "nk", B.t()
-    else:
-        raise InvalidArgumentError(f"B {tuple(B.shape)} with strides {B.stride()} is neither a contiguous K x N matrix "
-                                   "nor the transpose of a contiguous N x K one")
-    out = torch.ops.tpfuse.gemm_reduce_scatter(A.reshape(-1, A.shape[-1]), w, weight_layout, group_name)
-    return out.view(A.shape[0] // world_size, *A.shape[1:-1], B.shape[1])
+    return torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
 
 
 def nccl_info() -> NcclInfo:

@@ -3,7 +3,7 @@
 the caller's terms (tensor names, weight_layout)."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -80,6 +80,30 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
         if not out.is_contiguous():
             _fail(f"out with strides {out.stride()} is not contiguous")
     return problem
+
+
+def check_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                world_size: int) -> Tuple[torch.Tensor, torch.Tensor, str]:
+    """symm_mem.fused_matmul_reduce_scatter's arguments as tpfuse's: a (M x K/P, a view of A), w and
+    its weight_layout (B itself, or the nn.Linear weight that B is the transpose view of)."""
+    if reduce_op != "sum":
+        _fail(f"reduce_op = {reduce_op!r}: tpfuse reduces with 'sum' only")
+    if scatter_dim != 0:
+        _fail(f"scatter_dim = {scatter_dim}: tpfuse scatters the rows (scatter_dim 0) only")
+    if A.dim() < 2 or B.dim() != 2:
+        _fail(f"A {tuple(A.shape)} must have 2 or more dimensions and B {tuple(B.shape)} 2")
+    if A.shape[0] % world_size != 0:
+        _fail(f"A.shape[0] = {A.shape[0]} does not divide over the group's {world_size} ranks")
+    if not A.is_contiguous():
+        _fail(f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous")
+    a = A.view(-1, A.shape[-1])
+    # B is K x N: stored so (kn), or the transpose view of an nn.Linear weight, which B.t() is (nk).
+    if B.is_contiguous():
+        return a, B, "kn"
+    if B.t().is_contiguous():
+        return a, B.t(), "nk"
+    _fail(f"B {tuple(B.shape)} with strides {B.stride()} is neither a contiguous K x N matrix nor the transpose of "
+          "a contiguous N x K one")
 
 
 def check_placement(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
