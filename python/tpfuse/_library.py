@@ -52,15 +52,19 @@ def version_string(code: int) -> str:
     return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
 
 
-def loaded_nccl_paths() -> list:
-    """The libnccl.so files mapped into this process (from /proc/self/maps)."""
+def loaded_library_paths(prefix: str) -> list:
+    """The files mapped into this process (from /proc/self/maps) whose name starts with `prefix`."""
     paths = []
     with open("/proc/self/maps") as maps:
         for line in maps:
             path = line.split(maxsplit=5)[-1].strip()
-            if Path(path).name.startswith("libnccl.so") and path not in paths:
+            if Path(path).name.startswith(prefix) and path not in paths:
                 paths.append(path)
     return paths
+
+
+def loaded_nccl_paths() -> list:
+    return loaded_library_paths("libnccl.so")
 
 
 def torch_nccl_package_library() -> Optional[Path]:
