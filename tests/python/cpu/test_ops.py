@@ -8,7 +8,6 @@ import torch
 import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
 
 import tpfuse
-from conftest import WORLD_SIZE
 
 BF16 = torch.bfloat16
 
@@ -42,8 +41,8 @@ def test_drop_in_has_the_signature_of_symm_mem_op():
 @pytest.mark.parametrize("weight_layout, w_shape", [("nk", (48, 32)), ("kn", (32, 48))])
 def test_fake_shapes(group, weight_layout, w_shape):
     out = torch.ops.tpfuse.gemm_reduce_scatter(meta(64, 32), meta(*w_shape), weight_layout, group.group_name)
-    assert out.shape == (64 // WORLD_SIZE, 48) and out.dtype == BF16 and out.device.type == "meta"
-    out = meta(64 // WORLD_SIZE, 48)
+    assert out.shape == (64 // group.size(), 48) and out.dtype == BF16 and out.device.type == "meta"
+    out = meta(64 // group.size(), 48)
     assert tpfuse.gemm_reduce_scatter(meta(64, 32), meta(*w_shape), group, weight_layout=weight_layout,
                                       out=out) is out
 
@@ -54,7 +53,7 @@ def test_drop_in_fake_shape_is_symm_mems(group, a_shape):
     for B in (weight.t(), meta(32, 48)):
         ours = tpfuse.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", 0, group.group_name)
         theirs = torch.ops.symm_mem.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", 0, group.group_name)
-        assert ours.shape == theirs.shape == (a_shape[0] // WORLD_SIZE, *a_shape[1:-1], 48)
+        assert ours.shape == theirs.shape == (a_shape[0] // group.size(), *a_shape[1:-1], 48)
         assert ours.dtype == BF16
 
 
@@ -83,7 +82,7 @@ def test_compile_traces_the_op_in_one_graph(group, dynamic):
     compiled = torch.compile(layer, fullgraph=True, backend=capture, dynamic=dynamic)
     for m in (64, 128):
         out = compiled(meta(m, 32), meta(48, 32))
-        assert out.shape == (m // WORLD_SIZE, 48) and out.dtype == torch.float32
+        assert out.shape == (m // group.size(), 48) and out.dtype == torch.float32
     assert len(capture.graphs) == (1 if dynamic else 2)
     assert capture.calls_of(torch.ops.tpfuse.gemm_reduce_scatter) == len(capture.graphs)
 
@@ -94,8 +93,8 @@ def test_compile_through_aot_autograd_default_group_and_out(group):
         return out + 1
 
     out = torch.compile(layer, fullgraph=True, backend="aot_eager")(meta(64, 32), meta(32, 48),
-                                                                     meta(64 // WORLD_SIZE, 48))
-    assert out.shape == (64 // WORLD_SIZE, 48)
+                                                                     meta(64 // group.size(), 48))
+    assert out.shape == (64 // group.size(), 48)
 
 
 def test_compile_traces_the_drop_in(group):
@@ -106,7 +105,7 @@ def test_compile_traces_the_drop_in(group):
         return tpfuse.fused_matmul_reduce_scatter(x, weight.t(), "sum", 0, group.group_name)
 
     out = torch.compile(layer, fullgraph=True, backend=capture)(meta(8, 3, 32))
-    assert out.shape == (8 // WORLD_SIZE, 3, 48)
+    assert out.shape == (8 // group.size(), 3, 48)
     assert capture.calls_of(torch.ops.tpfuse.fused_matmul_reduce_scatter) == 1
 
 
