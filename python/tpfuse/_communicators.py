@@ -24,11 +24,13 @@ def torch_nccl_comm(group: dist.ProcessGroup, device: torch.device) -> Optional[
         return None
     try:
         backend = group._get_backend(torch.device("cuda"))
-        pointer = backend._comm_ptr()
-        if not pointer:
-            # A lazily initialized ProcessGroupNCCL makes its communicator at the first collective.
-            dist.all_reduce(torch.zeros(1, device=device), group=group)
+        # NOTE: torch looks the communicator up by the current device, and answers 0 where it has none.
+        with torch.cuda.device(device):
             pointer = backend._comm_ptr()
+            if not pointer:
+                # A lazily initialized ProcessGroupNCCL makes its communicator at the first collective.
+                dist.all_reduce(torch.zeros(1, device=device), group=group)
+                pointer = backend._comm_ptr()
     except (AttributeError, RuntimeError, ValueError):
         return None
     return pointer or None
@@ -55,11 +57,10 @@ class NcclCommunicator:
 class GroupCommunicator:
     """tpfuse's communicator for one group on one device, with receive buffers for max_m x max_n."""
 
-    def __init__(self, group: dist.ProcessGroup, device: torch.device, use_torch_comm: bool = True):
+    def __init__(self, group: dist.ProcessGroup, device: torch.device):
         self.group = group  # held, so that the cache's key (its id) stays this group's
         self.device = device
-        self.world_size = group.size()
-        pointer = torch_nccl_comm(group, device) if use_torch_comm else None
+        pointer = torch_nccl_comm(group, device)
         self.own_nccl = None if pointer is not None else NcclCommunicator(group, device)
         self.nccl_comm = pointer if pointer is not None else self.own_nccl.handle
         self.handle: Optional[int] = None
