@@ -81,8 +81,9 @@ class GroupCommunicator:
                     f"an M x N = {m} x {n} call needs larger receive buffers than the {self.max_m} x {self.max_n} "
                     "this group's communicator has, and they cannot grow during CUDA graph capture: run the "
                     "largest call once before capturing")
-            # Doubling M on growth keeps the number of collective re-creations small as M varies.
-            self._create(max(m, 2 * self.max_m), max(n, self.max_n))
+            # M at least doubles when it grows, so that varying M re-creates the buffers a few times only.
+            max_m = self.max_m if m <= self.max_m else max(m, 2 * self.max_m)
+            self._create(max_m, max(n, self.max_n))
         self.captured = self.captured or capturing
         return self.handle
 
