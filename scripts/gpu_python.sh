@@ -10,7 +10,8 @@
 #
 # Environment: PYTHON (default python3); TPFUSE_GPU_NPROC, the world size of the tests and benchmark
 # (default 1; at 2 or more the multi-GPU tests run too); TPFUSE_GPU_BUDGET_S, the whole run's time
-# limit in seconds (default 540: each step gets what is left of it, up to its own limit).
+# limit in seconds (default 540: each step gets what is left of it, up to its own limit);
+# TPFUSE_GIT_COMMIT, the commit the benchmark's JSON names where the tree has no .git.
 set -uo pipefail
 
 if [[ $# != 1 ]]; then echo "usage: bash scripts/gpu_python.sh OUT_DIR" >&2; exit 2; fi
@@ -20,6 +21,8 @@ readonly OUT_DIR="$(cd "$1" && pwd)"
 readonly PYTHON="${PYTHON:-python3}"
 readonly BUDGET_S="${TPFUSE_GPU_BUDGET_S:-540}"
 readonly NPROC="${TPFUSE_GPU_NPROC:-1}"
+# A copy of the tree may come without .git: then TPFUSE_GIT_COMMIT names the commit for the JSON.
+readonly COMMIT="${TPFUSE_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 # NVLink multicast stays off, in every process started from here.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
@@ -72,7 +75,7 @@ step cpu_tests 90 "${PYTHON}" -m pytest tests/python/cpu -rs -v -p no:cacheprovi
 step gpu_tests 240 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m pytest tests/python/gpu \
   -rs -v -p no:cacheprovider --junitxml="${OUT_DIR}/gpu_tests.xml"
 step bench 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench \
-  --json "${OUT_DIR}/bench_python.json"
+  --json "${OUT_DIR}/bench_python.json" --git-commit "${COMMIT}"
 
 echo
 echo "[gpu_python] ${OUT_DIR}, $((SECONDS - start)) s:"
@@ -80,7 +83,10 @@ for line in "${summary[@]}"; do echo "  ${line}"; done
 for name in cpu_tests gpu_tests; do
   [[ -f "${OUT_DIR}/${name}.log" ]] && echo "  ${name}: $(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "${OUT_DIR}/${name}.log" | tail -n1)"
 done
-[[ -f "${OUT_DIR}/bench.log" ]] && echo "  bench: $(grep -E '^\[tpfuse.bench\] summary' "${OUT_DIR}/bench.log" | tail -n1)"
+if [[ -f "${OUT_DIR}/bench.log" ]]; then
+  line="$(grep -E '^\[tpfuse.bench\] summary' "${OUT_DIR}/bench.log" | tail -n1)"
+  echo "  bench: ${line:-no summary; its log ends: $(tail -n1 "${OUT_DIR}/bench.log")}"
+fi
 failed=0
 for line in "${summary[@]}"; do [[ "${line}" =~ exit\ +0\  ]] || failed=1; done
 exit "${failed}"

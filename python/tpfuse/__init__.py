@@ -32,7 +32,12 @@ Group = Union[dist.ProcessGroup, str, None]
 def _group_name(group: Group) -> str:
     if isinstance(group, str):
         return group
-    return (group if group is not None else dist.group.WORLD).group_name
+    if group is None:
+        group = dist.group.WORLD
+        if group is None:
+            raise InvalidArgumentError("no process group: call torch.distributed.init_process_group first, "
+                                       "or pass the group")
+    return group.group_name
 
 
 def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *, weight_layout: str = "nk",

@@ -84,6 +84,7 @@ def parse_args(argv):
                         help="align ranks only by synchronizing (host launch time then counts in the GPU times)")
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: drawn, and reported)")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--git-commit", default=None, help="the commit to report (default: git's, in this folder)")
     return parser.parse_args(argv)
 
 
@@ -353,7 +354,7 @@ def meta(run: Run, args, seed: int) -> dict:
         "cuda_runtime": torch.version.cuda,
         "cublas": cublas_version(),
         "nccl": _library.version_string(nccl.runtime_version),
-        "git_commit": git_commit(),
+        "git_commit": args.git_commit or git_commit(),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "nccl_library": nccl.path,

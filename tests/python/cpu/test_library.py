@@ -86,3 +86,10 @@ def test_the_library_exports_the_c_abi_only_and_needs_no_libcudart():
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", dynamic)
     assert "libnccl.so.2" in needed
     assert not [name for name in needed if name.startswith("libcudart")], needed
+
+
+def test_without_a_process_group_the_call_says_so():
+    assert not torch.distributed.is_initialized()
+    a, w = torch.zeros(16, 8, dtype=torch.bfloat16), torch.zeros(8, 8, dtype=torch.bfloat16)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="no process group: call torch.distributed.init_process_group"):
+        tpfuse.gemm_reduce_scatter(a, w)

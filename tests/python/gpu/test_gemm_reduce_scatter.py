@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import tpfuse
 from tpfuse import _communicators
