@@ -49,7 +49,7 @@ def test_small_integers_are_exact_and_reruns_bit_identical(group, device, weight
 
 def test_drop_in_takes_an_nn_linear_weight_in_place(group, device):
     p, n, k = group.size(), 1024, 512
-    linear = torch.nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
+    linear = torch.nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16).requires_grad_(False)
     x = torch.randn(4 * p, 64, k, device=device, dtype=torch.bfloat16)
     out = tpfuse.fused_matmul_reduce_scatter(x, linear.weight.t(), "sum", 0, group.group_name)
     assert out.shape == (4, 64, n)
