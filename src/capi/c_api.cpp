@@ -44,10 +44,11 @@ int guarded(Body&& body) {
   }
 }
 
-Status nccl_status(ncclResult_t result, const char* call, ncclComm_t comm) {
+// NCCL's message for `result`, with its last error's detail where it has one.
+Status nccl_status(ncclResult_t result, const char* call) {
   if (result == ncclSuccess) return Status::Ok();
   std::string message = std::string(call) + " failed: " + ncclGetErrorString(result);
-  if (const char* detail = ncclGetLastError(comm); detail != nullptr && detail[0] != '\0') {
+  if (const char* detail = ncclGetLastError(nullptr); detail != nullptr && detail[0] != '\0') {
     message += std::string(" (") + detail + ")";
   }
   return Status(StatusCode::kNcclError, message);
@@ -78,7 +79,7 @@ int tpfuse_nccl_versions(int* runtime_version, int* header_version) {
       return Status::InvalidArgument("runtime_version and header_version must not be null");
     }
     *header_version = NCCL_VERSION_CODE;
-    return nccl_status(ncclGetVersion(runtime_version), "ncclGetVersion", nullptr);
+    return nccl_status(ncclGetVersion(runtime_version), "ncclGetVersion");
   });
 }
 
@@ -86,7 +87,7 @@ int tpfuse_nccl_get_unique_id(void* id) {
   return guarded([&] {
     if (id == nullptr) return Status::InvalidArgument("id must not be null");
     ncclUniqueId unique_id{};
-    TPFUSE_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&unique_id), "ncclGetUniqueId", nullptr));
+    TPFUSE_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&unique_id), "ncclGetUniqueId"));
     std::memcpy(id, &unique_id, sizeof(unique_id));
     return Status::Ok();
   });
@@ -105,7 +106,7 @@ int tpfuse_nccl_comm_init_rank(void** nccl_comm, int world_size, const void* id,
     std::memcpy(&unique_id, id, sizeof(unique_id));
     ncclComm_t comm = nullptr;
     TPFUSE_RETURN_IF_ERROR(
-        nccl_status(ncclCommInitRank(&comm, world_size, unique_id, rank), "ncclCommInitRank", nullptr));
+        nccl_status(ncclCommInitRank(&comm, world_size, unique_id, rank), "ncclCommInitRank"));
     *nccl_comm = comm;
     return Status::Ok();
   });
@@ -114,7 +115,7 @@ int tpfuse_nccl_comm_init_rank(void** nccl_comm, int world_size, const void* id,
 int tpfuse_nccl_comm_destroy(void* nccl_comm) {
   return guarded([&] {
     if (nccl_comm == nullptr) return Status::InvalidArgument("nccl_comm must not be null");
-    return nccl_status(ncclCommDestroy(static_cast<ncclComm_t>(nccl_comm)), "ncclCommDestroy", nullptr);
+    return nccl_status(ncclCommDestroy(static_cast<ncclComm_t>(nccl_comm)), "ncclCommDestroy");
   });
 }
 
