@@ -141,8 +141,10 @@ def close(group: Optional[dist.ProcessGroup] = None) -> None:
     """Frees tpfuse's communicators of `group` (all groups: None). Collective; call it on every rank
     before destroying the group."""
     with _communicators_lock:
-        keys = sorted(key for key, comm in _communicators.items() if group is None or comm.group is group)
-        errors = []
+        # The same order on every rank (group names, unlike ids, agree), since closing is collective.
+        keys = sorted((key for key, comm in _communicators.items() if group is None or comm.group is group),
+                      key=lambda key: (_communicators[key].group.group_name, key[1]))
+        errors = []  # every communicator is closed even when one fails; the first failure is raised
         for key in keys:
             try:
                 _communicators.pop(key).close()
