@@ -85,6 +85,16 @@ class NcclInfo:
     nccl_is_torchs: bool  # loaded by torch itself, so torch's communicators are usable by tpfuse
 
 
+def check_nccl_versions(nccl: NcclInfo) -> None:
+    """Step 3 above: the NCCL that runs must be the version of the headers tpfuse was built with."""
+    if nccl.runtime_version != nccl.header_version:
+        raise UnsupportedError(
+            f"tpfuse was built with NCCL {version_string(nccl.header_version)} headers, but this process runs NCCL "
+            f"{version_string(nccl.runtime_version)} ({nccl.path}); NCCL's device API is compiled into tpfuse's "
+            "kernels, so the two must match: rebuild tpfuse in this environment (pip install --no-build-isolation "
+            "--no-deps .), which uses torch's NCCL headers (the nvidia.nccl package)")
+
+
 class Library:
     """The loaded libtpfuse.so: call(name, *args) raises the tpfuse error of a failed status."""
 
@@ -115,12 +125,7 @@ class Library:
         self.call("tpfuse_nccl_versions", ctypes.byref(runtime), ctypes.byref(header))
         paths = loaded_nccl_paths()
         self.nccl = NcclInfo(paths[0] if paths else None, runtime.value, header.value, torch_loaded_nccl)
-        if runtime.value != header.value:
-            raise UnsupportedError(
-                f"tpfuse was built with NCCL {version_string(header.value)} headers, but this process runs NCCL "
-                f"{version_string(runtime.value)} ({self.nccl.path}); NCCL's device API is compiled into tpfuse's "
-                "kernels, so the two must match: rebuild tpfuse in this environment (pip install --no-build-isolation "
-                "--no-deps .), which uses torch's NCCL headers (the nvidia.nccl package)")
+        check_nccl_versions(self.nccl)
 
     def call(self, name: str, *args) -> None:
         """Calls tpfuse_<...>(*args); a status other than TPFUSE_OK raises its TpfuseError."""

@@ -60,6 +60,13 @@ def test_one_nccl_in_the_process_and_it_is_torchs():
         assert Path(info.path).resolve() == package_library.resolve()
 
 
+def test_an_nccl_of_another_version_than_the_headers_is_refused():
+    _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 22809, 22809, True))
+    with pytest.raises(tpfuse.UnsupportedError, match="built with NCCL 2.28.9 headers, but this process runs "
+                                                      "NCCL 2.30.7"):
+        _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 23007, 22809, True))
+
+
 def test_a_failed_status_raises_with_the_librarys_message():
     library = tpfuse._library.library()
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
