@@ -20,7 +20,7 @@ from .errors import InvalidArgumentError, TpfuseError
 
 def torch_nccl_comm(group: dist.ProcessGroup, device: torch.device) -> Optional[int]:
     """The ncclComm_t of torch's ProcessGroupNCCL for `device`, or None where torch has none to give."""
-    if not library().nccl.nccl_is_torchs:
+    if not library().nccl.loaded_by_torch:
         return None
     try:
         backend = group._get_backend(torch.device("cuda"))

@@ -10,7 +10,8 @@ libraries (torch's communicator pointer is only meaningful to the NCCL that made
      which the dynamic linker matches by soname.
   3. ncclGetVersion must equal the NCCL_VERSION_CODE of the headers of the build, else UnsupportedError.
 torch's own communicator is used only when the loaded NCCL is the one torch itself links
-(`nccl_is_torchs`); otherwise tpfuse makes its own communicator over the group.
+(`loaded_by_torch`: loaded before tpfuse, of the version torch reports); otherwise tpfuse makes its
+own communicator over the group.
 """
 
 import ctypes
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import torch  # noqa: F401 -- imported first: it loads its libnccl.so.2 (step 1 above)
+import torch  # imported first: it loads its libnccl.so.2 (step 1 above)
 
 from .errors import StatusCode, UnsupportedError, error_for
 
@@ -77,12 +78,21 @@ def torch_nccl_package_library() -> Optional[Path]:
     return candidate if candidate.exists() else None
 
 
+def torch_nccl_version() -> Optional[int]:
+    """The version code of the NCCL torch calls, None for a torch without NCCL."""
+    try:
+        major, minor, patch = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return major * 10000 + minor * 100 + patch
+
+
 @dataclass(frozen=True)
 class NcclInfo:
-    path: Optional[str]   # the libnccl.so the process runs, None if not found in the maps
-    runtime_version: int  # its ncclGetVersion
-    header_version: int   # NCCL_VERSION_CODE of the headers tpfuse was built with
-    nccl_is_torchs: bool  # loaded by torch itself, so torch's communicators are usable by tpfuse
+    path: Optional[str]    # the libnccl.so the process runs, None if not found in the maps
+    runtime_version: int   # its ncclGetVersion
+    header_version: int    # NCCL_VERSION_CODE of the headers tpfuse was built with
+    loaded_by_torch: bool  # loaded by torch itself, so torch's communicators are usable by tpfuse
 
 
 def check_nccl_versions(nccl: NcclInfo) -> None:
@@ -124,7 +134,8 @@ class Library:
         runtime, header = _c_int(), _c_int()
         self.call("tpfuse_nccl_versions", ctypes.byref(runtime), ctypes.byref(header))
         paths = loaded_nccl_paths()
-        self.nccl = NcclInfo(paths[0] if paths else None, runtime.value, header.value, torch_loaded_nccl)
+        loaded_by_torch = torch_loaded_nccl and torch_nccl_version() == runtime.value
+        self.nccl = NcclInfo(paths[0] if paths else None, runtime.value, header.value, loaded_by_torch)
         check_nccl_versions(self.nccl)
 
     def call(self, name: str, *args) -> None:

@@ -50,11 +50,11 @@ def test_every_code_has_its_exception():
 
 def test_one_nccl_in_the_process_and_it_is_torchs():
     info = tpfuse.nccl_info()
-    assert info.nccl_is_torchs, "torch loaded no libnccl.so before tpfuse"
+    assert info.loaded_by_torch, "torch loaded no libnccl.so before tpfuse"
     assert _library.loaded_nccl_paths() == [info.path]
     assert info.runtime_version == info.header_version
     major, minor, patch = torch.cuda.nccl.version()
-    assert info.runtime_version == major * 10000 + minor * 100 + patch
+    assert info.runtime_version == major * 10000 + minor * 100 + patch == _library.torch_nccl_version()
     package_library = _library.torch_nccl_package_library()
     if package_library is not None:
         assert Path(info.path).resolve() == package_library.resolve()
