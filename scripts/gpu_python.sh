@@ -26,6 +26,12 @@ readonly COMMIT="${TPFUSE_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null |
 # NVLink multicast stays off, in every process started from here.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+# CMake finds nvcc through CUDACXX or PATH; the toolkit's usual place need not be on PATH.
+if [[ -z "${CUDACXX:-}" ]] && ! command -v nvcc >/dev/null; then
+  for candidate in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
+    if [[ -n "${candidate}" && -x "${candidate}/bin/nvcc" ]]; then export CUDACXX="${candidate}/bin/nvcc"; break; fi
+  done
+fi
 start=${SECONDS}
 summary=()
 
@@ -54,7 +60,7 @@ if [[ ! -f third_party/cutlass/include/cute/tensor.hpp ]]; then
 fi
 {
   timeout 30 nvidia-smi
-  nvcc --version
+  "${CUDACXX:-nvcc}" --version
   timeout 60 "${PYTHON}" -c 'import sys, torch, nvidia.nccl as package
 print("python", sys.version)
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", torch.cuda.nccl.version(),
