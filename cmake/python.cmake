@@ -30,11 +30,11 @@ else()
                  "CUDA toolkit or the system, which must be the version PyTorch loads")
 endif()
 
-# The CUDA runtime is linked statically, so the library does not depend on which libcudart the process
-# has; the version script exports only the tpfuse_* functions, so that neither the static runtime nor
-# the C++ API can bind to, or be bound by, another library's symbols of the same name.
-# Its code is the static library's (c_api.cpp is in src/CMakeLists.txt's tpfuse); the header it exports
-# is its one listed source.
+# libtpfuse.so is the static library's code, whole (c_api.cpp is in src/CMakeLists.txt's tpfuse; the
+# header it exports is its one listed source). The CUDA runtime is linked statically (--as-needed drops
+# the libcudart.so that tpfuse's usage requirements also name), so the library does not depend on which
+# libcudart the process has; the version script exports only the tpfuse_* functions, so that neither
+# the static runtime nor the C++ API binds to, or is bound by, another library's symbols of the same name.
 add_library(tpfuse_python SHARED ${PROJECT_SOURCE_DIR}/include/tpfuse/tpfuse_c.h)
 target_link_libraries(tpfuse_python PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,tpfuse>" CUDA::cudart_static)
 target_link_options(tpfuse_python PRIVATE
