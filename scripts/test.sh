@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds everything (the CUDA library, kernels, benchmark and tests: a compile error fails) and runs
-# the tests. This is what CI runs. GPU tests report "Skipped" (with their reason below) without a GPU.
+# the tests, then the Python package's (scripts/test_python.sh: torch from PyPI, pip install ., pytest).
+# This is what CI runs. GPU tests report "Skipped" (with their reason below) without a GPU.
 #
 #   bash scripts/test.sh [extra cmake configure arguments, e.g. -DTPFUSE_CUDA_GENCODE=...]
 #
-# Environment: TPFUSE_CUDA=OFF for a CPU-only build and tests; TPFUSE_BUILD_DIR (default build);
-# TPFUSE_JOBS, parallel compile jobs (default 2).
+# Environment: TPFUSE_CUDA=OFF for a CPU-only build and tests (no Python package: it needs the CUDA
+# library); TPFUSE_BUILD_DIR (default build); TPFUSE_JOBS, parallel compile jobs (default 2).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,4 +53,14 @@ if [[ -n "${skipped}" ]]; then
   done <<< "${skipped}"
   grep -E '^[0-9]+% tests passed' "${log}" | tail -n1
 fi
-exit "${rc}"
+
+if [[ "${WANT_CUDA}" == "OFF" ]]; then
+  echo "[test] TPFUSE_CUDA=OFF: no Python package tests (the package needs the CUDA library)"
+  exit "${rc}"
+fi
+echo "[test] C++ tests exit ${rc} after $((SECONDS - start)) s; now the Python package's"
+# The output ends with pytest's summary line.
+python_rc=0
+CMAKE_BUILD_PARALLEL_LEVEL="${JOBS}" TPFUSE_BUILD_DIR="${BUILD_DIR}" bash scripts/test_python.sh || python_rc=$?
+if [[ ${rc} != 0 ]]; then exit "${rc}"; fi
+exit "${python_rc}"

@@ -1,0 +1,88 @@
+/* tpfuse's C ABI, for bindings (the Python package loads it with ctypes): plain integers, pointers,
+ * and CUDA streams and NCCL communicators as void*. No C++ types cross it, so one build of the
+ * library serves every Python and PyTorch version.
+ *
+ * Every function returns a status code (TPFUSE_OK or one of the errors below, the values of
+ * tpfuse::StatusCode). After a failed call, tpfuse_last_error() returns its message; it is per thread,
+ * and each call of this API replaces it (an empty string after a call that succeeded). */
+#ifndef TPFUSE_TPFUSE_C_H_
+#define TPFUSE_TPFUSE_C_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Raised whenever a function of this header changes its arguments or meaning. */
+#define TPFUSE_C_API_VERSION 1
+
+enum {
+  TPFUSE_OK = 0,
+  TPFUSE_INVALID_ARGUMENT = 1, /* a shape, pointer, rank or option the caller got wrong */
+  TPFUSE_UNSUPPORTED = 2,      /* valid, but not supported on this device or build */
+  TPFUSE_CUDA_ERROR = 3,       /* a CUDA runtime/driver call failed */
+  TPFUSE_NCCL_ERROR = 4,       /* an NCCL call failed */
+  TPFUSE_PEER_TIMEOUT = 5,     /* a peer never arrived: a bounded cross-GPU wait expired */
+  TPFUSE_INTERNAL = 6,         /* a bug in tpfuse */
+};
+
+/* How the weight's K-slice is stored (tpfuse::WeightLayout). */
+enum {
+  TPFUSE_WEIGHT_KXN = 0, /* K/P x N, row-major */
+  TPFUSE_WEIGHT_NXK = 1, /* N x K/P, row-major: nn.Linear's weight */
+};
+
+/* sizeof(ncclUniqueId). */
+#define TPFUSE_NCCL_UNIQUE_ID_BYTES 128
+
+typedef struct tpfuse_communicator tpfuse_communicator;
+
+/* TPFUSE_C_API_VERSION of the library that is loaded. */
+int tpfuse_c_api_version(void);
+
+/* The message of this thread's last call of this API ("" if it succeeded). Valid until the next call. */
+const char* tpfuse_last_error(void);
+
+/* ---- NCCL, as the library links it ----------------------------------------------------------------- */
+
+/* The NCCL the process runs (ncclGetVersion) and the one whose headers the library was built with
+ * (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9). NCCL's device API is compiled into tpfuse's kernels,
+ * so the two must be the same version. */
+int tpfuse_nccl_versions(int* runtime_version, int* header_version);
+
+/* ncclGetUniqueId into `id` (TPFUSE_NCCL_UNIQUE_ID_BYTES bytes). */
+int tpfuse_nccl_get_unique_id(void* id);
+
+/* ncclCommInitRank on `device` (made current): a communicator of `world_size` ranks, this one `rank`.
+ * Collective over the ranks that share `id`. */
+int tpfuse_nccl_comm_init_rank(void** nccl_comm, int world_size, const void* id, int rank, int device);
+
+/* ncclCommDestroy. */
+int tpfuse_nccl_comm_destroy(void* nccl_comm);
+
+/* ---- The fused GEMM + reduce-scatter (tpfuse.h) ---------------------------------------------------- */
+
+/* tpfuse::communicator_create over the caller's NCCL communicator (which must outlive it), with
+ * receive buffers for calls up to max_m x max_n; peer_timeout_s 0 is the library's default. Collective. */
+int tpfuse_communicator_create(void* nccl_comm, int64_t max_m, int64_t max_n, double peer_timeout_s,
+                               tpfuse_communicator** comm);
+
+/* tpfuse::communicator_destroy: waits for the device, then frees. Collective (NCCL window
+ * deregistration). */
+int tpfuse_communicator_destroy(tpfuse_communicator* comm);
+
+/* tpfuse::communicator_status: TPFUSE_PEER_TIMEOUT if a synchronized call waited in vain for a peer. */
+int tpfuse_communicator_status(const tpfuse_communicator* comm);
+
+/* tpfuse::gemm_reduce_scatter on `stream` (a cudaStream_t): out (m/world_size x n, BF16) = this rank's
+ * rows of sum over ranks of a (m x k_per_rank, BF16) @ w (weight_layout). Device pointers, 16-byte
+ * aligned; world_size is the communicator's size. */
+int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
+                               int weight_layout, const void* a, const void* w, void* out, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TPFUSE_TPFUSE_C_H_ */

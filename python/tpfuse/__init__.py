@@ -1,0 +1,74 @@
+"""tpfuse for PyTorch: the fused GEMM + reduce-scatter of a row-parallel linear layer.
+
+    out = tpfuse.gemm_reduce_scatter(a, w, group)   # a: M x K/P, w: N x K/P (nn.Linear's weight)
+
+One process per GPU, BF16 in and out. Rank r of `group` holds a_r and w_r; every rank gets its M/P
+rows of sum_r a_r @ w_r^T. `fused_matmul_reduce_scatter` is a drop-in for
+torch.ops.symm_mem.fused_matmul_reduce_scatter (reduce_op "sum", scatter_dim 0). Both are torch
+custom ops (torch.ops.tpfuse.*): traceable by torch.compile, capturable in CUDA graphs, run on the
+current stream. Every failure raises a TpfuseError subclass carrying the library's message.
+"""
+
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _ops  # noqa: F401 -- registers the torch.ops.tpfuse custom ops
+from ._communicators import close, status
+from ._library import NcclInfo, library
+from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, PeerTimeoutError, StatusCode,
+                     TpfuseError, UnsupportedError)
+
+__all__ = [
+    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "close", "status", "nccl_info",
+    "TpfuseError", "InvalidArgumentError", "UnsupportedError", "CudaError", "NcclError", "PeerTimeoutError",
+    "InternalError", "StatusCode",
+]
+
+Group = Union[dist.ProcessGroup, str, None]
+
+
+def _group_name(group: Group) -> str:
+    if isinstance(group, str):
+        return group
+    if group is None:
+        group = dist.group.WORLD
+        if group is None:
+            raise InvalidArgumentError("no process group: call torch.distributed.init_process_group first, "
+                                       "or pass the group")
+    return group.group_name
+
+
+def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *, weight_layout: str = "nk",
+                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """This rank's M/P x N rows (BF16) of the sum over the group's P ranks of a @ W.
+
+    a: M x K/P, contiguous BF16 (this rank's K-slice of the activations).
+    w: this rank's K-slice of the weight, contiguous BF16: N x K/P with weight_layout="nk"
+       (nn.Linear's weight, as stored), K/P x N with weight_layout="kn".
+    group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
+    out: optional M/P x N BF16 tensor to write (and return).
+    M must divide by P, N and K/P must be multiples of 8, and every rank calls with the same shapes.
+    """
+    group_name = _group_name(group)
+    if out is None:
+        return torch.ops.tpfuse.gemm_reduce_scatter(a, w, weight_layout, group_name)
+    torch.ops.tpfuse.gemm_reduce_scatter_out(a, w, weight_layout, group_name, out)
+    return out
+
+
+def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                group_name: str) -> torch.Tensor:
+    """Drop-in for torch.ops.symm_mem.fused_matmul_reduce_scatter: reduce_scatter_tensor(A @ B, ...).
+
+    A: (..., K/P), contiguous BF16; B: K/P x N, contiguous or the transpose view of a contiguous
+    N x K/P nn.Linear weight (used in place). reduce_op must be "sum" and scatter_dim 0; A.shape[0]
+    must divide by the group's size. Returns (A.shape[0]/P, *A.shape[1:-1], N).
+    """
+    return torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+
+
+def nccl_info() -> NcclInfo:
+    """Which NCCL library the process runs, its version and that of tpfuse's build (loads the library)."""
+    return library().nccl

@@ -1,0 +1,119 @@
+"""Argument checks, made on the tensors' metadata before anything is launched, so they hold for fake
+(meta) tensors under torch.compile too. The C++ library checks again; these give the message in
+the caller's terms (tensor names, weight_layout)."""
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ._library import WEIGHT_LAYOUT_CODES
+from .errors import InvalidArgumentError
+
+MAX_WORLD_SIZE = 8       # tpfuse::kMaxWorldSize: the ranks of one NVLink node
+ROW_ALIGNMENT = 8        # BF16 rows must be whole 16-byte units
+POINTER_ALIGNMENT = 16   # bytes
+MAX_EXTENT = 2**31 - 1   # the kernels index with 32 bits
+
+_WEIGHT_SHAPES = {"nk": "N x K/P (nn.Linear's weight)", "kn": "K/P x N"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One rank's call: a is m x k_per_rank; out is m/world_size x n."""
+
+    m: int
+    n: int
+    k_per_rank: int
+    world_size: int
+    weight_layout: str
+
+    @property
+    def rows_per_rank(self) -> int:
+        return self.m // self.world_size
+
+
+def _fail(message: str) -> None:
+    raise InvalidArgumentError(message)
+
+
+def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
+                  out: Optional[torch.Tensor] = None) -> Problem:
+    """The problem of a, w and out, or an InvalidArgumentError naming the bad argument."""
+    if weight_layout not in WEIGHT_LAYOUT_CODES:
+        _fail(f"weight_layout = {weight_layout!r} must be 'nk' (w is N x K/P, nn.Linear's weight) or 'kn' (w is K/P x N)")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        _fail(f"the group has {world_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}")
+    for name, tensor in (("a", a), ("w", w), ("out", out)):
+        if tensor is not None and tensor.dtype != torch.bfloat16:
+            _fail(f"{name} has dtype {tensor.dtype}; tpfuse takes and returns torch.bfloat16")
+        if tensor is not None and tensor.dim() != 2:
+            _fail(f"{name} has {tensor.dim()} dimensions {tuple(tensor.shape)}; it must be a matrix")
+
+    m, k_per_rank = a.shape
+    n, w_k = (w.shape[0], w.shape[1]) if weight_layout == "nk" else (w.shape[1], w.shape[0])
+    if w_k != k_per_rank:
+        _fail(f"w {tuple(w.shape)} is not {_WEIGHT_SHAPES[weight_layout]} for a {tuple(a.shape)} (M x K/P): "
+              f"its K/P is {w_k}, a's is {k_per_rank} (weight_layout = {weight_layout!r})")
+    if not a.is_contiguous():
+        _fail(f"a {tuple(a.shape)} with strides {a.stride()} is not contiguous (row-major M x K/P)")
+    if not w.is_contiguous():
+        hint = " (for the transpose of an nn.Linear weight, pass the weight itself with weight_layout='nk')" \
+            if weight_layout == "kn" and w.t().is_contiguous() else ""
+        _fail(f"w {tuple(w.shape)} with strides {w.stride()} is not a contiguous {_WEIGHT_SHAPES[weight_layout]} "
+              f"matrix{hint}")
+
+    for name, extent in (("M", m), ("N", n), ("K/P", k_per_rank)):
+        if extent <= 0 or extent > MAX_EXTENT:
+            _fail(f"{name} = {extent} must be in 1..{MAX_EXTENT}")
+    if m % world_size != 0:
+        _fail(f"M = {m} rows of a do not divide over the group's {world_size} ranks")
+    for name, extent in (("N", n), ("K/P", k_per_rank)):
+        if extent % ROW_ALIGNMENT != 0:
+            _fail(f"{name} = {extent} is not a multiple of {ROW_ALIGNMENT} (BF16 rows must be multiples of 16 bytes)")
+
+    problem = Problem(m, n, k_per_rank, world_size, weight_layout)
+    if out is not None:
+        if tuple(out.shape) != (problem.rows_per_rank, problem.n):
+            _fail(f"out has shape {tuple(out.shape)}; this rank's rows are {problem.rows_per_rank} x {problem.n} "
+                  f"(M/P x N)")
+        if not out.is_contiguous():
+            _fail(f"out with strides {out.stride()} is not contiguous")
+    return problem
+
+
+def check_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                world_size: int) -> Tuple[torch.Tensor, torch.Tensor, str]:
+    """symm_mem.fused_matmul_reduce_scatter's arguments as tpfuse's: a (M x K/P, a view of A), w and
+    its weight_layout (B itself, or the nn.Linear weight that B is the transpose view of)."""
+    if reduce_op != "sum":
+        _fail(f"reduce_op = {reduce_op!r}: tpfuse reduces with 'sum' only")
+    if scatter_dim != 0:
+        _fail(f"scatter_dim = {scatter_dim}: tpfuse scatters the rows (scatter_dim 0) only")
+    if A.dim() < 2 or B.dim() != 2:
+        _fail(f"A {tuple(A.shape)} must have 2 or more dimensions and B {tuple(B.shape)} 2")
+    if A.shape[0] % world_size != 0:
+        _fail(f"A.shape[0] = {A.shape[0]} does not divide over the group's {world_size} ranks")
+    if not A.is_contiguous():
+        _fail(f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous")
+    a = A.view(-1, A.shape[-1])
+    # B is K x N: stored so (kn), or the transpose view of an nn.Linear weight, which B.t() is (nk).
+    if B.is_contiguous():
+        return a, B, "kn"
+    if B.t().is_contiguous():
+        return a, B.t(), "nk"
+    _fail(f"B {tuple(B.shape)} with strides {B.stride()} is neither a contiguous K x N matrix nor the transpose of "
+          "a contiguous N x K one")
+
+
+def check_placement(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+    """Real tensors only: 16-byte aligned data, all on one CUDA device."""
+    for name, tensor in (("a", a), ("w", w), ("out", out)):
+        if tensor.data_ptr() % POINTER_ALIGNMENT != 0:
+            _fail(f"{name}'s data at 0x{tensor.data_ptr():x} is not {POINTER_ALIGNMENT}-byte aligned "
+                  f"(a view at storage offset {tensor.storage_offset()})")
+    for name, tensor in (("a", a), ("w", w), ("out", out)):
+        if tensor.device.type != "cuda":
+            _fail(f"{name} is on {tensor.device}; tpfuse runs on CUDA devices")
+        if tensor.device != a.device:
+            _fail(f"{name} is on {tensor.device}, a on {a.device}: all tensors must be on one device")

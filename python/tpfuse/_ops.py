@@ -1,0 +1,76 @@
+"""The torch custom ops: tpfuse::gemm_reduce_scatter (returns this rank's rows),
+tpfuse::gemm_reduce_scatter_out (writes them into `out`) and tpfuse::fused_matmul_reduce_scatter
+(the schema of symm_mem::fused_matmul_reduce_scatter). Their fake implementations check the
+arguments and give the output's shape, so torch.compile traces them without a graph break; the real
+ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
+
+import torch
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from ._checks import Problem, check_matmul_reduce_scatter, check_placement, check_problem
+from ._communicators import communicator
+from ._library import WEIGHT_LAYOUT_CODES, library
+
+
+def _group_size(group_name: str) -> int:
+    return _resolve_process_group(group_name).size()
+
+
+def _launch(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: Problem, group_name: str) -> None:
+    check_placement(a, w, out)
+    comm = communicator(_resolve_process_group(group_name), a.device)
+    handle = comm.reserve(problem.m, problem.n)
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    with torch.cuda.device(a.device):
+        library().call("tpfuse_gemm_reduce_scatter", handle, problem.m, problem.n, problem.k_per_rank,
+                       problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], a.data_ptr(), w.data_ptr(),
+                       out.data_ptr(), stream)
+
+
+@torch.library.custom_op("tpfuse::gemm_reduce_scatter", mutates_args=())
+def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name))
+    out = a.new_empty((problem.rows_per_rank, problem.n))
+    _launch(a, w, out, problem, group_name)
+    return out
+
+
+@gemm_reduce_scatter.register_fake
+def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name))
+    return a.new_empty((problem.rows_per_rank, problem.n))
+
+
+@torch.library.custom_op("tpfuse::gemm_reduce_scatter_out", mutates_args=("out",))
+def gemm_reduce_scatter_out(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
+                            out: torch.Tensor) -> None:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name), out)
+    _launch(a, w, out, problem, group_name)
+
+
+@gemm_reduce_scatter_out.register_fake
+def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, out: torch.Tensor) -> None:
+    check_problem(a, w, weight_layout, _group_size(group_name), out)
+
+
+def _drop_in_problem(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str):
+    world_size = _group_size(group_name)
+    a, w, weight_layout = check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, world_size)
+    out_shape = (A.shape[0] // world_size, *A.shape[1:-1], B.shape[1])
+    return a, w, check_problem(a, w, weight_layout, world_size), out_shape
+
+
+# The schema is spelled out to be symm_mem's exactly (an `int` annotation would make scatter_dim a SymInt).
+@torch.library.custom_op("tpfuse::fused_matmul_reduce_scatter", mutates_args=(),
+                         schema="(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name) -> Tensor")
+def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                group_name: str) -> torch.Tensor:
+    a, w, problem, out_shape = _drop_in_problem(A, B, reduce_op, scatter_dim, group_name)
+    out = A.new_empty(out_shape)
+    _launch(a, w, out.view(problem.rows_per_rank, problem.n), problem, group_name)
+    return out
+
+
+@fused_matmul_reduce_scatter.register_fake
+def _(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str) -> torch.Tensor:
+    return A.new_empty(_drop_in_problem(A, B, reduce_op, scatter_dim, group_name)[3])

@@ -1,0 +1,424 @@
+"""python -m tpfuse.bench: SPEC.md's sweep through PyTorch, one process per GPU under torchrun.
+
+    torchrun --nproc-per-node=P -m tpfuse.bench [--json results.json]
+
+Per shape, in one run and on the same rotated inputs: T_gemm (torch.mm), T_comm
+(reduce_scatter_tensor of the M x N partial), T_seq (both in sequence), T_fused for tpfuse and for
+torch's async-TP (torch.ops.symm_mem.fused_matmul_reduce_scatter), and for each fused op
+    E = (T_gemm + T_comm - T_fused) / T_comm,  E_hideable = the same over min(T_gemm, T_comm),
+    speedup = T_seq / T_fused,
+and, with checking on, SPEC's rule: each of its errors at most 1.1x the unfused path's. Times are
+medians of --iters iterations after --warmup, each iteration's time the slowest rank's; ranks are
+aligned before each iteration, and a gate (a GPU sleep) holds the stream until the launches are
+queued, so host launch time is not in the GPU times: it is reported on its own (host_*_us, the
+slowest rank's median time to queue one call). K per rank is K / --tp (SPEC: P = 8) at every world
+size. The JSON has tpfuse_bench's schema plus the async-TP and host-time columns. Progress goes to
+stderr, the table to stdout.
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed._symmetric_memory as symm_mem
+
+import tpfuse
+from tpfuse import _library
+from tpfuse.checking import ERROR_FACTOR, errors, random_operands, reference_rows, unfused_rows, weight_as_k_by_n
+
+PROJECTIONS = [  # name, N, K (total)
+    ("llama3-70b.o_proj", 8192, 8192),
+    ("llama3-70b.down_proj", 8192, 28672),
+    ("mixtral-8x22b.o_proj", 6144, 6144),
+    ("mixtral-8x22b.down_proj", 6144, 16384),
+]
+SWEEP_TOKENS = [512, 2048, 8192, 32768]
+TARGET_E = 0.9
+MAX_INPUT_SETS = 8
+GATE_MS = 2.0  # longer than any call's host launch time
+
+
+@dataclass(frozen=True)
+class Shape:
+    proj: str
+    m: int
+    n: int
+    k_per_rank: int
+
+
+def projection_name(n: int, k_total: int) -> str:
+    return next((name for name, pn, pk in PROJECTIONS if (pn, pk) == (n, k_total)), "custom")
+
+
+def parse_shapes(text: str, tp: int) -> list:
+    """'M,N,K_per_rank;...' or '' (the sweep: SWEEP_TOKENS x PROJECTIONS, K per rank = K / tp)."""
+    if not text:
+        return [Shape(name, m, n, k // tp) for name, n, k in PROJECTIONS for m in SWEEP_TOKENS]
+    shapes = []
+    for entry in text.split(";"):
+        m, n, k = (int(field) for field in entry.split(","))
+        shapes.append(Shape(projection_name(n, k * tp), m, n, k))
+    return shapes
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m tpfuse.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="", help="'M,N,K_per_rank;...' (default: SPEC's 16 shapes)")
+    parser.add_argument("--tp", type=int, default=8, help="P of SPEC's K per rank = K / P (default 8)")
+    parser.add_argument("--layout", choices=["kn", "nk"], default="kn", help="the weight's layout (default kn)")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--no-check", dest="check", action="store_false", help="skip the error measures")
+    parser.add_argument("--no-gate", dest="gate", action="store_false",
+                        help="align ranks only by synchronizing (host launch time then counts in the GPU times)")
+    parser.add_argument("--seed", type=int, default=None, help="input seed (default: drawn, and reported)")
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--git-commit", default=None, help="the commit to report (default: git's, in this folder)")
+    return parser.parse_args(argv)
+
+
+class Run:
+    """The process group, this rank's device, and the timing loop."""
+
+    def __init__(self, args):
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(self.device)
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group("nccl", device_id=self.device)
+        else:
+            dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=self.device)
+        self.group = dist.group.WORLD
+        self.rank, self.world_size = self.group.rank(), self.group.size()
+        self.args = args
+        self.token = torch.zeros(1, device=self.device)
+        self.gate_cycles = self._cycles_per_ms() * GATE_MS if args.gate else 0
+
+    def log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[tpfuse.bench] {message}", file=sys.stderr, flush=True)
+
+    def _cycles_per_ms(self) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 10_000_000
+        torch.cuda._sleep(cycles // 10)  # warm-up
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+        return cycles / start.elapsed_time(end)
+
+    def align(self) -> None:
+        dist.all_reduce(self.token, group=self.group)
+        torch.cuda.synchronize()
+
+    def time(self, call) -> tuple:
+        """(GPU ms, host us) of call(i): medians over the iterations of the slowest rank's times."""
+        events = []
+        host_s = []
+        for i in range(self.args.warmup + self.args.iters):
+            self.align()
+            if self.gate_cycles:
+                torch.cuda._sleep(int(self.gate_cycles))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            queued = time.perf_counter()
+            call(i)
+            host = time.perf_counter() - queued
+            end.record()
+            if i >= self.args.warmup:
+                events.append((start, end))
+                host_s.append(host)
+        torch.cuda.synchronize()
+        gpu_ms = torch.tensor([start.elapsed_time(end) for start, end in events], device=self.device)
+        dist.all_reduce(gpu_ms, op=dist.ReduceOp.MAX, group=self.group)  # each iteration's slowest rank
+        host_us = torch.tensor([statistics.median(host_s) * 1e6], device=self.device)
+        dist.all_reduce(host_us, op=dist.ReduceOp.MAX, group=self.group)
+        return statistics.median(gpu_ms.tolist()), host_us.item()
+
+
+def input_sets(shape: Shape, run: Run, seed: int, shape_index: int) -> list:
+    """Rotated input sets (a, w, partial, rows, fused out), enough to stream past the L2 cache."""
+    m, n, k, p = shape.m, shape.n, shape.k_per_rank, run.world_size
+    set_bytes = 2 * (m * k + k * n + m * n + 2 * (m // p) * n)
+    l2_bytes = torch.cuda.get_device_properties(run.device).L2_cache_size
+    budget = torch.cuda.mem_get_info(run.device)[0] // 4
+    count = max(1, min(MAX_INPUT_SETS, math.ceil(2 * l2_bytes / set_bytes), budget // set_bytes))
+    sets = []
+    for s in range(count):
+        a, w = random_operands(m, n, k, run.args.layout, run.device,
+                               seed + 7919 * (shape_index * MAX_INPUT_SETS + s) + 104729 * run.rank)
+        partial = torch.empty(m, n, dtype=torch.bfloat16, device=run.device)
+        rows = torch.empty(m // p, n, dtype=torch.bfloat16, device=run.device)
+        sets.append((a, w, partial, rows, torch.full_like(rows, float("nan"))))
+    return sets
+
+
+def efficiency(row: dict, t_fused: float, suffix: str) -> None:
+    hidden = row["t_gemm_ms"] + row["t_comm_ms"] - t_fused
+    row["E" + suffix] = hidden / row["t_comm_ms"]
+    row["E_hideable" + suffix] = hidden / min(row["t_gemm_ms"], row["t_comm_ms"])
+    row["speedup" + suffix] = row["t_seq_ms"] / t_fused
+
+
+def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
+    row = {"proj": shape.proj, "m": shape.m, "n": shape.n, "k_per_rank": shape.k_per_rank}
+    if shape.m % run.world_size != 0:
+        row.update(status=f"skipped: M not divisible by {run.world_size} GPUs", wrong=0, input_sets=0)
+        return row
+    layout, group, group_name = run.args.layout, run.group, run.group.group_name
+    sets = input_sets(shape, run, seed, shape_index)
+    row["input_sets"] = len(sets)
+
+    def gemm(i):
+        a, w, partial, _, _ = sets[i % len(sets)]
+        torch.mm(a, weight_as_k_by_n(w, layout), out=partial)
+
+    def comm(i):
+        _, _, partial, rows, _ = sets[i % len(sets)]
+        dist.reduce_scatter_tensor(rows, partial, group=group)
+
+    def seq(i):
+        gemm(i)
+        comm(i)
+
+    def fused(i):
+        a, w, _, _, out = sets[i % len(sets)]
+        tpfuse.gemm_reduce_scatter(a, w, group, weight_layout=layout, out=out)
+
+    def async_tp(i):
+        a, w, _, _, _ = sets[i % len(sets)]
+        return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, weight_as_k_by_n(w, layout), "sum", 0, group_name)
+
+    wrong = 0
+    if run.args.check:
+        a, w, _, _, out = sets[0]
+        reference = reference_rows(a, w, layout, group)
+        unfused = errors(unfused_rows(a, w, layout, group), reference, group)
+        row.update(unfused_max_rel=unfused.max_rel, unfused_norm_rel=unfused.norm_rel)
+        wrong += unfused.nonfinite
+        fused(0)
+        measured = errors(out, reference, group)
+        row.update(fused_max_rel=measured.max_rel, fused_norm_rel=measured.norm_rel,
+                   rule="pass" if measured.within(unfused) else "FAIL")
+        wrong += measured.nonfinite
+        try:
+            measured = errors(async_tp(0), reference, group)
+            row.update(async_tp_max_rel=measured.max_rel, async_tp_norm_rel=measured.norm_rel,
+                       rule_async_tp="pass" if measured.within(unfused) else "FAIL")
+        except Exception as error:  # torch's op may refuse a shape; tpfuse's columns still count
+            row["async_tp_status"] = f"{type(error).__name__}: {error}"
+    row["wrong"] = wrong
+
+    for name, call in (("gemm", gemm), ("comm", comm), ("seq", seq), ("fused", fused)):
+        row[f"t_{name}_ms"], row[f"host_{name}_us"] = run.time(call)
+    efficiency(row, row["t_fused_ms"], "")
+    if "async_tp_status" not in row:
+        try:
+            row["t_async_tp_ms"], row["host_async_tp_us"] = run.time(async_tp)
+            efficiency(row, row["t_async_tp_ms"], "_async_tp")
+            row["async_tp_status"] = "ok"
+        except Exception as error:
+            row["async_tp_status"] = f"{type(error).__name__}: {error}"
+    row["status"] = "ok"
+    return row
+
+
+COLUMNS = [  # key, header, width, format ("s": text)
+    ("proj", "proj", 23, "s"), ("m", "M", 6, "d"), ("n", "N", 6, "d"), ("k_per_rank", "K/P", 6, "d"),
+    ("t_gemm_ms", "T_gemm(ms)", 10, ".4f"), ("t_comm_ms", "T_comm(ms)", 10, ".4f"),
+    ("t_seq_ms", "T_seq(ms)", 10, ".4f"), ("t_fused_ms", "T_fused(ms)", 11, ".4f"),
+    ("E", "E", 6, ".3f"), ("E_hideable", "E_hide", 6, ".3f"), ("speedup", "speedup", 7, ".3f"),
+    ("t_async_tp_ms", "T_asyncTP(ms)", 13, ".4f"), ("E_async_tp", "E_aTP", 6, ".3f"),
+    ("speedup_async_tp", "spd_aTP", 7, ".3f"), ("host_fused_us", "host_fus(us)", 12, ".1f"),
+    ("host_async_tp_us", "host_aTP(us)", 12, ".1f"), ("rule", "rule", 4, "s"), ("rule_async_tp", "rule_aTP", 8, "s"),
+    ("wrong", "#wrong", 6, "d"), ("status", "status", 0, "s"),
+]
+
+
+def table_line(row: dict) -> str:
+    cells = []
+    for key, _, width, form in COLUMNS:
+        value = row.get(key)
+        if value is None:
+            cells.append("-".rjust(width))
+        elif form == "s":
+            cells.append(f"{value:<{width}}")
+        else:
+            cells.append(f"{value:>{width}{form}}")
+    return "  " + " ".join(cells)
+
+
+def header_line() -> str:
+    return "# " + " ".join(f"{header:<{width}}" if form == "s" else f"{header:>{width}}"
+                           for _, header, width, form in COLUMNS)
+
+
+def finite_or_none(value):
+    """JSON has no NaN or infinity: those become null, as in tpfuse_bench's JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def geomean(values: list):
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(rows: list) -> dict:
+    summary = {"shapes": len(rows)}
+    for suffix, name in (("", "fused"), ("_async_tp", "async_tp")):
+        ran = [row for row in rows if ("E" + suffix) in row]
+        bound = [row for row in ran if row["t_comm_ms"] <= row["t_gemm_ms"]]
+        prefix = "" if not suffix else "async_tp_"
+        summary[f"{name}_ran"] = len(ran)
+        if not suffix:
+            summary["compute_bound"] = len(bound)
+        summary[f"{prefix}E_met"] = sum(row["E" + suffix] >= TARGET_E for row in bound)
+        summary[f"{prefix}E_hideable_met"] = sum(row["E_hideable" + suffix] >= TARGET_E for row in ran)
+        if bound:
+            summary[f"{prefix}E_min"] = min(row["E" + suffix] for row in bound)
+        if ran:
+            summary[f"{prefix}E_hideable_min"] = min(row["E_hideable" + suffix] for row in ran)
+            summary[f"{prefix}speedup_geomean"] = geomean([row["speedup" + suffix] for row in ran])
+        summary[f"{prefix}rule_failures"] = sum(row.get("rule" + suffix) == "FAIL" for row in rows)
+    both = [row for row in rows if "t_async_tp_ms" in row and "t_fused_ms" in row]
+    if both:
+        summary["fused_over_async_tp_geomean"] = geomean([row["t_async_tp_ms"] / row["t_fused_ms"] for row in both])
+    summary["wrong"] = sum(row.get("wrong", 0) for row in rows)
+    summary["failed"] = sum(not row.get("status", "").startswith(("ok", "skipped")) for row in rows)
+    return summary
+
+
+def loaded_library_version(prefix: str, query) -> str:
+    """The version of the first loaded library whose file name starts with `prefix`, by query(dll)."""
+    for path in _library.loaded_library_paths(prefix):
+        try:
+            return query(ctypes.CDLL(path))
+        except (OSError, AttributeError):
+            continue
+    return "unknown"
+
+
+def cuda_driver_version() -> str:
+    def query(dll):
+        version = ctypes.c_int()
+        dll.cuDriverGetVersion(ctypes.byref(version))
+        return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    return loaded_library_version("libcuda.so", query)
+
+
+def cublas_version() -> str:
+    def query(dll):
+        parts = []
+        for prop in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            dll.cublasGetProperty(prop, ctypes.byref(value))
+            parts.append(str(value.value))
+        return ".".join(parts)
+    return loaded_library_version("libcublas.so", query)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def meta(run: Run, args, seed: int) -> dict:
+    nccl = tpfuse.nccl_info()
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "hostname": socket.gethostname(),
+        "gpu": torch.cuda.get_device_name(run.device),
+        "gpu_count": run.world_size,
+        "gpus_visible": torch.cuda.device_count(),
+        "cuda_driver_api": cuda_driver_version(),
+        "cuda_runtime": torch.version.cuda,
+        "cublas": cublas_version(),
+        "nccl": _library.version_string(nccl.runtime_version),
+        "git_commit": args.git_commit or git_commit(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "nccl_library": nccl.path,
+        "options": {"mode": "python", "warmup": args.warmup, "iters": args.iters, "check": args.check,
+                    "shapes": args.shapes, "tp": args.tp, "layout": args.layout, "gpus": run.world_size,
+                    "seed": seed, "gate": args.gate},
+    }
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    args = parse_args(argv)
+    shapes = parse_shapes(args.shapes, args.tp)
+    run = Run(args)
+    # async-TP's workspace: symmetric memory for the group (torch 2.11 needs it enabled explicitly).
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        symm_mem.enable_symm_mem_for_group(run.group.group_name)
+    seed_tensor = torch.tensor([args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")],
+                               device=run.device)
+    dist.broadcast(seed_tensor, src=0, group=run.group)
+    seed = int(seed_tensor.item())
+    info = meta(run, args, seed)
+    notes = [
+        f"tpfuse.bench {info['git_commit']} on {info['hostname']}, {run.world_size} x {info['gpu']}; torch "
+        f"{info['torch']}, CUDA driver API {info['cuda_driver_api']}, runtime {info['cuda_runtime']}, cuBLAS "
+        f"{info['cublas']}, NCCL {info['nccl']} ({info['nccl_library']})",
+        f"layout {args.layout}, K per rank = K / {args.tp}, warmup {args.warmup}, iters {args.iters}, "
+        f"{'check, ' if args.check else ''}{'gate' if args.gate else 'no gate'}, seed {seed}",
+        "times in ms: median of the iterations, each the slowest rank's; E = (T_gemm + T_comm - T_fused) / T_comm, "
+        "E_hideable = the same over min(T_gemm, T_comm), speedup = T_seq / T_fused; *_async_tp: the same for "
+        "torch.ops.symm_mem.fused_matmul_reduce_scatter; host_*_us: time to queue one call",
+        f"rule: each of the fused op's errors (max and L2, relative to the FP32 reference reduce-scatter) <= "
+        f"{ERROR_FACTOR}x the unfused path's (torch.mm + reduce_scatter_tensor)",
+    ]
+    for note in notes:
+        run.log(note)
+    if run.rank == 0:
+        print(header_line(), flush=True)
+    rows = []
+    for index, shape in enumerate(shapes):
+        run.log(f"shape {index + 1}/{len(shapes)}: {shape.proj} M={shape.m} N={shape.n} K/P={shape.k_per_rank}")
+        try:
+            row = run_shape(shape, index, run, seed)
+        except RuntimeError as error:  # a TpfuseError, or torch's (out of memory): the next shape still runs
+            row = {"proj": shape.proj, "m": shape.m, "n": shape.n, "k_per_rank": shape.k_per_rank,
+                   "wrong": 0, "status": f"{type(error).__name__}: {error}"}
+        rows.append(row)
+        if run.rank == 0:
+            print(table_line(row), flush=True)
+        torch.cuda.empty_cache()
+    summary = summarize(rows)
+    run.log("summary: " + ", ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
+                                    for key, value in summary.items()))
+    if run.rank == 0 and args.json:
+        with open(args.json, "w") as file:
+            json.dump(finite_or_none({"meta": info, "notes": notes, "results": rows, "summary": summary}), file,
+                      indent=2)
+            file.write("\n")
+        run.log(f"wrote {args.json}")
+    tpfuse.close()
+    dist.destroy_process_group()
+    return 1 if summary["rule_failures"] or summary["wrong"] or summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

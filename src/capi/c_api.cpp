@@ -1,0 +1,164 @@
+// The C ABI (tpfuse_c.h): each function turns its plain arguments into the C++ API's, and its Status
+// into a code plus this thread's last-error message. No C++ exception crosses the boundary.
+#include "tpfuse/tpfuse_c.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "tpfuse/tpfuse.h"
+
+using tpfuse::Status;
+using tpfuse::StatusCode;
+
+static_assert(TPFUSE_OK == int(StatusCode::kOk) && TPFUSE_INVALID_ARGUMENT == int(StatusCode::kInvalidArgument) &&
+                  TPFUSE_UNSUPPORTED == int(StatusCode::kUnsupported) &&
+                  TPFUSE_CUDA_ERROR == int(StatusCode::kCudaError) &&
+                  TPFUSE_NCCL_ERROR == int(StatusCode::kNcclError) &&
+                  TPFUSE_PEER_TIMEOUT == int(StatusCode::kPeerTimeout) &&
+                  TPFUSE_INTERNAL == int(StatusCode::kInternal),
+              "the C status codes are tpfuse::StatusCode's values");
+static_assert(sizeof(ncclUniqueId) == TPFUSE_NCCL_UNIQUE_ID_BYTES, "TPFUSE_NCCL_UNIQUE_ID_BYTES is sizeof(ncclUniqueId)");
+
+namespace {
+
+thread_local std::string last_error;
+
+int report(const Status& status) {
+  last_error = status.message();
+  return int(status.code());
+}
+
+// Runs `body` (which returns a Status) and reports its outcome.
+template <class Body>
+int guarded(Body&& body) {
+  try {
+    return report(body());
+  } catch (const std::exception& e) {
+    return report(Status::Internal(std::string("C++ exception at the C boundary: ") + e.what()));
+  } catch (...) {
+    return report(Status::Internal("unknown C++ exception at the C boundary"));
+  }
+}
+
+// NCCL's message for `result`, with its last error's detail where it has one.
+Status nccl_status(ncclResult_t result, const char* call) {
+  if (result == ncclSuccess) return Status::Ok();
+  std::string message = std::string(call) + " failed: " + ncclGetErrorString(result);
+  if (const char* detail = ncclGetLastError(nullptr); detail != nullptr && detail[0] != '\0') {
+    message += std::string(" (") + detail + ")";
+  }
+  return Status(StatusCode::kNcclError, message);
+}
+
+Status cuda_status(cudaError_t error, const char* call) {
+  if (error == cudaSuccess) return Status::Ok();
+  return Status(StatusCode::kCudaError, std::string(call) + " failed: " + cudaGetErrorString(error));
+}
+
+// A tpfuse_communicator* is a tpfuse::Communicator* (the C type is never defined).
+tpfuse::Communicator* from_handle(tpfuse_communicator* comm) { return reinterpret_cast<tpfuse::Communicator*>(comm); }
+const tpfuse::Communicator* from_handle(const tpfuse_communicator* comm) {
+  return reinterpret_cast<const tpfuse::Communicator*>(comm);
+}
+
+}  // namespace
+
+extern "C" {
+
+int tpfuse_c_api_version(void) { return TPFUSE_C_API_VERSION; }
+
+const char* tpfuse_last_error(void) { return last_error.c_str(); }
+
+int tpfuse_nccl_versions(int* runtime_version, int* header_version) {
+  return guarded([&] {
+    if (runtime_version == nullptr || header_version == nullptr) {
+      return Status::InvalidArgument("runtime_version and header_version must not be null");
+    }
+    *header_version = NCCL_VERSION_CODE;
+    return nccl_status(ncclGetVersion(runtime_version), "ncclGetVersion");
+  });
+}
+
+int tpfuse_nccl_get_unique_id(void* id) {
+  return guarded([&] {
+    if (id == nullptr) return Status::InvalidArgument("id must not be null");
+    ncclUniqueId unique_id{};
+    TPFUSE_RETURN_IF_ERROR(nccl_status(ncclGetUniqueId(&unique_id), "ncclGetUniqueId"));
+    std::memcpy(id, &unique_id, sizeof(unique_id));
+    return Status::Ok();
+  });
+}
+
+int tpfuse_nccl_comm_init_rank(void** nccl_comm, int world_size, const void* id, int rank, int device) {
+  return guarded([&] {
+    if (nccl_comm == nullptr || id == nullptr) return Status::InvalidArgument("nccl_comm and id must not be null");
+    *nccl_comm = nullptr;
+    if (world_size < 1 || rank < 0 || rank >= world_size) {
+      return Status::InvalidArgument("rank " + std::to_string(rank) + " of world_size " + std::to_string(world_size) +
+                                     " is out of range");
+    }
+    TPFUSE_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
+    ncclUniqueId unique_id{};
+    std::memcpy(&unique_id, id, sizeof(unique_id));
+    ncclComm_t comm = nullptr;
+    TPFUSE_RETURN_IF_ERROR(
+        nccl_status(ncclCommInitRank(&comm, world_size, unique_id, rank), "ncclCommInitRank"));
+    *nccl_comm = comm;
+    return Status::Ok();
+  });
+}
+
+int tpfuse_nccl_comm_destroy(void* nccl_comm) {
+  return guarded([&] {
+    if (nccl_comm == nullptr) return Status::InvalidArgument("nccl_comm must not be null");
+    return nccl_status(ncclCommDestroy(static_cast<ncclComm_t>(nccl_comm)), "ncclCommDestroy");
+  });
+}
+
+int tpfuse_communicator_create(void* nccl_comm, int64_t max_m, int64_t max_n, double peer_timeout_s,
+                               tpfuse_communicator** comm) {
+  return guarded([&] {
+    if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+    tpfuse::CommunicatorOptions options;
+    options.max_m = max_m;
+    options.max_n = max_n;
+    options.peer_timeout_s = peer_timeout_s;
+    tpfuse::Communicator* created = nullptr;
+    const Status status = tpfuse::communicator_create(static_cast<ncclComm_t>(nccl_comm), options, &created);
+    *comm = reinterpret_cast<tpfuse_communicator*>(created);
+    return status;
+  });
+}
+
+int tpfuse_communicator_destroy(tpfuse_communicator* comm) {
+  return guarded([&] { return tpfuse::communicator_destroy(from_handle(comm)); });
+}
+
+int tpfuse_communicator_status(const tpfuse_communicator* comm) {
+  return guarded([&] { return tpfuse::communicator_status(from_handle(comm)); });
+}
+
+int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
+                               int weight_layout, const void* a, const void* w, void* out, void* stream) {
+  return guarded([&] {
+    tpfuse::Problem problem;
+    problem.m = m;
+    problem.n = n;
+    problem.k_per_rank = k_per_rank;
+    problem.world_size = world_size;
+    switch (weight_layout) {
+      case TPFUSE_WEIGHT_KXN: problem.weight_layout = tpfuse::WeightLayout::kKxN; break;
+      case TPFUSE_WEIGHT_NXK: problem.weight_layout = tpfuse::WeightLayout::kNxK; break;
+      default:
+        return Status::InvalidArgument("weight_layout = " + std::to_string(weight_layout) +
+                                       " is neither TPFUSE_WEIGHT_KXN (0) nor TPFUSE_WEIGHT_NXK (1)");
+    }
+    return tpfuse::gemm_reduce_scatter(from_handle(comm), problem, a, w, out, static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,89 @@
+"""Bad arguments raise InvalidArgumentError with a message naming them, before anything is launched:
+the communicator and the library are replaced by stand-ins that fail the test if reached."""
+
+import pytest
+import torch
+
+import tpfuse
+from tpfuse import _ops
+
+BF16 = torch.bfloat16
+M, N, K = 64, 48, 32  # this rank: a is M x K/P, w is N x K/P (nk) or K/P x N (kn); M divides by 4
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    def launched(*args, **kwargs):
+        raise AssertionError("reached the communicator or the library: the arguments were not checked first")
+
+    monkeypatch.setattr(_ops, "communicator", launched)
+    monkeypatch.setattr(_ops, "library", launched)
+
+
+def cpu(*shape, dtype=BF16):
+    return torch.randn(*shape).to(dtype)
+
+
+def misaligned(*shape):
+    """A contiguous BF16 tensor whose data starts 2 bytes past a 16-byte boundary."""
+    count = 1
+    for extent in shape:
+        count *= extent
+    return torch.empty(count + 1, dtype=BF16)[1:].view(*shape)
+
+
+CASES = {
+    # name: (a, w, keyword arguments, what the message says)
+    "a_dtype": (lambda: cpu(M, K, dtype=torch.float16), lambda: cpu(N, K), {}, "a has dtype torch.float16"),
+    "w_dtype": (lambda: cpu(M, K), lambda: cpu(N, K, dtype=torch.float32), {}, "w has dtype torch.float32"),
+    "out_dtype": (lambda: cpu(M, K), lambda: cpu(N, K), {"out": lambda: cpu(M // 4, N, dtype=torch.float32)},
+                  "out has dtype torch.float32"),
+    "a_3d": (lambda: cpu(2, M, K), lambda: cpu(N, K), {}, "a has 3 dimensions"),
+    "layout_name": (lambda: cpu(M, K), lambda: cpu(N, K), {"weight_layout": "NxK"}, "weight_layout = 'NxK' must be"),
+    "layout_mismatch": (lambda: cpu(M, K), lambda: cpu(K, N), {"weight_layout": "nk"},
+                        "is not N x K/P (nn.Linear's weight)"),
+    "a_non_contiguous": (lambda: cpu(M, 2 * K)[:, ::2], lambda: cpu(N, K), {}, "is not contiguous"),
+    "w_non_contiguous": (lambda: cpu(M, K), lambda: cpu(N, K).t(), {"weight_layout": "kn"},
+                         "pass the weight itself with weight_layout='nk'"),
+    "m_does_not_divide": (lambda: cpu(M + 2, K), lambda: cpu(N, K), {}, "M = 66 rows of a do not divide"),
+    "n_not_multiple_of_8": (lambda: cpu(M, K), lambda: cpu(N + 4, K), {}, "N = 52 is not a multiple of 8"),
+    "k_not_multiple_of_8": (lambda: cpu(M, K + 4), lambda: cpu(N, K + 4), {}, "K/P = 36 is not a multiple of 8"),
+    "out_shape": (lambda: cpu(M, K), lambda: cpu(N, K), {"out": lambda: cpu(M, N)}, "this rank's rows are 16 x 48"),
+    "a_misaligned": (lambda: misaligned(M, K), lambda: cpu(N, K), {}, "a's data at 0x"),
+    "w_misaligned": (lambda: cpu(M, K), lambda: misaligned(N, K), {}, "is not 16-byte aligned"),
+    "device": (lambda: cpu(M, K), lambda: cpu(N, K), {}, "a is on cpu; tpfuse runs on CUDA devices"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_argument_raises_before_launch(group, case):
+    make_a, make_w, keywords, message = CASES[case]
+    keywords = {key: value() if callable(value) else value for key, value in keywords.items()}
+    with pytest.raises(tpfuse.InvalidArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        tpfuse.gemm_reduce_scatter(make_a(), make_w(), group, **keywords)
+
+
+DROP_IN_CASES = {
+    # name: (A, B, reduce_op, scatter_dim, what the message says)
+    "reduce_op": (lambda: cpu(8, K), lambda: cpu(K, N), "avg", 0, "reduce_op = 'avg': tpfuse reduces with 'sum'"),
+    "scatter_dim": (lambda: cpu(8, 3, K), lambda: cpu(K, N), "sum", 1, "scatter_dim = 1: tpfuse scatters the rows"),
+    "a_1d": (lambda: cpu(K), lambda: cpu(K, N), "sum", 0, "must have 2 or more dimensions"),
+    "dim_0_does_not_divide": (lambda: cpu(6, 4, K), lambda: cpu(K, N), "sum", 0, "A.shape\\[0\\] = 6 does not divide"),
+    "a_non_contiguous": (lambda: cpu(3, 8, K).transpose(0, 1), lambda: cpu(K, N), "sum", 0, "is not contiguous"),
+    "b_strided": (lambda: cpu(8, K), lambda: cpu(K, 2 * N)[:, ::2], "sum", 0, "is neither a contiguous K x N"),
+    "b_dtype": (lambda: cpu(8, K), lambda: cpu(N, K, dtype=torch.float32).t(), "sum", 0, "w has dtype torch.float32"),
+    "device": (lambda: cpu(8, 3, K), lambda: cpu(N, K).t(), "sum", 0, "is on cpu"),
+}
+
+
+@pytest.mark.parametrize("case", DROP_IN_CASES)
+def test_drop_in_bad_argument_raises_before_launch(group, case):
+    make_a, make_b, reduce_op, scatter_dim, message = DROP_IN_CASES[case]
+    with pytest.raises(tpfuse.InvalidArgumentError, match=message):
+        tpfuse.fused_matmul_reduce_scatter(make_a(), make_b(), reduce_op, scatter_dim, group.group_name)
+
+
+def test_group_larger_than_a_node_is_refused(monkeypatch, group):
+    monkeypatch.setattr(_ops, "_group_size", lambda group_name: 16)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="the group has 16 ranks; tpfuse supports 1 to 8"):
+        tpfuse.gemm_reduce_scatter(cpu(M, K), cpu(N, K), group)

@@ -1,0 +1,133 @@
+"""The communicator cache's bookkeeping, with the library replaced by a recorder: sized at the first
+call, grown (M doubling) outside capture only, buffers a CUDA graph holds kept until close, torch's
+NCCL communicator preferred."""
+
+import contextlib
+
+import pytest
+import torch
+
+import tpfuse
+from tpfuse import _communicators
+
+TORCH_COMM = 0x1234
+
+
+class RecordingLibrary:
+    """Stands in for _library.Library: records calls, hands out communicator handles 1, 2, ..."""
+
+    def __init__(self):
+        self.calls = []
+        self.handles = 0
+
+    def call(self, name, *args):
+        self.calls.append((name, args))
+        if name == "tpfuse_communicator_create":
+            self.handles += 1
+            args[-1]._obj.value = self.handles  # the byref(c_void_p) out-argument
+
+    def names(self):
+        return [name for name, _ in self.calls]
+
+    def created(self):
+        return [args[:3] for name, args in self.calls if name == "tpfuse_communicator_create"]
+
+    def destroyed(self):
+        return [args[0] for name, args in self.calls if name == "tpfuse_communicator_destroy"]
+
+
+@pytest.fixture
+def library(monkeypatch):
+    recorder = RecordingLibrary()
+    monkeypatch.setattr(_communicators, "library", lambda: recorder)
+    monkeypatch.setattr(_communicators, "torch_nccl_comm", lambda group, device: TORCH_COMM)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    yield recorder
+    _communicators._communicators.clear()  # no stand-in handle outlives the test
+
+
+@pytest.fixture
+def capturing(monkeypatch):
+    state = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["on"])
+    return state
+
+
+DEVICE = torch.device("cuda", 0)
+
+
+def test_sized_at_first_use_then_grown_with_m_doubling(group, library, capturing):
+    comm = _communicators.GroupCommunicator(group, DEVICE)
+    assert comm.uses_torch_comm and comm.nccl_comm == TORCH_COMM
+    assert comm.reserve(64, 48) == 1
+    assert comm.reserve(32, 48) == 1 and comm.reserve(64, 16) == 1
+    assert comm.reserve(100, 48) == 2   # M doubles: 128
+    assert comm.reserve(128, 64) == 3   # N grows to what is asked
+    assert library.created() == [(TORCH_COMM, 64, 48), (TORCH_COMM, 128, 48), (TORCH_COMM, 128, 64)]
+    assert library.destroyed() == [1, 2]
+    comm.close()
+    assert library.destroyed() == [1, 2, 3]
+
+
+def test_no_growth_inside_capture_and_captured_buffers_outlive_growth(group, library, capturing):
+    comm = _communicators.GroupCommunicator(group, DEVICE)
+    comm.reserve(64, 48)
+    capturing["on"] = True
+    assert comm.reserve(64, 48) == 1  # captured into a graph
+    with pytest.raises(tpfuse.InvalidArgumentError, match="cannot grow during CUDA graph capture"):
+        comm.reserve(65, 48)
+    capturing["on"] = False
+    assert comm.reserve(256, 48) == 2
+    assert library.destroyed() == []  # the graph may replay with communicator 1
+    assert comm.reserve(512, 48) == 3
+    assert library.destroyed() == [2]  # 2 was never captured
+    comm.close()
+    assert sorted(library.destroyed()) == [1, 2, 3]
+
+
+def test_cache_per_group_and_device_made_outside_capture_only(group, library, capturing):
+    capturing["on"] = True
+    with pytest.raises(tpfuse.InvalidArgumentError, match="cannot be inside CUDA graph capture"):
+        _communicators.communicator(group, DEVICE)
+    capturing["on"] = False
+    comm = _communicators.communicator(group, DEVICE)
+    assert _communicators.communicator(group, DEVICE) is comm
+    assert _communicators.communicator(group, torch.device("cuda", 1)) is not comm
+    comm.reserve(8, 8)
+    _communicators.close(group)
+    assert library.destroyed() == [1]
+    assert _communicators.communicator(group, DEVICE) is not comm
+    _communicators.close()
+
+
+def test_own_nccl_communicator_where_torch_gives_none(group, library, capturing, monkeypatch):
+    monkeypatch.setattr(_communicators, "torch_nccl_comm", lambda group, device: None)
+    made = []
+
+    class OwnNccl:
+        def __init__(self, group, device):
+            self.handle = 0x5678
+            made.append(self)
+
+        def destroy(self):
+            made.remove(self)
+
+    monkeypatch.setattr(_communicators, "NcclCommunicator", OwnNccl)
+    comm = _communicators.GroupCommunicator(group, DEVICE)
+    assert not comm.uses_torch_comm and comm.nccl_comm == 0x5678
+    comm.reserve(16, 16)
+    assert library.created() == [(0x5678, 16, 16)]
+    comm.close()
+    assert library.destroyed() == [1] and made == []
+
+
+def test_status_asks_every_communicator(group, library, capturing):
+    comm = _communicators.GroupCommunicator(group, DEVICE)
+    comm.reserve(8, 8)
+    capturing["on"] = True
+    comm.reserve(8, 8)
+    capturing["on"] = False
+    comm.reserve(64, 8)
+    comm.status()
+    assert [args[0] for name, args in library.calls if name == "tpfuse_communicator_status"] == [2, 1]
+    comm.close()

@@ -1,0 +1,102 @@
+"""The C ABI as Python sees it: constants equal to tpfuse_c.h's, one NCCL in the process (torch's, of
+the headers' version), and the library's statuses turned into exceptions with their messages."""
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import tpfuse
+from tpfuse import _library
+from tpfuse.errors import StatusCode, error_for
+
+HEADER = Path(__file__).resolve().parents[3] / "include" / "tpfuse" / "tpfuse_c.h"
+
+
+def header_constants():
+    """NAME -> value of every `NAME = value` enumerator and `#define NAME value` of tpfuse_c.h."""
+    text = HEADER.read_text()
+    pairs = re.findall(r"^\s*(TPFUSE_\w+)\s*=\s*(\d+)\s*,", text, re.M)
+    pairs += re.findall(r"^#define\s+(TPFUSE_\w+)\s+(\d+)\s*$", text, re.M)
+    return {name: int(value) for name, value in pairs}
+
+
+def test_constants_match_the_header():
+    constants = header_constants()
+    status_names = {name[len("TPFUSE_"):] for name in constants} & set(StatusCode.__members__)
+    assert status_names == set(StatusCode.__members__)
+    for code in StatusCode:
+        assert constants["TPFUSE_" + code.name] == code.value
+    assert constants["TPFUSE_WEIGHT_KXN"] == _library.WEIGHT_LAYOUT_CODES["kn"]
+    assert constants["TPFUSE_WEIGHT_NXK"] == _library.WEIGHT_LAYOUT_CODES["nk"]
+    assert constants["TPFUSE_NCCL_UNIQUE_ID_BYTES"] == _library.NCCL_UNIQUE_ID_BYTES
+    assert constants["TPFUSE_C_API_VERSION"] == _library.C_API_VERSION
+
+
+def test_every_code_has_its_exception():
+    for code in StatusCode:
+        if code == StatusCode.OK:
+            continue
+        error = error_for(code, "the message")
+        assert isinstance(error, tpfuse.TpfuseError) and error.code == code and str(error) == "the message"
+    assert isinstance(error_for(StatusCode.INVALID_ARGUMENT, ""), ValueError)
+    assert isinstance(error_for(StatusCode.PEER_TIMEOUT, ""), TimeoutError)
+    assert isinstance(error_for(99, "x"), tpfuse.InternalError)
+
+
+def test_one_nccl_in_the_process_and_it_is_torchs():
+    info = tpfuse.nccl_info()
+    assert info.loaded_by_torch, "torch loaded no libnccl.so before tpfuse"
+    assert _library.loaded_nccl_paths() == [info.path]
+    assert info.runtime_version == info.header_version
+    major, minor, patch = torch.cuda.nccl.version()
+    assert info.runtime_version == major * 10000 + minor * 100 + patch == _library.torch_nccl_version()
+    package_library = _library.torch_nccl_package_library()
+    if package_library is not None:
+        assert Path(info.path).resolve() == package_library.resolve()
+
+
+def test_an_nccl_of_another_version_than_the_headers_is_refused():
+    _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 22809, 22809, True))
+    with pytest.raises(tpfuse.UnsupportedError, match="built with NCCL 2.28.9 headers, but this process runs "
+                                                      "NCCL 2.30.7"):
+        _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 23007, 22809, True))
+
+
+def test_a_failed_status_raises_with_the_librarys_message():
+    library = tpfuse._library.library()
+    with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
+        library.call("tpfuse_gemm_reduce_scatter", None, 512, 64, 64, 1, 1, None, None, None, None)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
+        library.call("tpfuse_communicator_create", None, 512, 64, 0.0, ctypes.byref(ctypes.c_void_p()))
+    with pytest.raises(tpfuse.InvalidArgumentError, match="rank 3 of world_size 2 is out of range"):
+        library.call("tpfuse_nccl_comm_init_rank", ctypes.byref(ctypes.c_void_p()), 2,
+                     bytes(_library.NCCL_UNIQUE_ID_BYTES), 3, 0)
+    # The message is that of the thread's last call: gone after one that succeeded.
+    runtime, header = ctypes.c_int(), ctypes.c_int()
+    library.call("tpfuse_nccl_versions", ctypes.byref(runtime), ctypes.byref(header))
+    assert library._dll.tpfuse_last_error() == b""
+
+
+@pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="needs binutils")
+def test_the_library_exports_the_c_abi_only_and_needs_no_libcudart():
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(_library.LIBRARY_PATH)], check=True,
+                              capture_output=True, text=True).stdout.split()[2::3]
+    assert exported and all(name.startswith("tpfuse_") for name in exported), exported
+    assert set(_library._SIGNATURES) <= set(exported)
+    dynamic = subprocess.run(["readelf", "-d", str(_library.LIBRARY_PATH)], check=True, capture_output=True,
+                             text=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", dynamic)
+    assert "libnccl.so.2" in needed
+    assert not [name for name in needed if name.startswith("libcudart")], needed
+
+
+def test_without_a_process_group_the_call_says_so():
+    assert not torch.distributed.is_initialized()
+    a, w = torch.zeros(16, 8, dtype=torch.bfloat16), torch.zeros(8, 8, dtype=torch.bfloat16)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="no process group: call torch.distributed.init_process_group"):
+        tpfuse.gemm_reduce_scatter(a, w)

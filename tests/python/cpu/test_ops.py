@@ -1,0 +1,115 @@
+"""The custom ops: registered with their schemas, fake implementations that give the output's shape,
+torch.compile(fullgraph=True) traces them without a graph break, the drop-in has symm_mem's schema."""
+
+import inspect
+
+import pytest
+import torch
+import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
+
+import tpfuse
+
+BF16 = torch.bfloat16
+
+
+def meta(*shape):
+    return torch.empty(*shape, dtype=BF16, device="meta")
+
+
+def test_ops_are_registered_with_their_schemas():
+    schemas = {name: str(getattr(torch.ops.tpfuse, name).default._schema) for name in
+               ("gemm_reduce_scatter", "gemm_reduce_scatter_out", "fused_matmul_reduce_scatter")}
+    assert schemas["gemm_reduce_scatter"] == \
+        "tpfuse::gemm_reduce_scatter(Tensor a, Tensor w, str weight_layout, str group_name) -> Tensor"
+    assert schemas["gemm_reduce_scatter_out"].startswith(
+        "tpfuse::gemm_reduce_scatter_out(Tensor a, Tensor w, str weight_layout, str group_name, Tensor(")
+    assert schemas["gemm_reduce_scatter_out"].endswith("!) out) -> ()")
+    assert schemas["fused_matmul_reduce_scatter"] == str(
+        torch.ops.symm_mem.fused_matmul_reduce_scatter.default._schema).replace("symm_mem::", "tpfuse::")
+
+
+def test_drop_in_has_the_signature_of_symm_mem_op():
+    schema = torch.ops.symm_mem.fused_matmul_reduce_scatter.default._schema
+    python_types = {"Tensor": torch.Tensor, "str": str, "int": int}
+    expected = [(argument.name, python_types[str(argument.type)]) for argument in schema.arguments]
+    signature = inspect.signature(tpfuse.fused_matmul_reduce_scatter)
+    assert [(p.name, p.annotation) for p in signature.parameters.values()] == expected
+    assert all(p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in signature.parameters.values())
+    assert [str(r.type) for r in schema.returns] == ["Tensor"] and signature.return_annotation is torch.Tensor
+
+
+@pytest.mark.parametrize("weight_layout, w_shape", [("nk", (48, 32)), ("kn", (32, 48))])
+def test_fake_shapes(group, weight_layout, w_shape):
+    out = torch.ops.tpfuse.gemm_reduce_scatter(meta(64, 32), meta(*w_shape), weight_layout, group.group_name)
+    assert out.shape == (64 // group.size(), 48) and out.dtype == BF16 and out.device.type == "meta"
+    out = meta(64 // group.size(), 48)
+    assert tpfuse.gemm_reduce_scatter(meta(64, 32), meta(*w_shape), group, weight_layout=weight_layout,
+                                      out=out) is out
+
+
+@pytest.mark.parametrize("a_shape", [(16, 32), (8, 3, 32), (4, 2, 5, 32)])
+def test_drop_in_fake_shape_is_symm_mems(group, a_shape):
+    weight = meta(48, 32)
+    for B in (weight.t(), meta(32, 48)):
+        ours = tpfuse.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", 0, group.group_name)
+        theirs = torch.ops.symm_mem.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", 0, group.group_name)
+        assert ours.shape == theirs.shape == (a_shape[0] // group.size(), *a_shape[1:-1], 48)
+        assert ours.dtype == BF16
+
+
+class GraphCapture:
+    """A torch.compile backend that keeps the FX graphs and runs them as they are."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs.append(graph_module)
+        return graph_module.forward
+
+    def calls_of(self, op):
+        """How many nodes of the graphs call `op` (an op packet, as Dynamo records it, or its overload)."""
+        return sum(node.op == "call_function" and node.target in (op, op.default)
+                   for graph in self.graphs for node in graph.graph.nodes)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_traces_the_op_in_one_graph(group, dynamic):
+    def layer(a, w):
+        return tpfuse.gemm_reduce_scatter(a, w, group).float() * 2
+
+    capture = GraphCapture()
+    compiled = torch.compile(layer, fullgraph=True, backend=capture, dynamic=dynamic)
+    for m in (64, 128):
+        out = compiled(meta(m, 32), meta(48, 32))
+        assert out.shape == (m // group.size(), 48) and out.dtype == torch.float32
+    assert len(capture.graphs) == (1 if dynamic else 2)
+    assert capture.calls_of(torch.ops.tpfuse.gemm_reduce_scatter) == len(capture.graphs)
+
+
+def test_compile_through_aot_autograd_default_group_and_out(group):
+    def layer(a, w, out):
+        tpfuse.gemm_reduce_scatter(a, w, weight_layout="kn", out=out)
+        return out + 1
+
+    out = torch.compile(layer, fullgraph=True, backend="aot_eager")(meta(64, 32), meta(32, 48),
+                                                                     meta(64 // group.size(), 48))
+    assert out.shape == (64 // group.size(), 48)
+
+
+def test_compile_traces_the_drop_in(group):
+    capture = GraphCapture()
+    weight = meta(48, 32)
+
+    def layer(x):
+        return tpfuse.fused_matmul_reduce_scatter(x, weight.t(), "sum", 0, group.group_name)
+
+    out = torch.compile(layer, fullgraph=True, backend=capture)(meta(8, 3, 32))
+    assert out.shape == (8 // group.size(), 3, 48)
+    assert capture.calls_of(torch.ops.tpfuse.fused_matmul_reduce_scatter) == 1
+
+
+def test_compile_reports_bad_shapes_at_trace_time(group):
+    compiled = torch.compile(lambda a, w: tpfuse.gemm_reduce_scatter(a, w, group), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="M = 6 rows of a do not divide over the group's 4 ranks"):
+        compiled(meta(6, 32), meta(48, 32))
