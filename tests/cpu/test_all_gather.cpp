@@ -48,14 +48,18 @@ TEST(AllGatherSchedule, PiecesCoverABlock) {
   EXPECT_EQ(copy_row_blocks(1), 1);
   EXPECT_EQ(copy_row_blocks(64), 1);
   EXPECT_EQ(copy_row_blocks(65), 2);
-  EXPECT_EQ(copy_col_chunks(8192), 8);
-  EXPECT_EQ(copy_col_chunks(6144 + 8), 7);
+  EXPECT_EQ(copy_col_chunks(8192, kWideCopyCols), 8);
+  EXPECT_EQ(copy_col_chunks(6144 + 8, kWideCopyCols), 7);
+  EXPECT_EQ(copy_col_chunks(8192, kNarrowCopyCols), 32);
+  // Wide pieces where there are enough of them for every copier warp, narrow ones where not.
+  EXPECT_EQ(copy_cols_for(4096, 8192, 396), kWideCopyCols);  // 64 row blocks x 8
+  EXPECT_EQ(copy_cols_for(64, 8192, 396), kNarrowCopyCols);  // 1 x 8
   CommunicatorOptions options;
   options.max_m = 8192;
   options.max_k = 8192;
   const WorkspaceSize size = all_gather_workspace(options, 8);
   EXPECT_EQ(size.data_bytes, size_t(8192) * 8192 * 2) << "every rank's block of X, BF16";
-  EXPECT_EQ(size.flag_words, size_t(8) * 16 * 8) << "a flag per piece: 8 sources x 16 row blocks x 8 chunks";
+  EXPECT_EQ(size.flag_words, size_t(8) * 16 * 32) << "a flag per narrowest piece: 8 sources x 16 row blocks x 32";
 }
 
 TEST(AllGatherConfig, ChoicesAreCompiledVariants) {

@@ -1,8 +1,8 @@
 // The all-gather + GEMM's epilogue policy (gemm/mainloop.cuh): where a tile's A rows come from, the
 // copier warp that pushes this rank's block of X to its peers, and the plain store of Y's tiles.
 //
-// Who sends which block when: every CTA's copier (warp 3 of the producer warpgroup) takes pieces
-// of X_r (kCopyRows x kCopyCols, ops/ag_gemm/workspace.h), a piece every `grid` pieces, in order,
+// Who sends which block when: every CTA's copiers (warps 1-3 of the producer warpgroup) take pieces
+// of X_r (kCopyRows x copy_cols, ops/ag_gemm/workspace.h), a piece every 3 x `grid`, in order,
 // and stores each row of it into the gathered buffer of ranks r+1, r+2, ..., r+P-1 (and of this
 // rank, when the caller wants the gathered X), then raises the piece's flag in each. All CTAs copy
 // at once from the start of the call, so the pieces land in the first part of the own band's time.
@@ -43,7 +43,8 @@ class AllGatherEpilogue : public EpilogueBase {
     int rows_per_rank;
     int k;
     int row_blocks;                      // pieces of a block along its rows (kCopyRows)
-    int col_chunks;                      // pieces along k (kCopyCols)
+    int copy_cols;                       // a piece's columns (kWideCopyCols or kNarrowCopyCols)
+    int col_chunks;                      // pieces along k
     bool copy_own;                       // also copy X_r into this rank's gathered buffer
     CUtensorMap y;                       // Y: 4D (column, row, band, 1), box 64 x 64
     CUtensorMap own_x;                   // X_r: 4D (k, row, 1, 1), box 64 x block_m
@@ -59,7 +60,7 @@ class AllGatherEpilogue : public EpilogueBase {
     uint64_t timeout_ns;
   };
 
-  static constexpr bool kHasCopier = true;
+  static constexpr int kCopierWarps = 3;
   static constexpr bool kLayeredA = true;
 
   template <class Storage>
@@ -79,37 +80,40 @@ class AllGatherEpilogue : public EpilogueBase {
     return {&p.gathered, tile.segment_row, tile.owner_rank, int(epoch & 1)};
   }
 
-  // Copier warp (32 threads): pushes this CTA's pieces of X_r to every peer (and to this rank's own
-  // gathered buffer when asked). A row of a piece is loaded once and stored to every destination,
-  // so the loads, whose latency bounds a warp's rate, are not repeated per peer.
+  // A copier warp (32 threads, one of `copiers` over the CTAs): pushes its pieces of X_r to every
+  // peer (and to this rank's own gathered buffer when asked). Each piece is read once, four 16-byte
+  // vectors a lane in flight (the loads' latency bounds a warp's rate), and stored to every
+  // destination.
   template <class Config>
-  __device__ static void copy(const Params& p, int cta, int num_ctas) {
+  __device__ static void copy(const Params& p, int copier, int copiers) {
     const uint32_t epoch = comm::call_epoch(p.calls);
     const int lane = threadIdx.x % 32;
     const int num_pieces = p.row_blocks * p.col_chunks;
     const int destinations = p.copy_own ? p.world_size : p.world_size - 1;
-    for (int piece = cta; piece < num_pieces; piece += num_ctas) {
+    const int row_vectors_log2 = p.copy_cols == kWideCopyCols ? 7 : 5;  // copy_cols / 8 vectors a row
+    for (int piece = copier; piece < num_pieces; piece += copiers) {
       const int block = piece / p.col_chunks;
       const int chunk = piece - block * p.col_chunks;
       const int row0 = block * kCopyRows;
-      const int col0 = chunk * kCopyCols;
+      const int col0 = chunk * p.copy_cols;
       const int rows = min(kCopyRows, p.rows_per_rank - row0);
-      const int vectors = min(kCopyCols, p.k - col0) / 8;  // 16-byte vectors a row (k is a multiple of 8)
+      const int width = min(p.copy_cols, p.k - col0) / 8;  // vectors of this piece's rows (k: multiple of 8)
       const size_t dst_offset = size_t(epoch & 1) * p.parity_elems + (size_t(p.rank) * p.rows_per_rank + row0) * p.k + col0;
-      for (int r = 0; r < rows; ++r) {
-        // kCopyCols / 8 = 4 x 32 vectors: at most four a lane.
-        const uint4* src = reinterpret_cast<const uint4*>(p.x + size_t(row0 + r) * p.k + col0);
+      const int slots = rows << row_vectors_log2;
+      for (int first = lane; first < slots; first += 4 * 32) {
         uint4 v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          if (lane + 32 * i < vectors) v[i] = __ldg(src + lane + 32 * i);
+          const int e = first + 32 * i, r = e >> row_vectors_log2, c = e & ((1 << row_vectors_log2) - 1);
+          if (e < slots && c < width) v[i] = __ldg(reinterpret_cast<const uint4*>(p.x + size_t(row0 + r) * p.k + col0) + c);
         }
         for (int d = 1; d <= destinations; ++d) {
           const int dest = p.rank + d < p.world_size ? p.rank + d : p.rank + d - p.world_size;
-          uint4* dst = reinterpret_cast<uint4*>(p.gathered_at[dest] + dst_offset + size_t(r) * p.k);
+          uint16_t* dst = p.gathered_at[dest] + dst_offset;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            if (lane + 32 * i < vectors) dst[lane + 32 * i] = v[i];
+            const int e = first + 32 * i, r = e >> row_vectors_log2, c = e & ((1 << row_vectors_log2) - 1);
+            if (e < slots && c < width) reinterpret_cast<uint4*>(dst + size_t(r) * p.k)[c] = v[i];
           }
         }
       }
@@ -152,24 +156,34 @@ class AllGatherEpilogue : public EpilogueBase {
   __device__ void finish() { slabs_.drain(); }
 
  private:
-  // Producer thread: waits, boundedly, for the flags of every piece the tile's rows span (all of k).
-  // Returns false if the call failed (this wait timed out, or another one of this rank's).
+  // Producer thread: waits, boundedly, for the flags of every piece the tile's rows span (all of k),
+  // eight loads in flight at a time. Returns false if the call failed (this wait timed out, or
+  // another one of this rank's).
   __device__ static bool wait_for_rows(const Params& p, const Tile& tile, uint32_t epoch) {
     const int first_block = tile.segment_row / kCopyRows;
     const int last_block = (tile.segment_row + (tile.row_end - tile.row_begin) - 1) / kCopyRows;
     const uint32_t* flags = p.flags_at[p.rank] + size_t(epoch & 1) * p.flags_parity_words +
-                            size_t(tile.owner_rank) * p.row_blocks * p.col_chunks;
+                            (size_t(tile.owner_rank) * p.row_blocks + first_block) * p.col_chunks;
+    const int num_flags = (last_block - first_block + 1) * p.col_chunks;  // consecutive in the array
     const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
-    for (int block = first_block; block <= last_block; ++block) {
-      for (int chunk = 0; chunk < p.col_chunks; ++chunk) {
-        const uint32_t* flag = flags + size_t(block) * p.col_chunks + chunk;
-        while (!comm::epoch_reached(ptx::load_relaxed_sys(flag), epoch)) {
+    for (int first = 0; first < num_flags; first += 8) {
+      uint32_t seen[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (first + i < num_flags) seen[i] = ptx::load_relaxed_sys(flags + first + i);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (first + i >= num_flags) continue;
+        while (!comm::epoch_reached(seen[i], epoch)) {
           if (comm::call_failed(p.failed)) return false;
           if (ptx::globaltimer_ns() > deadline) {
-            comm::report_timeout(p.failed, p.error, p.rank, tile.owner_rank, tile.row_begin, chunk * kCopyCols);
+            const int chunk = (first + i) % p.col_chunks;
+            comm::report_timeout(p.failed, p.error, p.rank, tile.owner_rank, tile.row_begin, chunk * p.copy_cols);
             return false;
           }
           __nanosleep(100);
+          seen[i] = ptx::load_relaxed_sys(flags + first + i);
         }
       }
     }
