@@ -13,13 +13,16 @@ namespace {
 // for the plain GEMM (docs/EXPERIMENTS.md).
 constexpr int kGroupRowsPerWave = 32;
 
-// The config's own splits of K: each at least this many K blocks (the stages a split streams
-// before its pipeline drains), at most this many splits (the last split adds all S partials).
-constexpr int kMinKBlocksPerSplit = 3;
+// The config's own splits of K: each at least this many K blocks (a split's fixed costs, its
+// pipeline's fill and its partial's round trip, weigh against a few K blocks: splits of 3-4 K
+// blocks measured slower than none, of 6 and more faster; docs/EXPERIMENTS.md), at most this many
+// splits (the last split adds all S partials).
+constexpr int kMinKBlocksPerSplit = 10;
 constexpr int kMaxSplits = 8;
 // What splitting costs a step beyond its K blocks, in K blocks: its partial's round trip through
-// the workspace (written, counted in, read back and added by the last split).
-constexpr double kSplitCostKBlocks = 2;
+// the workspace (written, counted in, read back and added by the last split). A 64 x 256 slab's
+// FP32 partial is 64 KB against 40 KB of operands a K block: about 4 K blocks, written and read.
+constexpr double kSplitCostKBlocks = 4;
 
 // Relative time of a tile shape whose K loop of num_k_blocks is cut into `splits`: the waves of
 // steps over the SMs times a step's cost, which grows with its columns plus a fixed part (pipeline

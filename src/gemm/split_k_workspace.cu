@@ -89,9 +89,9 @@ Status allocate(int device, int max_steps, Allocation* out) {
 
 Status split_k_workspace(cudaStream_t stream, int max_steps, SplitKWorkspace* workspace) {
   int device = 0;
-  unsigned long long stream_id = 0;
   TPFUSE_CUDA_TRY(cudaGetDevice(&device));
-  TPFUSE_CUDA_TRY(cudaStreamGetId(stream, &stream_id));
+  // The stream's handle names it (cudaStreamGetId is refused while a stream is captured).
+  const unsigned long long stream_id = reinterpret_cast<uintptr_t>(stream);
   Workspaces& all = workspaces();
   std::lock_guard<std::mutex> lock(all.mutex);
   const Allocation* found = all.find(device, stream_id);

@@ -51,9 +51,13 @@ TEST(AllGatherSchedule, PiecesCoverABlock) {
   EXPECT_EQ(copy_col_chunks(8192, kWideCopyCols), 8);
   EXPECT_EQ(copy_col_chunks(6144 + 8, kWideCopyCols), 7);
   EXPECT_EQ(copy_col_chunks(8192, kNarrowCopyCols), 32);
-  // Wide pieces where there are enough of them for every copier warp, narrow ones where not.
-  EXPECT_EQ(copy_cols_for(4096, 8192, 396), kWideCopyCols);  // 64 row blocks x 8
-  EXPECT_EQ(copy_cols_for(64, 8192, 396), kNarrowCopyCols);  // 1 x 8
+  // Wide pieces where they are for half the CTAs or more, narrow ones where not (P = 8, K = 8192).
+  EXPECT_EQ(copy_cols_for(1024, 8192, 132), kWideCopyCols);   // M = 8192: 16 row blocks x 8
+  EXPECT_EQ(copy_cols_for(256, 8192, 132), kNarrowCopyCols);  // M = 2048: 4 x 8
+  EXPECT_EQ(copy_cols_for(64, 8192, 132), kNarrowCopyCols);   // M = 512: 1 x 8
+  // One copier warp a CTA where the wide pieces are two a CTA and more, else all three.
+  EXPECT_EQ(copiers_per_cta_for(4096, 8192, 132, 3), 1);  // M = 32768: 64 x 8
+  EXPECT_EQ(copiers_per_cta_for(1024, 8192, 132, 3), 3);
   CommunicatorOptions options;
   options.max_m = 8192;
   options.max_k = 8192;

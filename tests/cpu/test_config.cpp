@@ -396,18 +396,21 @@ TEST(Config, SharedStorageHoldsEveryPart) {
 // M = 1 .. 64 on 64 x 256 tiles, M = 128 and 256 on 128-row tiles, M = 512 unsplit (one wave of
 // tiles already).
 TEST(Config, SplitKWhereTilesFillFewSms) {
+  // Splits of at least 10 K blocks (kMinKBlocksPerSplit), where the tiles fill few SMs: split K
+  // measured faster where K is deep (K/P = 2048 and 3584: 1.03-1.32 at M <= 256) and slower at
+  // 1024 and 768 (0.69-0.99), whose splits would be 3-4 K blocks (docs/EXPERIMENTS.md).
   struct Expected {
     int64_t n, k;
-    int small_m_splits;      // M = 1 .. 64: 64 x 256 tiles
+    int small_m_splits;           // M = 1 .. 64: 64 x 256 tiles
     int block_n_128, splits_128;  // M = 128
     int block_n_256, splits_256;  // M = 256
     int block_n_512;              // M = 512, unsplit
   };
   for (const Expected& e : {
-           Expected{8192, 1024, 4, 256, 4, 256, 2, 256},  // 32 tiles x 4 splits of 4 K blocks
-           Expected{8192, 3584, 4, 256, 4, 256, 2, 256},  // 32 x 4 of 14
-           Expected{6144, 768, 4, 192, 4, 192, 2, 192},   // 24 x 4 of 3 (5 splits would have 2 K blocks)
-           Expected{6144, 2048, 5, 192, 4, 192, 2, 192},  // 24 x 5 of 6 or 7
+           Expected{8192, 1024, 1, 192, 1, 192, 1, 256},  // 16 K blocks: no split of 10
+           Expected{8192, 3584, 4, 192, 3, 256, 2, 256},  // 56 K blocks: 32 tiles x 4 splits of 14
+           Expected{6144, 768, 1, 192, 1, 192, 1, 192},   // 12 K blocks
+           Expected{6144, 2048, 3, 192, 3, 192, 2, 192},  // 32 K blocks: 24 x 3 of 10 or 11
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;

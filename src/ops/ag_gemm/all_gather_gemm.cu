@@ -65,7 +65,9 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.rows_per_rank = int(rows);
   e.k = int(k);
   e.row_blocks = int(copy_row_blocks(rows));
-  e.copy_cols = copy_cols_for(rows, k, config.gemm.num_ctas * kernels::AllGatherEpilogue::kCopierWarps);
+  constexpr int kCopierWarps = kernels::AllGatherEpilogue::kCopierWarps;
+  e.copiers_per_cta = copiers_per_cta_for(rows, k, config.gemm.num_ctas, kCopierWarps);
+  e.copy_cols = copy_cols_for(rows, k, config.gemm.num_ctas);
   e.col_chunks = int(copy_col_chunks(k, e.copy_cols));
   e.copy_own = copy_own;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);

@@ -44,6 +44,7 @@ class AllGatherEpilogue : public EpilogueBase {
     int k;
     int row_blocks;                      // pieces of a block along its rows (kCopyRows)
     int copy_cols;                       // a piece's columns (kWideCopyCols or kNarrowCopyCols)
+    int copiers_per_cta;                 // copier warps at work in a CTA, 1 .. kCopierWarps
     int col_chunks;                      // pieces along k
     bool copy_own;                       // also copy X_r into this rank's gathered buffer
     CUtensorMap y;                       // Y: 4D (column, row, band, 1), box 64 x 64
@@ -85,7 +86,12 @@ class AllGatherEpilogue : public EpilogueBase {
   // vectors a lane in flight (the loads' latency bounds a warp's rate), and stored to every
   // destination.
   template <class Config>
-  __device__ static void copy(const Params& p, int copier, int copiers) {
+  __device__ static void copy(const Params& p, int copier_warp, int copier_warps) {
+    // The CTA's first copiers_per_cta warps work; the others have nothing to do.
+    const int warp_in_cta = copier_warp % kCopierWarps;
+    if (warp_in_cta >= p.copiers_per_cta) return;
+    const int copier = copier_warp / kCopierWarps * p.copiers_per_cta + warp_in_cta;
+    const int copiers = copier_warps / kCopierWarps * p.copiers_per_cta;
     const uint32_t epoch = comm::call_epoch(p.calls);
     const int lane = threadIdx.x % 32;
     const int num_pieces = p.row_blocks * p.col_chunks;

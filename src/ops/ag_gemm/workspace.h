@@ -14,15 +14,24 @@
 namespace tpfuse {
 
 constexpr int kCopyRows = 64;
-// A piece's columns: wide where a block has many rows (fewer flags to wait for), narrow where it has
-// few, so that there are pieces for every copier warp (`copiers`) to push at once.
+// A piece's columns: wide where a block has many rows (fewer flags for a tile to wait for: polling
+// them costs the producer time), narrow where it has few, so that half the CTAs have a piece to
+// push at once.
 constexpr int kWideCopyCols = 1024;
 constexpr int kNarrowCopyCols = 256;
 
 inline int64_t copy_row_blocks(int64_t rows_per_rank) { return (rows_per_rank + kCopyRows - 1) / kCopyRows; }
 inline int64_t copy_col_chunks(int64_t k, int copy_cols) { return (k + copy_cols - 1) / copy_cols; }
-inline int copy_cols_for(int64_t rows_per_rank, int64_t k, int copiers) {
-  return copy_row_blocks(rows_per_rank) * copy_col_chunks(k, kWideCopyCols) >= copiers ? kWideCopyCols : kNarrowCopyCols;
+inline int copy_cols_for(int64_t rows_per_rank, int64_t k, int num_ctas) {
+  return 2 * copy_row_blocks(rows_per_rank) * copy_col_chunks(k, kWideCopyCols) >= num_ctas ? kWideCopyCols
+                                                                                           : kNarrowCopyCols;
+}
+
+// Copier warps a CTA runs (of its kCopierWarps, ops/ag_gemm/epilogue.cuh): one where a block has
+// wide pieces to spare for every CTA (the copy then stretches over the multiply instead of taking the
+// memory's bandwidth from it at the start), all where it has few.
+inline int copiers_per_cta_for(int64_t rows_per_rank, int64_t k, int num_ctas, int max_per_cta) {
+  return copy_row_blocks(rows_per_rank) * copy_col_chunks(k, kWideCopyCols) >= 2 * int64_t(num_ctas) ? 1 : max_per_cta;
 }
 
 inline WorkspaceSize all_gather_workspace(const CommunicatorOptions& options, int world_size) {
