@@ -87,11 +87,14 @@ class AllGatherEpilogue : public EpilogueBase {
   // destination.
   template <class Config>
   __device__ static void copy(const Params& p, int copier_warp, int copier_warps) {
-    // The CTA's first copiers_per_cta warps work; the others have nothing to do.
+    // The CTA's first copiers_per_cta warps work; the others have nothing to do. Consecutive pieces
+    // go to different CTAs (the first warp of each, then the second, ...), so that no CTA's
+    // multiply gives up more of its issue slots than it must.
     const int warp_in_cta = copier_warp % kCopierWarps;
     if (warp_in_cta >= p.copiers_per_cta) return;
-    const int copier = copier_warp / kCopierWarps * p.copiers_per_cta + warp_in_cta;
-    const int copiers = copier_warps / kCopierWarps * p.copiers_per_cta;
+    const int num_ctas = copier_warps / kCopierWarps;
+    const int copier = warp_in_cta * num_ctas + copier_warp / kCopierWarps;
+    const int copiers = p.copiers_per_cta * num_ctas;
     const uint32_t epoch = comm::call_epoch(p.calls);
     const int lane = threadIdx.x % 32;
     const int num_pieces = p.row_blocks * p.col_chunks;
