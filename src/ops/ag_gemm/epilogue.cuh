@@ -82,9 +82,8 @@ class AllGatherEpilogue : public EpilogueBase {
   }
 
   // A copier warp (32 threads, one of `copiers` over the CTAs): pushes its pieces of X_r to every
-  // peer (and to this rank's own gathered buffer when asked). Each piece is read once, four 16-byte
-  // vectors a lane in flight (the loads' latency bounds a warp's rate), and stored to every
-  // destination.
+  // peer (and to this rank's own gathered buffer when asked). Each row of a piece is read once (the
+  // loads' latency bounds a warp's rate) and stored to every destination.
   template <class Config>
   __device__ static void copy(const Params& p, int copier_warp, int copier_warps) {
     // The CTA's first copiers_per_cta warps work; the others have nothing to do. Consecutive pieces
@@ -99,7 +98,6 @@ class AllGatherEpilogue : public EpilogueBase {
     const int lane = threadIdx.x % 32;
     const int num_pieces = p.row_blocks * p.col_chunks;
     const int destinations = p.copy_own ? p.world_size : p.world_size - 1;
-    const int row_vectors_log2 = p.copy_cols == kWideCopyCols ? 7 : 5;  // copy_cols / 8 vectors a row
     for (int piece = copier; piece < num_pieces; piece += copiers) {
       const int block = piece / p.col_chunks;
       const int chunk = piece - block * p.col_chunks;
@@ -108,21 +106,21 @@ class AllGatherEpilogue : public EpilogueBase {
       const int rows = min(kCopyRows, p.rows_per_rank - row0);
       const int width = min(p.copy_cols, p.k - col0) / 8;  // vectors of this piece's rows (k: multiple of 8)
       const size_t dst_offset = size_t(epoch & 1) * p.parity_elems + (size_t(p.rank) * p.rows_per_rank + row0) * p.k + col0;
-      const int slots = rows << row_vectors_log2;
-      for (int first = lane; first < slots; first += 4 * 32) {
+      // A row at a time: at most kWideCopyCols / 8 = 4 x 32 vectors, four a lane (a narrow piece's
+      // row is one a lane). More in flight would not fit the producer warpgroup's registers.
+      for (int r = 0; r < rows; ++r) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.x + size_t(row0 + r) * p.k + col0);
         uint4 v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int e = first + 32 * i, r = e >> row_vectors_log2, c = e & ((1 << row_vectors_log2) - 1);
-          if (e < slots && c < width) v[i] = __ldg(reinterpret_cast<const uint4*>(p.x + size_t(row0 + r) * p.k + col0) + c);
+          if (lane + 32 * i < width) v[i] = __ldg(src + lane + 32 * i);
         }
         for (int d = 1; d <= destinations; ++d) {
           const int dest = p.rank + d < p.world_size ? p.rank + d : p.rank + d - p.world_size;
-          uint16_t* dst = p.gathered_at[dest] + dst_offset;
+          uint4* dst = reinterpret_cast<uint4*>(p.gathered_at[dest] + dst_offset + size_t(r) * p.k);
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const int e = first + 32 * i, r = e >> row_vectors_log2, c = e & ((1 << row_vectors_log2) - 1);
-            if (e < slots && c < width) reinterpret_cast<uint4*>(dst + size_t(r) * p.k)[c] = v[i];
+            if (lane + 32 * i < width) dst[lane + 32 * i] = v[i];
           }
         }
       }
