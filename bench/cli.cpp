@@ -161,6 +161,8 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   partials preset) against tpfuse's GEMM, on GPU 0\n"
          "                   fused: the fused op on every GPU (2 or more) against cuBLAS + NCCL: T_fused, E,\n"
          "                   E_hideable, speedup\n"
+         "                   ag: the all-gather + GEMM on every GPU against ncclAllGather + cuBLAS: T_fused,\n"
+         "                   E, E_hideable, speedup (the column-parallel sweep, M,N,K: M x N/P x K)\n"
          "                   ag-proxy: the all-gather + GEMM's rank 0 alone (P ranks emulated on GPU 0, its\n"
          "                   peers' blocks of X preset as arrived) against tpfuse's GEMM on the gathered X;\n"
          "                   its sweep is the column-parallel layers' (M,N,K: M x N/P x K)\n"

@@ -28,6 +28,7 @@ constexpr Mode kModes[] = {
     {"gemm", run_gemm, 1},
     {"proxy", run_proxy, 1},
     {"fused", run_fused, 0},
+    {"ag", run_ag, 0},
     {"ag-proxy", run_ag_proxy, 1},
     {"p2p", run_p2p, 2},
 };

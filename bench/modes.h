@@ -29,6 +29,8 @@ void run_gemm(const Options& options, Report& report);
 void run_proxy(const Options& options, Report& report);
 // The fused op on every GPU (2 or more) against the unfused path: T_fused, E, E_hideable, speedup.
 void run_fused(const Options& options, Report& report);
+// The all-gather + GEMM on every GPU against ncclAllGather + cuBLAS: T_fused, E, E_hideable, speedup.
+void run_ag(const Options& options, Report& report);
 // The solo-rank proxy of the all-gather + GEMM on GPU 0 (its sweep: the column-parallel layers).
 void run_ag_proxy(const Options& options, Report& report);
 // Write bandwidth from GPU 0 into GPU 1 and back: SM stores, TMA stores, copy engine (no shapes).
