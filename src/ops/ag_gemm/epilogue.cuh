@@ -98,6 +98,7 @@ class AllGatherEpilogue : public EpilogueBase {
     const int lane = threadIdx.x % 32;
     const int num_pieces = p.row_blocks * p.col_chunks;
     const int destinations = p.copy_own ? p.world_size : p.world_size - 1;
+    if (destinations == 0) return;  // one rank, no gathered X wanted: nothing to move
     for (int piece = copier; piece < num_pieces; piece += copiers) {
       const int block = piece / p.col_chunks;
       const int chunk = piece - block * p.col_chunks;
