@@ -316,4 +316,19 @@ Status communicator_status(const Communicator* comm) {
   return Status::Ok();
 }
 
+Status check_call_ranks(const Communicator& comm, int problem_world_size, const std::vector<int>& local_ranks) {
+  if (problem_world_size != comm.world_size) {
+    return Status::InvalidArgument("problem.world_size = " + std::to_string(problem_world_size) +
+                                   " differs from the communicator's " + std::to_string(comm.world_size) + " ranks");
+  }
+  if (local_ranks.empty()) return Status::InvalidArgument("no local rank to launch");
+  for (int rank : local_ranks) {
+    if (rank < 0 || rank >= int(comm.ranks.size())) {
+      return Status::InvalidArgument("local rank " + std::to_string(rank) + " is not one of the " +
+                                     std::to_string(comm.ranks.size()) + " ranks of this process");
+    }
+  }
+  return communicator_status(&comm);
+}
+
 }  // namespace tpfuse

@@ -73,4 +73,8 @@ Status preset_incoming_flags(Communicator* comm, int local_rank);
 // Checks options against the world size (the message names the bad field).
 Status check_options(const CommunicatorOptions& options, int world_size);
 
+// What every op's call checks of its communicator: the problem's world size is the communicator's,
+// each local rank is one of this process's, and no earlier call failed.
+Status check_call_ranks(const Communicator& comm, int problem_world_size, const std::vector<int>& local_ranks);
+
 }  // namespace tpfuse
