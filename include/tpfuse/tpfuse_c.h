@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 /* Raised whenever a function of this header changes its arguments or meaning. */
-#define TPFUSE_C_API_VERSION 1
+#define TPFUSE_C_API_VERSION 2
 
 enum {
   TPFUSE_OK = 0,
@@ -61,11 +61,12 @@ int tpfuse_nccl_comm_init_rank(void** nccl_comm, int world_size, const void* id,
 /* ncclCommDestroy. */
 int tpfuse_nccl_comm_destroy(void* nccl_comm);
 
-/* ---- The fused GEMM + reduce-scatter (tpfuse.h) ---------------------------------------------------- */
+/* ---- The communicator and the fused ops (tpfuse.h) ------------------------------------------------- */
 
 /* tpfuse::communicator_create over the caller's NCCL communicator (which must outlive it), with
- * receive buffers for calls up to max_m x max_n; peer_timeout_s 0 is the library's default. Collective. */
-int tpfuse_communicator_create(void* nccl_comm, int64_t max_m, int64_t max_n, double peer_timeout_s,
+ * workspace for reduce-scatter calls up to max_m x max_n and, where max_k > 0, all-gather calls up
+ * to max_m x max_k (0: none); peer_timeout_s 0 is the library's default. Collective. */
+int tpfuse_communicator_create(void* nccl_comm, int64_t max_m, int64_t max_n, int64_t max_k, double peer_timeout_s,
                                tpfuse_communicator** comm);
 
 /* tpfuse::communicator_destroy: waits for the device, then frees. Collective (NCCL window
@@ -80,6 +81,13 @@ int tpfuse_communicator_status(const tpfuse_communicator* comm);
  * aligned; world_size is the communicator's size. */
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
                                int weight_layout, const void* a, const void* w, void* out, void* stream);
+
+/* tpfuse::all_gather_gemm on `stream`: y (m x n_per_rank, BF16) = the rows of every rank's x
+ * (m/world_size x k, BF16) gathered in rank order, @ w (weight_layout: k x n_per_rank or
+ * n_per_rank x k). gathered_x, if not null, receives the gathered X (m x k). Device pointers,
+ * 16-byte aligned; the communicator needs max_k >= k. */
+int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
+                           int weight_layout, const void* x, const void* w, void* y, void* gathered_x, void* stream);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,13 @@
-"""tpfuse for PyTorch: the fused GEMM + reduce-scatter of a row-parallel linear layer.
+"""tpfuse for PyTorch: the fused GEMM + reduce-scatter of a row-parallel linear layer, and the fused
+all-gather + GEMM of a column-parallel one.
 
     out = tpfuse.gemm_reduce_scatter(a, w, group)   # a: M x K/P, w: N x K/P (nn.Linear's weight)
+    y = tpfuse.all_gather_gemm(x, w, group)          # x: M/P x K, w: N/P x K; y: M x N/P
 
 One process per GPU, BF16 in and out. Rank r of `group` holds a_r and w_r; every rank gets its M/P
-rows of sum_r a_r @ w_r^T. `fused_matmul_reduce_scatter` is a drop-in for
-torch.ops.symm_mem.fused_matmul_reduce_scatter (reduce_op "sum", scatter_dim 0). Both are torch
-custom ops (torch.ops.tpfuse.*): traceable by torch.compile, capturable in CUDA graphs, run on the
+rows of sum_r a_r @ w_r^T; with all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
+`fused_matmul_reduce_scatter` is a drop-in for torch.ops.symm_mem.fused_matmul_reduce_scatter
+(reduce_op "sum", scatter_dim 0). All are torch custom ops (torch.ops.tpfuse.*): traceable by torch.compile, capturable in CUDA graphs, run on the
 current stream. Every failure raises a TpfuseError subclass carrying the library's message.
 """
 
@@ -21,7 +23,7 @@ from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, 
                      TpfuseError, UnsupportedError)
 
 __all__ = [
-    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "close", "status", "nccl_info",
+    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "close", "status", "nccl_info",
     "TpfuseError", "InvalidArgumentError", "UnsupportedError", "CudaError", "NcclError", "PeerTimeoutError",
     "InternalError", "StatusCode",
 ]
@@ -67,6 +69,23 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     must divide by the group's size. Returns (A.shape[0]/P, *A.shape[1:-1], N).
     """
     return torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+
+
+def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, weight_layout: str = "nk",
+                    return_gathered: bool = False):
+    """Y = the gathered X @ W (M x N/P, BF16): the rows of every rank's x, in rank order, times this
+    rank's w. With return_gathered, returns (Y, the gathered X (M x K)).
+
+    x: M/P x K, contiguous BF16 (this rank's rows of the activations).
+    w: this rank's output columns of the weight, contiguous BF16: N/P x K with weight_layout="nk"
+       (nn.Linear's weight, as stored), K x N/P with weight_layout="kn".
+    group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
+    N/P and K must be multiples of 8, and every rank calls with the same shapes.
+    """
+    group_name = _group_name(group)
+    if return_gathered:
+        return torch.ops.tpfuse.all_gather_gemm_gathered(x, w, weight_layout, group_name)
+    return torch.ops.tpfuse.all_gather_gemm(x, w, weight_layout, group_name)
 
 
 def nccl_info() -> NcclInfo:

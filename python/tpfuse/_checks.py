@@ -16,11 +16,12 @@ POINTER_ALIGNMENT = 16   # bytes
 MAX_EXTENT = 2**31 - 1   # the kernels index with 32 bits
 
 _WEIGHT_SHAPES = {"nk": "N x K/P (nn.Linear's weight)", "kn": "K/P x N"}
+_AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One rank's call: a is m x k_per_rank; out is m/world_size x n."""
+    """One rank's reduce-scatter call: a is m x k_per_rank; out is m/world_size x n."""
 
     m: int
     n: int
@@ -33,45 +34,81 @@ class Problem:
         return self.m // self.world_size
 
 
+@dataclass(frozen=True)
+class AllGatherProblem:
+    """One rank's all-gather call: x is m/world_size x k; y is m x n_per_rank."""
+
+    m: int
+    n_per_rank: int
+    k: int
+    world_size: int
+    weight_layout: str
+
+
 def _fail(message: str) -> None:
     raise InvalidArgumentError(message)
 
 
-def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
-                  out: Optional[torch.Tensor] = None) -> Problem:
-    """The problem of a, w and out, or an InvalidArgumentError naming the bad argument."""
+def _check_layout_and_group(weight_layout: str, world_size: int, weight_shapes: dict) -> None:
     if weight_layout not in WEIGHT_LAYOUT_CODES:
-        _fail(f"weight_layout = {weight_layout!r} must be 'nk' (w is N x K/P, nn.Linear's weight) or 'kn' (w is K/P x N)")
+        _fail(f"weight_layout = {weight_layout!r} must be 'nk' (w is {weight_shapes['nk'].split(' (')[0]}, "
+              f"nn.Linear's weight) or 'kn' (w is {weight_shapes['kn']})")
     if not 1 <= world_size <= MAX_WORLD_SIZE:
         _fail(f"the group has {world_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}")
-    for name, tensor in (("a", a), ("w", w), ("out", out)):
+
+
+def _check_matrices(*named) -> None:
+    """BF16 matrices, each (name, tensor); a None tensor is an output not asked for."""
+    for name, tensor in named:
         if tensor is not None and tensor.dtype != torch.bfloat16:
             _fail(f"{name} has dtype {tensor.dtype}; tpfuse takes and returns torch.bfloat16")
         if tensor is not None and tensor.dim() != 2:
             _fail(f"{name} has {tensor.dim()} dimensions {tuple(tensor.shape)}; it must be a matrix")
 
-    m, k_per_rank = a.shape
+
+def _weight_columns(w: torch.Tensor, weight_layout: str, name: str, operand: torch.Tensor, operand_shape: str,
+                    k_name: str, weight_shapes: dict) -> int:
+    """The output columns of w, whose reduction dimension must be the operand's columns."""
     n, w_k = (w.shape[0], w.shape[1]) if weight_layout == "nk" else (w.shape[1], w.shape[0])
-    if w_k != k_per_rank:
-        _fail(f"w {tuple(w.shape)} is not {_WEIGHT_SHAPES[weight_layout]} for a {tuple(a.shape)} (M x K/P): "
-              f"its K/P is {w_k}, a's is {k_per_rank} (weight_layout = {weight_layout!r})")
-    if not a.is_contiguous():
-        _fail(f"a {tuple(a.shape)} with strides {a.stride()} is not contiguous (row-major M x K/P)")
+    k = operand.shape[1]
+    if w_k != k:
+        _fail(f"w {tuple(w.shape)} is not {weight_shapes[weight_layout]} for {name} {tuple(operand.shape)} "
+              f"({operand_shape}): its {k_name} is {w_k}, {name}'s is {k} (weight_layout = {weight_layout!r})")
+    return n
+
+
+def _check_operands_contiguous(name: str, operand: torch.Tensor, operand_shape: str, w: torch.Tensor,
+                               weight_layout: str, weight_shapes: dict) -> None:
+    if not operand.is_contiguous():
+        _fail(f"{name} {tuple(operand.shape)} with strides {operand.stride()} is not contiguous "
+              f"(row-major {operand_shape})")
     if not w.is_contiguous():
         hint = " (for the transpose of an nn.Linear weight, pass the weight itself with weight_layout='nk')" \
             if weight_layout == "kn" and w.t().is_contiguous() else ""
-        _fail(f"w {tuple(w.shape)} with strides {w.stride()} is not a contiguous {_WEIGHT_SHAPES[weight_layout]} "
+        _fail(f"w {tuple(w.shape)} with strides {w.stride()} is not a contiguous {weight_shapes[weight_layout]} "
               f"matrix{hint}")
 
-    for name, extent in (("M", m), ("N", n), ("K/P", k_per_rank)):
+
+def _check_extents(extents, multiples_of_8) -> None:
+    for name, extent in extents:
         if extent <= 0 or extent > MAX_EXTENT:
             _fail(f"{name} = {extent} must be in 1..{MAX_EXTENT}")
-    if m % world_size != 0:
-        _fail(f"M = {m} rows of a do not divide over the group's {world_size} ranks")
-    for name, extent in (("N", n), ("K/P", k_per_rank)):
+    for name, extent in multiples_of_8:
         if extent % ROW_ALIGNMENT != 0:
             _fail(f"{name} = {extent} is not a multiple of {ROW_ALIGNMENT} (BF16 rows must be multiples of 16 bytes)")
 
+
+def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
+                  out: Optional[torch.Tensor] = None) -> Problem:
+    """The reduce-scatter's problem of a, w and out, or an InvalidArgumentError naming the bad argument."""
+    _check_layout_and_group(weight_layout, world_size, _WEIGHT_SHAPES)
+    _check_matrices(("a", a), ("w", w), ("out", out))
+    m, k_per_rank = a.shape
+    n = _weight_columns(w, weight_layout, "a", a, "M x K/P", "K/P", _WEIGHT_SHAPES)
+    _check_operands_contiguous("a", a, "M x K/P", w, weight_layout, _WEIGHT_SHAPES)
+    _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n), ("K/P", k_per_rank)))
+    if m % world_size != 0:
+        _fail(f"M = {m} rows of a do not divide over the group's {world_size} ranks")
     problem = Problem(m, n, k_per_rank, world_size, weight_layout)
     if out is not None:
         if tuple(out.shape) != (problem.rows_per_rank, problem.n):
@@ -80,6 +117,19 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
         if not out.is_contiguous():
             _fail(f"out with strides {out.stride()} is not contiguous")
     return problem
+
+
+def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: str,
+                             world_size: int) -> AllGatherProblem:
+    """The all-gather's problem of x and w, or an InvalidArgumentError naming the bad argument."""
+    _check_layout_and_group(weight_layout, world_size, _AG_WEIGHT_SHAPES)
+    _check_matrices(("x", x), ("w", w))
+    rows, k = x.shape
+    n_per_rank = _weight_columns(w, weight_layout, "x", x, "M/P x K", "K", _AG_WEIGHT_SHAPES)
+    _check_operands_contiguous("x", x, "M/P x K", w, weight_layout, _AG_WEIGHT_SHAPES)
+    m = rows * world_size
+    _check_extents((("M", m), ("N/P", n_per_rank), ("K", k)), (("N/P", n_per_rank), ("K", k)))
+    return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout)
 
 
 def check_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
@@ -106,14 +156,17 @@ def check_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
           "a contiguous N x K one")
 
 
-def check_placement(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
-    """Real tensors only: 16-byte aligned data, all on one CUDA device."""
-    for name, tensor in (("a", a), ("w", w), ("out", out)):
+def check_placement(*named) -> None:
+    """Real tensors only, each (name, tensor), a None tensor skipped: 16-byte aligned data, all on the
+    first one's CUDA device."""
+    named = [(name, tensor) for name, tensor in named if tensor is not None]
+    for name, tensor in named:
         if tensor.data_ptr() % POINTER_ALIGNMENT != 0:
             _fail(f"{name}'s data at 0x{tensor.data_ptr():x} is not {POINTER_ALIGNMENT}-byte aligned "
                   f"(a view at storage offset {tensor.storage_offset()})")
-    for name, tensor in (("a", a), ("w", w), ("out", out)):
+    first_name, first = named[0]
+    for name, tensor in named:
         if tensor.device.type != "cuda":
             _fail(f"{name} is on {tensor.device}; tpfuse runs on CUDA devices")
-        if tensor.device != a.device:
-            _fail(f"{name} is on {tensor.device}, a on {a.device}: all tensors must be on one device")
+        if tensor.device != first.device:
+            _fail(f"{name} is on {tensor.device}, {first_name} on {first.device}: all tensors must be on one device")

@@ -55,7 +55,8 @@ class NcclCommunicator:
 
 
 class GroupCommunicator:
-    """tpfuse's communicator for one group on one device, with receive buffers for max_m x max_n."""
+    """tpfuse's communicator for one group on one device, with workspace for reduce-scatter calls of
+    max_m x max_n and all-gather calls of max_m x max_k (max_k 0: none yet)."""
 
     def __init__(self, group: dist.ProcessGroup, device: torch.device):
         self.group = group  # held, so that the cache's key (its id) stays this group's
@@ -64,7 +65,7 @@ class GroupCommunicator:
         self.own_nccl = None if pointer is not None else NcclCommunicator(group, device)
         self.nccl_comm = pointer if pointer is not None else self.own_nccl.handle
         self.handle: Optional[int] = None
-        self.max_m = self.max_n = 0
+        self.max_m = self.max_n = self.max_k = 0
         self.captured = False    # a CUDA graph holds the current buffers' addresses
         self.retired = []        # earlier communicators whose buffers a CUDA graph holds
 
@@ -72,28 +73,30 @@ class GroupCommunicator:
     def uses_torch_comm(self) -> bool:
         return self.own_nccl is None
 
-    def reserve(self, m: int, n: int) -> int:
-        """The communicator's handle, with buffers for an m x n call (grown if needed)."""
+    def reserve(self, m: int, n: int, k: int = 0) -> int:
+        """The communicator's handle, with workspace for an m x n reduce-scatter call or, with k, an
+        all-gather call of m x k gathered and n output columns (grown if needed)."""
         capturing = torch.cuda.is_current_stream_capturing()
-        if m > self.max_m or n > self.max_n:
+        if m > self.max_m or n > self.max_n or k > self.max_k:
             if capturing:
                 raise InvalidArgumentError(
-                    f"an M x N = {m} x {n} call needs larger receive buffers than the {self.max_m} x {self.max_n} "
-                    "this group's communicator has, and they cannot grow during CUDA graph capture: run the "
-                    "largest call once before capturing")
+                    f"an M x N x K = {m} x {n} x {k} call needs a larger workspace than the {self.max_m} x "
+                    f"{self.max_n} x {self.max_k} this group's communicator has, and it cannot grow during CUDA "
+                    "graph capture: run the largest call once before capturing")
             # M at least doubles when it grows, so that varying M re-creates the buffers a few times only.
             max_m = self.max_m if m <= self.max_m else max(m, 2 * self.max_m)
-            self._create(max_m, max(n, self.max_n))
+            self._create(max_m, max(n, self.max_n), max(k, self.max_k))
         self.captured = self.captured or capturing
         return self.handle
 
-    def _create(self, max_m: int, max_n: int) -> None:
+    def _create(self, max_m: int, max_n: int, max_k: int) -> None:
         with torch.cuda.device(self.device):
             handle = ctypes.c_void_p()
-            library().call("tpfuse_communicator_create", self.nccl_comm, max_m, max_n, 0.0, ctypes.byref(handle))
+            library().call("tpfuse_communicator_create", self.nccl_comm, max_m, max_n, max_k, 0.0,
+                           ctypes.byref(handle))
             if self.handle is not None:
                 self._retire()
-        self.handle, self.max_m, self.max_n = handle.value, max_m, max_n
+        self.handle, self.max_m, self.max_n, self.max_k = handle.value, max_m, max_n, max_k
 
     def _retire(self) -> None:
         if self.captured:

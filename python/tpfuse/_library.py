@@ -24,7 +24,7 @@ import torch  # imported first: it loads its libnccl.so.2 (step 1 above)
 
 from .errors import StatusCode, UnsupportedError, error_for
 
-C_API_VERSION = 1  # TPFUSE_C_API_VERSION this package speaks
+C_API_VERSION = 2  # TPFUSE_C_API_VERSION this package speaks
 NCCL_UNIQUE_ID_BYTES = 128  # TPFUSE_NCCL_UNIQUE_ID_BYTES
 WEIGHT_LAYOUT_CODES = {"kn": 0, "nk": 1}  # TPFUSE_WEIGHT_KXN, TPFUSE_WEIGHT_NXK
 
@@ -40,11 +40,13 @@ _SIGNATURES = {
     "tpfuse_nccl_get_unique_id": [_c_void_p],
     "tpfuse_nccl_comm_init_rank": [_c_void_pp, _c_int, _c_void_p, _c_int, _c_int],
     "tpfuse_nccl_comm_destroy": [_c_void_p],
-    "tpfuse_communicator_create": [_c_void_p, _c_int64, _c_int64, _c_double, _c_void_pp],
+    "tpfuse_communicator_create": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_double, _c_void_pp],
     "tpfuse_communicator_destroy": [_c_void_p],
     "tpfuse_communicator_status": [_c_void_p],
     "tpfuse_gemm_reduce_scatter": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int,
                                    _c_void_p, _c_void_p, _c_void_p, _c_void_p],
+    "tpfuse_all_gather_gemm": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int,
+                               _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p],
 }
 
 

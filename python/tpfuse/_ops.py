@@ -1,13 +1,17 @@
 """The torch custom ops: tpfuse::gemm_reduce_scatter (returns this rank's rows),
-tpfuse::gemm_reduce_scatter_out (writes them into `out`) and tpfuse::fused_matmul_reduce_scatter
-(the schema of symm_mem::fused_matmul_reduce_scatter). Their fake implementations check the
+tpfuse::gemm_reduce_scatter_out (writes them into `out`), tpfuse::fused_matmul_reduce_scatter
+(the schema of symm_mem::fused_matmul_reduce_scatter), and the all-gather's tpfuse::all_gather_gemm
+(returns Y) and tpfuse::all_gather_gemm_gathered (Y and the gathered X). Their fake implementations check the
 arguments and give the output's shape, so torch.compile traces them without a graph break; the real
 ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
+
+from typing import Tuple
 
 import torch
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import Problem, check_matmul_reduce_scatter, check_placement, check_problem
+from ._checks import (AllGatherProblem, Problem, check_all_gather_problem, check_matmul_reduce_scatter,
+                      check_placement, check_problem)
 from ._communicators import communicator
 from ._library import WEIGHT_LAYOUT_CODES, library
 
@@ -17,7 +21,7 @@ def _group_size(group_name: str) -> int:
 
 
 def _launch(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: Problem, group_name: str) -> None:
-    check_placement(a, w, out)
+    check_placement(("a", a), ("w", w), ("out", out))
     comm = communicator(_resolve_process_group(group_name), a.device)
     handle = comm.reserve(problem.m, problem.n)
     stream = torch.cuda.current_stream(a.device).cuda_stream
@@ -74,3 +78,44 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
 @fused_matmul_reduce_scatter.register_fake
 def _(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str) -> torch.Tensor:
     return A.new_empty(_drop_in_problem(A, B, reduce_op, scatter_dim, group_name)[3])
+
+
+def _launch_all_gather(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, gathered_x, problem: AllGatherProblem,
+                       group_name: str) -> None:
+    check_placement(("x", x), ("w", w), ("y", y), ("gathered_x", gathered_x))
+    comm = communicator(_resolve_process_group(group_name), x.device)
+    handle = comm.reserve(problem.m, problem.n_per_rank, problem.k)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    with torch.cuda.device(x.device):
+        library().call("tpfuse_all_gather_gemm", handle, problem.m, problem.n_per_rank, problem.k,
+                       problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], x.data_ptr(), w.data_ptr(),
+                       y.data_ptr(), None if gathered_x is None else gathered_x.data_ptr(), stream)
+
+
+@torch.library.custom_op("tpfuse::all_gather_gemm", mutates_args=())
+def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+    y = x.new_empty((problem.m, problem.n_per_rank))
+    _launch_all_gather(x, w, y, None, problem, group_name)
+    return y
+
+
+@all_gather_gemm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+    return x.new_empty((problem.m, problem.n_per_rank))
+
+
+@torch.library.custom_op("tpfuse::all_gather_gemm_gathered", mutates_args=())
+def all_gather_gemm_gathered(x: torch.Tensor, w: torch.Tensor, weight_layout: str,
+                             group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+    y, gathered_x = x.new_empty((problem.m, problem.n_per_rank)), x.new_empty((problem.m, problem.k))
+    _launch_all_gather(x, w, y, gathered_x, problem, group_name)
+    return y, gathered_x
+
+
+@all_gather_gemm_gathered.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+    return x.new_empty((problem.m, problem.n_per_rank)), x.new_empty((problem.m, problem.k))

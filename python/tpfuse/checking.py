@@ -45,6 +45,24 @@ def unfused_rows(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group: di
     return rows
 
 
+def gathered_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Every rank's rows of x, in rank order (all_gather_into_tensor)."""
+    gathered = x.new_empty(x.shape[0] * group.size(), x.shape[1])
+    dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)
+    return gathered
+
+
+def all_gather_reference(x: torch.Tensor, w: torch.Tensor, weight_layout: str,
+                         group: dist.ProcessGroup) -> torch.Tensor:
+    """The FP32 product of the gathered BF16 rows and this rank's BF16 w (the all-gather's Y)."""
+    return gathered_rows(x, group).float() @ weight_as_k_by_n(w, weight_layout).float()
+
+
+def all_gather_unfused(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group: dist.ProcessGroup) -> torch.Tensor:
+    """The all-gather's unfused path: all_gather_into_tensor, then torch.mm (BF16 out)."""
+    return torch.mm(gathered_rows(x, group), weight_as_k_by_n(w, weight_layout))
+
+
 @dataclass(frozen=True)
 class Errors:
     max_rel: float     # max |out - ref| / max |ref|, over every rank's rows

@@ -65,6 +65,16 @@ const tpfuse::Communicator* from_handle(const tpfuse_communicator* comm) {
   return reinterpret_cast<const tpfuse::Communicator*>(comm);
 }
 
+Status weight_layout_of(int code, tpfuse::WeightLayout* layout) {
+  switch (code) {
+    case TPFUSE_WEIGHT_KXN: *layout = tpfuse::WeightLayout::kKxN; return Status::Ok();
+    case TPFUSE_WEIGHT_NXK: *layout = tpfuse::WeightLayout::kNxK; return Status::Ok();
+    default:
+      return Status::InvalidArgument("weight_layout = " + std::to_string(code) +
+                                     " is neither TPFUSE_WEIGHT_KXN (0) nor TPFUSE_WEIGHT_NXK (1)");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -119,13 +129,14 @@ int tpfuse_nccl_comm_destroy(void* nccl_comm) {
   });
 }
 
-int tpfuse_communicator_create(void* nccl_comm, int64_t max_m, int64_t max_n, double peer_timeout_s,
+int tpfuse_communicator_create(void* nccl_comm, int64_t max_m, int64_t max_n, int64_t max_k, double peer_timeout_s,
                                tpfuse_communicator** comm) {
   return guarded([&] {
     if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
     tpfuse::CommunicatorOptions options;
     options.max_m = max_m;
     options.max_n = max_n;
+    options.max_k = max_k;
     options.peer_timeout_s = peer_timeout_s;
     tpfuse::Communicator* created = nullptr;
     const Status status = tpfuse::communicator_create(static_cast<ncclComm_t>(nccl_comm), options, &created);
@@ -150,14 +161,21 @@ int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, 
     problem.n = n;
     problem.k_per_rank = k_per_rank;
     problem.world_size = world_size;
-    switch (weight_layout) {
-      case TPFUSE_WEIGHT_KXN: problem.weight_layout = tpfuse::WeightLayout::kKxN; break;
-      case TPFUSE_WEIGHT_NXK: problem.weight_layout = tpfuse::WeightLayout::kNxK; break;
-      default:
-        return Status::InvalidArgument("weight_layout = " + std::to_string(weight_layout) +
-                                       " is neither TPFUSE_WEIGHT_KXN (0) nor TPFUSE_WEIGHT_NXK (1)");
-    }
+    TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
     return tpfuse::gemm_reduce_scatter(from_handle(comm), problem, a, w, out, static_cast<cudaStream_t>(stream));
+  });
+}
+
+int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
+                           int weight_layout, const void* x, const void* w, void* y, void* gathered_x, void* stream) {
+  return guarded([&] {
+    tpfuse::AllGatherProblem problem;
+    problem.m = m;
+    problem.n_per_rank = n_per_rank;
+    problem.k = k;
+    problem.world_size = world_size;
+    TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
+    return tpfuse::all_gather_gemm(from_handle(comm), problem, x, w, y, gathered_x, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -83,6 +83,30 @@ def test_drop_in_bad_argument_raises_before_launch(group, case):
         tpfuse.fused_matmul_reduce_scatter(make_a(), make_b(), reduce_op, scatter_dim, group.group_name)
 
 
+ALL_GATHER_CASES = {
+    # name: (x, w, keyword arguments, what the message says); x is M/P x K, w N/P x K (nk) or K x N/P (kn)
+    "x_dtype": (lambda: cpu(M, K, dtype=torch.float16), lambda: cpu(N, K), {}, "x has dtype torch.float16"),
+    "w_3d": (lambda: cpu(M, K), lambda: cpu(2, N, K), {}, "w has 3 dimensions"),
+    "layout_name": (lambda: cpu(M, K), lambda: cpu(N, K), {"weight_layout": "kxn"},
+                    "weight_layout = 'kxn' must be 'nk' \\(w is N/P x K"),
+    "layout_mismatch": (lambda: cpu(M, K), lambda: cpu(K, N), {"weight_layout": "nk"},
+                        "is not N/P x K \\(nn.Linear's weight\\) for x \\(64, 32\\) \\(M/P x K\\): its K is 48"),
+    "x_non_contiguous": (lambda: cpu(M, 2 * K)[:, ::2], lambda: cpu(N, K), {}, "x .* is not contiguous"),
+    "n_not_multiple_of_8": (lambda: cpu(M, K), lambda: cpu(N + 4, K), {}, "N/P = 52 is not a multiple of 8"),
+    "k_not_multiple_of_8": (lambda: cpu(M, K + 4), lambda: cpu(N, K + 4), {}, "K = 36 is not a multiple of 8"),
+    "x_misaligned": (lambda: misaligned(M, K), lambda: cpu(N, K), {}, "x's data at 0x"),
+    "device": (lambda: cpu(M, K), lambda: cpu(N, K), {}, "x is on cpu; tpfuse runs on CUDA devices"),
+}
+
+
+@pytest.mark.parametrize("case", ALL_GATHER_CASES)
+@pytest.mark.parametrize("return_gathered", [False, True])
+def test_all_gather_bad_argument_raises_before_launch(group, case, return_gathered):
+    make_x, make_w, keywords, message = ALL_GATHER_CASES[case]
+    with pytest.raises(tpfuse.InvalidArgumentError, match=message):
+        tpfuse.all_gather_gemm(make_x(), make_w(), group, return_gathered=return_gathered, **keywords)
+
+
 def test_group_larger_than_a_node_is_refused(monkeypatch, group):
     monkeypatch.setattr(_ops, "_group_size", lambda group_name: 16)
     with pytest.raises(tpfuse.InvalidArgumentError, match="the group has 16 ranks; tpfuse supports 1 to 8"):

@@ -131,3 +131,17 @@ def test_status_asks_every_communicator(group, library, capturing):
     comm.status()
     assert [args[0] for name, args in library.calls if name == "tpfuse_communicator_status"] == [2, 1]
     comm.close()
+
+
+def test_all_gather_calls_grow_k_and_keep_m_and_n(group, library, capturing):
+    comm = _communicators.GroupCommunicator(group, DEVICE)
+    assert comm.reserve(64, 48) == 1                  # a reduce-scatter call: no all-gather workspace
+    assert comm.reserve(64, 16, 32) == 2              # the first all-gather call adds it
+    assert comm.reserve(32, 48, 16) == 2              # within every maximum
+    capturing["on"] = True
+    with pytest.raises(tpfuse.InvalidArgumentError, match="64 x 48 x 32 this group's communicator has"):
+        comm.reserve(64, 48, 64)
+    capturing["on"] = False
+    created = [args[:4] for name, args in library.calls if name == "tpfuse_communicator_create"]
+    assert created == [(TORCH_COMM, 64, 48, 0), (TORCH_COMM, 64, 48, 32)]
+    comm.close()

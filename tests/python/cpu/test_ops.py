@@ -113,3 +113,32 @@ def test_compile_reports_bad_shapes_at_trace_time(group):
     compiled = torch.compile(lambda a, w: tpfuse.gemm_reduce_scatter(a, w, group), fullgraph=True, backend="aot_eager")
     with pytest.raises(Exception, match="M = 6 rows of a do not divide over the group's 4 ranks"):
         compiled(meta(6, 32), meta(48, 32))
+
+
+def test_all_gather_ops_are_registered_with_their_schemas():
+    assert str(torch.ops.tpfuse.all_gather_gemm.default._schema) == \
+        "tpfuse::all_gather_gemm(Tensor x, Tensor w, str weight_layout, str group_name) -> Tensor"
+    assert str(torch.ops.tpfuse.all_gather_gemm_gathered.default._schema) == \
+        "tpfuse::all_gather_gemm_gathered(Tensor x, Tensor w, str weight_layout, str group_name) -> (Tensor, Tensor)"
+
+
+@pytest.mark.parametrize("weight_layout, w_shape", [("nk", (48, 32)), ("kn", (32, 48))])
+def test_all_gather_fake_shapes(group, weight_layout, w_shape):
+    p = group.size()
+    y = tpfuse.all_gather_gemm(meta(16, 32), meta(*w_shape), group, weight_layout=weight_layout)
+    assert y.shape == (16 * p, 48) and y.dtype == BF16 and y.device.type == "meta"
+    y, gathered = tpfuse.all_gather_gemm(meta(16, 32), meta(*w_shape), group, weight_layout=weight_layout,
+                                         return_gathered=True)
+    assert y.shape == (16 * p, 48) and gathered.shape == (16 * p, 32)
+
+
+def test_compile_traces_the_all_gather_in_one_graph(group):
+    capture = GraphCapture()
+
+    def layer(x, w):
+        y, gathered = tpfuse.all_gather_gemm(x, w, group, return_gathered=True)
+        return y.float() + gathered.float().sum()
+
+    out = torch.compile(layer, fullgraph=True, backend=capture)(meta(16, 32), meta(48, 32))
+    assert out.shape == (16 * group.size(), 48)
+    assert capture.calls_of(torch.ops.tpfuse.all_gather_gemm_gathered) == 1
