@@ -6,12 +6,12 @@ all-gather + GEMM of a column-parallel one.
 
 One process per GPU, BF16 in and out. Rank r of `group` holds a_r and w_r; every rank gets its M/P
 rows of sum_r a_r @ w_r^T; with all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
-`fused_matmul_reduce_scatter` is a drop-in for torch.ops.symm_mem.fused_matmul_reduce_scatter
-(reduce_op "sum", scatter_dim 0). All are torch custom ops (torch.ops.tpfuse.*): traceable by torch.compile, capturable in CUDA graphs, run on the
+`fused_matmul_reduce_scatter` and `fused_all_gather_matmul` are drop-ins for torch.ops.symm_mem's ops
+of those names (reduce_op "sum", scatter_dim 0; gather_dim 0). All are torch custom ops (torch.ops.tpfuse.*): traceable by torch.compile, capturable in CUDA graphs, run on the
 current stream. Every failure raises a TpfuseError subclass carrying the library's message.
 """
 
-from typing import Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, 
                      TpfuseError, UnsupportedError)
 
 __all__ = [
-    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "close", "status", "nccl_info",
+    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "fused_all_gather_matmul", "close", "status", "nccl_info",
     "TpfuseError", "InvalidArgumentError", "UnsupportedError", "CudaError", "NcclError", "PeerTimeoutError",
     "InternalError", "StatusCode",
 ]
@@ -86,6 +86,18 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, we
     if return_gathered:
         return torch.ops.tpfuse.all_gather_gemm_gathered(x, w, weight_layout, group_name)
     return torch.ops.tpfuse.all_gather_gemm(x, w, weight_layout, group_name)
+
+
+def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
+                            return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
+    """Drop-in for torch.ops.symm_mem.fused_all_gather_matmul: (the gathered A if return_A, else None,
+    [the gathered A @ B for B in Bs]).
+
+    A: (..., K), contiguous BF16, this rank's shard, gathered along dim 0 (gather_dim must be 0).
+    Bs: K x N_i each, contiguous or the transpose view of a contiguous N_i x K nn.Linear weight (used in
+    place). Each B is one fused call; a second B gathers A again.
+    """
+    return torch.ops.tpfuse.fused_all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
 
 
 def nccl_info() -> NcclInfo:

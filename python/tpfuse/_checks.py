@@ -146,14 +146,32 @@ def check_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
         _fail(f"A.shape[0] = {A.shape[0]} does not divide over the group's {world_size} ranks")
     if not A.is_contiguous():
         _fail(f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous")
-    a = A.view(-1, A.shape[-1])
-    # B is K x N: stored so (kn), or the transpose view of an nn.Linear weight, which B.t() is (nk).
-    if B.is_contiguous():
-        return a, B, "kn"
-    if B.t().is_contiguous():
-        return a, B.t(), "nk"
-    _fail(f"B {tuple(B.shape)} with strides {B.stride()} is neither a contiguous K x N matrix nor the transpose of "
-          "a contiguous N x K one")
+    return A.view(-1, A.shape[-1]), *weight_of(B, "B")
+
+
+def weight_of(B: torch.Tensor, name: str) -> Tuple[torch.Tensor, str]:
+    """A K x N operand of torch's symm_mem ops as tpfuse's w and weight_layout: B itself if stored so
+    (kn), else the nn.Linear weight that B is the transpose view of (nk)."""
+    if B.dim() == 2 and B.is_contiguous():
+        return B, "kn"
+    if B.dim() == 2 and B.t().is_contiguous():
+        return B.t(), "nk"
+    _fail(f"{name} {tuple(B.shape)} with strides {B.stride()} is neither a contiguous K x N matrix nor the "
+          "transpose of a contiguous N x K one")
+
+
+def check_fused_all_gather_matmul(A: torch.Tensor, Bs, gather_dim: int):
+    """symm_mem.fused_all_gather_matmul's arguments as tpfuse's: x (the rows of A as a matrix) and each
+    B's w and weight_layout."""
+    if gather_dim != 0:
+        _fail(f"gather_dim = {gather_dim}: tpfuse gathers the rows (gather_dim 0) only")
+    if A.dim() < 2:
+        _fail(f"A {tuple(A.shape)} must have 2 or more dimensions")
+    if not A.is_contiguous():
+        _fail(f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous")
+    if len(Bs) == 0:
+        _fail("Bs is empty: give one or more K x N weights")
+    return A.view(-1, A.shape[-1]), [weight_of(B, f"Bs[{i}]") for i, B in enumerate(Bs)]
 
 
 def check_placement(*named) -> None:

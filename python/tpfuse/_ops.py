@@ -1,17 +1,18 @@
 """The torch custom ops: tpfuse::gemm_reduce_scatter (returns this rank's rows),
 tpfuse::gemm_reduce_scatter_out (writes them into `out`), tpfuse::fused_matmul_reduce_scatter
 (the schema of symm_mem::fused_matmul_reduce_scatter), and the all-gather's tpfuse::all_gather_gemm
-(returns Y) and tpfuse::all_gather_gemm_gathered (Y and the gathered X). Their fake implementations check the
+(returns Y), tpfuse::all_gather_gemm_gathered (Y and the gathered X) and
+tpfuse::fused_all_gather_matmul (the schema of symm_mem::fused_all_gather_matmul). Their fake implementations check the
 arguments and give the output's shape, so torch.compile traces them without a graph break; the real
 ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
 
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import (AllGatherProblem, Problem, check_all_gather_problem, check_matmul_reduce_scatter,
-                      check_placement, check_problem)
+from ._checks import (AllGatherProblem, Problem, check_all_gather_problem, check_fused_all_gather_matmul,
+                      check_matmul_reduce_scatter, check_placement, check_problem)
 from ._communicators import communicator
 from ._library import WEIGHT_LAYOUT_CODES, library
 
@@ -119,3 +120,37 @@ def all_gather_gemm_gathered(x: torch.Tensor, w: torch.Tensor, weight_layout: st
 def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
     problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
     return x.new_empty((problem.m, problem.n_per_rank)), x.new_empty((problem.m, problem.k))
+
+
+def _all_gather_drop_in(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str):
+    """x and, per B, its w and problem; the gathered A's shape; each output's shape."""
+    world_size = _group_size(group_name)
+    x, weights = check_fused_all_gather_matmul(A, Bs, gather_dim)
+    problems = [(w, check_all_gather_problem(x, w, layout, world_size)) for w, layout in weights]
+    gathered_shape = (A.shape[0] * world_size, *A.shape[1:])
+    return x, problems, gathered_shape, [(*gathered_shape[:-1], p.n_per_rank) for _, p in problems]
+
+
+# symm_mem's schema exactly. Each B is its own fused call: the first also gives the gathered A; the
+# later ones gather again (one gather shared by every B is not built yet).
+@torch.library.custom_op("tpfuse::fused_all_gather_matmul", mutates_args=(),
+                         schema="(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, bool return_A=True) "
+                                "-> (Tensor?, Tensor[])")
+def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
+                            return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
+    x, problems, gathered_shape, out_shapes = _all_gather_drop_in(A, Bs, gather_dim, group_name)
+    gathered = A.new_empty(gathered_shape) if return_A else None
+    outs = []
+    for i, ((w, problem), shape) in enumerate(zip(problems, out_shapes)):
+        out = A.new_empty(shape)
+        gathered_x = gathered.view(problem.m, problem.k) if gathered is not None and i == 0 else None
+        _launch_all_gather(x, w, out.view(problem.m, problem.n_per_rank), gathered_x, problem, group_name)
+        outs.append(out)
+    return gathered, outs
+
+
+@fused_all_gather_matmul.register_fake
+def _(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
+      return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
+    _, _, gathered_shape, out_shapes = _all_gather_drop_in(A, Bs, gather_dim, group_name)
+    return (A.new_empty(gathered_shape) if return_A else None), [A.new_empty(shape) for shape in out_shapes]

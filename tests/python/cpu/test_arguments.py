@@ -107,6 +107,26 @@ def test_all_gather_bad_argument_raises_before_launch(group, case, return_gather
         tpfuse.all_gather_gemm(make_x(), make_w(), group, return_gathered=return_gathered, **keywords)
 
 
+AG_DROP_IN_CASES = {
+    # name: (A, Bs, gather_dim, what the message says)
+    "gather_dim": (lambda: cpu(8, 3, K), lambda: [cpu(K, N)], 1, "gather_dim = 1: tpfuse gathers the rows"),
+    "a_1d": (lambda: cpu(K), lambda: [cpu(K, N)], 0, "must have 2 or more dimensions"),
+    "a_non_contiguous": (lambda: cpu(3, 8, K).transpose(0, 1), lambda: [cpu(K, N)], 0, "is not contiguous"),
+    "no_weights": (lambda: cpu(8, K), lambda: [], 0, "Bs is empty"),
+    "b_strided": (lambda: cpu(8, K), lambda: [cpu(K, N), cpu(K, 2 * N)[:, ::2]], 0,
+                  "Bs\\[1\\] \\(32, 48\\) .* is neither a contiguous K x N"),
+    "b_mismatch": (lambda: cpu(8, K), lambda: [cpu(N, 2 * K).t()], 0, "its K is 64, x's is 32"),
+    "device": (lambda: cpu(8, 3, K), lambda: [cpu(N, K).t()], 0, "is on cpu"),
+}
+
+
+@pytest.mark.parametrize("case", AG_DROP_IN_CASES)
+def test_all_gather_drop_in_bad_argument_raises_before_launch(group, case):
+    make_a, make_bs, gather_dim, message = AG_DROP_IN_CASES[case]
+    with pytest.raises(tpfuse.InvalidArgumentError, match=message):
+        tpfuse.fused_all_gather_matmul(make_a(), make_bs(), gather_dim, group.group_name)
+
+
 def test_group_larger_than_a_node_is_refused(monkeypatch, group):
     monkeypatch.setattr(_ops, "_group_size", lambda group_name: 16)
     with pytest.raises(tpfuse.InvalidArgumentError, match="the group has 16 ranks; tpfuse supports 1 to 8"):

@@ -142,3 +142,23 @@ def test_compile_traces_the_all_gather_in_one_graph(group):
     out = torch.compile(layer, fullgraph=True, backend=capture)(meta(16, 32), meta(48, 32))
     assert out.shape == (16 * group.size(), 48)
     assert capture.calls_of(torch.ops.tpfuse.all_gather_gemm_gathered) == 1
+
+
+def test_all_gather_drop_in_has_symm_mems_schema():
+    ours = str(torch.ops.tpfuse.fused_all_gather_matmul.default._schema)
+    assert ours == str(torch.ops.symm_mem.fused_all_gather_matmul.default._schema).replace("symm_mem::", "tpfuse::")
+
+
+@pytest.mark.parametrize("a_shape", [(16, 32), (8, 3, 32)])
+@pytest.mark.parametrize("return_A", [True, False])
+def test_all_gather_drop_in_fake_shapes_are_symm_mems(group, a_shape, return_A):
+    Bs = [meta(48, 32).t(), meta(32, 24)]  # an nn.Linear weight's transpose, and a K x N matrix
+    ours = tpfuse.fused_all_gather_matmul(meta(*a_shape), Bs, 0, group.group_name, return_A=return_A)
+    theirs = torch.ops.symm_mem.fused_all_gather_matmul(meta(*a_shape), Bs, 0, group.group_name, return_A=return_A)
+    gathered = (a_shape[0] * group.size(), *a_shape[1:])
+    if return_A:
+        assert ours[0].shape == theirs[0].shape == gathered
+    else:
+        assert ours[0] is None and theirs[0] is None
+    assert [out.shape for out in ours[1]] == [out.shape for out in theirs[1]] == \
+        [(*gathered[:-1], 48), (*gathered[:-1], 24)]

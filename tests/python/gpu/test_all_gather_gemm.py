@@ -74,3 +74,22 @@ def test_bad_tensors_raise_and_the_next_call_works(group, device):
     y = tpfuse.all_gather_gemm(x, w, group)
     reference = all_gather_reference(x, w, "nk", group)
     assert errors(y, reference, group).within(errors(all_gather_unfused(x, w, "nk", group), reference, group))
+
+
+@pytest.mark.parametrize("return_A", [True, False])
+def test_drop_in_takes_nn_linear_weights_in_place(group, device, return_A):
+    k = 512
+    q = torch.nn.Linear(k, 768, bias=False, device=device, dtype=torch.bfloat16).requires_grad_(False)
+    up = torch.randn(k, 256, device=device, dtype=torch.bfloat16)  # a K x N matrix as stored
+    x = torch.randn(16, 4, k, device=device, dtype=torch.bfloat16)
+    gathered, (y_q, y_up) = tpfuse.fused_all_gather_matmul(x, [q.weight.t(), up], 0, group.group_name,
+                                                           return_A=return_A)
+    rows = 16 * group.size()
+    assert y_q.shape == (rows, 4, 768) and y_up.shape == (rows, 4, 256)
+    x_rows = x.view(-1, k)
+    if return_A:
+        assert gathered.shape == (rows, 4, k) and torch.equal(gathered.view(-1, k), gathered_rows(x_rows, group))
+    else:
+        assert gathered is None
+    assert torch.equal(y_q.view(-1, 768), tpfuse.all_gather_gemm(x_rows, q.weight, group))
+    assert torch.equal(y_up.view(-1, 256), tpfuse.all_gather_gemm(x_rows, up, group, weight_layout="kn"))
