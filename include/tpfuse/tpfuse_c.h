@@ -82,6 +82,11 @@ int tpfuse_communicator_status(const tpfuse_communicator* comm);
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
                                int weight_layout, const void* a, const void* w, void* out, void* stream);
 
+/* tpfuse::gemm on `stream`: c (m x n, BF16) = a (m x k, BF16) @ w (weight_layout: k x n or n x k), the
+ * per-rank GEMM alone. Device pointers, 16-byte aligned. */
+int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, const void* a, const void* w, void* c,
+                void* stream);
+
 /* tpfuse::all_gather_gemm on `stream`: y (m x n_per_rank, BF16) = the rows of every rank's x
  * (m/world_size x k, BF16) gathered in rank order, @ w (weight_layout: k x n_per_rank or
  * n_per_rank x k). gathered_x, if not null, receives the gathered X (m x k). Device pointers,

@@ -95,7 +95,7 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim:
 
     A: (..., K), contiguous BF16, this rank's shard, gathered along dim 0 (gather_dim must be 0).
     Bs: K x N_i each, contiguous or the transpose view of a contiguous N_i x K nn.Linear weight (used in
-    place). Each B is one fused call; a second B gathers A again.
+    place). The first B is the fused call; later ones multiply the A it gathered (tpfuse's GEMM).
     """
     return torch.ops.tpfuse.fused_all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
 

@@ -45,6 +45,7 @@ _SIGNATURES = {
     "tpfuse_communicator_status": [_c_void_p],
     "tpfuse_gemm_reduce_scatter": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int,
                                    _c_void_p, _c_void_p, _c_void_p, _c_void_p],
+    "tpfuse_gemm": [_c_int64, _c_int64, _c_int64, _c_int, _c_void_p, _c_void_p, _c_void_p, _c_void_p],
     "tpfuse_all_gather_gemm": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int,
                                _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p],
 }

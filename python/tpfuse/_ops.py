@@ -131,22 +131,35 @@ def _all_gather_drop_in(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int
     return x, problems, gathered_shape, [(*gathered_shape[:-1], p.n_per_rank) for _, p in problems]
 
 
-# symm_mem's schema exactly. Each B is its own fused call: the first also gives the gathered A; the
-# later ones gather again (one gather shared by every B is not built yet).
+def _gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: AllGatherProblem) -> None:
+    """out = a @ w with tpfuse's per-rank GEMM (a: the gathered m x k rows)."""
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    with torch.cuda.device(a.device):
+        library().call("tpfuse_gemm", problem.m, problem.n_per_rank, problem.k,
+                       WEIGHT_LAYOUT_CODES[problem.weight_layout], a.data_ptr(), w.data_ptr(), out.data_ptr(), stream)
+
+
+# symm_mem's schema exactly. The first B is the fused call, which also gives the gathered A; every
+# later B multiplies that gathered A with the per-rank GEMM (A is gathered once).
 @torch.library.custom_op("tpfuse::fused_all_gather_matmul", mutates_args=(),
                          schema="(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, bool return_A=True) "
                                 "-> (Tensor?, Tensor[])")
 def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
                             return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
     x, problems, gathered_shape, out_shapes = _all_gather_drop_in(A, Bs, gather_dim, group_name)
-    gathered = A.new_empty(gathered_shape) if return_A else None
+    gathered = A.new_empty(gathered_shape) if return_A or len(Bs) > 1 else None
     outs = []
     for i, ((w, problem), shape) in enumerate(zip(problems, out_shapes)):
         out = A.new_empty(shape)
-        gathered_x = gathered.view(problem.m, problem.k) if gathered is not None and i == 0 else None
-        _launch_all_gather(x, w, out.view(problem.m, problem.n_per_rank), gathered_x, problem, group_name)
+        y = out.view(problem.m, problem.n_per_rank)
+        gathered_x = None if gathered is None else gathered.view(problem.m, problem.k)
+        if i == 0:
+            _launch_all_gather(x, w, y, gathered_x, problem, group_name)
+        else:
+            check_placement(("A", gathered_x), (f"Bs[{i}]", w), ("out", y))
+            _gemm(gathered_x, w, y, problem)
         outs.append(out)
-    return gathered, outs
+    return (gathered if return_A else None), outs
 
 
 @fused_all_gather_matmul.register_fake

@@ -166,6 +166,18 @@ int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, 
   });
 }
 
+int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, const void* a, const void* w, void* c,
+                void* stream) {
+  return guarded([&] {
+    tpfuse::Problem problem;
+    problem.m = m;
+    problem.n = n;
+    problem.k_per_rank = k;
+    TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
+    return tpfuse::gemm(problem, a, w, c, static_cast<cudaStream_t>(stream));
+  });
+}
+
 int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
                            int weight_layout, const void* x, const void* w, void* y, void* gathered_x, void* stream) {
   return guarded([&] {

@@ -75,6 +75,10 @@ def test_a_failed_status_raises_with_the_librarys_message():
         library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, None, None, None, None, None)
     with pytest.raises(tpfuse.InvalidArgumentError, match="weight_layout = 7 is neither"):
         library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 7, None, None, None, None, None)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="a must not be null"):
+        library.call("tpfuse_gemm", 512, 64, 64, 1, None, None, None, None)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="weight_layout = 2 is neither"):
+        library.call("tpfuse_gemm", 512, 64, 64, 2, None, None, None, None)
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
         library.call("tpfuse_communicator_create", None, 512, 64, 0, 0.0, ctypes.byref(ctypes.c_void_p()))
     with pytest.raises(tpfuse.InvalidArgumentError, match="rank 3 of world_size 2 is out of range"):
