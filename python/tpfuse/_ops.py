@@ -147,6 +147,8 @@ def _gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: AllGathe
 def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
                             return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
     x, problems, gathered_shape, out_shapes = _all_gather_drop_in(A, Bs, gather_dim, group_name)
+    # Every weight's placement before the first launch, so that a bad one launches nothing.
+    check_placement(("A", x), *((f"Bs[{i}]", w) for i, (w, _) in enumerate(problems)))
     gathered = A.new_empty(gathered_shape) if return_A or len(Bs) > 1 else None
     outs = []
     for i, ((w, problem), shape) in enumerate(zip(problems, out_shapes)):
@@ -156,7 +158,6 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim:
         if i == 0:
             _launch_all_gather(x, w, y, gathered_x, problem, group_name)
         else:
-            check_placement(("A", gathered_x), (f"Bs[{i}]", w), ("out", y))
             _gemm(gathered_x, w, y, problem)
         outs.append(out)
     return (gathered if return_A else None), outs

@@ -71,6 +71,8 @@ def test_bad_tensors_raise_and_the_next_call_works(group, device):
     with pytest.raises(tpfuse.InvalidArgumentError, match="is not 16-byte aligned"):
         storage = torch.empty(x.numel() + 1, dtype=torch.bfloat16, device=device)
         tpfuse.all_gather_gemm(storage[1:].view_as(x), w, group)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="Bs\\[1\\] is on cpu"):
+        tpfuse.fused_all_gather_matmul(x, [w.t(), w.t().cpu()], 0, group.group_name)
     y = tpfuse.all_gather_gemm(x, w, group)
     reference = all_gather_reference(x, w, "nk", group)
     assert errors(y, reference, group).within(errors(all_gather_unfused(x, w, "nk", group), reference, group))
