@@ -12,6 +12,7 @@ std::string ConfigOverrides::to_string() const {
   if (split_k != 0) add("split_k", split_k);
   if (own_lag != -1) add("own_lag", own_lag);
   if (partial_rounds != -1) add("partial_rounds", partial_rounds);
+  if (shared_tiles != -1) add("shared_tiles", shared_tiles);
   return s.empty() ? "none" : s;
 }
 
@@ -38,6 +39,10 @@ Status validate(const ConfigOverrides& o) {
   if (o.partial_rounds < -1) {
     return Status::InvalidArgument("overrides.partial_rounds = " + std::to_string(o.partial_rounds) +
                                    " must be a number of rounds >= 0 (or -1: the config's choice)");
+  }
+  if (o.shared_tiles < -1 || o.shared_tiles > 1) {
+    return Status::InvalidArgument("overrides.shared_tiles = " + std::to_string(o.shared_tiles) +
+                                   " must be 1 (share), 0 (never) or -1 (the config's choice)");
   }
   return Status::Ok();
 }

@@ -192,6 +192,13 @@ __device__ __forceinline__ void store_release_sys(uint32_t* flag, uint32_t value
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
 
+// Several flags raised at once: one release fence, then relaxed stores (the fence orders what came
+// before it before each of them), instead of a release store each.
+__device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void store_relaxed_sys(uint32_t* flag, uint32_t value) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+
 // No ordering of its own (several can be in flight): pair with fence_acquire_sys once one is seen.
 __device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* flag) {
   uint32_t value;

@@ -229,7 +229,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       }
       ring.advance<Config>();
     }
-    Epilogue::template produce_extra_stages<Config>(epilogue, tile, smem, ring, extra_phase);
+    Epilogue::template produce_extra_stages<Config>(epilogue, tile, k_slice, smem, ring, extra_phase);
   });
 }
 
@@ -294,7 +294,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 //   finish() at the end;
 // and, on the producer thread, Epilogue::a_load<Config>(params, mainloop, tile) before each tile's K
 // stages (where its A rows come from: ALoad; a layered 4D map with Epilogue::kLayeredA), and
-// Epilogue::produce_extra_stages<Config>(params, tile, smem, ring, extra_phase) after them (both
+// Epilogue::produce_extra_stages<Config>(params, tile, k_slice, smem, ring, extra_phase) after them (both
 // sides must agree on the number of extra stages; extra_phase is the epilogue's to keep across tiles).
 // Two more threads of the producer warpgroup may help the epilogue:
 //   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, schedule, smem, cta,

@@ -19,66 +19,24 @@
 
 namespace tpfuse::kernels {
 
-class SplitKEpilogue : public EpilogueBase {
+// One consumer warpgroup's slab of a split step: its FP32 partial in the workspace (gemm/split_k.h),
+// the slab's counter of splits counted in, and the sum of a tile's partials in split order. Shared
+// by the split GEMM's epilogue and the reduce-scatter's over tiles of several owners' rows.
+class SplitPartials {
  public:
-  struct Params {
-    CUtensorMap c;          // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
-    float* partials;        // the workspace's (gemm/split_k.h): [step][slab][float4 q][thread][4]
-    uint32_t* splits_done;  // [tile][slab], 0 between calls
-  };
+  __device__ SplitPartials(float* partials, uint32_t* splits_done, int consumer, const KSlice& k_slice)
+      : partials_(partials), splits_done_(splits_done), consumer_(consumer), k_slice_(k_slice) {}
 
-  // The consumers store their slabs themselves.
-  template <class Storage>
-  __device__ SplitKEpilogue(const Params& params, int consumer, Storage& smem)
-      : params_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]) {}
-
-  // No input during the K loop, no extra stages.
-  template <class Config>
-  __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
-    k_slice_ = k_slice;
-  }
-  template <class Config>
-  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
-  template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, StorageOf<Config>&, StageCursor&, uint32_t&) {}
-
-  template <class Config>
-  __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
-                           StorageOf<Config>&, StageCursor&) {
-    const int row = tile.row_begin + slab.row;
-    const int col = tile.col_begin + slab.col;
-    // A slab past the tile's last row or column has nothing to store (in any split: its counter
-    // stays 0).
-    if (row >= tile.row_end || col >= tile.col_end) return;
-    // This thread's accumulators lie in rows first_row and first_row + 8 of the slab
-    // (gemm/slab_store.cuh); none of them in the tile when first_row is past its rows.
+  // Whether this thread's accumulators (rows first_row and first_row + 8 of the slab,
+  // gemm/slab_store.cuh) hold any of the tile's rows: a thread whose rows lie past them neither
+  // writes nor reads partials (so at M = 8 one warp of four moves them).
+  __device__ static bool holds_rows(int rows_in_slab) {
     const int t = threadIdx.x % 128;
-    const int first_row = 16 * (t / 32) + (t % 32) / 4;
-    const bool holds_rows = first_row < tile.row_end - row;
-    if (holds_rows) write_partial<Config>(acc);
-    if (!counts_in_last()) return;
-    if (holds_rows) add_partials<Config>(acc);
-    slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
-        acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
-          ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
-        });
-  }
-
-  __device__ void finish() { slabs_.drain(); }
-
- private:
-  // The 16-byte pieces of split j's partial of this consumer's slab that this thread writes and
-  // reads: piece q at [q * 128].
-  template <class Config>
-  __device__ float4* partial_of(int split) const {
-    constexpr int kSlabFloats = 128 * Config::kAccPerThread;
-    const int step_slot = k_slice_.tile_index * k_slice_.num_splits + split;
-    return reinterpret_cast<float4*>(params_.partials + (size_t(step_slot) * kConsumers + consumer_) * kSlabFloats) +
-           threadIdx.x % 128;
+    return 16 * (t / 32) + (t % 32) / 4 < rows_in_slab;
   }
 
   template <class Config>
-  __device__ void write_partial(const float (&acc)[Config::kAccPerThread]) const {
+  __device__ void write(const float (&acc)[Config::kAccPerThread]) const {
     float4* mine = partial_of<Config>(k_slice_.split);
 #pragma unroll
     for (int q = 0; q < Config::kAccPerThread / 4; ++q) {
@@ -86,33 +44,29 @@ class SplitKEpilogue : public EpilogueBase {
     }
   }
 
-  // Counts this split's partial in (once every thread of the warpgroup has written its part); true
-  // in every thread of the warpgroup when it was the tile's last, which then sets the counter back.
-  __device__ bool counts_in_last() const {
-    slabs_.sync();
-    bool last = false;
-    if (slabs_.leader()) {
-      uint32_t* done = params_.splits_done + k_slice_.tile_index * kConsumers + consumer_;
-      // NOTE: release: the warpgroup's partial (ordered before by the barrier) before the count;
-      // acquire: for the last split, every other split's partial after it.
-      ptx::fence_acq_rel_gpu();
-      last = ptx::atomic_add_relaxed_gpu(done, 1) == uint32_t(k_slice_.num_splits - 1);
-      if (last) {
-        ptx::fence_acq_rel_gpu();
-        // Every split has counted in: no one else touches the counter in this call, and the next
-        // call (stream-ordered after this one) finds 0.
-        ptx::store_relaxed_gpu(done, 0);
-      }
-    }
-    return ptx::named_barrier_any(1 + consumer_, 128, last);
+  // The leader thread counts the warpgroup's partial in (once every thread has written its part,
+  // the caller's barrier); returns the splits counted in before it.
+  __device__ uint32_t count_in() const {
+    // NOTE: release: the warpgroup's partial (ordered before by the barrier) before the count.
+    ptx::fence_acq_rel_gpu();
+    return ptx::atomic_add_relaxed_gpu(counter(), 1);
   }
+
+  // The leader thread, once every split has counted in: acquire their partials, and set the counter
+  // back to 0 (no one else touches it in this call; the next call, stream-ordered, finds 0).
+  __device__ void finish_count() const {
+    ptx::fence_acq_rel_gpu();
+    ptx::store_relaxed_gpu(counter(), 0);
+  }
+
+  __device__ const uint32_t* counter_address() const { return counter(); }
 
   // acc = p_0 + p_1 + ... + p_{S-1}, added in this order in FP32, so that the sum is the same
   // whichever split adds it. In place: the accumulators stay live across steps (the WGMMAs read
   // them), so this split's own partial is read back like the others, and the pieces of each
   // further partial come kPiecesInFlight at a time beside them.
   template <class Config>
-  __device__ void add_partials(float (&acc)[Config::kAccPerThread]) const {
+  __device__ void add_all(float (&acc)[Config::kAccPerThread]) const {
     constexpr int kPieces = Config::kAccPerThread / 4;
     constexpr int kPiecesInFlight = 8;
     static_assert(kPieces % kPiecesInFlight == 0, "a slab's pieces go in equal groups");
@@ -137,12 +91,89 @@ class SplitKEpilogue : public EpilogueBase {
     }
   }
 
+ private:
+  __device__ uint32_t* counter() const { return splits_done_ + k_slice_.tile_index * kConsumers + consumer_; }
+
+  // The 16-byte pieces of split j's partial of this consumer's slab that this thread writes and
+  // reads: piece q at [q * 128].
+  template <class Config>
+  __device__ float4* partial_of(int split) const {
+    constexpr int kSlabFloats = 128 * Config::kAccPerThread;
+    const int step_slot = k_slice_.tile_index * k_slice_.num_splits + split;
+    return reinterpret_cast<float4*>(partials_ + (size_t(step_slot) * kConsumers + consumer_) * kSlabFloats) +
+           threadIdx.x % 128;
+  }
+
   template <int kAcc>
   __device__ static void set_piece(float (&acc)[kAcc], int q, float4 piece) {
     acc[4 * q] = piece.x;
     acc[4 * q + 1] = piece.y;
     acc[4 * q + 2] = piece.z;
     acc[4 * q + 3] = piece.w;
+  }
+
+  float* partials_;
+  uint32_t* splits_done_;
+  int consumer_;
+  KSlice k_slice_;
+};
+
+class SplitKEpilogue : public EpilogueBase {
+ public:
+  struct Params {
+    CUtensorMap c;          // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
+    float* partials;        // the workspace's (gemm/split_k.h): [step][slab][float4 q][thread][4]
+    uint32_t* splits_done;  // [tile][slab], 0 between calls
+  };
+
+  // The consumers store their slabs themselves.
+  template <class Storage>
+  __device__ SplitKEpilogue(const Params& params, int consumer, Storage& smem)
+      : params_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]) {}
+
+  // No input during the K loop, no extra stages.
+  template <class Config>
+  __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
+    k_slice_ = k_slice;
+  }
+  template <class Config>
+  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
+  template <class Config>
+  __device__ static void produce_extra_stages(const Params&, const Tile&, const KSlice&, StorageOf<Config>&, StageCursor&,
+                                              uint32_t&) {}
+
+  template <class Config>
+  __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
+                           StorageOf<Config>&, StageCursor&) {
+    const int row = tile.row_begin + slab.row;
+    const int col = tile.col_begin + slab.col;
+    // A slab past the tile's last row or column has nothing to store (in any split: its counter
+    // stays 0).
+    if (row >= tile.row_end || col >= tile.col_end) return;
+    const SplitPartials split(params_.partials, params_.splits_done, consumer_, k_slice_);
+    const bool holds_rows = SplitPartials::holds_rows(tile.row_end - row);
+    if (holds_rows) split.write<Config>(acc);
+    if (!counts_in_last(split)) return;
+    if (holds_rows) split.add_all<Config>(acc);
+    slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
+        acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
+          ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
+        });
+  }
+
+  __device__ void finish() { slabs_.drain(); }
+
+ private:
+  // Counts this split's partial in (once every thread of the warpgroup has written its part); true
+  // in every thread of the warpgroup when it was the tile's last, which then sets the counter back.
+  __device__ bool counts_in_last(const SplitPartials& split) const {
+    slabs_.sync();
+    bool last = false;
+    if (slabs_.leader()) {
+      last = split.count_in() == uint32_t(k_slice_.num_splits - 1);
+      if (last) split.finish_count();
+    }
+    return ptx::named_barrier_any(1 + consumer_, 128, last);
   }
 
   const Params& params_;

@@ -24,7 +24,8 @@ class StoreTileEpilogue : public EpilogueBase {
   template <class Config>
   __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
   template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, StorageOf<Config>&, StageCursor&, uint32_t&) {}
+  __device__ static void produce_extra_stages(const Params&, const Tile&, const KSlice&, StorageOf<Config>&, StageCursor&,
+                                              uint32_t&) {}
 
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],

@@ -8,9 +8,11 @@ namespace tpfuse {
 
 // One output tile: rows [row_begin, row_end) (clipped to its band), columns [col_begin, col_end)
 // (clipped to n). An op's schedule says whose rows they are: owner_rank owns the tile's first rows,
-// segment_row is row_begin counted from the start of the owner's segment, and the tile's rows from
-// rows_per_owner on belong to owner_rank + 1 (bands of two segments, ops/gemm_rs/schedule.h). The
-// plain GEMM's tiles have one owner, rank 0, whose segment is the whole output.
+// segment_row is row_begin counted from the start of the band, and in a band of several segments
+// rows_per_owner is a segment's rows (ops/gemm_rs/schedule.h: with two segments the tile's rows from
+// rows_per_owner on belong to owner_rank + 1; with all of them, a tile may hold several owners').
+// A band of one segment has rows_per_owner = the tile's height. The plain GEMM's tiles have one
+// owner, rank 0, whose segment is the whole output.
 struct Tile {
   int owner_rank;
   int row_begin;
@@ -20,12 +22,20 @@ struct Tile {
   int col_end;
   int rows_per_owner;
 
-  // The owner of the tile's rows from `tile_row` on, and where they land in its segment (for a
-  // tile_row at the start of a slab: a slab never spans two owners). No division: the kernels ask
-  // per piece of partials, on one thread.
+  // The owner of the tile's rows from `tile_row` on, and where they land in its segment, for a tile
+  // of one or two owners (for a tile_row at the start of a slab: a slab never spans two owners). No
+  // division: the kernels ask per piece of partials, on one thread.
   TPFUSE_HOST_DEVICE int owner_of(int tile_row) const { return tile_row < rows_per_owner ? owner_rank : owner_rank + 1; }
   TPFUSE_HOST_DEVICE int segment_row_of(int tile_row) const {
     return tile_row < rows_per_owner ? segment_row + tile_row : tile_row - rows_per_owner;
+  }
+
+  // The owner of tile row `tile_row` in a band of all segments (a division).
+  TPFUSE_HOST_DEVICE int owner_of_row(int tile_row) const { return owner_rank + (segment_row + tile_row) / rows_per_owner; }
+  // Where tile row `tile_row` would land in the segment of `owner`, one of the band's: negative or
+  // past the segment where the row is another owner's.
+  TPFUSE_HOST_DEVICE int segment_row_for(int tile_row, int owner) const {
+    return segment_row + tile_row - (owner - owner_rank) * rows_per_owner;
   }
 };
 

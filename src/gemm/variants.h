@@ -10,6 +10,7 @@ namespace tpfuse {
 constexpr int kBlockK = 64;
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr int kSlabRows = 64;  // a consumer's slab of a tile
 
 struct GemmVariant {
   int block_m;        // rows of a tile: one 64-row slab per consumer (128), or two side by side (64)

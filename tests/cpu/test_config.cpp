@@ -142,8 +142,11 @@ TEST(Config, EveryChoiceIsCompiledAndFits) {
       s = select_gemm_rs_config(p, device, {}, &rs);
       if (s.ok()) {
         expect_fits(rs.gemm, device, gemm_rs_smem_bytes(), what);
-        EXPECT_EQ(rs.gemm.split_k, 1) << what << ": the reduce-scatter's epilogue takes whole tiles";
-        if (rs.segments_per_tile == 2) EXPECT_EQ(rs.gemm.tile().block_m, 128) << what;
+        if (!rs.shared_tiles) EXPECT_EQ(rs.gemm.split_k, 1) << what << ": only shared tiles split K";
+        if (rs.segments_per_tile == 2 && p.world_size > 2) EXPECT_EQ(rs.gemm.tile().block_m, 128) << what;
+        if (p.rows_per_rank() < kSlabRows && kSlabRows % p.rows_per_rank() == 0) {
+          EXPECT_EQ(rs.segments_per_tile, p.world_size) << what;
+        }
         ++choices;
       } else {
         EXPECT_EQ(s.code(), StatusCode::kUnsupported) << what;
@@ -184,8 +187,9 @@ TEST(Config, OneWaveStagesInBatches) {
   EXPECT_EQ(c.tile().stages, 3) << c.to_string();
 }
 
-// Segments of 64 rows share 128-row tiles in pairs from P = 4 on; smaller ones, or at P = 2, get
-// 64-row tiles; larger ones 128-row tiles of their own.
+// Segments of 64 rows share 128-row tiles in pairs from P = 4 on; at P = 2 they get 64-row tiles;
+// shorter ones one band of all segments, with the plain GEMM's tiles for the whole M (W read once:
+// 64 x 256 at M = 64 and N = 8192); larger ones 128-row tiles of their own.
 TEST(Config, SmallSegments) {
   GemmRsConfig c;
   for (int world_size : {4, 8}) {
@@ -193,11 +197,33 @@ TEST(Config, SmallSegments) {
     EXPECT_EQ(c.gemm.tile().block_m, 128) << c.to_string();
     EXPECT_EQ(c.segments_per_tile, 2) << c.to_string();
   }
-  for (const Problem& p : {make(128, 8192, 8192, 2), make(256, 8192, 8192, 8)}) {
-    ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &c).ok());
-    EXPECT_EQ(c.gemm.tile().block_m, 64) << p.to_string() << " -> " << c.to_string();
-    EXPECT_EQ(c.segments_per_tile, 1) << p.to_string() << " -> " << c.to_string();
+  ASSERT_TRUE(select_gemm_rs_config(make(128, 8192, 8192, 2), h100(), {}, &c).ok());
+  EXPECT_EQ(c.gemm.tile().block_m, 64) << c.to_string();
+  EXPECT_EQ(c.segments_per_tile, 1) << c.to_string();
+  for (int world_size : {2, 4, 8}) {
+    for (int m : {world_size, 8 * world_size, 32 * world_size}) {
+      const Problem p = make(m, 8192, 1024 * world_size, world_size);
+      ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &c).ok());
+      EXPECT_EQ(c.segments_per_tile, world_size) << p.to_string() << " -> " << c.to_string();
+      EXPECT_EQ(c.partial_rounds, 0) << p.to_string() << " -> " << c.to_string();
+      GemmConfig g;
+      ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 1024 * world_size, world_size), h100(), {}, &g).ok());
+      EXPECT_TRUE(c.shared_tiles) << p.to_string() << " -> " << c.to_string();
+      EXPECT_EQ(c.gemm.variant, g.variant) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
+      EXPECT_EQ(c.gemm.split_k, g.split_k) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
+      ConfigOverrides never;
+      never.shared_tiles = 0;
+      ASSERT_TRUE(select_gemm_rs_config(p, h100(), never, &c).ok());
+      EXPECT_EQ(c.segments_per_tile, 1) << p.to_string() << " -> " << c.to_string();
+      EXPECT_EQ(c.gemm.split_k, 1) << p.to_string() << " -> " << c.to_string();
+    }
   }
+  // Segments whose rows do not divide a slab's keep tiles of their own.
+  ASSERT_TRUE(select_gemm_rs_config(make(24 * 8, 8192, 8192, 8), h100(), {}, &c).ok());
+  EXPECT_EQ(c.segments_per_tile, 1) << c.to_string();
+  ASSERT_TRUE(select_gemm_rs_config(make(64, 8192, 8192, 8), h100(), {}, &c).ok());
+  EXPECT_EQ(c.gemm.tile().block_m, 64) << c.to_string();
+  EXPECT_EQ(c.gemm.tile().block_n, 256) << c.to_string();
   GemmConfig g;
   ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), {}, &g).ok());
   EXPECT_EQ(g.tile().block_m, 64) << g.to_string();
@@ -460,8 +486,12 @@ TEST(Config, SplitKOverrides) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << problem.to_string();
     EXPECT_NE(s.message().find("overrides.split_k = "), std::string::npos) << s.message();
   }
+  // The reduce-scatter splits K only where its tiles are shared (8 rows per rank here); tiles of one
+  // owner stay whole.
   GemmRsConfig rs;
   ASSERT_TRUE(select_gemm_rs_config(make(64, 8192, 8192, 8), h100(), three, &rs).ok());
+  EXPECT_EQ(rs.gemm.split_k, 3) << rs.to_string();
+  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), three, &rs).ok());
   EXPECT_EQ(rs.gemm.split_k, 1) << rs.to_string();
 }
 

@@ -91,9 +91,12 @@ int check_case(const Case& c) {
       for (int tile_row : {0, c.block_m / 2}) {
         const int row = t.row_begin + tile_row;
         if (row >= t.row_end) continue;
-        if (t.owner_of(tile_row) != row / rows || t.segment_row_of(tile_row) != row % rows) {
-          fail(where.str() + "tile row " + std::to_string(tile_row) + " goes to owner " +
-               std::to_string(t.owner_of(tile_row)) + " row " + std::to_string(t.segment_row_of(tile_row)));
+        // A band of all segments: owner_of_row; of one or two: owner_of (no division).
+        const int owner = spt == P && P > 1 ? t.owner_of_row(tile_row) : t.owner_of(tile_row);
+        const int segment_row = spt == P && P > 1 ? t.segment_row_for(tile_row, owner) : t.segment_row_of(tile_row);
+        if (owner != row / rows || segment_row != row % rows) {
+          fail(where.str() + "tile row " + std::to_string(tile_row) + " goes to owner " + std::to_string(owner) +
+               " row " + std::to_string(segment_row));
         }
       }
 
@@ -227,6 +230,17 @@ std::vector<Case> cases() {
       for (int n : {8, 264, 1000}) {
         for (int group_rows : {1, 3}) {
           for (int own_lag : {kOwnTilesLast, 0, 1, 5}) out.push_back({block_m / 2 * P, n, P, block_m, 128, group_rows, own_lag, 2});
+        }
+      }
+    }
+  }
+  // One band of all segments, shorter than a slab: tiles of several owners' rows, segments that
+  // span two slabs or two tiles (3, 24 rows), a tile past M (1 row).
+  for (int P : {2, 4, 8}) {
+    for (int rows : {1, 3, 8, 24, 63}) {
+      for (const auto& tile : tiles) {
+        for (int n : {8, 264, 1000}) {
+          for (int group_rows : {1, 3}) out.push_back({rows * P, n, P, tile[0], tile[1], group_rows, kOwnTilesLast, P});
         }
       }
     }
@@ -393,6 +407,59 @@ TEST(Schedule, BandsOfTwoSegments) {
     EXPECT_EQ(own.owner_of(64), 3) << "step " << step;
     EXPECT_EQ(own.row_begin, 128) << "step " << step;
   }
+}
+
+// Decode-sized M in one band (M = 64 at P = 8, 8 rows per rank): every rank computes every tile at
+// the same step, and a 64-row tile holds all eight owners' rows, 8 each.
+TEST(Schedule, OneBandOfAllSegments) {
+  const Case c{64, 8192, 8, 64, 256, 8, kOwnTilesLast, 8};
+  for (int rank : {0, 5}) {
+    const TileSchedule s = schedule_of(c, rank);
+    ASSERT_EQ(s.num_bands(), 1);
+    ASSERT_EQ(s.num_tiles(), 32);
+    for (int step = 0; step < s.num_tiles(); ++step) {
+      const Tile t = s.tile(step);
+      EXPECT_EQ(t.row_begin, 0);
+      EXPECT_EQ(t.row_end, 64);
+      EXPECT_EQ(t.col_begin, 256 * step);
+      for (int owner = 0; owner < 8; ++owner) {
+        EXPECT_EQ(t.owner_of_row(8 * owner + 7), owner);
+        EXPECT_EQ(t.segment_row_for(8 * owner + 7, owner), 7);
+        EXPECT_EQ(t.segment_row_for(0, owner), -8 * owner);
+      }
+    }
+  }
+}
+
+// One band with K split in 3: each tile's splits are consecutive steps of the same tile, cover its
+// K blocks once in order, and only the last is last_split().
+TEST(Schedule, SplitsOfOneBand) {
+  Case c{64, 1000, 8, 64, 256, 8, kOwnTilesLast, 8};
+  ScheduleShape shape;
+  const TileSchedule whole = schedule_of(c, 2);
+  shape = whole.shape();
+  shape.num_splits = 3;
+  const TileSchedule s(shape);
+  ASSERT_EQ(s.num_tiles(), 3 * whole.num_tiles());
+  for (int t = 0; t < whole.num_tiles(); ++t) {
+    int next_k_block = 0;
+    for (int j = 0; j < 3; ++j) {
+      const int step = 3 * t + j;
+      const Tile a = s.tile(step), b = whole.tile(t);
+      EXPECT_EQ(a.row_begin, b.row_begin);
+      EXPECT_EQ(a.col_begin, b.col_begin);
+      const KSlice k = s.k_slice(step, 10);
+      EXPECT_EQ(k.tile_index, t);
+      EXPECT_EQ(k.split, j);
+      EXPECT_EQ(k.k_block_begin, next_k_block) << "step " << step;
+      EXPECT_GE(k.num_k_blocks, 3);
+      next_k_block += k.num_k_blocks;
+      EXPECT_EQ(s.last_split(step), j == 2);
+    }
+    EXPECT_EQ(next_k_block, 10);
+  }
+  EXPECT_TRUE(whole.last_split(5));
+  EXPECT_EQ(whole.k_slice(5, 10).num_k_blocks, 10);
 }
 
 // The raster picture in schedule.h: group_rows = 2, a band of 4 x 3 tiles.

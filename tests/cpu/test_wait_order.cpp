@@ -1,16 +1,17 @@
 // The fused op's waits cannot form a cycle: a model of every rank's persistent CTAs taking their
-// steps of the schedule in the kernel's order, where a pushed slab raises its owner's flag and an
-// own slab waits for the flags of its P-1 peers. Each CTA is strictly sequential, as in the kernel
+// steps of the schedule in the kernel's order, where a pushed slab raises the flag of each of its
+// other owners and a slab with the rank's own rows waits for the flags of its P-1 peers. Each CTA is strictly sequential, as in the kernel
 // (the next tile's K stages follow the extra stages of the previous one through the shared ring;
 // the sender stores one step after another). All CTAs are resident at once, so the model runs any
 // CTA whose next action can run, until all are done or none can move.
 //
-// The kernel's order within a step: the pushed slabs first, then the own slabs (NOTE in
-// ops/gemm_rs/schedule.h). The model checks that order over schedules with bands of two segments, own-tile
-// lags and grid sizes, and that the opposite order deadlocks the partners of a band, so that the
-// model would notice.
+// The kernel's order within a step: the pushes first, then the own rows (NOTE in
+// ops/gemm_rs/schedule.h). The model checks that order over schedules with bands of two segments
+// and of all segments, own-tile lags and grid sizes, and that the opposite order deadlocks the
+// partners of a band, so that the model would notice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <string>
@@ -23,8 +24,8 @@
 namespace tpfuse {
 namespace {
 
-// One slab of a tile: rows [row, row + 64) (or the tile's, if fewer) of C, from column col.
-using SlabKey = std::tuple<int, int>;
+// One owner's flag of a slab of a tile: (owner, first row of the slab in C, column).
+using SlabKey = std::tuple<int, int, int>;
 
 struct Action {
   bool push;  // true: raise the owner's flag of the slab; false: wait for the P-1 peers' flags
@@ -53,8 +54,14 @@ std::vector<Action> actions_of(const GridCase& g, int rank, int cta, bool pushes
       const int row = stacked ? slab * 64 : 0;
       const int col = stacked ? 0 : slab * (c.block_n / 2);
       if (t.row_begin + row >= t.row_end || t.col_begin + col >= t.col_end) continue;
-      const Action action{t.owner_of(row) != rank, {t.row_begin + row, t.col_begin + col}};
-      (action.push ? pushes : reductions).push_back(action);
+      const int last_row = std::min(row + 64, t.row_end - t.row_begin) - 1;
+      const bool shared = c.segments_per_tile == c.world_size && c.world_size > 1;
+      const int first_owner = shared ? t.owner_of_row(row) : t.owner_of(row);
+      const int last_owner = shared ? t.owner_of_row(last_row) : first_owner;
+      for (int owner = first_owner; owner <= last_owner; ++owner) {
+        const Action action{owner != rank, {owner, t.row_begin + row, t.col_begin + col}};
+        (action.push ? pushes : reductions).push_back(action);
+      }
     }
     const auto& first = pushes_first ? pushes : reductions;
     const auto& second = pushes_first ? reductions : pushes;
@@ -92,7 +99,7 @@ std::string run_model(const GridCase& g, bool pushes_first) {
       const Action& a = ctas[i][next[i]];
       std::ostringstream os;
       os << "rank " << i / g.ctas_per_rank << " CTA " << i % g.ctas_per_rank << " waits at action " << next[i]
-         << " for the slab at row " << std::get<0>(a.slab) << ", column " << std::get<1>(a.slab) << " ("
+         << " for the slab at row " << std::get<1>(a.slab) << ", column " << std::get<2>(a.slab) << " ("
          << flags[a.slab] << " of " << P - 1 << " peers pushed)";
       return os.str();
     }
@@ -110,6 +117,9 @@ TEST(WaitOrder, PushesFirstNeverDeadlock) {
         cases.push_back({{64 * P, 520, P, 64, 256, 2, own_lag, 1}, ctas});
         cases.push_back({{P * 300, 600, P, 128, 256, 2, own_lag, 1}, ctas});
       }
+      // One band of all segments: 8 rows per rank in 64-row tiles, 24 (across slabs) in 128-row ones.
+      cases.push_back({{8 * P, 1000, P, 64, 256, 2, kOwnTilesLast, P}, ctas});
+      cases.push_back({{24 * P, 1000, P, 128, 256, 2, kOwnTilesLast, P}, ctas});
     }
   }
   for (const GridCase& g : cases) EXPECT_EQ(run_model(g, /*pushes_first=*/true), "") << g.name();
@@ -124,6 +134,8 @@ TEST(WaitOrder, OwnSlabsFirstDeadlockPartners) {
   for (int P : {4, 8}) {
     const GridCase bands{{64 * P, 512, P, 128, 256, 2, kOwnTilesLast, 2}, 4};
     EXPECT_NE(run_model(bands, /*pushes_first=*/false), "") << bands.name();
+    const GridCase one_band{{8 * P, 512, P, 64, 256, 2, kOwnTilesLast, P}, 4};
+    EXPECT_NE(run_model(one_band, /*pushes_first=*/false), "") << one_band.name();
     // Without bands no tile has both kinds of slab, and the order within a step does not matter.
     const GridCase plain{{128 * P, 512, P, 128, 256, 2, kOwnTilesLast, 1}, 4};
     EXPECT_EQ(run_model(plain, /*pushes_first=*/false), "") << plain.name();

@@ -141,11 +141,13 @@ struct FusedCase {
   int p, m, n, k;
   WeightLayout layout;
   int own_lag = -1;
+  int split_k = 0;  // splits of K with shared tiles; 0: the config's
 
   Problem problem() const { return Problem{m, n, k, p, layout}; }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.own_lag = own_lag;
+    o.split_k = split_k;
     return o;
   }
 };
@@ -153,7 +155,8 @@ struct FusedCase {
 std::string case_name(const ::testing::TestParamInfo<FusedCase>& info) {
   const FusedCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
-         std::to_string(c.k) + "_" + to_string(c.layout) + (c.own_lag >= 0 ? "_lag" + std::to_string(c.own_lag) : "");
+         std::to_string(c.k) + "_" + to_string(c.layout) + (c.own_lag >= 0 ? "_lag" + std::to_string(c.own_lag) : "") +
+         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "");
 }
 
 class FusedExact : public ::testing::TestWithParam<FusedCase> {};
@@ -177,7 +180,21 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{8, 512, 8192, 32, WeightLayout::kNxK},
                                            FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK},
                                            FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK, 0},
+                                           // Segments shorter than a slab: one band, tiles of several owners'
+                                           // rows (1, 2, 8, 32 rows per rank; 24, 25 and 63 rows, which do not
+                                           // divide a slab, keep tiles of their own).
                                            FusedCase{8, 64, 264, 32, WeightLayout::kKxN},
+                                           FusedCase{8, 8, 512, 32, WeightLayout::kNxK},
+                                           FusedCase{4, 8, 264, 64, WeightLayout::kKxN},
+                                           FusedCase{8, 64, 8192, 32, WeightLayout::kNxK},
+                                           FusedCase{2, 64, 520, 128, WeightLayout::kNxK},
+                                           FusedCase{4, 128, 1000, 64, WeightLayout::kKxN},
+                                           FusedCase{8, 256, 8192, 32, WeightLayout::kKxN},
+                                           // ... and K split over two CTAs (K blocks 0 and 1).
+                                           FusedCase{2, 64, 520, 128, WeightLayout::kKxN, -1, 2},
+                                           FusedCase{8, 192, 1000, 32, WeightLayout::kKxN},
+                                           FusedCase{4, 100, 776, 64, WeightLayout::kNxK},
+                                           FusedCase{2, 126, 520, 128, WeightLayout::kKxN},
                                            // 64 rows per rank: 128-row tiles over two ranks' rows
                                            FusedCase{4, 256, 1000, 64, WeightLayout::kKxN},
                                            FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, 0}),
@@ -232,8 +249,46 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
                                            // rounds during the K loop (ops/gemm_rs/partial_rounds.h).
                                            FusedCase{8, 8192, 4096, 512, WeightLayout::kNxK},
                                            // Small, for the sanitizers: own tiles in the rounds, one round.
-                                           FusedCase{2, 512, 512, 320, WeightLayout::kKxN, 0}),
+                                           FusedCase{2, 512, 512, 320, WeightLayout::kKxN, 0},
+                                           // Decode-sized M: tiles of several owners' rows, K whole or split
+                                           // (the config's own splits at 2048, forced ones: 4 do not fit the
+                                           // 16 CTAs of an emulated rank and fall back to whole K; 8 rows of
+                                           // a 64-row tile, the last column tile clipped).
+                                           FusedCase{8, 64, 8192, 1024, WeightLayout::kNxK},
+                                           FusedCase{4, 96, 6144, 768, WeightLayout::kKxN},
+                                           FusedCase{4, 32, 1000, 2048, WeightLayout::kKxN},
+                                           FusedCase{8, 64, 8192, 1024, WeightLayout::kNxK, -1, 4},
+                                           FusedCase{8, 8, 1000, 640, WeightLayout::kKxN, -1, 3}),
                          case_name);
+
+// Tiles of several owners' rows against tiles of one (the same 64 x 256 tiles either way, and no
+// partials added during the K loop, so every element takes the same products and the same
+// additions): bit-identical on random inputs.
+TEST(FusedSharedTiles, BitIdenticalToTilesOfOneOwner) {
+  for (int p : {2, 4, 8}) {
+    const Problem problem{8 * p, 2048, 512, p, WeightLayout::kNxK};
+    LocalRanks ranks(problem);
+    ASSERT_NE(ranks.comm, nullptr);
+    ranks.fill(/*exact=*/false, 11);
+    ConfigOverrides separate;
+    separate.shared_tiles = 0;
+    separate.partial_rounds = 0;
+    ASSERT_TRUE(ranks.run(problem, separate).ok());
+    ASSERT_CUDA(ranks.synchronize());
+    std::vector<std::vector<__nv_bfloat16>> expected;
+    for (int d = 0; d < p; ++d) expected.push_back(ranks.out[d]->to_host());
+    ranks.poison_outputs();
+    ConfigOverrides whole_k;
+    whole_k.split_k = 1;
+    ASSERT_TRUE(ranks.run(problem, whole_k).ok());
+    ASSERT_CUDA(ranks.synchronize());
+    ASSERT_TRUE(communicator_status(ranks.comm).ok());
+    for (int d = 0; d < p; ++d) {
+      const auto shared = ranks.out[d]->to_host();
+      EXPECT_EQ(0, std::memcmp(shared.data(), expected[d].data(), shared.size() * 2)) << "P " << p << ", rank " << d;
+    }
+  }
+}
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every
 // 50th is checked.
@@ -258,6 +313,27 @@ void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, 
       ASSERT_EQ(bad, -1) << "call " << call << " (m = " << m << "), rank " << d << ": first mismatch at row "
                          << bad / problem.n << ", column " << bad % problem.n;
     }
+  }
+}
+
+// Split K's counters go back to 0 at the end of every call: 200 calls back to back (both parities,
+// no host synchronization), the last one checked bit for bit.
+TEST(FusedSharedTiles, SplitKBackToBack) {
+  const Problem problem{64, 520, 128, 2, WeightLayout::kNxK};
+  LocalRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  ConfigOverrides split;
+  split.split_k = 2;
+  ranks.fill(/*exact=*/true, 13);
+  for (int call = 0; call < 199; ++call) ASSERT_TRUE(ranks.run(problem, split).ok()) << "call " << call;
+  ranks.poison_outputs();
+  ASSERT_TRUE(ranks.run(problem, split).ok());
+  ASSERT_CUDA(ranks.synchronize());
+  ASSERT_TRUE(communicator_status(ranks.comm).ok());
+  const auto partials = ranks.partials(problem);
+  for (int d = 0; d < problem.world_size; ++d) {
+    const int64_t bad = first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false));
+    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at " << element_at(bad, problem.n);
   }
 }
 
@@ -339,7 +415,8 @@ TEST(FusedGraph, ReplaysStayCorrect) {
 }
 
 // A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
-// With 64 rows per rank the missing rank 3 is also rank 2's partner in 128-row tiles.
+// With 64 rows per rank the missing rank 3 is also rank 2's partner in 128-row tiles; with 8 every
+// tile holds rows of all four.
 class FusedMissingPeer : public ::testing::TestWithParam<int> {};
 
 TEST_P(FusedMissingPeer, TimesOut) {
@@ -366,7 +443,7 @@ TEST_P(FusedMissingPeer, TimesOut) {
   EXPECT_EQ(ranks.run(problem).code(), StatusCode::kPeerTimeout);
 }
 
-INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256),
+INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256, 32),
                          [](const auto& info) { return "M" + std::to_string(info.param); });
 
 TEST(FusedErrors, BadCallsAreReported) {

@@ -17,8 +17,8 @@ constexpr int64_t kMaxLaggedK = 4096;
 
 // Rounds of an own tile's peer partials that config `c` adds during the K loop: a round per peer,
 // as many as the K loop holds. None where
-//  - a band has two segments: the partner computes the shared tile at the same step and pushes this
-//    rank's slab of it only after its K loop, so a round waiting for it there would deadlock;
+//  - a band has several segments: the partners compute the shared tile at the same step and push
+//    this rank's rows of it only after their K loops, so a round waiting for them there would deadlock;
 //  - the epilogue stages a slab in batches: a round is a whole slab in the chunk buffers;
 //  - own tiles come last at P = 2, where they are half the tiles: there the rounds measured slower.
 int partial_rounds_of(const Problem& problem, const GemmRsConfig& c) {
@@ -41,7 +41,8 @@ const SmemByVariant& gemm_rs_smem_bytes() {
 
 std::string GemmRsConfig::to_string() const {
   std::ostringstream os;
-  os << gemm.to_string() << ", segments/tile " << segments_per_tile << ", own_lag "
+  os << gemm.to_string() << ", segments/tile " << segments_per_tile << (shared_tiles ? " (shared tiles)" : "")
+     << ", own_lag "
      << (own_lag >= kOwnTilesLast ? std::string("last") : std::to_string(own_lag)) << ", partial rounds "
      << partial_rounds;
   return os.str();
@@ -58,6 +59,7 @@ ScheduleShape schedule_shape(const Problem& problem, const GemmRsConfig& c, int 
   shape.group_rows = c.gemm.group_rows;
   shape.own_lag = c.own_lag;
   shape.segments_per_tile = c.segments_per_tile;
+  shape.num_splits = c.shared_tiles ? c.gemm.split_k : 1;
   return shape;
 }
 
@@ -65,19 +67,34 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
                              GemmRsConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   GemmRsConfig c;
+  // Segments shorter than a slab (decode-sized M) whose rows divide it: one band of all segments, its
+  // tiles holding several owners' rows, so that W is read once, not once a segment (schedule.h). The
+  // epilogue moves a segment's rows as one TMA box inside a slab (ops/gemm_rs/epilogue.cuh).
   // Segments of 64 rows (M = 512 at P = 8): 128-row tiles over two ranks' segments, one slab each,
-  // take one wave where 64-row tiles take two (schedule.h). With P = 2 the only band would be the
-  // own one, every tile half reduced and half pushed at the same step on both ranks.
+  // take one wave where 64-row tiles take two. With P = 2 the only band would be the own one, every
+  // tile half reduced and half pushed at the same step on both ranks.
+  const bool share_tiles = problem.world_size > 1 && problem.rows_per_rank() < kSlabRows &&
+                           kSlabRows % problem.rows_per_rank() == 0 && overrides.shared_tiles != 0;
   const bool pair_segments = problem.rows_per_rank() == 64 && problem.world_size >= 4;
-  for (c.segments_per_tile = pair_segments ? 2 : 1;; c.segments_per_tile = 1) {
+  const int first_choice = share_tiles ? problem.world_size : pair_segments ? 2 : 1;
+  for (c.segments_per_tile = first_choice;; c.segments_per_tile = 1) {
     TileGrid grid;
     grid.bands = problem.world_size / c.segments_per_tile;
     grid.rows_per_band = problem.rows_per_rank() * c.segments_per_tile;
     grid.n = problem.n;
-    TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides, gemm_rs_smem_bytes(), &c.gemm));
+    // Shared tiles may split K as the plain GEMM does (their tiles fill few SMs); the others take
+    // whole tiles.
+    if (share_tiles) {
+      const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
+      TPFUSE_RETURN_IF_ERROR(
+          select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, gemm_rs_smem_bytes(), &c.gemm));
+    } else {
+      TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides, gemm_rs_smem_bytes(), &c.gemm));
+    }
     // A band of two segments needs 128-row tiles; a device that fits none takes bands of one.
-    if (c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;
+    if (share_tiles || c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;
   }
+  c.shared_tiles = share_tiles;
   // The CTAs at work at one time hold tiles of every segment (the schedule's rounds).
   c.gemm.group_rows = group_rows_for(problem.world_size, overrides);
 

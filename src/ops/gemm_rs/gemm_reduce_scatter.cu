@@ -1,8 +1,11 @@
 // The fused GEMM + reduce-scatter entry points: checks, config, parameters, launch.
 #include <cstdio>
+#include <type_traits>
 
 #include "core/env.h"
 #include "gemm/launch.cuh"
+#include "gemm/split_k.h"
+#include "gemm/split_k_workspace.h"
 #include "ops/gemm_rs/config.h"
 #include "ops/gemm_rs/kernel.cuh"
 #include "ops/gemm_rs/launch.h"
@@ -34,24 +37,26 @@ Status check_call(const Communicator& comm, const Problem& problem, const std::v
 template <class Config>
 Status make_rank_params(const Communicator& comm, const RankState& rank, const Problem& problem,
                         const GemmRsConfig& config, const void* a, const void* w, void* out,
-                        kernels::GemmRsRankParams* rp) {
+                        const SplitKWorkspace& split, kernels::GemmRsRankParams* rp) {
   const TileSchedule schedule(schedule_shape(problem, config, rank.rank));
   TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &rp->mainloop));
-  kernels::PushReduceEpilogue::Params& e = rp->epilogue;
+  kernels::PushReduceParams& e = rp->epilogue;
   e.rank = rank.rank;
   e.world_size = comm.world_size;
   e.rows_per_rank = int(problem.rows_per_rank());
   e.n = int(problem.n);
   e.col_tiles = schedule.col_tiles();
   e.tiles_per_band = schedule.tiles_per_band();
+  // Shared tiles move a segment's rows as one box (ops/gemm_rs/epilogue.cuh); the others a chunk.
+  e.box_rows = config.shared_tiles ? int(problem.rows_per_rank()) : kChunkRows;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
   for (int owner = 0; owner < comm.world_size; ++owner) {
     TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
-                                                   problem.n, 2, parity_elems, kChunkRows, kChunkCols, &e.recv_at[owner]));
+                                                   problem.n, 2, parity_elems, e.box_rows, kChunkCols, &e.recv_at[owner]));
     e.flags_at[owner] = rank.flags_at[owner];
   }
   TPFUSE_RETURN_IF_ERROR(
-      make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kChunkRows, kChunkCols, &e.out));
+      make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, e.box_rows, kChunkCols, &e.out));
   e.flags_parity_words = comm.parity.flag_words;
   e.calls = rank.calls;
   e.failed = rank.failed;
@@ -59,14 +64,16 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.timeout_ns = comm.timeout_ns;
   e.partial_rounds = config.partial_rounds;
   e.num_k_blocks = rp->mainloop.num_k_blocks;
+  e.split_partials = split.partials;
+  e.splits_done = split.splits_done;
   rp->calls = rank.calls;
   return Status::Ok();
 }
 
-template <class Config, int kLocalRanks>
+template <class Config, int kLocalRanks, bool kSharedTiles>
 Status launch_kernel(const kernels::GemmRsLaunch<kLocalRanks>& launch, int num_ranks, size_t smem, bool cooperative,
                      bool debug, cudaStream_t stream) {
-  const auto kernel = kernels::gemm_rs_kernel<Config, kLocalRanks>;
+  const auto kernel = kernels::gemm_rs_kernel<Config, kLocalRanks, kSharedTiles>;
   if (debug) {
     std::fprintf(stderr, "tpfuse: gemm_reduce_scatter launch %d rank(s) x %d CTAs x %d threads, %zu B smem%s\n",
                  num_ranks, launch.ctas_per_rank, Config::kThreads, smem, cooperative ? ", cooperative" : "");
@@ -98,38 +105,71 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
                  overrides.to_string().c_str(), config.to_string().c_str());
   }
 
-  return with_variant<PushReduceSync>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
+  // Split K holds a step per CTA of a rank (one wave: a tile's last split waits for the others):
+  // fewer splits where the rank has fewer CTAs than the config planned (emulated ranks).
+  const auto splits_that_fit = [&](int ctas_per_rank) {
+    GemmRsConfig c = config;
+    const int tiles = config.gemm.split_k > 1 ? TileSchedule(schedule_shape(problem, config, 0)).num_tiles() /
+                                                    config.gemm.split_k
+                                              : 1;
+    while (c.gemm.split_k > 1 && tiles * c.gemm.split_k > ctas_per_rank) --c.gemm.split_k;
+    return c;
+  };
+  const auto launch_variant = [&](auto mainloop_config, auto shared_tiles) -> Status {
     using Config = decltype(mainloop_config);
+    constexpr bool kSharedTiles = decltype(shared_tiles)::value;
     size_t smem = 0;
     TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));
     if (num_ranks > 1 && one_device) {
       // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
       kernels::GemmRsLaunch<kMaxWorldSize> launch{};
       int ctas = 0;
-      TPFUSE_RETURN_IF_ERROR(
-          (resident_grid<Config>(kernels::gemm_rs_kernel<Config, kMaxWorldSize>, smem, config.gemm.num_ctas, &ctas)));
+      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, kMaxWorldSize, kSharedTiles>, smem,
+                                                    config.gemm.num_ctas, &ctas)));
       launch.ctas_per_rank = ctas / num_ranks;
       if (launch.ctas_per_rank == 0) {
         return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
                                        std::to_string(ctas) + " resident CTAs");
       }
+      const GemmRsConfig rank_config = splits_that_fit(launch.ctas_per_rank);
+      SplitKWorkspace split;
+      // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
+      if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
       for (int i = 0; i < num_ranks; ++i) {
-        TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, config, a[i],
-                                                        w[i], out[i], &launch.ranks[i]));
+        // Each rank's steps have their own partials and counters.
+        SplitKWorkspace own = split;
+        if (split.partials != nullptr) {
+          own.partials += size_t(i) * launch.ctas_per_rank * max_tile_accumulators();
+          own.splits_done += size_t(i) * launch.ctas_per_rank * kConsumers;
+        }
+        TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, rank_config,
+                                                        a[i], w[i], out[i], own, &launch.ranks[i]));
       }
-      return launch_kernel<Config>(launch, num_ranks, smem, /*cooperative=*/true, debug, streams[0]);
+      return launch_kernel<Config, kMaxWorldSize, kSharedTiles>(launch, num_ranks, smem, /*cooperative=*/true, debug,
+                                                                streams[0]);
     }
     // One rank per GPU: a persistent grid of its own on each.
     for (int i = 0; i < num_ranks; ++i) {
       const RankState& rank = comm->ranks[local_ranks[i]];
       TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
       kernels::GemmRsLaunch<1> launch{};
-      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, 1>, smem, config.gemm.num_ctas,
-                                                    &launch.ctas_per_rank)));
-      TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, config, a[i], w[i], out[i], &launch.ranks[0]));
-      TPFUSE_RETURN_IF_ERROR(launch_kernel<Config>(launch, 1, smem, /*cooperative=*/false, debug, streams[i]));
+      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, 1, kSharedTiles>, smem,
+                                                    config.gemm.num_ctas, &launch.ctas_per_rank)));
+      const GemmRsConfig rank_config = splits_that_fit(launch.ctas_per_rank);
+      SplitKWorkspace split;
+      if (rank_config.gemm.split_k > 1) {
+        TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
+      }
+      TPFUSE_RETURN_IF_ERROR(
+          make_rank_params<Config>(*comm, rank, problem, rank_config, a[i], w[i], out[i], split, &launch.ranks[0]));
+      TPFUSE_RETURN_IF_ERROR(
+          (launch_kernel<Config, 1, kSharedTiles>(launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
     }
     return Status::Ok();
+  };
+  return with_variant<PushReduceSync>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
+    if (config.shared_tiles) return launch_variant(mainloop_config, std::true_type{});
+    return launch_variant(mainloop_config, std::false_type{});
   });
 }
 

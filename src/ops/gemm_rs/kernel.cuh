@@ -13,7 +13,7 @@ namespace tpfuse::kernels {
 
 struct GemmRsRankParams {
   MainloopParams<TileSchedule> mainloop;
-  PushReduceEpilogue::Params epilogue;
+  PushReduceParams epilogue;
   uint64_t* calls;  // calls completed on this rank, in the high word (epilogue.calls, writable)
 };
 
@@ -23,9 +23,9 @@ struct GemmRsLaunch {
   GemmRsRankParams ranks[kLocalRanks];
 };
 
-template <class Config>
+template <class Config, bool kSharedTiles>
 __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, int ctas_per_rank) {
-  run_persistent<Config, PushReduceEpilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta,
+  run_persistent<Config, PushReduceEpilogue<kSharedTiles>>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta,
                                              ctas_per_rank);
   // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share. The
   // next call (stream-ordered after this one) uses the next epoch and the other parity.
@@ -33,14 +33,15 @@ __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, 
   if (threadIdx.x == 0) comm::finish_call(rank.calls, cta, ctas_per_rank);
 }
 
-template <class Config, int kLocalRanks>
+// kSharedTiles: tiles of several owners' rows (ops/gemm_rs/epilogue.cuh).
+template <class Config, int kLocalRanks, bool kSharedTiles>
 __global__ void __launch_bounds__(Config::kThreads, 1) gemm_rs_kernel(const __grid_constant__ GemmRsLaunch<kLocalRanks> launch) {
   // NOTE: a rank indexed at run time makes every parameter access a global load; a real rank (one
   // per launch) is indexed at compile time, so its parameters stay in the constant bank.
   if constexpr (kLocalRanks == 1) {
-    run_rank<Config>(launch.ranks[0], blockIdx.x, launch.ctas_per_rank);
+    run_rank<Config, kSharedTiles>(launch.ranks[0], blockIdx.x, launch.ctas_per_rank);
   } else {
-    run_rank<Config>(launch.ranks[blockIdx.x / launch.ctas_per_rank], blockIdx.x % launch.ctas_per_rank,
+    run_rank<Config, kSharedTiles>(launch.ranks[blockIdx.x / launch.ctas_per_rank], blockIdx.x % launch.ctas_per_rank,
                      launch.ctas_per_rank);
   }
 }

@@ -6,10 +6,15 @@
 //
 // The partial product C_r (m x n) is cut into P row segments, one per owner rank; segment d holds the
 // rows [d*m/P, (d+1)*m/P) that rank d keeps after the reduce-scatter. Tiles are cut from bands of
-// rows: a band is one segment, or with segments_per_tile = 2 two adjacent segments (owners 2b and
-// 2b+1) whose 64 rows each make one 128-row tile, a 64-row slab per owner (M=512 at P=8: one wave
-// of full tiles instead of two of half tiles). A tile never crosses a band: the last row tile of a
-// band is clipped to it. Every band has the same T tiles, numbered in the raster order below.
+// rows, S segments each (segments_per_tile):
+//   S = 1   a band is one segment;
+//   S = 2   two adjacent segments (owners 2b and 2b+1) whose 64 rows each make one 128-row tile, a
+//           64-row slab per owner (M=512 at P=8: one wave of full tiles instead of two of half tiles);
+//   S = P   one band of all segments, where a segment is shorter than a 64-row slab (decode-sized
+//           M): a tile then holds several owners' rows, and W is read once whatever P, not once a
+//           segment. A slab may hold rows of several owners, and a segment may span two slabs.
+// A tile never crosses a band: the last row tile of a band is clipped to it. Every band has the same
+// T tiles, numbered in the raster order below.
 //
 // Rank r walks its tiles in rounds over the B = P / segments_per_tile bands. Round j holds tile j
 // of every other band, rotated so that rank r starts with the band after its own (offset 0) and
@@ -28,9 +33,15 @@
 // L * B steps. The own tiles, each longer than a peer's tile by its reduction, are then spread over
 // the whole call instead of filling its last 1/B, and the pushes go on to its end. With L >= T
 // (kOwnTilesLast) every own tile comes last. The config picks L (ops/gemm_rs/config.cpp).
-// NOTE: in a band of two segments, rank r's partner (r xor 1) computes their shared own tiles at
-// the same steps as r: each must push the partner's slab of such a tile before it waits for its own
-// slab's partials, or the two wait for each other.
+// One band may also split each tile's K loop in num_splits steps, consecutive ones (split j of tile t
+// is step t * S + j, gemm/split_k.h): the decode-sized M whose tiles would fill few SMs. The last
+// split of a tile adds the others' FP32 partials (ops/gemm_rs/epilogue.cuh) and only its step pushes
+// and reduces.
+//
+// NOTE: in a band of several segments, the band's other ranks compute their shared tiles at the
+// same steps as r: each must push its partners' rows of such a tile before it waits for the
+// partials of its own rows, or they wait for each other. With one band (S = P) every rank computes
+// every tile at the same step, and the rounds above are a single band's tiles in raster order.
 //
 // Inside a band, tiles go in raster order (gemm/raster.h), so that the CTAs working at the same
 // time share A rows and W columns in L2.
@@ -56,8 +67,11 @@ struct ScheduleShape {
   int block_n = 256;
   int group_rows = 8;
   int own_lag = kOwnTilesLast;  // rounds between a peer tile and the own tile of the same rows (see above); >= 0
-  // 1, or 2: bands of two segments (needs an even world_size and rows_per_rank() * 2 == block_m).
+  // Segments a band holds: 1; 2 (needs an even world_size and rows_per_rank() * 2 == block_m); or
+  // world_size (one band: tiles of several owners' rows).
   int segments_per_tile = 1;
+  // Steps a tile's K loop is split in (one band only: segments_per_tile == world_size).
+  int num_splits = 1;
 
   TPFUSE_HOST_DEVICE int rows_per_rank() const { return m / world_size; }
 };
@@ -69,9 +83,10 @@ class TileSchedule {
   TileSchedule() = default;
 
   explicit TileSchedule(const ScheduleShape& shape) : shape_(shape) {
-    bands_ = over_segments_per_tile(shape.world_size);
-    own_band_ = over_segments_per_tile(shape.rank);
-    rows_per_band_ = shape.rows_per_rank() * shape.segments_per_tile;
+    bands_ = shape.world_size / shape.segments_per_tile;
+    own_band_ = shape.rank / shape.segments_per_tile;
+    rows_per_rank_ = shape.rows_per_rank();
+    rows_per_band_ = rows_per_rank_ * shape.segments_per_tile;
     row_tiles_ = (rows_per_band_ + shape.block_m - 1) / shape.block_m;
     col_tiles_ = (shape.n + shape.block_n - 1) / shape.block_n;
     tiles_per_band_ = row_tiles_ * col_tiles_;
@@ -81,6 +96,8 @@ class TileSchedule {
     by_peer_bands_ = FastDivision(max_int(1, bands_ - 1));
     by_bands_ = FastDivision(bands_);
     order_ = RasterOrder(row_tiles_, col_tiles_, shape.group_rows);
+    splits_ = max_int(1, shape.num_splits);
+    by_splits_ = FastDivision(splits_);
   }
 
   TPFUSE_HOST_DEVICE const ScheduleShape& shape() const { return shape_; }
@@ -89,7 +106,26 @@ class TileSchedule {
   TPFUSE_HOST_DEVICE int row_tiles_per_band() const { return row_tiles_; }
   TPFUSE_HOST_DEVICE int col_tiles() const { return col_tiles_; }
   TPFUSE_HOST_DEVICE int tiles_per_band() const { return tiles_per_band_; }
-  TPFUSE_HOST_DEVICE int num_tiles() const { return bands_ * tiles_per_band_; }
+  // Steps, as the mainloop counts them: a tile each, or num_splits each.
+  TPFUSE_HOST_DEVICE int num_tiles() const { return bands_ * tiles_per_band_ * splits_; }
+  TPFUSE_HOST_DEVICE int num_splits() const { return splits_; }
+
+  // The part of its tile's K loop of num_k_blocks that `step` multiplies (all of it without splits).
+  TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const {
+    KSlice k{step, 0, 1, 0, num_k_blocks};
+    if (splits_ > 1) {
+      k.tile_index = by_splits_.div(step);
+      k.split = step - k.tile_index * splits_;
+      k.num_splits = splits_;
+      k.k_block_begin = by_splits_.div(k.split * num_k_blocks);
+      k.num_k_blocks = by_splits_.div((k.split + 1) * num_k_blocks) - k.k_block_begin;
+    }
+    return k;
+  }
+  // Whether `step` is its tile's last split (every step without splits): the one that pushes and reduces.
+  TPFUSE_HOST_DEVICE bool last_split(int step) const {
+    return splits_ == 1 || step - by_splits_.div(step) * splits_ == splits_ - 1;
+  }
 
   // The band at `offset` of a round: the one after this rank's, ..., then its own (offset B-1).
   TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {
@@ -119,6 +155,7 @@ class TileSchedule {
 
   // The tile this rank computes at `step`, 0 <= step < num_tiles().
   TPFUSE_HOST_DEVICE Tile tile(int step) const {
+    if (splits_ > 1) step = by_splits_.div(step);
     int offset = 0, t = 0;
     locate(step, &offset, &t);
     const int band = band_at_offset(offset);
@@ -135,19 +172,18 @@ class TileSchedule {
     tile.row_end = min_int(tile.row_begin + shape_.block_m, band_end);
     tile.col_begin = col_tile * shape_.block_n;
     tile.col_end = min_int(tile.col_begin + shape_.block_n, shape_.n);
-    tile.rows_per_owner = over_segments_per_tile(shape_.block_m);
+    tile.rows_per_owner = shape_.segments_per_tile == 1 ? shape_.block_m : rows_per_rank_;
     return tile;
   }
 
  private:
-  // x / segments_per_tile without a division.
-  TPFUSE_HOST_DEVICE int over_segments_per_tile(int x) const { return shape_.segments_per_tile == 2 ? x >> 1 : x; }
   TPFUSE_HOST_DEVICE static int min_int(int a, int b) { return a < b ? a : b; }
   TPFUSE_HOST_DEVICE static int max_int(int a, int b) { return a > b ? a : b; }
 
   ScheduleShape shape_;
   int bands_ = 1;
   int own_band_ = 0;
+  int rows_per_rank_ = 0;
   int rows_per_band_ = 0;
   int row_tiles_ = 0;
   int col_tiles_ = 0;
@@ -158,6 +194,13 @@ class TileSchedule {
   FastDivision by_peer_bands_;
   FastDivision by_bands_;
   RasterOrder order_;
+  int splits_ = 1;
+  FastDivision by_splits_;
 };
+
+// The mainloop's view of a step's K blocks (gemm/split_k.h).
+TPFUSE_HOST_DEVICE KSlice k_slice_of(const TileSchedule& schedule, int step, int num_k_blocks) {
+  return schedule.k_slice(step, num_k_blocks);
+}
 
 }  // namespace tpfuse

@@ -14,11 +14,13 @@ namespace tpfuse {
 struct SlabHandoff {
   uint64_t staged;   // the consumer: the chunk buffers hold the slab, the fields below say where it goes
   uint64_t sent;     // the sender: its stores have read the chunk buffers, which may be staged again
-  int destination;   // the owner rank of the slab (this rank: its output)
-  int row;           // in the owner's segment
+  bool to_output;    // this rank's rows, into its output; else pushed to each other owner of the slab
+  int first_owner;   // the slab's owners, first_owner .. last_owner (ops/gemm_rs/schedule.h)
+  int last_owner;
+  int row;           // where the slab's first row lands in first_owner's segment (or the output)
   int col;
   int num_chunks;
-  uint32_t* flag;    // raised once the stores have landed; null: none
+  int flag;          // index of the slab's flag in each owner's flag array, raised once landed; -1: none
 };
 
 struct PushReduceSync {

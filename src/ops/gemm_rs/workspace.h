@@ -14,7 +14,8 @@
 
 namespace tpfuse {
 
-// Flags are sized for the most tiles any compiled variant cuts a band into.
+// Flags are sized for the most tiles any compiled variant cuts a band into: a band is a segment, or
+// all of them where segments are shorter than a slab (ops/gemm_rs/schedule.h).
 inline WorkspaceSize gemm_rs_workspace(const CommunicatorOptions& options, int world_size) {
   int min_block_m = kGemmVariants[0].block_m, min_block_n = kGemmVariants[0].block_n;
   for (const GemmVariant& v : kGemmVariants) {
@@ -22,7 +23,9 @@ inline WorkspaceSize gemm_rs_workspace(const CommunicatorOptions& options, int w
     min_block_n = std::min(min_block_n, v.block_n);
   }
   const int64_t rows = options.max_m / world_size;
-  const size_t tiles = size_t((rows + min_block_m - 1) / min_block_m) * size_t((options.max_n + min_block_n - 1) / min_block_n);
+  const int64_t band_rows = std::max(rows, std::min(options.max_m, int64_t(kSlabRows) * world_size));
+  const size_t tiles =
+      size_t((band_rows + min_block_m - 1) / min_block_m) * size_t((options.max_n + min_block_n - 1) / min_block_n);
   constexpr size_t kSlabsPerTile = kConsumers;
   WorkspaceSize size;
   size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_n) * 2;
