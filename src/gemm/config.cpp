@@ -85,20 +85,21 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // 64-row tiles, the two consumers splitting the columns instead of the rows. 128-row tiles are
   // 256 or 192 wide: 192 where 256-wide tiles would leave SMs idle in the last wave (M = 512,
   // N = 6144), or where their splits of K fill the SMs better (M = 128, N = 6144).
+  // 64-row tiles are 256 or 128 wide: 128 where twice the CTAs on W beat its splits of K (the
+  // shallow K loops of small M, K/P <= 1024).
   const int block_m = grid.rows_per_band <= 64 ? 64 : 128;
+  const int narrow = block_m == 128 ? 192 : 128;
   int block_n = 256;
   int splits = splits_for(grid, device, overrides, block_m, 256, num_k_blocks);
-  if (block_m == 128) {
-    if (overrides.block_n != 0) {
-      block_n = overrides.block_n;
-      splits = splits_for(grid, device, overrides, block_m, block_n, num_k_blocks);
-    } else {
-      const int narrow_splits = splits_for(grid, device, overrides, 128, 192, num_k_blocks);
-      const auto time = [&](int n, int s) { return relative_time(grid, device, 128, n, std::max(num_k_blocks, 1), s); };
-      if (narrow_splits > 0 && (splits == 0 || time(192, narrow_splits) < time(256, splits))) {
-        block_n = 192;
-        splits = narrow_splits;
-      }
+  if (overrides.block_n == 256 || overrides.block_n == narrow) {  // a width this height has
+    block_n = overrides.block_n;
+    splits = splits_for(grid, device, overrides, block_m, block_n, num_k_blocks);
+  } else {
+    const int narrow_splits = splits_for(grid, device, overrides, block_m, narrow, num_k_blocks);
+    const auto time = [&](int n, int s) { return relative_time(grid, device, block_m, n, std::max(num_k_blocks, 1), s); };
+    if (narrow_splits > 0 && (splits == 0 || time(narrow, narrow_splits) < time(256, splits))) {
+      block_n = narrow;
+      splits = narrow_splits;
     }
   }
   if (splits == 0) return forced_splits_do_not_fit(grid, device, overrides, block_m, block_n, num_k_blocks);

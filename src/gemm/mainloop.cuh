@@ -77,7 +77,8 @@ struct MainloopConfig {
   static constexpr int kConsumerRegs = 232;
 
   static_assert(kBlockM == 64 || kBlockM == 128, "tiles are one or two 64-row slabs");
-  static_assert(kWgCols == 128 || kWgCols == 192 || kWgCols == 256, "a consumer issues m64n{128,192,256} WGMMAs");
+  static_assert(kWgCols == 64 || kWgCols == 128 || kWgCols == 192 || kWgCols == 256,
+                "a consumer issues m64n{64,128,192,256} WGMMAs");
   static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
 };
 
@@ -174,8 +175,10 @@ struct Wgmma {
   static constexpr auto kMajorW = kWeightKMajor ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
   using Op = std::conditional_t<
       N == 256, cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-      std::conditional_t<N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-                         cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>;
+      std::conditional_t<
+          N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+          std::conditional_t<N == 128, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
+                             cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>>;
 
   template <size_t... I>
   __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate,

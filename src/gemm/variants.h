@@ -24,6 +24,7 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 256, 4, 2},  // a single wave of 128 x 256 tiles: a fourth stage, the slab staged 2 chunks at a time
     {128, 192, 4, 0},  // where 256-wide tiles would leave SMs idle in the last wave
     {64, 256, 4, 0},   // segments of at most 64 rows
+    {64, 128, 8, 0},   // at most 64 rows and few K blocks: twice the CTAs on W, a deeper ring
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 

@@ -189,7 +189,7 @@ TEST(Config, OneWaveStagesInBatches) {
 
 // Segments of 64 rows share 128-row tiles in pairs from P = 4 on; at P = 2 they get 64-row tiles;
 // shorter ones one band of all segments, with the plain GEMM's tiles for the whole M (W read once:
-// 64 x 256 at M = 64 and N = 8192); larger ones 128-row tiles of their own.
+// 64 x 128 at M = 64, N = 8192 and K/P = 1024); larger ones 128-row tiles of their own.
 TEST(Config, SmallSegments) {
   GemmRsConfig c;
   for (int world_size : {4, 8}) {
@@ -223,7 +223,7 @@ TEST(Config, SmallSegments) {
   EXPECT_EQ(c.segments_per_tile, 1) << c.to_string();
   ASSERT_TRUE(select_gemm_rs_config(make(64, 8192, 8192, 8), h100(), {}, &c).ok());
   EXPECT_EQ(c.gemm.tile().block_m, 64) << c.to_string();
-  EXPECT_EQ(c.gemm.tile().block_n, 256) << c.to_string();
+  EXPECT_EQ(c.gemm.tile().block_n, 128) << c.to_string() << ": 64 CTAs on W, K whole (16 K blocks)";
   GemmConfig g;
   ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), {}, &g).ok());
   EXPECT_EQ(g.tile().block_m, 64) << g.to_string();
@@ -313,10 +313,20 @@ TEST(Config, OverridesApply) {
   ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), h100(), o, &g).ok());
   EXPECT_EQ(g.tile().block_n, 192) << g.to_string();
   EXPECT_EQ(g.group_rows, 3) << g.to_string();
-  // 64-row tiles have one width: block_n applies to 128-row tiles only.
+  // 192 is a width of 128-row tiles only: 64-row ones keep the config's own choice, and take 128 or
+  // 256 when asked.
+  GemmConfig own;
+  ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), {}, &own).ok());
   ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), o, &g).ok());
   EXPECT_EQ(g.tile().block_m, 64);
-  EXPECT_EQ(g.tile().block_n, 256);
+  EXPECT_EQ(g.tile().block_n, own.tile().block_n);
+  for (int width : {128, 256}) {
+    ConfigOverrides w;
+    w.block_n = width;
+    ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), w, &g).ok());
+    EXPECT_EQ(g.tile().block_m, 64);
+    EXPECT_EQ(g.tile().block_n, width) << g.to_string();
+  }
 
   ConfigOverrides lag;
   lag.own_lag = 0;
@@ -341,12 +351,12 @@ TEST(Config, BadOverridesAreErrors) {
     const char* message;
   };
   ConfigOverrides block_n, group_rows, own_lag, rounds, split_k;
-  block_n.block_n = 128;
+  block_n.block_n = 100;
   group_rows.group_rows = -2;
   own_lag.own_lag = -5;
   rounds.partial_rounds = -3;
   split_k.split_k = -1;
-  for (const Case& t : {Case{block_n, "overrides.block_n = 128"}, Case{group_rows, "overrides.group_rows = -2"},
+  for (const Case& t : {Case{block_n, "overrides.block_n = 100"}, Case{group_rows, "overrides.group_rows = -2"},
                         Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"},
                         Case{split_k, "overrides.split_k = -1"}}) {
     GemmRsConfig c;
@@ -424,19 +434,20 @@ TEST(Config, SharedStorageHoldsEveryPart) {
 TEST(Config, SplitKWhereTilesFillFewSms) {
   // Splits of at least 10 K blocks (kMinKBlocksPerSplit), where the tiles fill few SMs: split K
   // measured faster where K is deep (K/P = 2048 and 3584: 1.03-1.32 at M <= 256) and slower at
-  // 1024 and 768 (0.69-0.99), whose splits would be 3-4 K blocks (docs/EXPERIMENTS.md).
+  // 1024 and 768 (0.69-0.99), whose splits would be 3-4 K blocks (docs/EXPERIMENTS.md). At M <= 64
+  // the tiles are 64 x 128: twice the CTAs on W, so half the splits.
   struct Expected {
     int64_t n, k;
-    int small_m_splits;           // M = 1 .. 64: 64 x 256 tiles
+    int small_m_splits;           // M = 1 .. 64: 64 x 128 tiles
     int block_n_128, splits_128;  // M = 128
     int block_n_256, splits_256;  // M = 256
     int block_n_512;              // M = 512, unsplit
   };
   for (const Expected& e : {
            Expected{8192, 1024, 1, 192, 1, 192, 1, 256},  // 16 K blocks: no split of 10
-           Expected{8192, 3584, 4, 192, 3, 256, 2, 256},  // 56 K blocks: 32 tiles x 4 splits of 14
+           Expected{8192, 3584, 2, 192, 3, 256, 2, 256},  // 56 K blocks: 64 tiles x 2 splits of 28
            Expected{6144, 768, 1, 192, 1, 192, 1, 192},   // 12 K blocks
-           Expected{6144, 2048, 3, 192, 3, 192, 2, 192},  // 32 K blocks: 24 x 3 of 10 or 11
+           Expected{6144, 2048, 2, 192, 3, 192, 2, 192},  // 32 K blocks: 48 x 2 of 16
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;
@@ -446,6 +457,7 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
       expect_split_fits(c, p, h100(), what);
       if (m <= 64) {
         EXPECT_EQ(c.tile().block_m, 64) << what;
+        EXPECT_EQ(c.tile().block_n, 128) << what;
         EXPECT_EQ(c.split_k, e.small_m_splits) << what;
       } else {
         EXPECT_EQ(c.tile().block_m, 128) << what;
