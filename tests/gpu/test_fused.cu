@@ -443,6 +443,38 @@ TEST_P(FusedMissingPeer, TimesOut) {
   EXPECT_EQ(ranks.run(problem).code(), StatusCode::kPeerTimeout);
 }
 
+// With split K, a call that times out still leaves the split workspace's counters at 0: the plain
+// GEMM that splits next on the same stream (the same workspace) is bit for bit right.
+TEST(FusedSplitK, MissingPeerLeavesTheCountersAtZero) {
+  const Problem problem{32, 1024, 128, 4, WeightLayout::kNxK};
+  LocalRanks ranks(problem, /*timeout_s=*/0.2);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 17);
+  std::vector<const void*> a, w;
+  std::vector<void*> out;
+  for (int r = 0; r < 3; ++r) {
+    a.push_back(ranks.a[r]->ptr);
+    w.push_back(ranks.w[r]->ptr);
+    out.push_back(ranks.out[r]->ptr);
+  }
+  ConfigOverrides split;
+  split.split_k = 2;
+  ASSERT_TRUE(
+      launch_gemm_rs(ranks.comm, problem, {0, 1, 2}, a.data(), w.data(), out.data(), ranks.streams.data(), split).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(communicator_status(ranks.comm).code(), StatusCode::kPeerTimeout);
+  const Problem plain{problem.m, problem.n, problem.k_per_rank, 1, problem.weight_layout};
+  DeviceArray<__nv_bfloat16> c(size_t(plain.m) * plain.n);
+  poison(c.ptr, c.count);
+  const Status s = gemm(plain, ranks.a[0]->ptr, ranks.w[0]->ptr, c.ptr, ranks.streams[0], split);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  DeviceArray<float> ref(size_t(plain.m) * plain.n);
+  reference_gemm(plain, ranks.a[0]->ptr, ranks.w[0]->ptr, ref.ptr);
+  const int64_t bad = first_mismatch(c.to_host(), ref.to_host());
+  EXPECT_EQ(bad, -1) << "first mismatch at " << element_at(bad, plain.n);
+}
+
 INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256, 32),
                          [](const auto& info) { return "M" + std::to_string(info.param); });
 

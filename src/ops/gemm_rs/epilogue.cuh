@@ -489,12 +489,13 @@ class PushReduceEpilogue : public EpilogueBase {
   }
 
   // The leader of the last split: waits until all splits of the slab have counted in (CTAs of this
-  // rank, resident at once: the splits of a tile are steps of one wave), or the call fails.
+  // rank, resident at once: the splits of a tile are steps of one wave), then sets the counter back.
+  // Also in a failed call: the other splits wait for no peer and count in all the same, and the
+  // counters are the stream's split workspace, which later calls (the plain GEMM's too) count on.
   __device__ void wait_for_splits(const SplitPartials& split, int row, int col) const {
     const uint32_t all = uint32_t(k_slice_.num_splits);
     const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
     while (ptx::load_relaxed_sys(split.counter_address()) != all) {
-      if (comm::call_failed(p_.failed)) return;
       if (ptx::globaltimer_ns() > deadline) {
         comm::report_timeout(p_.failed, p_.error, p_.rank, p_.rank, row, col);
         return;
