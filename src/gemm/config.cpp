@@ -81,25 +81,37 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
                                std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
   TPFUSE_RETURN_IF_ERROR(validate(overrides));
-  // The tile this output wants. A band of at most 64 rows would waste most of a 128-row tile: then
-  // 64-row tiles, the two consumers splitting the columns instead of the rows. 128-row tiles are
-  // 256 or 192 wide: 192 where 256-wide tiles would leave SMs idle in the last wave (M = 512,
-  // N = 6144), or where their splits of K fill the SMs better (M = 128, N = 6144).
-  // 64-row tiles are 256 or 128 wide: 128 where twice the CTAs on W beat its splits of K (the
-  // shallow K loops of small M, K/P <= 1024).
-  const int block_m = grid.rows_per_band <= 64 ? 64 : 128;
-  const int narrow = block_m == 128 ? 192 : 128;
-  int block_n = 256;
-  int splits = splits_for(grid, device, overrides, block_m, 256, num_k_blocks);
-  if (overrides.block_n == 256 || overrides.block_n == narrow) {  // a width this height has
-    block_n = overrides.block_n;
-    splits = splits_for(grid, device, overrides, block_m, block_n, num_k_blocks);
-  } else {
-    const int narrow_splits = splits_for(grid, device, overrides, block_m, narrow, num_k_blocks);
-    const auto time = [&](int n, int s) { return relative_time(grid, device, block_m, n, std::max(num_k_blocks, 1), s); };
-    if (narrow_splits > 0 && (splits == 0 || time(narrow, narrow_splits) < time(256, splits))) {
-      block_n = narrow;
-      splits = narrow_splits;
+  // The tile this output wants, by the time model over the compiled shapes: 64-row tiles (the two
+  // consumers splitting the columns instead of the rows) for a band of at most 64 rows, which would
+  // waste most of a 128-row tile, and also for one band of at most kSmallBandRows (small M: more
+  // CTAs on W); 128-row tiles otherwise. 128-row tiles are 256 or 192 wide: 192 where 256-wide
+  // tiles would leave SMs idle in the last wave (M = 512, N = 6144), or where their splits of K fill
+  // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K. Ties
+  // go to the first (taller, wider) shape.
+  constexpr int kSmallBandRows = 256;
+  int heights[2] = {128, 0};
+  if (grid.rows_per_band <= 64) {
+    heights[0] = 64;
+  } else if (grid.bands == 1 && grid.rows_per_band <= kSmallBandRows) {
+    heights[1] = 64;
+  }
+  int block_m = heights[0], block_n = 256, splits = 0;
+  double best_time = 0;
+  for (const int height : heights) {
+    if (height == 0) continue;
+    const int narrow = height == 128 ? 192 : 128;
+    for (const int width : {256, narrow}) {
+      // A forced width applies to the heights that have it.
+      if ((overrides.block_n == 256 || overrides.block_n == narrow) && width != overrides.block_n) continue;
+      const int s = splits_for(grid, device, overrides, height, width, num_k_blocks);
+      if (s == 0) continue;
+      const double t = relative_time(grid, device, height, width, std::max(num_k_blocks, 1), s);
+      if (splits == 0 || t < best_time) {
+        block_m = height;
+        block_n = width;
+        splits = s;
+        best_time = t;
+      }
     }
   }
   if (splits == 0) return forced_splits_do_not_fit(grid, device, overrides, block_m, block_n, num_k_blocks);

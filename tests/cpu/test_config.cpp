@@ -434,20 +434,20 @@ TEST(Config, SharedStorageHoldsEveryPart) {
 TEST(Config, SplitKWhereTilesFillFewSms) {
   // Splits of at least 10 K blocks (kMinKBlocksPerSplit), where the tiles fill few SMs: split K
   // measured faster where K is deep (K/P = 2048 and 3584: 1.03-1.32 at M <= 256) and slower at
-  // 1024 and 768 (0.69-0.99), whose splits would be 3-4 K blocks (docs/EXPERIMENTS.md). At M <= 64
-  // the tiles are 64 x 128: twice the CTAs on W, so half the splits.
+  // 1024 and 768 (0.69-0.99), whose splits would be 3-4 K blocks (docs/EXPERIMENTS.md). Up to
+  // M = 256 the tiles may be 64 rows high (more CTAs on W), so fewer splits.
   struct Expected {
     int64_t n, k;
-    int small_m_splits;           // M = 1 .. 64: 64 x 128 tiles
-    int block_n_128, splits_128;  // M = 128
-    int block_n_256, splits_256;  // M = 256
-    int block_n_512;              // M = 512, unsplit
+    int splits_64;                // M = 1 .. 64: 64 x 128 tiles
+    int splits_128;               // M = 128: 64 x 128 tiles
+    int block_m_256, block_n_256, splits_256;  // M = 256
+    int block_n_512;              // M = 512: 128-row tiles, unsplit
   };
   for (const Expected& e : {
-           Expected{8192, 1024, 1, 192, 1, 192, 1, 256},  // 16 K blocks: no split of 10
-           Expected{8192, 3584, 2, 192, 3, 256, 2, 256},  // 56 K blocks: 64 tiles x 2 splits of 28
-           Expected{6144, 768, 1, 192, 1, 192, 1, 192},   // 12 K blocks
-           Expected{6144, 2048, 2, 192, 3, 192, 2, 192},  // 32 K blocks: 48 x 2 of 16
+           Expected{8192, 1024, 1, 1, 64, 256, 1, 256},   // 16 K blocks: no split of 10
+           Expected{8192, 3584, 2, 1, 64, 256, 1, 256},   // 56 K blocks: 64 tiles x 2 splits of 28
+           Expected{6144, 768, 1, 1, 64, 256, 1, 192},    // 12 K blocks
+           Expected{6144, 2048, 2, 1, 128, 192, 2, 192},  // 32 K blocks: 48 x 2 of 16
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;
@@ -455,14 +455,18 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
       ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok()) << p.to_string();
       const std::string what = p.to_string() + " -> " + c.to_string();
       expect_split_fits(c, p, h100(), what);
-      if (m <= 64) {
+      if (m <= 128) {
         EXPECT_EQ(c.tile().block_m, 64) << what;
         EXPECT_EQ(c.tile().block_n, 128) << what;
-        EXPECT_EQ(c.split_k, e.small_m_splits) << what;
+        EXPECT_EQ(c.split_k, m <= 64 ? e.splits_64 : e.splits_128) << what;
+      } else if (m == 256) {
+        EXPECT_EQ(c.tile().block_m, e.block_m_256) << what;
+        EXPECT_EQ(c.tile().block_n, e.block_n_256) << what;
+        EXPECT_EQ(c.split_k, e.splits_256) << what;
       } else {
         EXPECT_EQ(c.tile().block_m, 128) << what;
-        EXPECT_EQ(c.tile().block_n, m == 128 ? e.block_n_128 : m == 256 ? e.block_n_256 : e.block_n_512) << what;
-        EXPECT_EQ(c.split_k, m == 128 ? e.splits_128 : m == 256 ? e.splits_256 : 1) << what;
+        EXPECT_EQ(c.tile().block_n, e.block_n_512) << what;
+        EXPECT_EQ(c.split_k, 1) << what;
       }
     }
   }
