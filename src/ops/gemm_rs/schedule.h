@@ -33,8 +33,9 @@
 // L * B steps. The own tiles, each longer than a peer's tile by its reduction, are then spread over
 // the whole call instead of filling its last 1/B, and the pushes go on to its end. With L >= T
 // (kOwnTilesLast) every own tile comes last. The config picks L (ops/gemm_rs/config.cpp).
-// One band may also split each tile's K loop in num_splits steps, consecutive ones (split j of tile t
-// is step t * S + j, gemm/split_k.h): the decode-sized M whose tiles would fill few SMs. The last
+//
+// One band may also split each tile's K loop over num_splits consecutive steps (split j of tile t is
+// step t * num_splits + j, as in gemm/split_k.h): decode-sized M, whose tiles fill few SMs. The last
 // split of a tile adds the others' FP32 partials (ops/gemm_rs/epilogue.cuh) and only its step pushes
 // and reduces.
 //
