@@ -140,7 +140,8 @@ struct ALoad {
 };
 
 // What an epilogue does not define itself (it derives from this): no helper threads, A from the
-// mainloop's own map, no barriers of its own, no extra stages.
+// mainloop's own map, no barriers of its own, nothing before or during a tile's K loop, no extra
+// stages.
 struct EpilogueBase {
   static constexpr bool kHasSender = false;
   static constexpr bool kHasWatcher = false;
@@ -153,6 +154,13 @@ struct EpilogueBase {
   }
   template <class Config, class Storage>
   __device__ static void init(Storage&) {}
+  template <class Config>
+  __device__ void begin_tile(const Tile&, const KSlice&) {}
+  template <class Config, class Acc, class Storage>
+  __device__ void after_k_block(int, Acc&, Storage&) {}
+  template <class Config, class Params, class Storage>
+  __device__ static void produce_extra_stages(const Params&, const Tile&, const KSlice&, Storage&, StageCursor&,
+                                              uint32_t&) {}
 };
 
 // Calls fn(step, tile) for each step of CTA `cta`, in the order the producer and the consumers take them.

@@ -131,16 +131,11 @@ class SplitKEpilogue : public EpilogueBase {
   __device__ SplitKEpilogue(const Params& params, int consumer, Storage& smem)
       : params_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]) {}
 
-  // No input during the K loop, no extra stages.
+  // The step's slice of K, for the workspace (no input during the K loop, no extra stages).
   template <class Config>
   __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
     k_slice_ = k_slice;
   }
-  template <class Config>
-  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
-  template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, const KSlice&, StorageOf<Config>&, StageCursor&,
-                                              uint32_t&) {}
 
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],

@@ -18,15 +18,6 @@ class StoreTileEpilogue : public EpilogueBase {
   __device__ StoreTileEpilogue(const Params& params, int consumer, Storage& smem)
       : params_(params), slabs_(consumer, smem.chunks[consumer]) {}
 
-  // No input for a tile: nothing during the K loop, no extra stages.
-  template <class Config>
-  __device__ void begin_tile(const Tile&, const KSlice&) {}
-  template <class Config>
-  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
-  template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, const KSlice&, StorageOf<Config>&, StageCursor&,
-                                              uint32_t&) {}
-
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            StorageOf<Config>&, StageCursor&) {

@@ -139,15 +139,8 @@ class AllGatherEpilogue : public EpilogueBase {
     }
   }
 
-  // Consumers: nothing to add during the K loop, no extra stages; the slab goes to Y's band.
-  template <class Config>
-  __device__ void begin_tile(const Tile&, const KSlice&) {}
-  template <class Config>
-  __device__ void after_k_block(int, float (&)[Config::kAccPerThread], StorageOf<Config>&) {}
-  template <class Config>
-  __device__ static void produce_extra_stages(const Params&, const Tile&, const KSlice&, StorageOf<Config>&, StageCursor&,
-                                              uint32_t&) {}
-
+  // Consumers: nothing to add during the K loop (EpilogueBase's), no extra stages; the slab goes to
+  // Y's band.
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            StorageOf<Config>&, StageCursor&) {

@@ -253,7 +253,7 @@ class PushReduceEpilogue : public EpilogueBase {
         return;
       }
     }
-    pushed_ = pushed_slabs<Config>(p_, tile);
+    if constexpr (kSharedTiles) pushed_ = pushed_slabs<Config>(p_, tile);  // else every slab is pushed or own
     own_ = own_slabs<Config>(p_, tile);
     reduced_ = reduced_slabs<Config>(p_, tile);
     tile_rounds_ = has_rounds<Config>(p_, reduced_) ? p_.partial_rounds : 0;
@@ -712,7 +712,7 @@ class PushReduceEpilogue : public EpilogueBase {
   ChunkBuffer* chunks_;
   SlabHandoff* handoff_;
   int handoffs_ = 0;  // hand-offs of staged chunks to the sender so far
-  uint32_t pushed_ = 0;      // the current tile's slabs with other owners' rows
+  uint32_t pushed_ = 0;      // the current tile's slabs with other owners' rows (shared tiles)
   uint32_t own_ = 0;         // the current tile's slabs with this rank's rows
   uint32_t reduced_ = 0;     // the current tile's slabs that take their peers' partials
   int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop
