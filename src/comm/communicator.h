@@ -1,8 +1,8 @@
 // The communicator behind the public handle: a symmetric workspace per rank (the same layout on
-// every rank: data and flags, each in two parity halves, and the rank's call counter), the peers'
-// addresses of it, and the transport that mapped them. The ops decide what the data and flags mean
-// (ops/workspace.h sizes them for every op); the kernels see only the table of peer addresses, so
-// one kernel serves every transport.
+// every rank: data, flags and counts, each in two parity halves, and the rank's call counter), the
+// peers' addresses of it, and the transport that mapped them. The ops decide what the data, flags
+// and counts mean (ops/workspace.h sizes them for every op); the kernels see only the table of peer
+// addresses, so one kernel serves every transport.
 #pragma once
 
 #include <nccl.h>
@@ -25,26 +25,31 @@ enum class Transport {
 
 const char* to_string(Transport transport);
 
-// What the ops need of one parity half of a workspace: data bytes and 32-bit flag words.
+// What the ops need of one parity half of a workspace: data bytes, 32-bit flag words (which every
+// op may write: they hold epoch values) and 32-bit count words (which only their op writes: counters
+// that are 0 at creation and after every call).
 struct WorkspaceSize {
   size_t data_bytes = 0;
   size_t flag_words = 0;
+  size_t count_words = 0;
 };
 
 // One rank's state, owned by the process that runs the rank.
 struct RankState {
   int rank = 0;
   int device = 0;
-  void* allocation = nullptr;  // data, flags and counters in one allocation
+  void* allocation = nullptr;  // data, flags, counts and the call counter in one allocation
   void* data = nullptr;        // [2 parities][WorkspaceSize::data_bytes]
   uint32_t* flags = nullptr;   // [2 parities][WorkspaceSize::flag_words]
+  uint32_t* counts = nullptr;  // [2 parities][WorkspaceSize::count_words]
   uint64_t* calls = nullptr;   // the rank's completed calls, in the high word (comm/epoch.h)
   uint32_t* failed = nullptr;  // set by the first wait of a call that times out
   PeerError* error_host = nullptr;  // pinned, mapped: written by the GPU, read by the host
   PeerError* error_device = nullptr;
-  // Every rank's data and flags, as addressed from this rank's device.
+  // Every rank's data, flags and counts, as addressed from this rank's device.
   std::array<void*, kMaxWorldSize> data_at{};
   std::array<uint32_t*, kMaxWorldSize> flags_at{};
+  std::array<uint32_t*, kMaxWorldSize> counts_at{};
 };
 
 struct Communicator {
@@ -67,7 +72,8 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
                              Communicator** out);
 
 // Marks every flag of this rank as raised (for every future call), so that one rank can run alone:
-// the solo-rank proxies of the benchmark. Its own pushes still land in the peers' buffers.
+// the solo-rank proxies of the benchmark. Its own pushes still land in the peers' buffers. Its
+// counts stay as they are.
 Status preset_incoming_flags(Communicator* comm, int local_rank);
 
 // Checks options against the world size (the message names the bad field).

@@ -81,6 +81,22 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void*
                : "memory");
 }
 
+// Contiguous bulk copies (no tensor map): `bytes` (a multiple of 16, 16-byte aligned addresses)
+// from global memory into shared memory, completion counted on `bar`; and from shared memory to
+// global memory (local or peer-mapped), in the current bulk group.
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(smem_dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void bulk_store(void* dst, const void* smem_src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(smem_src)),
+               "r"(bytes)
+               : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until at most N bulk groups are pending their READ of shared memory: the source buffer may
@@ -197,6 +213,14 @@ __device__ __forceinline__ void store_release_sys(uint32_t* flag, uint32_t value
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 __device__ __forceinline__ void store_relaxed_sys(uint32_t* flag, uint32_t value) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
+}
+
+// Counts one arrival at a counter of `arrivals` (acquire and release at system scope): returns the
+// count before it; the last arrival (which sees arrivals - 1) leaves the counter at 0 again.
+__device__ __forceinline__ uint32_t count_arrival_sys(uint32_t* counter, uint32_t arrivals) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.sys.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(arrivals - 1) : "memory");
+  return old;
 }
 
 // No ordering of its own (several can be in flight): pair with fence_acquire_sys once one is seen.

@@ -145,7 +145,7 @@ struct ALoad {
 struct EpilogueBase {
   static constexpr bool kHasSender = false;
   static constexpr bool kHasWatcher = false;
-  static constexpr int kCopierWarps = 0;
+  static constexpr bool kHasCopier = false;
   static constexpr bool kLayeredA = false;
 
   template <class Config, class Params, class Mainloop>
@@ -313,9 +313,8 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 //   to multiplying while the slab goes out;
 //   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
 //   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer;
-//   with Epilogue::kCopierWarps = W (at most 3; no sender or watcher then), the last W warps run
-//   Epilogue::copy<Config>(params, copier, copiers), all 32 threads each, copier counting the CTAs'
-//   copier warps (copiers of them): data the op moves by plain stores while the tiles multiply.
+//   with Epilogue::kHasCopier, warp 3 runs Epilogue::copy<Config>(params, smem, cta, num_ctas): data
+//   the op moves by bulk copies while the tiles multiply.
 // Epilogue::init<Config>(smem) initializes the op's barriers (one thread, before the CTA's barrier).
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue, class Schedule>
@@ -344,14 +343,8 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     if constexpr (Epilogue::kHasWatcher) {
       if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
-    if constexpr (Epilogue::kCopierWarps > 0) {
-      static_assert(Epilogue::kCopierWarps <= 3 && !Epilogue::kHasSender && !Epilogue::kHasWatcher,
-                    "copier warps take the producer warpgroup's spare warps");
-      const int first = 4 - Epilogue::kCopierWarps, warp = threadIdx.x / 32;
-      if (warp >= first) {
-        Epilogue::template copy<Config>(epilogue_params, cta * Epilogue::kCopierWarps + warp - first,
-                                        num_ctas * Epilogue::kCopierWarps);
-      }
+    if constexpr (Epilogue::kHasCopier) {
+      if (threadIdx.x == 96) Epilogue::template copy<Config>(epilogue_params, smem, cta, num_ctas);
     }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();

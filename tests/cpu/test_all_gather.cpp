@@ -2,6 +2,7 @@
 // rank, the own band first, then r-1, r-2, ...; tiles inside their band; configs over the table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -43,27 +44,51 @@ TEST(AllGatherSchedule, EveryTileOnceOwnBandFirst) {
   }
 }
 
-TEST(AllGatherSchedule, PiecesCoverABlock) {
-  // A tile's rows span at most two pieces' rows; the pieces cover k.
-  EXPECT_EQ(copy_row_blocks(1), 1);
-  EXPECT_EQ(copy_row_blocks(64), 1);
-  EXPECT_EQ(copy_row_blocks(65), 2);
-  EXPECT_EQ(copy_col_chunks(8192, kWideCopyCols), 8);
-  EXPECT_EQ(copy_col_chunks(6144 + 8, kWideCopyCols), 7);
-  EXPECT_EQ(copy_col_chunks(8192, kNarrowCopyCols), 32);
-  // Wide pieces where they are for half the CTAs or more, narrow ones where not (P = 8, K = 8192).
-  EXPECT_EQ(copy_cols_for(1024, 8192, 132), kWideCopyCols);   // M = 8192: 16 row blocks x 8
-  EXPECT_EQ(copy_cols_for(256, 8192, 132), kNarrowCopyCols);  // M = 2048: 4 x 8
-  EXPECT_EQ(copy_cols_for(64, 8192, 132), kNarrowCopyCols);   // M = 512: 1 x 8
-  // One copier warp a CTA where the wide pieces are two a CTA and more, else all three.
-  EXPECT_EQ(copiers_per_cta_for(4096, 8192, 132, 3), 1);  // M = 32768: 64 x 8
-  EXPECT_EQ(copiers_per_cta_for(1024, 8192, 132, 3), 3);
+TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
+  // Blocks of the sweep (P = 8: 64 .. 4096 rows, K = 8192 and 6144), of decode size, and ragged ones,
+  // for a full GPU's CTAs and an emulated rank's.
+  for (const auto& [rows, k] : std::vector<std::pair<int64_t, int64_t>>{
+           {64, 8192}, {256, 8192}, {1024, 6144}, {4096, 8192}, {1, 8192}, {8, 512}, {100, 24}, {130, 1000}, {3, 8}}) {
+    for (int ctas : {132, 16, 1}) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows x " << k << ", " << ctas << " CTAs");
+      const CopyPlan plan = copy_plan(rows, k, ctas);
+      ASSERT_EQ(plan.row_blocks, copy_row_blocks(rows));
+      ASSERT_GT(plan.pieces_per_block, 0);
+      ASSERT_EQ(plan.piece_elems % 8, 0) << "pieces start 16-byte aligned";
+      EXPECT_LE(plan.piece_elems, std::max<int64_t>(std::min<int64_t>(rows, kCopyRows) * k, 8));
+      EXPECT_GE(plan.piece_elems, std::min<int64_t>(kMinPieceElems, std::min<int64_t>(rows, kCopyRows) * k));
+      // Walking the pieces in order tiles every row block with no gap or overlap; each piece lies
+      // inside its row block, and every row block has pieces_per_block of them (empty ones included).
+      int64_t next = 0;
+      std::vector<int> pieces_of_block(plan.row_blocks, 0);
+      for (int piece = 0; piece < plan.row_blocks * plan.pieces_per_block; ++piece) {
+        const PieceRange r = piece_range(plan, rows, k, piece);
+        ASSERT_EQ(r.block, piece / plan.pieces_per_block);
+        ASSERT_EQ(r.begin, std::min(next, std::min<int64_t>((r.block + 1) * kCopyRows, rows) * k)) << "piece " << piece;
+        ASSERT_GE(r.begin, int64_t(r.block) * kCopyRows * k);
+        ASSERT_LE(r.end, std::min<int64_t>((r.block + 1) * kCopyRows, rows) * k);
+        ASSERT_LE(r.end - r.begin, plan.piece_elems);
+        ASSERT_GE(r.end, r.begin);
+        next = r.end;
+        ++pieces_of_block[r.block];
+      }
+      EXPECT_EQ(next, rows * k) << "the pieces cover the block";
+      for (int n : pieces_of_block) EXPECT_EQ(n, plan.pieces_per_block);
+      if (ctas == 132 && rows * k >= 2 * 132 * kMinPieceElems) {
+        // About two pieces a CTA where the block is large enough for every CTA to copy.
+        const int pieces = plan.row_blocks * plan.pieces_per_block;
+        EXPECT_GE(pieces, 2 * ctas);
+        EXPECT_LE(pieces, 3 * ctas);
+      }
+    }
+  }
   CommunicatorOptions options;
   options.max_m = 8192;
   options.max_k = 8192;
   const WorkspaceSize size = all_gather_workspace(options, 8);
   EXPECT_EQ(size.data_bytes, size_t(8192) * 8192 * 2) << "every rank's block of X, BF16";
-  EXPECT_EQ(size.flag_words, size_t(8) * 16 * 32) << "a flag per narrowest piece: 8 sources x 16 row blocks x 32";
+  EXPECT_EQ(size.flag_words, size_t(8) * 16) << "a flag per row block: 8 sources x 16 row blocks";
+  EXPECT_EQ(size.count_words, size.flag_words) << "and a counter beside each";
 }
 
 TEST(AllGatherConfig, ChoicesAreCompiledVariants) {

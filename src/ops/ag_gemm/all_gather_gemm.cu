@@ -56,11 +56,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.world_size = comm.world_size;
   e.rows_per_rank = int(rows);
   e.k = int(k);
-  e.row_blocks = int(copy_row_blocks(rows));
-  constexpr int kCopierWarps = kernels::AllGatherEpilogue::kCopierWarps;
-  e.copiers_per_cta = copiers_per_cta_for(rows, k, config.gemm.num_ctas, kCopierWarps);
-  e.copy_cols = copy_cols_for(rows, k, config.gemm.num_ctas);
-  e.col_chunks = int(copy_col_chunks(k, e.copy_cols));
+  e.copy = copy_plan(rows, k, config.gemm.num_ctas);
   e.copy_own = copy_own;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
   TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(y, comm.world_size, rows, problem.n_per_rank, 1, rows * problem.n_per_rank,
@@ -72,9 +68,11 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   for (int r = 0; r < comm.world_size; ++r) {
     e.gathered_at[r] = static_cast<uint16_t*>(rank.data_at[r]);
     e.flags_at[r] = rank.flags_at[r];
+    e.counts_at[r] = rank.counts_at[r];
   }
   e.parity_elems = size_t(parity_elems);
   e.flags_parity_words = comm.parity.flag_words;
+  e.counts_parity_words = comm.parity.count_words;
   e.calls = rank.calls;
   e.failed = rank.failed;
   e.error = rank.error_device;
@@ -134,7 +132,7 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
   }
 
   const Status launched =
-      with_variant<NoOpSync>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
+      with_variant<CopyStages>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
         using Config = decltype(mainloop_config);
         size_t smem = 0;
         TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));

@@ -1,15 +1,16 @@
 #include "ops/ag_gemm/config.h"
 
 #include "gemm/shared_storage.h"
+#include "ops/ag_gemm/shared_storage.h"
 
 namespace tpfuse {
 
 Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInfo& device,
                                 const ConfigOverrides& overrides, AllGatherConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
-  // The kernel's shared memory is the plain GEMM's: its copier works from registers, its waits are
-  // on flags in global memory.
-  static constexpr SmemByVariant kSmem = smem_bytes_by_variant<NoOpSync>();
+  // The kernel's shared memory is the plain GEMM's and the copier's staging ring (its waits are on
+  // flags in global memory).
+  static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
   TileGrid grid;
   grid.bands = problem.world_size;
   grid.rows_per_band = problem.rows_per_rank();

@@ -1,44 +1,76 @@
 // The all-gather + GEMM's layout of a rank's workspace, one parity half (comm/communicator.h), sized
 // for the largest problem the communicator serves:
-//   data:   gathered[source rank][rows_per_rank][k]        BF16: each rank's block of X
-//   flags:  [source rank][row block][column chunk]         u32 epoch values: that piece has landed
-// A block is pushed in pieces of kCopyRows x copy_cols (the last ones clipped), each with a flag, so
-// that a tile's loads wait only for the rows they read. A call lays its own problem out in them.
+//   data:    gathered[source rank][rows_per_rank][k]   BF16: each rank's block of X
+//   flags:   [source rank][row block]                  u32 epoch values: that row block has landed
+//   counts:  [source rank][row block]                  u32: its pieces landed so far (0 between calls)
+// A row block is kCopyRows rows of a block, all of k: contiguous in X_s and in the gathered buffer,
+// so it is pushed in contiguous pieces (a CTA's each, the last ones clipped or empty) that the copier
+// moves by bulk copies. Each piece counts itself in at its row block's counter in the destination; the
+// piece that counts in last raises the row block's flag, so that a tile waits for one or two flags
+// whatever the number of pieces. A call lays its own problem out in them.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "core/host_device.h"
 
 namespace tpfuse {
 
 constexpr int kCopyRows = 64;
-// A piece's columns: wide where a block has many rows (fewer flags for a tile to wait for: polling
-// them costs the producer time), narrow where it has few, so that half the CTAs have a piece to
-// push at once.
-constexpr int kWideCopyCols = 1024;
-constexpr int kNarrowCopyCols = 256;
+// A piece is at least this many elements (8 KB: below it, its count-in costs more than its copy).
+constexpr int64_t kMinPieceElems = 4096;
 
 inline int64_t copy_row_blocks(int64_t rows_per_rank) { return (rows_per_rank + kCopyRows - 1) / kCopyRows; }
-inline int64_t copy_col_chunks(int64_t k, int copy_cols) { return (k + copy_cols - 1) / copy_cols; }
-inline int copy_cols_for(int64_t rows_per_rank, int64_t k, int num_ctas) {
-  return 2 * copy_row_blocks(rows_per_rank) * copy_col_chunks(k, kWideCopyCols) >= num_ctas ? kWideCopyCols
-                                                                                           : kNarrowCopyCols;
+
+// How a block of rows_per_rank x k is cut into pieces: about two a CTA (so that every CTA copies and
+// the pieces' sizes even out over the CTAs), at least kMinPieceElems, at most a row block.
+struct CopyPlan {
+  int row_blocks = 0;
+  int pieces_per_block = 0;  // every row block has as many (the last one's may be empty)
+  int64_t piece_elems = 0;   // a multiple of 8: 16-byte aligned pieces
+};
+
+inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas) {
+  const int64_t block_elems = std::min<int64_t>(rows_per_rank, kCopyRows) * k;
+  const int64_t wanted = (rows_per_rank * k + 2 * int64_t(num_ctas) - 1) / (2 * int64_t(num_ctas));
+  const int64_t piece = std::min(std::max(wanted, kMinPieceElems), block_elems);
+  CopyPlan plan;
+  plan.row_blocks = int(copy_row_blocks(rows_per_rank));
+  plan.piece_elems = (piece + 7) / 8 * 8;
+  plan.pieces_per_block = int((block_elems + plan.piece_elems - 1) / plan.piece_elems);
+  return plan;
 }
 
-// Copier warps a CTA runs (of its kCopierWarps, ops/ag_gemm/epilogue.cuh): one where a block has
-// wide pieces to spare for every CTA (the copy then stretches over the multiply instead of taking the
-// memory's bandwidth from it at the start), all where it has few.
-inline int copiers_per_cta_for(int64_t rows_per_rank, int64_t k, int num_ctas, int max_per_cta) {
-  return copy_row_blocks(rows_per_rank) * copy_col_chunks(k, kWideCopyCols) >= 2 * int64_t(num_ctas) ? 1 : max_per_cta;
+// Piece `piece` (0 <= piece < row_blocks * pieces_per_block) of a block of rows_per_rank x k: its
+// row block and its elements [begin, end) of the block (begin == end: an empty piece, which only
+// counts in).
+struct PieceRange {
+  int block;
+  int64_t begin;
+  int64_t end;
+};
+
+TPFUSE_HOST_DEVICE PieceRange piece_range(const CopyPlan& plan, int64_t rows_per_rank, int64_t k, int piece) {
+  PieceRange r;
+  r.block = piece / plan.pieces_per_block;
+  const int64_t block_begin = int64_t(r.block) * kCopyRows * k;
+  const int64_t block_end = (int64_t(r.block) + 1) * kCopyRows < rows_per_rank ? block_begin + kCopyRows * k
+                                                                               : rows_per_rank * k;
+  const int64_t begin = block_begin + int64_t(piece - r.block * plan.pieces_per_block) * plan.piece_elems;
+  r.begin = begin < block_end ? begin : block_end;
+  r.end = r.begin + plan.piece_elems < block_end ? r.begin + plan.piece_elems : block_end;
+  return r;
 }
 
 inline WorkspaceSize all_gather_workspace(const CommunicatorOptions& options, int world_size) {
   const int64_t rows = options.max_m / world_size;
   WorkspaceSize size;
   size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_k) * 2;
-  size.flag_words = size_t(world_size) * size_t(copy_row_blocks(rows)) * size_t(copy_col_chunks(options.max_k, kNarrowCopyCols));
+  size.flag_words = size_t(world_size) * size_t(copy_row_blocks(rows));
+  size.count_words = size.flag_words;
   return size;
 }
 
