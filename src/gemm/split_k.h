@@ -24,6 +24,50 @@
 
 namespace tpfuse {
 
+// A tile's K loop of num_k_blocks cut into S >= 1 consecutive steps (split j of tile t is step
+// t * S + j): each step's tile and K blocks. The schedules that split K keep one (this GEMM's, and
+// the ops' over tiles that fill few SMs).
+class KSplits {
+ public:
+  KSplits() = default;
+
+  // On the host: the divisor is prepared here.
+  explicit KSplits(int num_splits) : splits_(num_splits > 1 ? num_splits : 1), by_splits_(splits_) {}
+
+  TPFUSE_HOST_DEVICE int num_splits() const { return splits_; }
+  TPFUSE_HOST_DEVICE int tile_of(int step) const { return splits_ == 1 ? step : by_splits_.div(step); }
+
+  // The part of its tile's K loop that `step` multiplies (all of it without splits).
+  TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const {
+    KSlice k{step, 0, 1, 0, num_k_blocks};
+    if (splits_ > 1) {
+      k.tile_index = by_splits_.div(step);
+      k.split = step - k.tile_index * splits_;
+      k.num_splits = splits_;
+      k.k_block_begin = by_splits_.div(k.split * num_k_blocks);
+      k.num_k_blocks = by_splits_.div((k.split + 1) * num_k_blocks) - k.k_block_begin;
+    }
+    return k;
+  }
+
+  // Whether `step` is its tile's last split (every step without splits).
+  TPFUSE_HOST_DEVICE bool last_split(int step) const {
+    return splits_ == 1 || step - by_splits_.div(step) * splits_ == splits_ - 1;
+  }
+
+ private:
+  int splits_ = 1;
+  FastDivision by_splits_;
+};
+
+// The most of `splits` whose steps, `tiles` tiles' worth, fit in `ctas` CTAs (at least 1): a split
+// call holds a step per CTA (one wave, a workspace slot each), and ranks emulated on one GPU have
+// fewer CTAs than the config planned for.
+inline int splits_that_fit(int64_t tiles, int splits, int ctas) {
+  while (splits > 1 && tiles * splits > ctas) --splits;
+  return splits;
+}
+
 class SplitKSchedule {
  public:
   SplitKSchedule() = default;
@@ -31,35 +75,23 @@ class SplitKSchedule {
   // The tiles of `tiles`, each in num_splits >= 1 steps over num_k_blocks >= num_splits K blocks
   // (num_splits * num_k_blocks < 2^31). On the host: the divisor is prepared here.
   SplitKSchedule(const GemmSchedule& tiles, int num_splits, int num_k_blocks)
-      : tiles_(tiles), num_splits_(num_splits), num_k_blocks_(num_k_blocks), by_splits_(num_splits) {}
+      : tiles_(tiles), splits_(num_splits), num_k_blocks_(num_k_blocks) {}
 
-  TPFUSE_HOST_DEVICE int num_splits() const { return num_splits_; }
+  TPFUSE_HOST_DEVICE int num_splits() const { return splits_.num_splits(); }
   TPFUSE_HOST_DEVICE int tiles() const { return tiles_.num_tiles(); }
 
   // Steps, as the mainloop counts them (a schedule has num_tiles() and tile(step)): S per tile.
-  TPFUSE_HOST_DEVICE int num_tiles() const { return tiles_.num_tiles() * num_splits_; }
+  TPFUSE_HOST_DEVICE int num_tiles() const { return tiles_.num_tiles() * splits_.num_splits(); }
 
   // 0 <= step < num_tiles().
-  TPFUSE_HOST_DEVICE Tile tile(int step) const { return tiles_.tile(by_splits_.div(step)); }
+  TPFUSE_HOST_DEVICE Tile tile(int step) const { return tiles_.tile(splits_.tile_of(step)); }
 
-  TPFUSE_HOST_DEVICE KSlice k_slice(int step) const {
-    KSlice k;
-    k.tile_index = by_splits_.div(step);
-    k.split = step - k.tile_index * num_splits_;
-    k.num_splits = num_splits_;
-    k.k_block_begin = k_block_of(k.split);
-    k.num_k_blocks = k_block_of(k.split + 1) - k.k_block_begin;
-    return k;
-  }
+  TPFUSE_HOST_DEVICE KSlice k_slice(int step) const { return splits_.k_slice(step, num_k_blocks_); }
 
  private:
-  // The first K block of split j (j = S: the end of K).
-  TPFUSE_HOST_DEVICE int k_block_of(int split) const { return by_splits_.div(split * num_k_blocks_); }
-
   GemmSchedule tiles_;
-  int num_splits_ = 1;
+  KSplits splits_;
   int num_k_blocks_ = 0;
-  FastDivision by_splits_;
 };
 
 // A step's K slice under any schedule: all of K for those that do not split it.

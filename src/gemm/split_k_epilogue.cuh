@@ -21,7 +21,8 @@ namespace tpfuse::kernels {
 
 // One consumer warpgroup's slab of a split step: its FP32 partial in the workspace (gemm/split_k.h),
 // the slab's counter of splits counted in, and the sum of a tile's partials in split order. Shared
-// by the split GEMM's epilogue and the reduce-scatter's over tiles of several owners' rows.
+// by the split GEMM's epilogue, the reduce-scatter's over tiles of several owners' rows and the
+// all-gather's.
 class SplitPartials {
  public:
   __device__ SplitPartials(float* partials, uint32_t* splits_done, int consumer, const KSlice& k_slice)
@@ -60,6 +61,24 @@ class SplitPartials {
   }
 
   __device__ const uint32_t* counter_address() const { return counter(); }
+
+  // A step's end of its slab (rows_in_slab of the tile's rows in it) where no split waits for
+  // another: writes this split's partial and counts it in; true in every thread of the warpgroup
+  // when it was the tile's last, which then holds the sum of all S partials in acc (to store).
+  template <class Config>
+  __device__ bool sum_if_last(float (&acc)[Config::kAccPerThread], int rows_in_slab, const SlabStore& slabs) const {
+    const bool mine = holds_rows(rows_in_slab);
+    if (mine) write<Config>(acc);
+    slabs.sync();  // every thread's part is written before the leader counts the partial in
+    bool last = false;
+    if (slabs.leader()) {
+      last = count_in() == uint32_t(k_slice_.num_splits - 1);
+      if (last) finish_count();
+    }
+    if (!ptx::named_barrier_any(1 + consumer_, 128, last)) return false;
+    if (mine) add_all<Config>(acc);
+    return true;
+  }
 
   // acc = p_0 + p_1 + ... + p_{S-1}, added in this order in FP32, so that the sum is the same
   // whichever split adds it. In place: the accumulators stay live across steps (the WGMMAs read
@@ -146,10 +165,7 @@ class SplitKEpilogue : public EpilogueBase {
     // stays 0).
     if (row >= tile.row_end || col >= tile.col_end) return;
     const SplitPartials split(params_.partials, params_.splits_done, consumer_, k_slice_);
-    const bool holds_rows = SplitPartials::holds_rows(tile.row_end - row);
-    if (holds_rows) split.write<Config>(acc);
-    if (!counts_in_last(split)) return;
-    if (holds_rows) split.add_all<Config>(acc);
+    if (!split.sum_if_last<Config>(acc, tile.row_end - row, slabs_)) return;
     slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
         acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
           ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);
@@ -159,18 +175,6 @@ class SplitKEpilogue : public EpilogueBase {
   __device__ void finish() { slabs_.drain(); }
 
  private:
-  // Counts this split's partial in (once every thread of the warpgroup has written its part); true
-  // in every thread of the warpgroup when it was the tile's last, which then sets the counter back.
-  __device__ bool counts_in_last(const SplitPartials& split) const {
-    slabs_.sync();
-    bool last = false;
-    if (slabs_.leader()) {
-      last = split.count_in() == uint32_t(k_slice_.num_splits - 1);
-      if (last) split.finish_count();
-    }
-    return ptx::named_barrier_any(1 + consumer_, 128, last);
-  }
-
   const Params& params_;
   int consumer_;
   SlabStore slabs_;

@@ -8,7 +8,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "gemm/split_k.h"
 
 #include "tpfuse/status.h"
 
@@ -23,5 +26,16 @@ struct SplitKWorkspace {
 // the config never asks for more). The first call on a stream allocates it, also while the stream
 // is being captured (the allocation is the library's, not the graph's).
 Status split_k_workspace(cudaStream_t stream, int max_steps, SplitKWorkspace* workspace);
+
+// Emulated rank i's part of one stream's workspace, where each of the ranks on the GPU has at most
+// steps_per_rank steps (its CTAs): its own partials and counters.
+inline SplitKWorkspace emulated_rank_part(const SplitKWorkspace& workspace, int i, int steps_per_rank) {
+  SplitKWorkspace part = workspace;
+  if (workspace.partials != nullptr) {
+    part.partials += size_t(i) * steps_per_rank * max_tile_accumulators();
+    part.splits_done += size_t(i) * steps_per_rank * kConsumers;
+  }
+  return part;
+}
 
 }  // namespace tpfuse

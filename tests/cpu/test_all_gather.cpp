@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -42,6 +44,37 @@ TEST(AllGatherSchedule, EveryTileOnceOwnBandFirst) {
       EXPECT_EQ(area, int64_t(m) * n) << "the tiles cover Y exactly";
     }
   }
+}
+
+TEST(AllGatherSchedule, SplitsOfATileAreConsecutiveAndCoverK) {
+  const int p = 8, m = 512, n = 1280, block_m = 64, block_n = 256, splits = 3, num_k_blocks = 128;
+  const AllGatherSchedule whole(p, 5, m, n, block_m, block_n, 4);
+  const AllGatherSchedule split(p, 5, m, n, block_m, block_n, 4, splits);
+  ASSERT_EQ(split.num_tiles(), whole.num_tiles() * splits);
+  for (int step = 0; step < split.num_tiles(); ++step) {
+    const Tile t = split.tile(step), w = whole.tile(step / splits);
+    ASSERT_EQ(t.owner_rank, w.owner_rank);
+    ASSERT_EQ(t.row_begin, w.row_begin);
+    ASSERT_EQ(t.col_begin, w.col_begin);
+    const KSlice k = split.k_slice(step, num_k_blocks);
+    ASSERT_EQ(k.tile_index, step / splits);
+    ASSERT_EQ(k.split, step % splits);
+    ASSERT_EQ(k.num_splits, splits);
+    // The splits of a tile tile its K blocks in order.
+    const int begin = k.split == 0 ? 0 : split.k_slice(step - 1, num_k_blocks).k_block_begin +
+                                             split.k_slice(step - 1, num_k_blocks).num_k_blocks;
+    ASSERT_EQ(k.k_block_begin, begin) << "step " << step;
+    ASSERT_GE(k.num_k_blocks, num_k_blocks / splits);
+    if (k.split == splits - 1) ASSERT_EQ(k.k_block_begin + k.num_k_blocks, num_k_blocks);
+  }
+  const KSlice all = whole.k_slice(7, num_k_blocks);
+  EXPECT_EQ(all.k_block_begin, 0);
+  EXPECT_EQ(all.num_k_blocks, num_k_blocks);
+  EXPECT_EQ(all.num_splits, 1);
+  // Emulated ranks with fewer CTAs take fewer splits; never fewer than one.
+  EXPECT_EQ(splits_that_fit(40, 3, 132), 3);
+  EXPECT_EQ(splits_that_fit(40, 3, 100), 2);
+  EXPECT_EQ(splits_that_fit(40, 3, 16), 1);
 }
 
 TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
@@ -107,9 +140,35 @@ TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
         ASSERT_LT(c.gemm.variant, kNumGemmVariants);
         EXPECT_LE(c.gemm.smem_bytes, size_t(device.max_smem_per_block));
         EXPECT_EQ(c.gemm.tile().block_m, problem.rows_per_rank() <= 64 ? 64 : 128) << problem.to_string();
+        EXPECT_LE(AllGatherSchedule(p, 0, int(problem.m), int(problem.n_per_rank), c.gemm.tile().block_m,
+                                    c.gemm.tile().block_n, 1, c.gemm.split_k)
+                      .num_tiles(),
+                  c.gemm.split_k == 1 ? INT32_MAX : device.num_sms)
+            << "split steps are one wave";
       }
     }
   }
+}
+
+TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
+  const DeviceInfo device;
+  AllGatherProblem qkv;  // llama qkv at M = 512, P = 8: 8 bands x 5 tiles of 64 x 256, K = 8192
+  qkv.m = 512;
+  qkv.n_per_rank = 1280;
+  qkv.k = 8192;
+  qkv.world_size = 8;
+  AllGatherConfig c;
+  ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
+  EXPECT_GT(c.gemm.split_k, 1) << c.to_string();
+  AllGatherProblem gate_up = qkv;  // 8 x 28 tiles: more than a wave already
+  gate_up.n_per_rank = 7168;
+  ASSERT_TRUE(select_all_gather_config(gate_up, device, {}, &c).ok());
+  EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
+  ConfigOverrides forced;
+  forced.split_k = 2;
+  ASSERT_TRUE(select_all_gather_config(qkv, device, forced, &c).ok());
+  EXPECT_EQ(c.gemm.split_k, 2);
+  EXPECT_FALSE(select_all_gather_config(gate_up, device, forced, &c).ok()) << "448 steps are more than a wave";
 }
 
 TEST(AllGatherProblemTest, ValidationNamesItsFields) {

@@ -79,7 +79,7 @@ struct AllGatherRanks {
     return first;
   }
 
-  Status run(const AllGatherProblem& p, bool want_gathered = true) {
+  Status run(const AllGatherProblem& p, bool want_gathered = true, const ConfigOverrides& overrides = {}) {
     std::vector<const void*> xp, wp;
     std::vector<void*> yp, gp;
     for (int r = 0; r < p.world_size; ++r) {
@@ -88,7 +88,7 @@ struct AllGatherRanks {
       yp.push_back(y[r]->ptr);
       gp.push_back(want_gathered ? gathered[r]->ptr : nullptr);
     }
-    return all_gather_gemm_local(comm, p, xp.data(), wp.data(), yp.data(), gp.data(), streams.data());
+    return all_gather_gemm_local(comm, p, xp.data(), wp.data(), yp.data(), gp.data(), streams.data(), overrides);
   }
 
   // The gathered X of problem `p` (m x k) on the host: every rank's rows in rank order.
@@ -136,19 +136,25 @@ void expect_gathered_bit_for_bit(AllGatherRanks& ranks, const AllGatherProblem& 
 struct AllGatherCase {
   int p, m, n, k;
   WeightLayout layout;
+  int split_k = 0;  // forced splits of K (0: the config's)
   AllGatherProblem problem() const { return AllGatherProblem{m, n, k, p, layout}; }
+  ConfigOverrides overrides() const {
+    ConfigOverrides o;
+    o.split_k = split_k;
+    return o;
+  }
 };
 
 std::string case_name(const ::testing::TestParamInfo<AllGatherCase>& info) {
   const AllGatherCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
-         std::to_string(c.k) + "_" + to_string(c.layout);
+         std::to_string(c.k) + "_" + to_string(c.layout) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "");
 }
 
 // Exact mode (small integers, k <= 256: every sum exact in BF16): Y and the gathered X bit for bit.
-void expect_exact(AllGatherRanks& ranks, const AllGatherProblem& p) {
+void expect_exact(AllGatherRanks& ranks, const AllGatherProblem& p, const ConfigOverrides& overrides = {}) {
   ranks.fill(/*exact=*/true, 1);
-  const Status s = ranks.run(p);
+  const Status s = ranks.run(p, /*want_gathered=*/true, overrides);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_CUDA(ranks.synchronize());
   ASSERT_TRUE(communicator_status(ranks.comm).ok());
@@ -170,7 +176,7 @@ TEST_P(AllGatherExact, BitForBit) {
   const AllGatherProblem p = GetParam().problem();
   AllGatherRanks ranks(p);
   ASSERT_NE(ranks.comm, nullptr);
-  expect_exact(ranks, p);
+  expect_exact(ranks, p, GetParam().overrides());
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
@@ -180,20 +186,24 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
                                            AllGatherCase{8, 512, 1280, 256, WeightLayout::kKxN},
                                            AllGatherCase{8, 2048, 1000, 248, WeightLayout::kNxK},
                                            AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN},
-                                           AllGatherCase{3, 999, 136, 200, WeightLayout::kKxN}),
+                                           AllGatherCase{3, 999, 136, 200, WeightLayout::kKxN},
+                                           // Split K: 128-row and 64-row tiles.
+                                           AllGatherCase{2, 256, 520, 256, WeightLayout::kNxK, 2},
+                                           AllGatherCase{4, 256, 264, 128, WeightLayout::kKxN, 2}),
                          case_name);
 
 // Random mode: Y bit-identical to tpfuse::gemm on the gathered X (the same mainloop and, with
-// whole 128-row tiles in every band and K unsplit, the same tiles), within 1.1x of cuBLAS's error, and
-// bit-identical when run again (the other parity of the buffers).
+// whole 128-row tiles in every band and the same splits of K, the same tiles and sums), within 1.1x
+// of cuBLAS's error, and bit-identical when run again (the other parity of the buffers).
 class AllGatherRandom : public ::testing::TestWithParam<AllGatherCase> {};
 
 TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
   const AllGatherProblem p = GetParam().problem();
   AllGatherRanks ranks(p);
   ASSERT_NE(ranks.comm, nullptr);
+  const ConfigOverrides overrides = GetParam().overrides();
   ranks.fill(/*exact=*/false, 7);
-  ASSERT_TRUE(ranks.run(p).ok());
+  ASSERT_TRUE(ranks.run(p, /*want_gathered=*/true, overrides).ok());
   ASSERT_CUDA(ranks.synchronize());
   const std::vector<__nv_bfloat16> gathered = ranks.expected_gathered(p);
   expect_gathered_bit_for_bit(ranks, p, gathered);
@@ -203,9 +213,11 @@ TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
   std::vector<std::vector<__nv_bfloat16>> first;
   for (int r = 0; r < p.world_size; ++r) {
     const std::vector<float> ref = reference_y(ranks, p, r, gathered, &g);
-    ConfigOverrides unsplit;  // the all-gather never splits K: compare with the GEMM that does not either
-    unsplit.split_k = 1;
-    ASSERT_TRUE(gemm(gemm_of(p), g.ptr, ranks.w[r]->ptr, plain.ptr, nullptr, unsplit).ok());
+    // The same splits as the all-gather's: the forced ones, else none (emulated ranks have too few
+    // CTAs for the config's own splits at these shapes).
+    ConfigOverrides same_splits;
+    same_splits.split_k = overrides.split_k > 0 ? overrides.split_k : 1;
+    ASSERT_TRUE(gemm(gemm_of(p), g.ptr, ranks.w[r]->ptr, plain.ptr, nullptr, same_splits).ok());
     const float alpha = 1, beta = 0;
     const bool k_major = p.weight_layout == WeightLayout::kNxK;
     ASSERT_EQ(cublasGemmEx(cublas, k_major ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, int(p.n_per_rank), int(p.m),
@@ -226,7 +238,7 @@ TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
   }
   cublasDestroy(cublas);
   ranks.poison_outputs();
-  ASSERT_TRUE(ranks.run(p, /*want_gathered=*/false).ok());
+  ASSERT_TRUE(ranks.run(p, /*want_gathered=*/false, overrides).ok());
   ASSERT_CUDA(ranks.synchronize());
   for (int r = 0; r < p.world_size; ++r) {
     const std::vector<__nv_bfloat16> again = ranks.y[r]->to_host();
@@ -239,7 +251,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
                                            AllGatherCase{8, 1024, 1024, 6144, WeightLayout::kKxN},
                                            AllGatherCase{4, 1000, 2056, 520, WeightLayout::kKxN},
                                            AllGatherCase{2, 4096, 1024, 2048, WeightLayout::kNxK},
-                                           AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK}),
+                                           AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK},
+                                           AllGatherCase{2, 1024, 512, 2048, WeightLayout::kNxK, 3},
+                                           AllGatherCase{2, 1024, 512, 2048, WeightLayout::kKxN, 2}),
                          case_name);
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every

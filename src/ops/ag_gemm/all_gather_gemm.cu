@@ -3,6 +3,7 @@
 
 #include "core/env.h"
 #include "gemm/launch.cuh"
+#include "gemm/split_k_workspace.h"
 #include "ops/ag_gemm/config.h"
 #include "ops/ag_gemm/kernel.cuh"
 #include "ops/ag_gemm/launch.h"
@@ -40,10 +41,10 @@ Status check_call(const Communicator& comm, const AllGatherProblem& problem, con
 template <class Config>
 Status make_rank_params(const Communicator& comm, const RankState& rank, const AllGatherProblem& problem,
                         const AllGatherConfig& config, const void* x, const void* w, void* y, bool copy_own,
-                        kernels::AllGatherRankParams* rp) {
+                        const SplitKWorkspace& split, kernels::AllGatherRankParams* rp) {
   const int64_t rows = problem.rows_per_rank(), k = problem.k;
   const AllGatherSchedule schedule(problem.world_size, rank.rank, int(problem.m), int(problem.n_per_rank),
-                                   Config::kBlockM, Config::kBlockN, config.gemm.group_rows);
+                                   Config::kBlockM, Config::kBlockN, config.gemm.group_rows, config.gemm.split_k);
   // The mainloop's own operands are this rank's: X_r (rows_per_rank x k) and W_r.
   Problem gemm;
   gemm.m = rows;
@@ -77,6 +78,8 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.failed = rank.failed;
   e.error = rank.error_device;
   e.timeout_ns = comm.timeout_ns;
+  e.split_partials = split.partials;
+  e.splits_done = split.splits_done;
   rp->mainloop.a = e.gathered;  // prefetched by the kernel; every load goes through a_load's maps
   rp->calls = rank.calls;
   return Status::Ok();
@@ -131,6 +134,16 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
                  overrides.to_string().c_str(), config.to_string().c_str());
   }
 
+  // Split K holds a step per CTA of a rank (one wave, a workspace slot each): fewer splits where the
+  // rank has fewer CTAs than the config planned (emulated ranks).
+  const int64_t tiles = AllGatherSchedule(problem.world_size, 0, int(problem.m), int(problem.n_per_rank),
+                                          config.gemm.tile().block_m, config.gemm.tile().block_n, 1)
+                            .num_tiles();
+  const auto config_that_fits = [&](int ctas_per_rank) {
+    AllGatherConfig c = config;
+    c.gemm.split_k = splits_that_fit(tiles, config.gemm.split_k, ctas_per_rank);
+    return c;
+  };
   const Status launched =
       with_variant<CopyStages>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
         using Config = decltype(mainloop_config);
@@ -147,9 +160,15 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
             return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
                                            std::to_string(ctas) + " resident CTAs");
           }
+          const AllGatherConfig rank_config = config_that_fits(launch.ctas_per_rank);
+          SplitKWorkspace split;
+          // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
+          if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
           for (int i = 0; i < num_ranks; ++i) {
-            TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, config, x[i],
-                                                            w[i], y[i], wants_gathered(i), &launch.ranks[i]));
+            TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, rank_config,
+                                                            x[i], w[i], y[i], wants_gathered(i),
+                                                            emulated_rank_part(split, i, launch.ctas_per_rank),
+                                                            &launch.ranks[i]));
           }
           return launch_kernel<Config>(launch, num_ranks, smem, /*cooperative=*/true, debug, streams[0]);
         }
@@ -160,8 +179,11 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
           kernels::AllGatherLaunch<1> launch{};
           TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::all_gather_kernel<Config, 1>, smem,
                                                         config.gemm.num_ctas, &launch.ctas_per_rank)));
-          TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, config, x[i], w[i], y[i],
-                                                          wants_gathered(i), &launch.ranks[0]));
+          const AllGatherConfig rank_config = config_that_fits(launch.ctas_per_rank);
+          SplitKWorkspace split;
+          if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
+          TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, rank_config, x[i], w[i], y[i],
+                                                          wants_gathered(i), split, &launch.ranks[0]));
           TPFUSE_RETURN_IF_ERROR(launch_kernel<Config>(launch, 1, smem, /*cooperative=*/false, debug, streams[i]));
         }
         return Status::Ok();

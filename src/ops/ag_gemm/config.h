@@ -1,6 +1,7 @@
 // The all-gather + GEMM's config: the GEMM variant and grid for its output cut into P bands of m/P
-// rows (gemm/config.h). A pure function of the problem, the device and the overrides (block_n and
-// group_rows apply; the reduce-scatter's own_lag and partial_rounds do not).
+// rows (gemm/config.h), with split K where the tiles fill few SMs. A pure function of the problem,
+// the device and the overrides (block_n, split_k and group_rows apply; the reduce-scatter's own_lag,
+// partial_rounds and shared_tiles do not).
 #pragma once
 
 #include <string>

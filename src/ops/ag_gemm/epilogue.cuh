@@ -34,6 +34,7 @@
 #include "comm/peer_error.h"
 #include "gemm/mainloop.cuh"
 #include "gemm/slab_store.cuh"
+#include "gemm/split_k_epilogue.cuh"
 #include "ops/ag_gemm/shared_storage.h"
 #include "ops/ag_gemm/workspace.h"
 #include "tpfuse/problem.h"
@@ -63,6 +64,8 @@ class AllGatherEpilogue : public EpilogueBase {
     uint32_t* failed;                    // set by the first wait of this rank that times out
     PeerError* error;                    // host-mapped
     uint64_t timeout_ns;
+    float* split_partials;               // split K: this rank's FP32 partials (gemm/split_k.h)
+    uint32_t* splits_done;               // and their counters, 0 between calls
   };
 
   static constexpr bool kHasCopier = true;
@@ -70,7 +73,7 @@ class AllGatherEpilogue : public EpilogueBase {
 
   template <class Storage>
   __device__ AllGatherEpilogue(const Params& params, int consumer, Storage& smem)
-      : p_(params), slabs_(consumer, smem.chunks[consumer]) {}
+      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]) {}
 
   // Producer thread, before a tile's K stages: its own band from X_r; a peer's band once the pieces
   // its rows span have landed (after a failed call, at once: the consumers must still finish).
@@ -142,16 +145,27 @@ class AllGatherEpilogue : public EpilogueBase {
     }
   }
 
-  // Consumers: nothing to add during the K loop (EpilogueBase's), no extra stages; the slab goes to
-  // Y's band.
+  // Consumers: the step's slice of K, for split K's workspace (nothing to add during the K loop, no
+  // extra stages).
+  template <class Config>
+  __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
+    k_slice_ = k_slice;
+  }
+
+  // The slab goes to Y's band; split, by the split that counts in last, with the sum of all splits'
+  // partials (gemm/split_k_epilogue.cuh).
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            StorageOf<Config>&, StageCursor&) {
     const int row = tile.segment_row + slab.row;  // in the band
     const int col = tile.col_begin + slab.col;
-    // A slab past the band's last row or past n has nothing to store; rows past the band inside a
-    // slab are clipped by the layered map.
+    // A slab past the band's last row or past n has nothing to store (in any split: its counter
+    // stays 0); rows past the band inside a slab are clipped by the layered map.
     if (tile.row_begin + slab.row >= tile.row_end || col >= tile.col_end) return;
+    if (k_slice_.num_splits > 1) {
+      const SplitPartials split(p_.split_partials, p_.splits_done, consumer_, k_slice_);
+      if (!split.sum_if_last<Config>(acc, tile.row_end - (tile.row_begin + slab.row), slabs_)) return;
+    }
     slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
         acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
           ptx::tma_store_4d(&p_.y, buffer, col + c * kChunkCols, row, tile.owner_rank, 0);
@@ -218,7 +232,9 @@ class AllGatherEpilogue : public EpilogueBase {
   }
 
   const Params& p_;
+  int consumer_;
   SlabStore slabs_;
+  KSlice k_slice_{};
 };
 
 }  // namespace tpfuse::kernels

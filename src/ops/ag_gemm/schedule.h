@@ -11,12 +11,15 @@
 //
 // Every rank pushes its block to all its peers from the start of the call, piece by piece
 // (ops/ag_gemm/epilogue.cuh), so the peers' blocks land while the own band is multiplied. A tile
-// never spans two bands; its owner_rank is the band's rank, whose block of X it reads.
+// never spans two bands; its owner_rank is the band's rank, whose block of X it reads. Where the
+// tiles fill few SMs, each tile's K loop may be split over num_splits consecutive steps, as the
+// plain GEMM's (gemm/split_k.h): the band order is the tiles', each tile's splits side by side.
 #pragma once
 
 #include "core/fast_division.h"
 #include "core/host_device.h"
 #include "gemm/raster.h"
+#include "gemm/split_k.h"
 #include "gemm/tile.h"
 
 namespace tpfuse {
@@ -26,9 +29,10 @@ class AllGatherSchedule {
   AllGatherSchedule() = default;
 
   // On the host: the divisors are prepared here. m divisible by world_size.
-  AllGatherSchedule(int world_size, int rank, int m, int n, int block_m, int block_n, int group_rows)
+  AllGatherSchedule(int world_size, int rank, int m, int n, int block_m, int block_n, int group_rows,
+                    int num_splits = 1)
       : world_size_(world_size), rank_(rank), rows_per_band_(m / world_size), n_(n), block_m_(block_m),
-        block_n_(block_n) {
+        block_n_(block_n), splits_(num_splits) {
     const int row_tiles = (rows_per_band_ + block_m - 1) / block_m;
     const int col_tiles = (n + block_n - 1) / block_n;
     tiles_per_band_ = row_tiles * col_tiles;
@@ -36,8 +40,11 @@ class AllGatherSchedule {
     order_ = RasterOrder(row_tiles, col_tiles, group_rows);
   }
 
-  TPFUSE_HOST_DEVICE int num_tiles() const { return world_size_ * tiles_per_band_; }
+  // Steps, as the mainloop counts them: a tile each, or num_splits each.
+  TPFUSE_HOST_DEVICE int num_tiles() const { return world_size_ * tiles_per_band_ * splits_.num_splits(); }
   TPFUSE_HOST_DEVICE int tiles_per_band() const { return tiles_per_band_; }
+  TPFUSE_HOST_DEVICE int num_splits() const { return splits_.num_splits(); }
+  TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const { return splits_.k_slice(step, num_k_blocks); }
 
   // The band a rank computes `offset`-th: its own, then r-1, r-2, ...
   TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {
@@ -47,6 +54,7 @@ class AllGatherSchedule {
 
   // 0 <= step < num_tiles().
   TPFUSE_HOST_DEVICE Tile tile(int step) const {
+    step = splits_.tile_of(step);
     const int offset = by_tiles_per_band_.div(step);
     const int t = step - offset * tiles_per_band_;
     int row_tile = 0, col_tile = 0;
@@ -75,6 +83,12 @@ class AllGatherSchedule {
   int tiles_per_band_ = 0;
   FastDivision by_tiles_per_band_;
   RasterOrder order_;
+  KSplits splits_;
 };
+
+// The mainloop's view of a step's K blocks (gemm/split_k.h).
+TPFUSE_HOST_DEVICE KSlice k_slice_of(const AllGatherSchedule& schedule, int step, int num_k_blocks) {
+  return schedule.k_slice(step, num_k_blocks);
+}
 
 }  // namespace tpfuse

@@ -107,12 +107,12 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
 
   // Split K holds a step per CTA of a rank (one wave: a tile's last split waits for the others):
   // fewer splits where the rank has fewer CTAs than the config planned (emulated ranks).
-  const auto splits_that_fit = [&](int ctas_per_rank) {
+  const auto config_that_fits = [&](int ctas_per_rank) {
     GemmRsConfig c = config;
-    const int tiles = config.gemm.split_k > 1 ? TileSchedule(schedule_shape(problem, config, 0)).num_tiles() /
-                                                    config.gemm.split_k
-                                              : 1;
-    while (c.gemm.split_k > 1 && tiles * c.gemm.split_k > ctas_per_rank) --c.gemm.split_k;
+    if (config.gemm.split_k > 1) {
+      const int tiles = TileSchedule(schedule_shape(problem, config, 0)).num_tiles() / config.gemm.split_k;
+      c.gemm.split_k = splits_that_fit(tiles, config.gemm.split_k, ctas_per_rank);
+    }
     return c;
   };
   const auto launch_variant = [&](auto mainloop_config, auto shared_tiles) -> Status {
@@ -131,19 +131,15 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
         return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
                                        std::to_string(ctas) + " resident CTAs");
       }
-      const GemmRsConfig rank_config = splits_that_fit(launch.ctas_per_rank);
+      const GemmRsConfig rank_config = config_that_fits(launch.ctas_per_rank);
       SplitKWorkspace split;
       // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
       if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
       for (int i = 0; i < num_ranks; ++i) {
-        // Each rank's steps have their own partials and counters.
-        SplitKWorkspace own = split;
-        if (split.partials != nullptr) {
-          own.partials += size_t(i) * launch.ctas_per_rank * max_tile_accumulators();
-          own.splits_done += size_t(i) * launch.ctas_per_rank * kConsumers;
-        }
         TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, rank_config,
-                                                        a[i], w[i], out[i], own, &launch.ranks[i]));
+                                                        a[i], w[i], out[i],
+                                                        emulated_rank_part(split, i, launch.ctas_per_rank),
+                                                        &launch.ranks[i]));
       }
       return launch_kernel<Config, kMaxWorldSize, kSharedTiles>(launch, num_ranks, smem, /*cooperative=*/true, debug,
                                                                 streams[0]);
@@ -155,7 +151,7 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
       kernels::GemmRsLaunch<1> launch{};
       TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, 1, kSharedTiles>, smem,
                                                     config.gemm.num_ctas, &launch.ctas_per_rank)));
-      const GemmRsConfig rank_config = splits_that_fit(launch.ctas_per_rank);
+      const GemmRsConfig rank_config = config_that_fits(launch.ctas_per_rank);
       SplitKWorkspace split;
       if (rank_config.gemm.split_k > 1) {
         TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));

@@ -51,6 +51,7 @@
 #include "core/fast_division.h"
 #include "core/host_device.h"
 #include "gemm/raster.h"
+#include "gemm/split_k.h"
 #include "gemm/tile.h"
 
 namespace tpfuse {
@@ -97,8 +98,7 @@ class TileSchedule {
     by_peer_bands_ = FastDivision(max_int(1, bands_ - 1));
     by_bands_ = FastDivision(bands_);
     order_ = RasterOrder(row_tiles_, col_tiles_, shape.group_rows);
-    splits_ = max_int(1, shape.num_splits);
-    by_splits_ = FastDivision(splits_);
+    splits_ = KSplits(shape.num_splits);
   }
 
   TPFUSE_HOST_DEVICE const ScheduleShape& shape() const { return shape_; }
@@ -108,25 +108,13 @@ class TileSchedule {
   TPFUSE_HOST_DEVICE int col_tiles() const { return col_tiles_; }
   TPFUSE_HOST_DEVICE int tiles_per_band() const { return tiles_per_band_; }
   // Steps, as the mainloop counts them: a tile each, or num_splits each.
-  TPFUSE_HOST_DEVICE int num_tiles() const { return bands_ * tiles_per_band_ * splits_; }
-  TPFUSE_HOST_DEVICE int num_splits() const { return splits_; }
+  TPFUSE_HOST_DEVICE int num_tiles() const { return bands_ * tiles_per_band_ * splits_.num_splits(); }
+  TPFUSE_HOST_DEVICE int num_splits() const { return splits_.num_splits(); }
 
   // The part of its tile's K loop of num_k_blocks that `step` multiplies (all of it without splits).
-  TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const {
-    KSlice k{step, 0, 1, 0, num_k_blocks};
-    if (splits_ > 1) {
-      k.tile_index = by_splits_.div(step);
-      k.split = step - k.tile_index * splits_;
-      k.num_splits = splits_;
-      k.k_block_begin = by_splits_.div(k.split * num_k_blocks);
-      k.num_k_blocks = by_splits_.div((k.split + 1) * num_k_blocks) - k.k_block_begin;
-    }
-    return k;
-  }
+  TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const { return splits_.k_slice(step, num_k_blocks); }
   // Whether `step` is its tile's last split (every step without splits): the one that pushes and reduces.
-  TPFUSE_HOST_DEVICE bool last_split(int step) const {
-    return splits_ == 1 || step - by_splits_.div(step) * splits_ == splits_ - 1;
-  }
+  TPFUSE_HOST_DEVICE bool last_split(int step) const { return splits_.last_split(step); }
 
   // The band at `offset` of a round: the one after this rank's, ..., then its own (offset B-1).
   TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {
@@ -156,7 +144,7 @@ class TileSchedule {
 
   // The tile this rank computes at `step`, 0 <= step < num_tiles().
   TPFUSE_HOST_DEVICE Tile tile(int step) const {
-    if (splits_ > 1) step = by_splits_.div(step);
+    step = splits_.tile_of(step);
     int offset = 0, t = 0;
     locate(step, &offset, &t);
     const int band = band_at_offset(offset);
@@ -195,8 +183,7 @@ class TileSchedule {
   FastDivision by_peer_bands_;
   FastDivision by_bands_;
   RasterOrder order_;
-  int splits_ = 1;
-  FastDivision by_splits_;
+  KSplits splits_;
 };
 
 // The mainloop's view of a step's K blocks (gemm/split_k.h).
