@@ -97,6 +97,21 @@ __device__ __forceinline__ void bulk_store(void* dst, const void* smem_src, uint
                : "memory");
 }
 
+// An L2 policy that evicts the lines it is given first: for data this SM writes and will not read
+// again, which should not push others' working sets out of the L2.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// bulk_store with an L2 cache policy (l2_evict_first_policy).
+__device__ __forceinline__ void bulk_store(void* dst, const void* smem_src, uint32_t bytes, uint64_t policy) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(dst),
+               "r"(smem_addr(smem_src)), "r"(bytes), "l"(policy)
+               : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until at most N bulk groups are pending their READ of shared memory: the source buffer may
@@ -215,11 +230,12 @@ __device__ __forceinline__ void store_relaxed_sys(uint32_t* flag, uint32_t value
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
 
-// Counts one arrival at a counter of `arrivals` (acquire and release at system scope): returns the
-// count before it; the last arrival (which sees arrivals - 1) leaves the counter at 0 again.
-__device__ __forceinline__ uint32_t count_arrival_sys(uint32_t* counter, uint32_t arrivals) {
+// Counts one arrival at a counter of `arrivals` at system scope: returns the count before it; the last
+// arrival (which sees arrivals - 1) leaves the counter at 0 again. No ordering of its own (several
+// can be in flight): a release fence before it, and for the last arrival an acquire fence after.
+__device__ __forceinline__ uint32_t count_arrival_relaxed_sys(uint32_t* counter, uint32_t arrivals) {
   uint32_t old;
-  asm volatile("atom.acq_rel.sys.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(arrivals - 1) : "memory");
+  asm volatile("atom.relaxed.sys.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(arrivals - 1) : "memory");
   return old;
 }
 

@@ -17,9 +17,9 @@
 //                   tiles    band 0 (X_0, local)  band 3 (waits on rank 3's pieces)  band 2  band 1
 //
 // NOTE (memory ordering, per piece): the copier waits for its bulk stores to complete (not only to
-// have read shared memory), fences async -> generic proxy and at system scope, then counts in with an
-// acquire-release atomic at system scope; the last piece of a row block (its count-in acquired every
-// other piece's release) raises the flag with a release store. The producer polls the flags with
+// have read shared memory), fences async -> generic proxy and at system scope (release), then counts
+// in with relaxed atomics at system scope; the last piece of a row block fences again (acquire: every
+// other piece's release, read through the counter) and raises the flag with a release store. The producer polls the flags with
 // relaxed system-scope loads, fences (acquire at system scope), then fences generic -> async proxy
 // before its TMA loads.
 //
@@ -107,6 +107,9 @@ class AllGatherEpilogue : public EpilogueBase {
     // X_r's place in every gathered buffer: this call's parity, this rank's slot.
     const size_t slot = size_t(epoch & 1) * p.parity_elems + size_t(p.rank) * p.rows_per_rank * p.k;
     const int num_pieces = p.copy.row_blocks * p.copy.pieces_per_block;
+    // The pieces are read where they land, later (a peer's band, not this GPU's L2): they should not
+    // evict this rank's operands from its L2.
+    const uint64_t evict_first = ptx::l2_evict_first_policy();
     uint32_t uses = 0;  // stages loaded so far: the ring position and its barriers' phase
     for (int piece = cta; piece < num_pieces; piece += num_ctas) {
       const PieceRange range = piece_range(p.copy, p.rows_per_rank, p.k, piece);
@@ -132,7 +135,8 @@ class AllGatherEpilogue : public EpilogueBase {
         const uint32_t n = min(uint32_t(kCopyStageBytes), bytes - uint32_t(c) * kCopyStageBytes);
         const size_t at = (slot + range.begin) * 2 + size_t(c) * kCopyStageBytes;
         for (int d = 1; d <= destinations; ++d) {
-          ptx::bulk_store(reinterpret_cast<uint8_t*>(p.gathered_at[destination(p, d)]) + at, ring.buffer[s], n);
+          ptx::bulk_store(reinterpret_cast<uint8_t*>(p.gathered_at[destination(p, d)]) + at, ring.buffer[s], n,
+                          evict_first);
         }
         ptx::bulk_commit_group();
       }
@@ -180,21 +184,26 @@ class AllGatherEpilogue : public EpilogueBase {
     return p.rank + d < p.world_size ? p.rank + d : p.rank + d - p.world_size;
   }
 
-  // Counts a piece of row block `block` in at each destination; where it was the block's last, raises
-  // the block's flag there. The count-ins go out together, their results are looked at after.
+  // Counts a piece of row block `block` in at each destination (the caller's release fence orders the
+  // piece before); where it was the block's last, raises the block's flag there, after an acquire
+  // fence (the other pieces' releases, read through the counter, before the flag's release). The
+  // count-ins go out together, their results are looked at after.
   __device__ static void count_in(const Params& p, int block, uint32_t epoch, int destinations) {
     const size_t index = size_t(epoch & 1) * p.counts_parity_words + size_t(p.rank) * p.copy.row_blocks + block;
     uint32_t before[kMaxWorldSize];
 #pragma unroll
     for (int d = 1; d <= kMaxWorldSize; ++d) {
       if (d <= destinations) {
-        before[d - 1] = ptx::count_arrival_sys(p.counts_at[destination(p, d)] + index, p.copy.pieces_per_block);
+        before[d - 1] = ptx::count_arrival_relaxed_sys(p.counts_at[destination(p, d)] + index, p.copy.pieces_per_block);
       }
     }
     const size_t flag = size_t(epoch & 1) * p.flags_parity_words + size_t(p.rank) * p.copy.row_blocks + block;
+    bool acquired = false;
 #pragma unroll
     for (int d = 1; d <= kMaxWorldSize; ++d) {
       if (d <= destinations && before[d - 1] == uint32_t(p.copy.pieces_per_block - 1)) {
+        if (!acquired) ptx::fence_acquire_sys();
+        acquired = true;
         ptx::store_release_sys(p.flags_at[destination(p, d)] + flag, epoch);
       }
     }
