@@ -63,15 +63,16 @@ AllGatherProblem all_gather_problem(const Shape& shape, const Options& options) 
 Problem gemm_of(const AllGatherProblem& p) { return Problem{p.m, p.n_per_rank, p.k, 1, p.weight_layout}; }
 
 // Random blocks of X in rank 0's gathered buffer, the same in both parity halves (a call's parity
-// depends on the device's epoch), and rank 0's flags raised for every future call.
-void preset_blocks(const LocalCommunicator& comm, Gpu& gpu, uint64_t run_seed, size_t shape_index) {
+// depends on the device's epoch), and the peers' flags raised there for every future call.
+void preset_blocks(const LocalCommunicator& comm, const AllGatherProblem& problem, Gpu& gpu, uint64_t run_seed,
+                   size_t shape_index) {
   Communicator* c = comm.get();
   const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
   const uint64_t seed = tensor_seed(run_seed, shape_index, 0, 0, kPeerBlocks);
   for (int parity = 0; parity < 2; ++parity) {
     fill_random_bf16(static_cast<bf16*>(gathered_buffer(*c, 0, parity)), parity_elems, seed, gpu.stream);
   }
-  check_op(preset_incoming_flags(c, 0));
+  check_op(preset_peer_blocks(c, 0, problem));
   // NOTE: the communicator's own setup and the preset are not on gpu.stream: wait for all of it.
   TESTING_CHECK(cudaDeviceSynchronize());
 }
@@ -121,7 +122,7 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   bool solo_ok = attempt(
       [&] {
         comm.create(std::vector<int>(problem.world_size, gpu.device), problem);
-        preset_blocks(comm, gpu, *options.seed, shape_index);
+        preset_blocks(comm, problem, gpu, *options.seed, shape_index);
       },
       &outcome.failure);
 

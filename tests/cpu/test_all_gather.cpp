@@ -18,23 +18,42 @@
 namespace tpfuse {
 namespace {
 
+AllGatherShape shape_of(int p, int rank, int m, int n, int block_m, int block_n, int splits = 1, int sources = 1) {
+  AllGatherShape shape;
+  shape.world_size = p;
+  shape.rank = rank;
+  shape.m = m;
+  shape.n = n;
+  shape.block_m = block_m;
+  shape.block_n = block_n;
+  shape.group_rows = 4;
+  shape.num_splits = splits;
+  shape.sources_per_band = sources;
+  return shape;
+}
+
 TEST(AllGatherSchedule, EveryTileOnceOwnBandFirst) {
-  for (const auto& [p, m, n, block_m, block_n] : std::vector<std::tuple<int, int, int, int, int>>{
-           {1, 256, 512, 128, 256}, {2, 1000, 776, 128, 256}, {4, 1024, 1280, 128, 192}, {8, 512, 1024, 64, 256},
-           {8, 65536, 7168, 128, 256}, {8, 8, 264, 64, 256}, {3, 999, 8, 128, 256}}) {
-    const int rows = m / p;
+  // (P, m, n, block_m, block_n, G): bands of one block, of two (64-row blocks), of all.
+  for (const auto& [p, m, n, block_m, block_n, g] : std::vector<std::tuple<int, int, int, int, int, int>>{
+           {1, 256, 512, 128, 256, 1}, {2, 1000, 776, 128, 256, 1}, {4, 1024, 1280, 128, 192, 1},
+           {8, 512, 1024, 64, 256, 1}, {8, 65536, 7168, 128, 256, 1}, {8, 8, 264, 64, 256, 1}, {3, 999, 8, 128, 256, 1},
+           {8, 512, 7168, 128, 256, 2}, {4, 256, 1000, 128, 192, 2}, {8, 64, 264, 64, 256, 8}, {8, 256, 520, 128, 256, 8},
+           {2, 48, 136, 64, 128, 2}}) {
+    const int rows = m / p, band_rows = rows * g, bands = p / g;
     for (int rank = 0; rank < p; ++rank) {
-      SCOPED_TRACE(::testing::Message() << "P=" << p << " m=" << m << " n=" << n << " rank " << rank);
-      const AllGatherSchedule s(p, rank, m, n, block_m, block_n, 4);
+      SCOPED_TRACE(::testing::Message() << "P=" << p << " m=" << m << " n=" << n << " G=" << g << " rank " << rank);
+      const AllGatherSchedule s(shape_of(p, rank, m, n, block_m, block_n, 1, g));
+      ASSERT_EQ(s.num_bands(), bands);
       std::set<std::tuple<int, int, int>> seen;
       int64_t area = 0;
       for (int step = 0; step < s.num_tiles(); ++step) {
         const Tile t = s.tile(step);
         const int offset = step / s.tiles_per_band();
-        ASSERT_EQ(t.owner_rank, ((rank - offset) % p + p) % p) << "step " << step;
-        ASSERT_GE(t.row_begin, t.owner_rank * rows);
-        ASSERT_LE(t.row_end, (t.owner_rank + 1) * rows) << "a tile stays in its band";
-        ASSERT_EQ(t.row_begin, t.owner_rank * rows + t.segment_row);
+        const int band = ((rank / g - offset) % bands + bands) % bands;
+        ASSERT_EQ(t.owner_rank, band * g) << "step " << step << ": the own band first, then the ones before it";
+        ASSERT_GE(t.row_begin, band * band_rows);
+        ASSERT_LE(t.row_end, (band + 1) * band_rows) << "a tile stays in its band";
+        ASSERT_EQ(t.row_begin, band * band_rows + t.segment_row);
         ASSERT_LT(t.row_begin, t.row_end);
         ASSERT_LT(t.col_begin, t.col_end);
         ASSERT_LE(t.col_end, n);
@@ -48,8 +67,8 @@ TEST(AllGatherSchedule, EveryTileOnceOwnBandFirst) {
 
 TEST(AllGatherSchedule, SplitsOfATileAreConsecutiveAndCoverK) {
   const int p = 8, m = 512, n = 1280, block_m = 64, block_n = 256, splits = 3, num_k_blocks = 128;
-  const AllGatherSchedule whole(p, 5, m, n, block_m, block_n, 4);
-  const AllGatherSchedule split(p, 5, m, n, block_m, block_n, 4, splits);
+  const AllGatherSchedule whole(shape_of(p, 5, m, n, block_m, block_n));
+  const AllGatherSchedule split(shape_of(p, 5, m, n, block_m, block_n, splits));
   ASSERT_EQ(split.num_tiles(), whole.num_tiles() * splits);
   for (int step = 0; step < split.num_tiles(); ++step) {
     const Tile t = split.tile(step), w = whole.tile(step / splits);
@@ -139,12 +158,15 @@ TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
         ASSERT_GE(c.gemm.variant, 0);
         ASSERT_LT(c.gemm.variant, kNumGemmVariants);
         EXPECT_LE(c.gemm.smem_bytes, size_t(device.max_smem_per_block));
-        EXPECT_EQ(c.gemm.tile().block_m, problem.rows_per_rank() <= 64 ? 64 : 128) << problem.to_string();
-        EXPECT_LE(AllGatherSchedule(p, 0, int(problem.m), int(problem.n_per_rank), c.gemm.tile().block_m,
-                                    c.gemm.tile().block_n, 1, c.gemm.split_k)
-                      .num_tiles(),
+        const int64_t band_rows = problem.rows_per_rank() * c.sources_per_band;
+        EXPECT_EQ(c.gemm.tile().block_m, band_rows <= 64 ? 64 : 128) << problem.to_string();
+        EXPECT_LE(AllGatherSchedule(all_gather_shape(problem, c, 0)).num_tiles(),
                   c.gemm.split_k == 1 ? INT32_MAX : device.num_sms)
             << "split steps are one wave";
+        // Bands of two 64-row blocks (P >= 4), of all blocks under 64 rows, else of one.
+        const int64_t rows = problem.rows_per_rank();
+        const int g = p == 1 ? 1 : rows < 64 ? p : rows == 64 && p >= 4 ? 2 : 1;
+        EXPECT_EQ(c.sources_per_band, g) << problem.to_string();
       }
     }
   }
@@ -160,7 +182,8 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   AllGatherConfig c;
   ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
   EXPECT_GT(c.gemm.split_k, 1) << c.to_string();
-  AllGatherProblem gate_up = qkv;  // 8 x 28 tiles: more than a wave already
+  EXPECT_EQ(c.sources_per_band, 2) << "64-row blocks: 128-row tiles over two";
+  AllGatherProblem gate_up = qkv;  // 4 bands of two x 28 tiles: nearly a wave already
   gate_up.n_per_rank = 7168;
   ASSERT_TRUE(select_all_gather_config(gate_up, device, {}, &c).ok());
   EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
@@ -168,7 +191,12 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   forced.split_k = 2;
   ASSERT_TRUE(select_all_gather_config(qkv, device, forced, &c).ok());
   EXPECT_EQ(c.gemm.split_k, 2);
-  EXPECT_FALSE(select_all_gather_config(gate_up, device, forced, &c).ok()) << "448 steps are more than a wave";
+  EXPECT_FALSE(select_all_gather_config(gate_up, device, forced, &c).ok()) << "224 steps are more than a wave";
+  ConfigOverrides separate;
+  separate.shared_tiles = 0;
+  ASSERT_TRUE(select_all_gather_config(gate_up, device, separate, &c).ok());
+  EXPECT_EQ(c.sources_per_band, 1);
+  EXPECT_EQ(c.gemm.tile().block_m, 64);
 }
 
 TEST(AllGatherProblemTest, ValidationNamesItsFields) {

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "gpu_testing.cuh"
+#include "core/device_info.h"
+#include "ops/ag_gemm/config.h"
 #include "ops/ag_gemm/launch.h"
 #include "tpfuse/tpfuse.h"
 
@@ -136,11 +138,13 @@ void expect_gathered_bit_for_bit(AllGatherRanks& ranks, const AllGatherProblem& 
 struct AllGatherCase {
   int p, m, n, k;
   WeightLayout layout;
-  int split_k = 0;  // forced splits of K (0: the config's)
+  int split_k = 0;        // forced splits of K (0: the config's)
+  int shared_tiles = -1;  // 0: bands of one block also where blocks have 64 rows or fewer
   AllGatherProblem problem() const { return AllGatherProblem{m, n, k, p, layout}; }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.split_k = split_k;
+    o.shared_tiles = shared_tiles;
     return o;
   }
 };
@@ -148,7 +152,8 @@ struct AllGatherCase {
 std::string case_name(const ::testing::TestParamInfo<AllGatherCase>& info) {
   const AllGatherCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
-         std::to_string(c.k) + "_" + to_string(c.layout) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "");
+         std::to_string(c.k) + "_" + to_string(c.layout) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
+         (c.shared_tiles == 0 ? "_separate" : "");
 }
 
 // Exact mode (small integers, k <= 256: every sum exact in BF16): Y and the gathered X bit for bit.
@@ -183,9 +188,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
                          ::testing::Values(AllGatherCase{1, 256, 512, 256, WeightLayout::kNxK},
                                            AllGatherCase{2, 512, 776, 256, WeightLayout::kKxN},
                                            AllGatherCase{4, 1000, 1024, 256, WeightLayout::kNxK},
-                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kKxN},
+                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kKxN},  // bands of two
+                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kNxK, 0, 0},
                                            AllGatherCase{8, 2048, 1000, 248, WeightLayout::kNxK},
-                                           AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN},
+                                           AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN},  // one band of all
+                                           AllGatherCase{4, 96, 136, 256, WeightLayout::kNxK},  // 24 rows a block
+                                           AllGatherCase{4, 256, 1000, 128, WeightLayout::kNxK},  // bands of two, P = 4
                                            AllGatherCase{3, 999, 136, 200, WeightLayout::kKxN},
                                            // Split K: 128-row and 64-row tiles.
                                            AllGatherCase{2, 256, 520, 256, WeightLayout::kNxK, 2},
@@ -202,6 +210,12 @@ TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
   AllGatherRanks ranks(p);
   ASSERT_NE(ranks.comm, nullptr);
   const ConfigOverrides overrides = GetParam().overrides();
+  // Whole 128-row tiles where the bands' rows are a multiple of 128 (a band: one block, or two).
+  DeviceInfo device;
+  ASSERT_TRUE(current_device_info(&device).ok());
+  AllGatherConfig config;
+  ASSERT_TRUE(select_all_gather_config(p, device, overrides, &config).ok());
+  const int64_t band_rows = p.rows_per_rank() * config.sources_per_band;
   ranks.fill(/*exact=*/false, 7);
   ASSERT_TRUE(ranks.run(p, /*want_gathered=*/true, overrides).ok());
   ASSERT_CUDA(ranks.synchronize());
@@ -231,7 +245,7 @@ TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
     const ErrorSums ours = error_sums(first.back(), ref);
     EXPECT_EQ(ours.num_nonfinite, 0u) << "rank " << r << ": unwritten or non-finite outputs";
     EXPECT_TRUE(within_tolerance(ours.stats(), error_sums(theirs.to_host(), ref).stats())) << "rank " << r;
-    if (p.rows_per_rank() % 128 == 0) {
+    if (band_rows % 128 == 0) {
       const std::vector<__nv_bfloat16> expected = plain.to_host();
       EXPECT_EQ(0, std::memcmp(first.back().data(), expected.data(), expected.size() * 2))
           << "rank " << r << ": Y differs from tpfuse::gemm on the gathered X";
@@ -252,7 +266,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
                                            AllGatherCase{8, 1024, 1024, 6144, WeightLayout::kKxN},
                                            AllGatherCase{4, 1000, 2056, 520, WeightLayout::kKxN},
                                            AllGatherCase{2, 4096, 1024, 2048, WeightLayout::kNxK},
-                                           AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK},
+                                           AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK},  // bands of two
+                                           AllGatherCase{8, 512, 4096, 1024, WeightLayout::kKxN, 0, 0},
                                            AllGatherCase{2, 1024, 256, 2048, WeightLayout::kNxK, 3},
                                            AllGatherCase{2, 1024, 512, 2048, WeightLayout::kKxN, 2}),
                          case_name);
@@ -343,6 +358,27 @@ TEST(AllGatherMissingPeer, TimesOut) {
   EXPECT_NE(s.message().find("for rank 3"), std::string::npos) << s.message();
   EXPECT_LT(seconds, 5.0) << "the timeout is 0.2 s";
   EXPECT_EQ(ranks.run(p).code(), StatusCode::kPeerTimeout) << "later calls report the failure instead of running";
+}
+
+// The same where bands hold two blocks: the band of the missing rank's block, and after it the
+// other, wait for it.
+TEST(AllGatherMissingPeer, TimesOutInABandOfTwo) {
+  const AllGatherProblem p{256, 512, 256, 4, WeightLayout::kKxN};  // 64 rows a block
+  AllGatherRanks ranks(p, /*timeout_s=*/0.2);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(false, 6);
+  std::vector<const void*> x, w;
+  std::vector<void*> y;
+  for (int r = 0; r < 3; ++r) {
+    x.push_back(ranks.x[r]->ptr);
+    w.push_back(ranks.w[r]->ptr);
+    y.push_back(ranks.y[r]->ptr);
+  }
+  ASSERT_TRUE(launch_all_gather(ranks.comm, p, {0, 1, 2}, x.data(), w.data(), y.data(), nullptr, ranks.streams.data()).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const Status s = communicator_status(ranks.comm);
+  EXPECT_EQ(s.code(), StatusCode::kPeerTimeout) << s.to_string();
+  EXPECT_NE(s.message().find("for rank 3"), std::string::npos) << s.message();
 }
 
 TEST(AllGatherErrors, BadCallsAreReported) {

@@ -43,8 +43,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
                         const AllGatherConfig& config, const void* x, const void* w, void* y, bool copy_own,
                         const SplitKWorkspace& split, kernels::AllGatherRankParams* rp) {
   const int64_t rows = problem.rows_per_rank(), k = problem.k;
-  const AllGatherSchedule schedule(problem.world_size, rank.rank, int(problem.m), int(problem.n_per_rank),
-                                   Config::kBlockM, Config::kBlockN, config.gemm.group_rows, config.gemm.split_k);
+  const AllGatherSchedule schedule(all_gather_shape(problem, config, rank.rank));
   // The mainloop's own operands are this rank's: X_r (rows_per_rank x k) and W_r.
   Problem gemm;
   gemm.m = rows;
@@ -58,12 +57,16 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.rows_per_rank = int(rows);
   e.k = int(k);
   e.copy = copy_plan(rows, k, config.gemm.num_ctas);
-  e.copy_own = copy_own;
+  e.sources_per_band = config.sources_per_band;
+  // A band of several blocks reads this rank's block from its gathered buffer too.
+  e.copy_own = copy_own || config.sources_per_band > 1;
+  // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
+  const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
-  TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(y, comm.world_size, rows, problem.n_per_rank, 1, rows * problem.n_per_rank,
-                                                 kChunkRows, kChunkCols, &e.y));
+  TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(y, bands, band_rows, problem.n_per_rank, 1,
+                                                 band_rows * problem.n_per_rank, kChunkRows, kChunkCols, &e.y));
   TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(x, 1, rows, k, 1, rows * k, Config::kBlockM, Config::kBlockK, &e.own_x));
-  TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, comm.world_size, rows, k, 2, parity_elems, Config::kBlockM,
+  TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, bands, band_rows, k, 2, parity_elems, Config::kBlockM,
                                                  Config::kBlockK, &e.gathered));
   e.x = static_cast<const uint16_t*>(x);
   for (int r = 0; r < comm.world_size; ++r) {
@@ -136,9 +139,9 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
 
   // Split K holds a step per CTA of a rank (one wave, a workspace slot each): fewer splits where the
   // rank has fewer CTAs than the config planned (emulated ranks).
-  const int64_t tiles = AllGatherSchedule(problem.world_size, 0, int(problem.m), int(problem.n_per_rank),
-                                          config.gemm.tile().block_m, config.gemm.tile().block_n, 1)
-                            .num_tiles();
+  AllGatherShape whole_tiles = all_gather_shape(problem, config, 0);
+  whole_tiles.num_splits = 1;
+  const int64_t tiles = AllGatherSchedule(whole_tiles).num_tiles();
   const auto config_that_fits = [&](int ctas_per_rank) {
     AllGatherConfig c = config;
     c.gemm.split_k = splits_that_fit(tiles, config.gemm.split_k, ctas_per_rank);
@@ -200,6 +203,17 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
 
 void* gathered_buffer(const Communicator& comm, int local_rank, int parity) {
   return static_cast<uint8_t*>(comm.ranks[local_rank].data) + size_t(parity) * comm.parity.data_bytes;
+}
+
+Status preset_peer_blocks(Communicator* comm, int local_rank, const AllGatherProblem& problem) {
+  TPFUSE_RETURN_IF_ERROR(preset_incoming_flags(comm, local_rank));
+  const RankState& rank = comm->ranks[local_rank];
+  const size_t row_blocks = size_t(copy_row_blocks(problem.rows_per_rank()));
+  for (int parity = 0; parity < 2; ++parity) {
+    uint32_t* own = rank.flags + size_t(parity) * comm->parity.flag_words + size_t(rank.rank) * row_blocks;
+    TPFUSE_CUDA_TRY(cudaMemset(own, 0, row_blocks * sizeof(uint32_t)));
+  }
+  return Status::Ok();
 }
 
 Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w, void* y,

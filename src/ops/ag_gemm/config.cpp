@@ -11,18 +11,46 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   // The kernel's shared memory is the plain GEMM's and the copier's staging ring (its waits are on
   // flags in global memory).
   static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
+  AllGatherConfig c;
+  // Blocks of 64 rows: bands of two, 128-row tiles (one wave where 64-row tiles of one block take two,
+  // and W read half as often); fewer rows: one band of all blocks, so that a tile's rows are not
+  // mostly past its block's end. Each tile then waits for every block it holds, its own included
+  // (copied into this rank's gathered buffer); with P = 2 a band of two would leave no tile to
+  // multiply before a peer's block has landed.
+  const int64_t rows = problem.rows_per_rank();
+  const int p = problem.world_size;
+  if (overrides.shared_tiles != 0 && p > 1) {
+    if (rows < kSlabRows) {
+      c.sources_per_band = p;
+    } else if (rows == kSlabRows && p >= 4 && p % 2 == 0) {
+      c.sources_per_band = 2;
+    }
+  }
   TileGrid grid;
-  grid.bands = problem.world_size;
-  grid.rows_per_band = problem.rows_per_rank();
+  grid.bands = p / c.sources_per_band;
+  grid.rows_per_band = rows * c.sources_per_band;
   grid.n = problem.n_per_rank;
   // Where the tiles fill few SMs, their K loops may be split, as the plain GEMM's.
   const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
-  AllGatherConfig c;
   TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, &c.gemm));
   // The CTAs at work at one time are in one band (or two), the bands one after another.
   c.gemm.group_rows = group_rows_for(1, overrides);
   *config = c;
   return Status::Ok();
+}
+
+AllGatherShape all_gather_shape(const AllGatherProblem& problem, const AllGatherConfig& config, int rank) {
+  AllGatherShape shape;
+  shape.world_size = problem.world_size;
+  shape.rank = rank;
+  shape.m = int(problem.m);
+  shape.n = int(problem.n_per_rank);
+  shape.block_m = config.gemm.tile().block_m;
+  shape.block_n = config.gemm.tile().block_n;
+  shape.group_rows = config.gemm.group_rows;
+  shape.num_splits = config.gemm.split_k;
+  shape.sources_per_band = config.sources_per_band;
+  return shape;
 }
 
 }  // namespace tpfuse

@@ -1,13 +1,15 @@
 // The all-gather + GEMM's config: the GEMM variant and grid for its output cut into P bands of m/P
-// rows (gemm/config.h), with split K where the tiles fill few SMs. A pure function of the problem,
-// the device and the overrides (block_n, split_k and group_rows apply; the reduce-scatter's own_lag,
-// partial_rounds and shared_tiles do not).
+// rows, or bands of two or all blocks where a block has 64 rows or fewer (gemm/config.h), with split K
+// where the tiles fill few SMs. A pure function of the problem, the device and the overrides
+// (block_n, split_k, group_rows and shared_tiles apply; the reduce-scatter's own_lag and
+// partial_rounds do not).
 #pragma once
 
 #include <string>
 
 #include "core/device_info.h"
 #include "gemm/config.h"
+#include "ops/ag_gemm/schedule.h"
 #include "tpfuse/overrides.h"
 #include "tpfuse/problem.h"
 #include "tpfuse/status.h"
@@ -16,10 +18,14 @@ namespace tpfuse {
 
 struct AllGatherConfig {
   GemmConfig gemm;
-  std::string to_string() const { return gemm.to_string(); }
+  int sources_per_band = 1;  // G: blocks of X a band holds (ops/ag_gemm/schedule.h)
+  std::string to_string() const { return gemm.to_string() + ", sources_per_band " + std::to_string(sources_per_band); }
 };
 
 Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInfo& device,
                                 const ConfigOverrides& overrides, AllGatherConfig* config);
+
+// Rank `rank`'s schedule under `config`.
+AllGatherShape all_gather_shape(const AllGatherProblem& problem, const AllGatherConfig& config, int rank);
 
 }  // namespace tpfuse

@@ -8,10 +8,11 @@
 // gathered X); then it counts the piece in at each of them, and the piece that completes its row
 // block raises that row block's flag there. All CTAs copy at once from the start of the call, so the
 // pieces land in the first part of the own band's time. Meanwhile the producer multiplies its own
-// band from X_r itself; before the first K stage of a tile of rank s's band it waits (bounded) for
-// the flags of the row blocks the tile's rows span, then loads them from its own gathered buffer.
-// The consumers store Y's tiles as the plain GEMM does, into a map of P layers of m/P rows, so that
-// a tile's store is clipped at its band's last row.
+// band from X_r itself (a band of several blocks from the gathered buffer, which the copier fills
+// with X_r too); before the first K stage of a tile of another band it waits (bounded) for the flags
+// of the row blocks the tile's rows span, then loads them from its own gathered buffer. The
+// consumers store Y's tiles as the plain GEMM does, into a map of P/G layers (bands) of G * m/P
+// rows, so that a tile's store is clipped at its band's last row.
 //
 //   P = 4, rank 0:  copiers  pieces of X_0 -> ranks 1, 2, 3 (and 0)     from the start
 //                   tiles    band 0 (X_0, local)  band 3 (waits on rank 3's pieces)  band 2  band 1
@@ -49,10 +50,11 @@ class AllGatherEpilogue : public EpilogueBase {
     int rows_per_rank;
     int k;
     CopyPlan copy;                       // X_r's pieces (ops/ag_gemm/workspace.h)
+    int sources_per_band;                // G (ops/ag_gemm/schedule.h)
     bool copy_own;                       // also copy X_r into this rank's gathered buffer
-    CUtensorMap y;                       // Y: 4D (column, row, band, 1), box 64 x 64
+    CUtensorMap y;                       // Y: 4D (column, row in band, band, 1), box 64 x 64
     CUtensorMap own_x;                   // X_r: 4D (k, row, 1, 1), box 64 x block_m
-    CUtensorMap gathered;                // this rank's gathered buffer: 4D (k, row, source, parity)
+    CUtensorMap gathered;                // this rank's gathered buffer: 4D (k, row in band, band, parity)
     const uint16_t* x;                   // X_r, rows_per_rank x k, BF16
     uint16_t* gathered_at[kMaxWorldSize];  // each rank's gathered buffer (parity 0), as this rank addresses it
     size_t parity_elems;                 // distance between the parity halves of a gathered buffer
@@ -79,14 +81,14 @@ class AllGatherEpilogue : public EpilogueBase {
   // its rows span have landed (after a failed call, at once: the consumers must still finish).
   template <class Config, class Mainloop>
   __device__ static ALoad a_load(const Params& p, const Mainloop&, const Tile& tile) {
-    static_assert(Config::kBlockM <= 2 * kCopyRows, "a tile spans at most two row blocks");
-    if (tile.owner_rank == p.rank) return {&p.own_x, tile.segment_row, 0, 0};
+    static_assert(Config::kBlockM <= 2 * kCopyRows, "a tile spans at most two row blocks of a block");
+    if (p.sources_per_band == 1 && tile.owner_rank == p.rank) return {&p.own_x, tile.segment_row, 0, 0};
     const uint32_t epoch = comm::call_epoch(p.calls);
     if (wait_for_rows(p, tile, epoch)) {
       ptx::fence_acquire_sys();         // flags seen -> the pieces
       ptx::fence_proxy_async_global();  // the pieces, for the TMA loads (async proxy)
     }
-    return {&p.gathered, tile.segment_row, tile.owner_rank, int(epoch & 1)};
+    return {&p.gathered, tile.segment_row, tile.owner_rank / p.sources_per_band, int(epoch & 1)};
   }
 
   // The copier's staging ring.
@@ -172,7 +174,7 @@ class AllGatherEpilogue : public EpilogueBase {
     }
     slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
         acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
-          ptx::tma_store_4d(&p_.y, buffer, col + c * kChunkCols, row, tile.owner_rank, 0);
+          ptx::tma_store_4d(&p_.y, buffer, col + c * kChunkCols, row, tile.owner_rank / p_.sources_per_band, 0);
         });
   }
 
@@ -209,32 +211,47 @@ class AllGatherEpilogue : public EpilogueBase {
     }
   }
 
-  // Producer thread: waits, boundedly, for the flags of the row blocks the tile's rows span (one or
-  // two), all in flight at once. Returns false if the call failed (this wait timed out, or another
-  // one of this rank's).
+  // Producer thread: waits, boundedly, for the flags of the row blocks the tile's rows span: in a band
+  // of one block, one or two consecutive row blocks of it; in a band of
+  // several (64 rows or fewer each: one row block), row block 0 of each block the rows reach. Either
+  // way an evenly spaced run of flags. Returns false if the call failed (this wait timed out, or
+  // another one of this rank's).
   __device__ static bool wait_for_rows(const Params& p, const Tile& tile, uint32_t epoch) {
-    const int first_block = tile.segment_row / kCopyRows;
-    const int last_block = (tile.segment_row + (tile.row_end - tile.row_begin) - 1) / kCopyRows;
-    const uint32_t* flags = p.flags_at[p.rank] + size_t(epoch & 1) * p.flags_parity_words +
-                            size_t(tile.owner_rank) * p.copy.row_blocks + first_block;
-    const int num_flags = last_block - first_block + 1;
-    const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
-    uint32_t seen[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (i < num_flags) seen[i] = ptx::load_relaxed_sys(flags + i);
+    const int first_row = tile.segment_row, last_row = tile.segment_row + (tile.row_end - tile.row_begin) - 1;
+    int first = 0, num_flags = 0, stride = 0;  // into flags[source][row block]
+    if (p.sources_per_band == 1) {
+      first = tile.owner_rank * p.copy.row_blocks + first_row / kCopyRows;
+      num_flags = last_row / kCopyRows - first_row / kCopyRows + 1;
+      stride = 1;
+    } else {
+      const int first_source = first_row / p.rows_per_rank;
+      first = (tile.owner_rank + first_source) * p.copy.row_blocks;
+      num_flags = last_row / p.rows_per_rank - first_source + 1;
+      stride = p.copy.row_blocks;
     }
+    const uint32_t* flags = p.flags_at[p.rank] + size_t(epoch & 1) * p.flags_parity_words + first;
+    const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
+    // Two in flight at a time: the producer warpgroup's registers hold no more.
+    constexpr int kInFlight = 2;
+    for (int batch = 0; batch < num_flags; batch += kInFlight) {
+      uint32_t seen[kInFlight];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (i >= num_flags) continue;
-      while (!comm::epoch_reached(seen[i], epoch)) {
-        if (comm::call_failed(p.failed)) return false;
-        if (ptx::globaltimer_ns() > deadline) {
-          comm::report_timeout(p.failed, p.error, p.rank, tile.owner_rank, tile.row_begin, 0);
-          return false;
+      for (int i = 0; i < kInFlight; ++i) {
+        if (batch + i < num_flags) seen[i] = ptx::load_relaxed_sys(flags + (batch + i) * stride);
+      }
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        if (batch + i >= num_flags) continue;
+        while (!comm::epoch_reached(seen[i], epoch)) {
+          if (comm::call_failed(p.failed)) return false;
+          if (ptx::globaltimer_ns() > deadline) {
+            const int source = (first + (batch + i) * stride) / p.copy.row_blocks;
+            comm::report_timeout(p.failed, p.error, p.rank, source, tile.row_begin, 0);
+            return false;
+          }
+          __nanosleep(100);
+          seen[i] = ptx::load_relaxed_sys(flags + (batch + i) * stride);
         }
-        __nanosleep(100);
-        seen[i] = ptx::load_relaxed_sys(flags + i);
       }
     }
     return true;

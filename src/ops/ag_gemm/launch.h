@@ -19,8 +19,12 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
                          const cudaStream_t* streams, const ConfigOverrides& overrides = {});
 
 // Rank `local_rank`'s gathered buffer, parity half `parity`: BF16 [source rank][rows_per_rank][k]
-// of `problem` (ops/ag_gemm/workspace.h). The proxy fills it and presets the flags
-// (preset_incoming_flags, ops/gemm_rs/launch.h, marks every flag of the rank as landed).
+// of `problem` (ops/ag_gemm/workspace.h). The proxy fills it and presets the flags.
 void* gathered_buffer(const Communicator& comm, int local_rank, int parity);
+
+// Marks the peers' blocks of `problem` as landed in rank `local_rank`'s gathered buffer for every
+// future call, so that the rank can run alone (the solo-rank proxy); its own block's flags stay
+// down, for its copier to raise (a band of several blocks waits for them).
+Status preset_peer_blocks(Communicator* comm, int local_rank, const AllGatherProblem& problem);
 
 }  // namespace tpfuse
