@@ -137,6 +137,12 @@ struct ALoad {
   int row;
   int layer;
   int parity;
+  // A layered map's tile may also come in two 64-row halves from two maps (each with 64-row boxes):
+  // the lower one from here when lower_map is set.
+  const CUtensorMap* lower_map = nullptr;
+  int lower_row = 0;
+  int lower_layer = 0;
+  int lower_parity = 0;
 };
 
 // What an epilogue does not define itself (it derives from this): no helper threads, A from the
@@ -228,6 +234,10 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       const int k = (k_slice.k_block_begin + kb) * Config::kBlockK;
       if constexpr (Epilogue::kLayeredA) {
         ptx::tma_load_4d(smem.a[stage], a.map, full, k, a.row, a.layer, a.parity);
+        if (a.lower_map != nullptr) {
+          ptx::tma_load_4d(smem.a[stage] + kSlabRows * Config::kBlockK, a.lower_map, full, k, a.lower_row, a.lower_layer,
+                           a.lower_parity);
+        }
       } else {
         ptx::tma_load_2d(smem.a[stage], a.map, full, k, a.row);
       }

@@ -193,6 +193,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
                                            AllGatherCase{8, 2048, 1000, 248, WeightLayout::kNxK},
                                            AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN},  // one band of all
                                            AllGatherCase{4, 96, 136, 256, WeightLayout::kNxK},  // 24 rows a block
+                                           AllGatherCase{2, 96, 264, 256, WeightLayout::kKxN},  // 48 rows, P = 2
                                            AllGatherCase{4, 256, 1000, 128, WeightLayout::kNxK},  // bands of two, P = 4
                                            AllGatherCase{3, 999, 136, 200, WeightLayout::kKxN},
                                            // Split K: 128-row and 64-row tiles.

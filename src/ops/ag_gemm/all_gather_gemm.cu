@@ -58,8 +58,10 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.k = int(k);
   e.copy = copy_plan(rows, k, config.gemm.num_ctas);
   e.sources_per_band = config.sources_per_band;
-  // A band of several blocks reads this rank's block from its gathered buffer too.
-  e.copy_own = copy_own || config.sources_per_band > 1;
+  // Bands of two 64-row blocks load a tile's halves from their blocks; a band of more blocks (of
+  // fewer rows each) reads this rank's block from its gathered buffer too.
+  e.halves_by_block = config.sources_per_band == 2 && rows == kSlabRows;
+  e.copy_own = copy_own || (config.sources_per_band > 1 && !e.halves_by_block);
   // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
   const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
@@ -68,6 +70,11 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(x, 1, rows, k, 1, rows * k, Config::kBlockM, Config::kBlockK, &e.own_x));
   TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, bands, band_rows, k, 2, parity_elems, Config::kBlockM,
                                                  Config::kBlockK, &e.gathered));
+  if (e.halves_by_block) {
+    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(x, 1, rows, k, 1, rows * k, kSlabRows, Config::kBlockK, &e.own_x_half));
+    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, comm.world_size, rows, k, 2, parity_elems, kSlabRows,
+                                                   Config::kBlockK, &e.gathered_half));
+  }
   e.x = static_cast<const uint16_t*>(x);
   for (int r = 0; r < comm.world_size; ++r) {
     e.gathered_at[r] = static_cast<uint16_t*>(rank.data_at[r]);

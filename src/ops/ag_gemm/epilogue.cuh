@@ -8,8 +8,8 @@
 // gathered X); then it counts the piece in at each of them, and the piece that completes its row
 // block raises that row block's flag there. All CTAs copy at once from the start of the call, so the
 // pieces land in the first part of the own band's time. Meanwhile the producer multiplies its own
-// band from X_r itself (a band of several blocks from the gathered buffer, which the copier fills
-// with X_r too); before the first K stage of a tile of another band it waits (bounded) for the flags
+// band from X_r itself (in a band of two 64-row blocks the tile's halves come from their blocks;
+// a band of more blocks loads X_r from the gathered buffer, which the copier fills with it too); before the first K stage of a tile of another band it waits (bounded) for the flags
 // of the row blocks the tile's rows span, then loads them from its own gathered buffer. The
 // consumers store Y's tiles as the plain GEMM does, into a map of P/G layers (bands) of G * m/P
 // rows, so that a tile's store is clipped at its band's last row.
@@ -55,6 +55,10 @@ class AllGatherEpilogue : public EpilogueBase {
     CUtensorMap y;                       // Y: 4D (column, row in band, band, 1), box 64 x 64
     CUtensorMap own_x;                   // X_r: 4D (k, row, 1, 1), box 64 x block_m
     CUtensorMap gathered;                // this rank's gathered buffer: 4D (k, row in band, band, parity)
+    // Bands of two 64-row blocks: a tile's halves from their blocks, the own one from X_r itself.
+    bool halves_by_block;
+    CUtensorMap own_x_half;              // X_r, box 64 x 64
+    CUtensorMap gathered_half;           // 4D (k, row in block, source, parity), box 64 x 64
     const uint16_t* x;                   // X_r, rows_per_rank x k, BF16
     uint16_t* gathered_at[kMaxWorldSize];  // each rank's gathered buffer (parity 0), as this rank addresses it
     size_t parity_elems;                 // distance between the parity halves of a gathered buffer
@@ -88,7 +92,19 @@ class AllGatherEpilogue : public EpilogueBase {
       ptx::fence_acquire_sys();         // flags seen -> the pieces
       ptx::fence_proxy_async_global();  // the pieces, for the TMA loads (async proxy)
     }
-    return {&p.gathered, tile.segment_row, tile.owner_rank / p.sources_per_band, int(epoch & 1)};
+    const int parity = int(epoch & 1);
+    if (p.halves_by_block) {
+      const auto half = [&](int source) -> ALoad {
+        return source == p.rank ? ALoad{&p.own_x_half, 0, 0, 0} : ALoad{&p.gathered_half, 0, source, parity};
+      };
+      ALoad a = half(tile.owner_rank);
+      const ALoad lower = half(tile.owner_rank + 1);
+      a.lower_map = lower.map;
+      a.lower_layer = lower.layer;
+      a.lower_parity = lower.parity;
+      return a;
+    }
+    return {&p.gathered, tile.segment_row, tile.owner_rank / p.sources_per_band, parity};
   }
 
   // The copier's staging ring.
@@ -219,7 +235,13 @@ class AllGatherEpilogue : public EpilogueBase {
   __device__ static bool wait_for_rows(const Params& p, const Tile& tile, uint32_t epoch) {
     const int first_row = tile.segment_row, last_row = tile.segment_row + (tile.row_end - tile.row_begin) - 1;
     int first = 0, num_flags = 0, stride = 0;  // into flags[source][row block]
-    if (p.sources_per_band == 1) {
+    if (p.halves_by_block) {
+      // Both blocks of the band, or the partner alone where one is this rank's (read from X_r).
+      const bool own = tile.owner_rank == p.rank || tile.owner_rank + 1 == p.rank;
+      first = (own ? (tile.owner_rank == p.rank ? p.rank + 1 : tile.owner_rank) : tile.owner_rank) * p.copy.row_blocks;
+      num_flags = own ? 1 : 2;
+      stride = p.copy.row_blocks;
+    } else if (p.sources_per_band == 1) {
       first = tile.owner_rank * p.copy.row_blocks + first_row / kCopyRows;
       num_flags = last_row / kCopyRows - first_row / kCopyRows + 1;
       stride = 1;
