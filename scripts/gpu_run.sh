@@ -63,8 +63,12 @@ for step in "${steps[@]}"; do
       # warpgroup barrier); racecheck reports it all the same (docs/EXPERIMENTS.md).
       run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P2_M64_N520_K128_KxN_split2'
       run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P8_M512_N8192_K32_KxN:*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P2_M64_N520_K128_KxN_split2'
-      # The all-gather + GEMM: P = 2, 3 (rows per rank not a multiple of 64) and 8 (64-row tiles).
+      # The all-gather + GEMM: P = 2, 3 (rows per rank not a multiple of 64) and 8 (64-row tiles); bands
+      # of two 64-row blocks, one band of all blocks (8, 24 and 48 rows each), split K.
       small_ag='*AllGatherExact*/P2_M512_N776_K256_KxN:*AllGatherExact*/P3_M999_N136_K200_KxN:*AllGatherExact*/P8_M64_N264_K256_KxN'
+      small_ag+=':*AllGatherExact*/P4_M256_N1000_K128_NxK_shared:*AllGatherExact*/P8_M512_N1280_K256_NxK_shared'
+      small_ag+=':*AllGatherExact*/P4_M96_N136_K256_NxK:*AllGatherExact*/P2_M96_N264_K256_KxN'
+      small_ag+=':*AllGatherExact*/P2_M256_N520_K256_NxK_split2:*AllGatherExact*/P4_M256_N264_K128_KxN_split2'
       for tool in memcheck racecheck synccheck; do
         run_step ${tool}_all_gather compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_all_gather" --gtest_filter="${small_ag}"
       done

@@ -163,10 +163,9 @@ TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
         EXPECT_LE(AllGatherSchedule(all_gather_shape(problem, c, 0)).num_tiles(),
                   c.gemm.split_k == 1 ? INT32_MAX : device.num_sms)
             << "split steps are one wave";
-        // Bands of two 64-row blocks (P >= 4), of all blocks under 64 rows, else of one.
+        // One band of all blocks under 64 rows, else bands of one (the sizes here have no 64-row blocks).
         const int64_t rows = problem.rows_per_rank();
-        const int g = p == 1 ? 1 : rows < 64 ? p : rows == 64 && p >= 4 ? 2 : 1;
-        EXPECT_EQ(c.sources_per_band, g) << problem.to_string();
+        EXPECT_EQ(c.sources_per_band, p > 1 && rows < 64 ? p : 1) << problem.to_string();
       }
     }
   }
@@ -182,10 +181,12 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   AllGatherConfig c;
   ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
   EXPECT_GT(c.gemm.split_k, 1) << c.to_string();
-  EXPECT_EQ(c.sources_per_band, 2) << "64-row blocks: 128-row tiles over two";
+  EXPECT_EQ(c.sources_per_band, 1) << "bands of two would be 28 tiles 192 wide: under half a wave";
   AllGatherProblem gate_up = qkv;  // 4 bands of two x 28 tiles: nearly a wave already
   gate_up.n_per_rank = 7168;
   ASSERT_TRUE(select_all_gather_config(gate_up, device, {}, &c).ok());
+  EXPECT_EQ(c.sources_per_band, 2) << "64-row blocks: 128-row tiles over two";
+  EXPECT_EQ(c.gemm.tile().block_m, 128);
   EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
   ConfigOverrides forced;
   forced.split_k = 2;
@@ -197,6 +198,10 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   ASSERT_TRUE(select_all_gather_config(gate_up, device, separate, &c).ok());
   EXPECT_EQ(c.sources_per_band, 1);
   EXPECT_EQ(c.gemm.tile().block_m, 64);
+  ConfigOverrides pairs;
+  pairs.shared_tiles = 1;
+  ASSERT_TRUE(select_all_gather_config(qkv, device, pairs, &c).ok());
+  EXPECT_EQ(c.sources_per_band, 2) << "forced";
 }
 
 TEST(AllGatherProblemTest, ValidationNamesItsFields) {

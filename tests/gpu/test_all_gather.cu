@@ -139,7 +139,7 @@ struct AllGatherCase {
   int p, m, n, k;
   WeightLayout layout;
   int split_k = 0;        // forced splits of K (0: the config's)
-  int shared_tiles = -1;  // 0: bands of one block also where blocks have 64 rows or fewer
+  int shared_tiles = -1;  // 0: bands of one block also where blocks have 64 rows or fewer; 1: of two at 64
   AllGatherProblem problem() const { return AllGatherProblem{m, n, k, p, layout}; }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
@@ -153,7 +153,7 @@ std::string case_name(const ::testing::TestParamInfo<AllGatherCase>& info) {
   const AllGatherCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + "_" + to_string(c.layout) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
-         (c.shared_tiles == 0 ? "_separate" : "");
+         (c.shared_tiles == 0 ? "_separate" : c.shared_tiles == 1 ? "_shared" : "");
 }
 
 // Exact mode (small integers, k <= 256: every sum exact in BF16): Y and the gathered X bit for bit.
@@ -188,13 +188,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
                          ::testing::Values(AllGatherCase{1, 256, 512, 256, WeightLayout::kNxK},
                                            AllGatherCase{2, 512, 776, 256, WeightLayout::kKxN},
                                            AllGatherCase{4, 1000, 1024, 256, WeightLayout::kNxK},
-                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kKxN},  // bands of two
+                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kKxN},
+                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kNxK, 0, 1},  // bands of two
                                            AllGatherCase{8, 512, 1280, 256, WeightLayout::kNxK, 0, 0},
                                            AllGatherCase{8, 2048, 1000, 248, WeightLayout::kNxK},
                                            AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN},  // one band of all
                                            AllGatherCase{4, 96, 136, 256, WeightLayout::kNxK},  // 24 rows a block
                                            AllGatherCase{2, 96, 264, 256, WeightLayout::kKxN},  // 48 rows, P = 2
-                                           AllGatherCase{4, 256, 1000, 128, WeightLayout::kNxK},  // bands of two, P = 4
+                                           AllGatherCase{4, 256, 1000, 128, WeightLayout::kNxK, 0, 1},  // P = 4
                                            AllGatherCase{3, 999, 136, 200, WeightLayout::kKxN},
                                            // Split K: 128-row and 64-row tiles.
                                            AllGatherCase{2, 256, 520, 256, WeightLayout::kNxK, 2},
@@ -267,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
                                            AllGatherCase{8, 1024, 1024, 6144, WeightLayout::kKxN},
                                            AllGatherCase{4, 1000, 2056, 520, WeightLayout::kKxN},
                                            AllGatherCase{2, 4096, 1024, 2048, WeightLayout::kNxK},
-                                           AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK},  // bands of two
+                                           AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK, 0, 1},  // bands of two
                                            AllGatherCase{8, 512, 4096, 1024, WeightLayout::kKxN, 0, 0},
                                            AllGatherCase{2, 1024, 256, 2048, WeightLayout::kNxK, 3},
                                            AllGatherCase{2, 1024, 512, 2048, WeightLayout::kKxN, 2}),
@@ -375,7 +376,11 @@ TEST(AllGatherMissingPeer, TimesOutInABandOfTwo) {
     w.push_back(ranks.w[r]->ptr);
     y.push_back(ranks.y[r]->ptr);
   }
-  ASSERT_TRUE(launch_all_gather(ranks.comm, p, {0, 1, 2}, x.data(), w.data(), y.data(), nullptr, ranks.streams.data()).ok());
+  ConfigOverrides pairs;
+  pairs.shared_tiles = 1;
+  ASSERT_TRUE(launch_all_gather(ranks.comm, p, {0, 1, 2}, x.data(), w.data(), y.data(), nullptr, ranks.streams.data(),
+                                pairs)
+                  .ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
   const Status s = communicator_status(ranks.comm);
   EXPECT_EQ(s.code(), StatusCode::kPeerTimeout) << s.to_string();

@@ -12,17 +12,23 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   // flags in global memory).
   static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
   AllGatherConfig c;
-  // Blocks of 64 rows: bands of two, 128-row tiles (one wave where 64-row tiles of one block take two,
-  // and W read half as often); fewer rows: one band of all blocks, so that a tile's rows are not
-  // mostly past its block's end. Each tile then waits for every block it holds, its own included
-  // (copied into this rank's gathered buffer); with P = 2 a band of two would leave no tile to
-  // multiply before a peer's block has landed.
+  // Blocks of 64 rows: bands of two, 128-row tiles (W read half as often as by 64-row tiles of one
+  // block), where those tiles, 192 wide, make half a wave or more: with fewer, 64-row tiles of one
+  // block with their own splits of K measured faster (docs/EXPERIMENTS.md). With P = 2 a band of two
+  // would leave no tile to multiply before a peer's block has landed. Blocks of fewer rows: one band
+  // of all blocks, so that a tile's rows are not mostly past its block's end. A tile waits for every
+  // peer's block it holds.
   const int64_t rows = problem.rows_per_rank();
   const int p = problem.world_size;
   if (overrides.shared_tiles != 0 && p > 1) {
+    TileGrid pairs;
+    pairs.bands = p / 2;
+    pairs.rows_per_band = 2 * rows;
+    pairs.n = problem.n_per_rank;
     if (rows < kSlabRows) {
       c.sources_per_band = p;
-    } else if (rows == kSlabRows && p >= 4 && p % 2 == 0) {
+    } else if (rows == kSlabRows && p >= 4 && p % 2 == 0 &&
+               (overrides.shared_tiles == 1 || 2 * pairs.tiles(128, 192) >= device.num_sms)) {
       c.sources_per_band = 2;
     }
   }
