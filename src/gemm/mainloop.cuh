@@ -235,8 +235,8 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       if constexpr (Epilogue::kLayeredA) {
         ptx::tma_load_4d(smem.a[stage], a.map, full, k, a.row, a.layer, a.parity);
         if (a.lower_map != nullptr) {
-          ptx::tma_load_4d(smem.a[stage] + kSlabRows * Config::kBlockK, a.lower_map, full, k, a.lower_row, a.lower_layer,
-                           a.lower_parity);
+          ptx::tma_load_4d(smem.a[stage] + kSlabRows * Config::kBlockK, a.lower_map, full, k, a.lower_row,
+                           a.lower_layer, a.lower_parity);
         }
       } else {
         ptx::tma_load_2d(smem.a[stage], a.map, full, k, a.row);

@@ -60,7 +60,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.sources_per_band = config.sources_per_band;
   // Bands of two 64-row blocks load a tile's halves from their blocks; a band of more blocks (of
   // fewer rows each) reads this rank's block from its gathered buffer too.
-  e.halves_by_block = config.sources_per_band == 2 && rows == kSlabRows;
+  e.halves_by_block = config.sources_per_band == 2 && rows == kSlabRows && Config::kBlockM == 2 * kSlabRows;
   e.copy_own = copy_own || (config.sources_per_band > 1 && !e.halves_by_block);
   // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
   const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;
@@ -71,7 +71,8 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, bands, band_rows, k, 2, parity_elems, Config::kBlockM,
                                                  Config::kBlockK, &e.gathered));
   if (e.halves_by_block) {
-    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(x, 1, rows, k, 1, rows * k, kSlabRows, Config::kBlockK, &e.own_x_half));
+    TPFUSE_RETURN_IF_ERROR(
+        make_layered_tensor_map(x, 1, rows, k, 1, rows * k, kSlabRows, Config::kBlockK, &e.own_x_half));
     TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, comm.world_size, rows, k, 2, parity_elems, kSlabRows,
                                                    Config::kBlockK, &e.gathered_half));
   }
@@ -173,7 +174,9 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
           const AllGatherConfig rank_config = config_that_fits(launch.ctas_per_rank);
           SplitKWorkspace split;
           // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
-          if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
+          if (rank_config.gemm.split_k > 1) {
+            TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
+          }
           for (int i = 0; i < num_ranks; ++i) {
             TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, rank_config,
                                                             x[i], w[i], y[i], wants_gathered(i),
@@ -191,7 +194,9 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
                                                         config.gemm.num_ctas, &launch.ctas_per_rank)));
           const AllGatherConfig rank_config = config_that_fits(launch.ctas_per_rank);
           SplitKWorkspace split;
-          if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
+          if (rank_config.gemm.split_k > 1) {
+            TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
+          }
           TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, rank_config, x[i], w[i], y[i],
                                                           wants_gathered(i), split, &launch.ranks[0]));
           TPFUSE_RETURN_IF_ERROR(launch_kernel<Config>(launch, 1, smem, /*cooperative=*/false, debug, streams[i]));

@@ -5,14 +5,15 @@
 // X_r (contiguous parts of a row block, ops/ag_gemm/workspace.h), a piece every `grid`, in order,
 // loads each into a ring of shared-memory stages by bulk copies and stores it from there into the
 // gathered buffer of ranks r+1, r+2, ..., r+P-1 (and of this rank, when the caller wants the
-// gathered X); then it counts the piece in at each of them, and the piece that completes its row
-// block raises that row block's flag there. All CTAs copy at once from the start of the call, so the
-// pieces land in the first part of the own band's time. Meanwhile the producer multiplies its own
-// band from X_r itself (in a band of two 64-row blocks the tile's halves come from their blocks;
-// a band of more blocks loads X_r from the gathered buffer, which the copier fills with it too); before the first K stage of a tile of another band it waits (bounded) for the flags
-// of the row blocks the tile's rows span, then loads them from its own gathered buffer. The
-// consumers store Y's tiles as the plain GEMM does, into a map of P/G layers (bands) of G * m/P
-// rows, so that a tile's store is clipped at its band's last row.
+// gathered X or a band of more than two blocks reads it there); then it counts the piece in at each
+// of them, and the piece that completes its row block raises that row block's flag there. All CTAs
+// copy at once from the start of the call, so the pieces land in the first part of the own band's
+// time. Meanwhile the producer multiplies its own band from X_r itself (in a band of two 64-row
+// blocks a tile's halves come from their blocks, the own one from X_r); before the first K stage of
+// a tile of another band it waits (bounded) for the flags of the row blocks the tile's rows span,
+// then loads them from its own gathered buffer. The consumers store Y's tiles as the plain GEMM
+// does, into a map of P/G layers (bands) of G * m/P rows, so that a tile's store is clipped at its
+// band's last row.
 //
 //   P = 4, rank 0:  copiers  pieces of X_0 -> ranks 1, 2, 3 (and 0)     from the start
 //                   tiles    band 0 (X_0, local)  band 3 (waits on rank 3's pieces)  band 2  band 1
@@ -20,9 +21,9 @@
 // NOTE (memory ordering, per piece): the copier waits for its bulk stores to complete (not only to
 // have read shared memory), fences async -> generic proxy and at system scope (release), then counts
 // in with relaxed atomics at system scope; the last piece of a row block fences again (acquire: every
-// other piece's release, read through the counter) and raises the flag with a release store. The producer polls the flags with
-// relaxed system-scope loads, fences (acquire at system scope), then fences generic -> async proxy
-// before its TMA loads.
+// other piece's release, read through the counter) and raises the flag with a release store. The
+// producer polls the flags with relaxed system-scope loads, fences (acquire at system scope), then
+// fences generic -> async proxy before its TMA loads.
 //
 // Reuse across calls is the reduce-scatter's argument (docs/DESIGN.md, Epochs and reuse): call e
 // writes parity e mod 2, and a peer reaches call e+2 only after this rank has started e+1, when its
