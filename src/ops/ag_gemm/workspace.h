@@ -25,8 +25,9 @@ constexpr int64_t kMinPieceElems = 4096;
 
 inline int64_t copy_row_blocks(int64_t rows_per_rank) { return (rows_per_rank + kCopyRows - 1) / kCopyRows; }
 
-// How a block of rows_per_rank x k is cut into pieces: about two a CTA (so that every CTA copies and
-// the pieces' sizes even out over the CTAs), at least kMinPieceElems, at most a row block.
+// How a block of rows_per_rank x k is cut into pieces: about one a CTA (every CTA copies, and each
+// piece's fixed cost, its drain and count-in, is paid about once a CTA: two a CTA measured slower),
+// at least kMinPieceElems, at most a row block (the last row block's pieces may be fewer).
 struct CopyPlan {
   int row_blocks = 0;
   int pieces_per_block = 0;  // every row block has as many (the last one's may be empty)
@@ -35,7 +36,7 @@ struct CopyPlan {
 
 inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas) {
   const int64_t block_elems = std::min<int64_t>(rows_per_rank, kCopyRows) * k;
-  const int64_t wanted = (rows_per_rank * k + 2 * int64_t(num_ctas) - 1) / (2 * int64_t(num_ctas));
+  const int64_t wanted = (rows_per_rank * k + int64_t(num_ctas) - 1) / int64_t(num_ctas);
   const int64_t piece = std::min(std::max(wanted, kMinPieceElems), block_elems);
   CopyPlan plan;
   plan.row_blocks = int(copy_row_blocks(rows_per_rank));
