@@ -13,12 +13,14 @@ struct ConfigOverrides {
   int block_n = 0;          // tile width: 192 or 256 for 128-row tiles, 128 or 256 for 64-row ones (the other
                             // height keeps its own choice); 0: the config's choice
   int group_rows = 0;       // row tiles per raster group; 0: the config's choice
-  // gemm, and gemm_reduce_scatter where its tiles are shared (shared_tiles below):
+  // gemm, all_gather_gemm, and gemm_reduce_scatter where its tiles are shared (shared_tiles below):
   int split_k = 0;          // 0: the config's choice, 1: never split K, S >= 2: each tile's K loop in S splits
   // gemm_reduce_scatter only:
   int own_lag = -1;         // rounds from a peer's tile to the own tile of the same rows; -1: the config's
   int partial_rounds = -1;  // at most this many rounds of an own tile's partials in its K loop; -1: the config's
-  int shared_tiles = -1;    // tiles of several owners' rows where segments are shorter than a slab: 1 yes, 0 no; -1: the config's
+  // gemm_reduce_scatter and all_gather_gemm: tiles of several ranks' rows where a rank's rows are shorter
+  // than a slab (the all-gather also at 64 rows: bands of two blocks); 1 yes, 0 no; -1: the config's
+  int shared_tiles = -1;
 
   std::string to_string() const;  // the fields that are set, e.g. "own_lag=0"; "none" when none is
 };
