@@ -83,17 +83,11 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void*
 
 // Contiguous bulk copies (no tensor map): `bytes` (a multiple of 16, 16-byte aligned addresses)
 // from global memory into shared memory, completion counted on `bar`; and from shared memory to
-// global memory (local or peer-mapped), in the current bulk group.
+// global memory (local or peer-mapped), in the current bulk group, with an L2 cache policy.
 __device__ __forceinline__ void bulk_load(void* smem_dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_addr(smem_dst)),
                "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
-__device__ __forceinline__ void bulk_store(void* dst, const void* smem_src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(smem_src)),
-               "r"(bytes)
                : "memory");
 }
 
@@ -105,7 +99,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
-// bulk_store with an L2 cache policy (l2_evict_first_policy).
 __device__ __forceinline__ void bulk_store(void* dst, const void* smem_src, uint32_t bytes, uint64_t policy) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(dst),
                "r"(smem_addr(smem_src)), "r"(bytes), "l"(policy)
