@@ -229,10 +229,10 @@ class AllGatherEpilogue : public EpilogueBase {
   }
 
   // Producer thread: waits, boundedly, for the flags of the row blocks the tile's rows span: in a band
-  // of one block, one or two consecutive row blocks of it; in a band of
-  // several (64 rows or fewer each: one row block), row block 0 of each block the rows reach. Either
-  // way an evenly spaced run of flags. Returns false if the call failed (this wait timed out, or
-  // another one of this rank's).
+  // of one block, one or two consecutive row blocks of it; in a band of several (64 rows or fewer
+  // each: one row block), row block 0 of each block the rows reach, less this rank's where a tile's
+  // halves load from their blocks. Either way an evenly spaced run of flags. Returns false if the
+  // call failed (this wait timed out, or another one of this rank's).
   __device__ static bool wait_for_rows(const Params& p, const Tile& tile, uint32_t epoch) {
     const int first_row = tile.segment_row, last_row = tile.segment_row + (tile.row_end - tile.row_begin) - 1;
     int first = 0, num_flags = 0, stride = 0;  // into flags[source][row block]
