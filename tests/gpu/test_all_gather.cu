@@ -338,21 +338,29 @@ TEST(AllGatherGraph, ReplaysStayCorrect) {
   cudaStreamDestroy(stream);
 }
 
+// Launches ranks 0 .. P-2 of `p` only (the last never arrives).
+Status launch_all_but_the_last(AllGatherRanks& ranks, const AllGatherProblem& p, const ConfigOverrides& overrides = {}) {
+  std::vector<const void*> x, w;
+  std::vector<void*> y;
+  std::vector<int> launched;
+  for (int r = 0; r + 1 < p.world_size; ++r) {
+    x.push_back(ranks.x[r]->ptr);
+    w.push_back(ranks.w[r]->ptr);
+    y.push_back(ranks.y[r]->ptr);
+    launched.push_back(r);
+  }
+  return launch_all_gather(ranks.comm, p, launched, x.data(), w.data(), y.data(), nullptr, ranks.streams.data(),
+                           overrides);
+}
+
 // A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
 TEST(AllGatherMissingPeer, TimesOut) {
   const AllGatherProblem p{1024, 512, 256, 4, WeightLayout::kNxK};
   AllGatherRanks ranks(p, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(false, 5);
-  std::vector<const void*> x, w;
-  std::vector<void*> y;
-  for (int r = 0; r < 3; ++r) {
-    x.push_back(ranks.x[r]->ptr);
-    w.push_back(ranks.w[r]->ptr);
-    y.push_back(ranks.y[r]->ptr);
-  }
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(launch_all_gather(ranks.comm, p, {0, 1, 2}, x.data(), w.data(), y.data(), nullptr, ranks.streams.data()).ok());
+  ASSERT_TRUE(launch_all_but_the_last(ranks, p).ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const Status s = communicator_status(ranks.comm);
@@ -369,18 +377,9 @@ TEST(AllGatherMissingPeer, TimesOutInABandOfTwo) {
   AllGatherRanks ranks(p, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(false, 6);
-  std::vector<const void*> x, w;
-  std::vector<void*> y;
-  for (int r = 0; r < 3; ++r) {
-    x.push_back(ranks.x[r]->ptr);
-    w.push_back(ranks.w[r]->ptr);
-    y.push_back(ranks.y[r]->ptr);
-  }
   ConfigOverrides pairs;
   pairs.shared_tiles = 1;
-  ASSERT_TRUE(launch_all_gather(ranks.comm, p, {0, 1, 2}, x.data(), w.data(), y.data(), nullptr, ranks.streams.data(),
-                                pairs)
-                  .ok());
+  ASSERT_TRUE(launch_all_but_the_last(ranks, p, pairs).ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
   const Status s = communicator_status(ranks.comm);
   EXPECT_EQ(s.code(), StatusCode::kPeerTimeout) << s.to_string();
