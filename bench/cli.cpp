@@ -167,6 +167,8 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   ag-proxy: the all-gather + GEMM's rank 0 alone (P ranks emulated on GPU 0, its\n"
          "                   peers' blocks of X preset as arrived) against tpfuse's GEMM on the gathered X;\n"
          "                   its sweep is the column-parallel layers' (M,N,K: M x N/P x K)\n"
+         "                   ag-copy-probe: tpfuse's GEMM on the gathered X beside copy-engine copies of\n"
+         "                   rank 0's block into P - 1 local slots, on GPU 0 (ag-proxy's shapes)\n"
          "                   p2p: write bandwidth from GPU 0 into GPU 1 and back by SM stores, TMA stores\n"
          "                   and the copy engine (needs 2 GPUs; ignores the shapes)\n"
          "                   (default: baseline)\n"

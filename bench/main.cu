@@ -30,6 +30,7 @@ constexpr Mode kModes[] = {
     {"fused", run_fused, 0},
     {"ag", run_ag, 0},
     {"ag-proxy", run_ag_proxy, 1},
+    {"ag-copy-probe", run_ag_copy_probe, 1},
     {"p2p", run_p2p, 2},
 };
 

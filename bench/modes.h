@@ -33,6 +33,8 @@ void run_fused(const Options& options, Report& report);
 void run_ag(const Options& options, Report& report);
 // The solo-rank proxy of the all-gather + GEMM on GPU 0 (its sweep: the column-parallel layers).
 void run_ag_proxy(const Options& options, Report& report);
+// ag-copy-probe: the GEMM beside copy-engine copies of rank 0's block (mode_ag_copy_probe.cu).
+void run_ag_copy_probe(const Options& options, Report& report);
 // Write bandwidth from GPU 0 into GPU 1 and back: SM stores, TMA stores, copy engine (no shapes).
 void run_p2p(const Options& options, Report& report);
 

@@ -1,0 +1,165 @@
+// Mode ag-copy-probe: what the all-gather's pushes cost the GEMM beside them when a copy engine
+// moves them instead of the SMs. On GPU 0, per all-gather shape: tpfuse::gemm on the gathered X
+// (as ag-proxy's T_gemm), rank 0's block of X copied into P - 1 destination slots by cudaMemcpyAsync
+// alone, and the same copies on a second stream while the GEMM runs (the span of both). The
+// copies land in local memory, as the solo-rank proxy's pushes do; no op is called, nothing waits
+// on a flag: it measures the overlap a copy-engine transport could reach at best.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "gemm_sets.h"
+#include "modes.h"
+#include "testing/gpu_check.h"
+
+namespace tpfuse::bench {
+
+namespace {
+
+std::vector<Column> copy_probe_columns() {
+  std::vector<Column> columns = shape_columns();
+  columns.insert(columns.end(), {
+      {"block_mb", "block(MB)", 9, Format::kFixed, 2},
+      {"t_gemm_ms", "T_gemm(ms)", 10, Format::kFixed, 4},
+      {"t_copy_ms", "T_copy(ms)", 10, Format::kFixed, 4},
+      {"copy_gb_s", "copy(GB/s)", 10, Format::kFixed, 0},
+      {"t_gemm_copy_ms", "T_gemm+copy(ms)", 15, Format::kFixed, 4},
+      {"overlap_over_gemm", "both/gemm", 9, Format::kFixed, 3},
+      {"serial_over_gemm", "serial/gemm", 11, Format::kFixed, 3},
+      {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
+      {"mhz_gemm_copy", "MHz_both", 8, Format::kInteger},
+  });
+  add_loop_sensor_columns(columns);
+  add_outcome_columns(columns, /*check=*/false);
+  return columns;
+}
+
+// A second stream that joins the GPU's stream for the copies of one call.
+class SideStream {
+ public:
+  explicit SideStream(int device) {
+    TESTING_CHECK(cudaSetDevice(device));
+    TESTING_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TESTING_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    TESTING_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+  }
+  ~SideStream() {
+    cudaEventDestroy(join_);
+    cudaEventDestroy(fork_);
+    cudaStreamDestroy(stream_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  cudaStream_t fork(cudaStream_t main) {
+    TESTING_CHECK(cudaEventRecord(fork_, main));
+    TESTING_CHECK(cudaStreamWaitEvent(stream_, fork_));
+    return stream_;
+  }
+  void join(cudaStream_t main) {
+    TESTING_CHECK(cudaEventRecord(join_, stream_));
+    TESTING_CHECK(cudaStreamWaitEvent(main, join_));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+};
+
+Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t shape_index, Report& report) {
+  Gpu& gpu = gpus[0];
+  const int world = options.tp;
+  const Problem gemm{shape.m, shape.n, shape.k_per_rank, 1, options.weight_layout};
+  Row row = shape_row(shape);
+  Outcome outcome;
+
+  const size_t block_bytes = size_t(shape.m / world) * size_t(shape.k_per_rank) * sizeof(bf16);
+  row["block_mb"] = double(block_bytes) / 1e6;
+  GemmSets sets = make_gemm_sets(gpu, gemm, 0, *options.seed, shape_index);
+  const int num_sets = sets.num_sets;
+  DeviceBuffer slots(gpu.device, block_bytes * size_t(world - 1));
+  SideStream side(gpu.device);
+  gpus.synchronize();
+
+  // Rank 0's block (the first m/P rows of the set's gathered X) into the P - 1 slots, in order.
+  const auto copy_block = [&](int set, cudaStream_t stream) {
+    for (int d = 1; d < world; ++d) {
+      TESTING_CHECK(cudaMemcpyAsync(static_cast<char*>(slots.get()) + block_bytes * size_t(d - 1), sets.a[set].get(),
+                                    block_bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+  };
+  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, gemm, sets, i % num_sets, options.overrides); };
+  const LaunchFn copy_call = [&](int i) { copy_block(i % num_sets, gpu.stream); };
+  const LaunchFn both_call = [&](int i) {
+    const int set = i % num_sets;
+    copy_block(set, side.fork(gpu.stream));
+    ours_on_set(gpu, gemm, sets, set, options.overrides);
+    side.join(gpu.stream);
+  };
+
+  LoopTiming loop;
+  if (attempt([&] { loop = time_loop(gpus, timing_options(options), {gemm_call, copy_call, both_call}); },
+              &outcome.failure)) {
+    const auto& t = loop.launches;
+    row["t_gemm_ms"] = t[0].median_ms;
+    row["t_copy_ms"] = t[1].median_ms;
+    row["copy_gb_s"] = double(block_bytes) * (world - 1) / (t[1].median_ms * 1e6);
+    row["t_gemm_copy_ms"] = t[2].median_ms;
+    row["overlap_over_gemm"] = t[2].median_ms / t[0].median_ms;
+    row["serial_over_gemm"] = (t[0].median_ms + t[1].median_ms) / t[0].median_ms;
+    set_if_read(row, "mhz_gemm", loop.sensors.sm_clock_mhz[0]);
+    set_if_read(row, "mhz_gemm_copy", loop.sensors.sm_clock_mhz[2]);
+    set_loop_sensors(row, loop.sensors);
+  }
+  finish_row(row, report, options, outcome, sets.c_count, num_sets);
+  return row;
+}
+
+}  // namespace
+
+void run_ag_copy_probe(const Options& options, Report& report) {
+  std::vector<Shape> shapes = options.shapes;
+  if (options.shapes_arg == "sweep") {
+    std::string error;
+    shapes = all_gather_sweep_shapes(options.tp, &error);
+    if (shapes.empty()) throw CallFailed(error);
+  }
+  if (options.tp < 2) throw CallFailed("ag-copy-probe needs --tp >= 2 (the copies go to P - 1 peers)");
+  GpuSet gpus(1, /*with_nccl=*/false);
+  report.set_columns(copy_probe_columns());
+  report.add_note("GPU 0 only; shapes M, N/P, K. T_gemm = tpfuse::gemm on the gathered X (M x K); T_copy = rank "
+                  "0's block (M/P x K) copied into P - 1 = " + std::to_string(options.tp - 1) +
+                  " local slots by cudaMemcpyAsync; T_gemm+copy = both, the copies on a second stream; "
+                  "serial/gemm = (T_gemm + T_copy) / T_gemm");
+  report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
+  report.print_header();
+
+  double log_sum = 0, worst = 0;
+  int count = 0;
+  OutcomeTally tally;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Row row = run_shape(gpus, options, shapes[i], i, report);
+    note_sensor_failures(report, gpus.sensors());
+    if (const double* ratio = number_in(row, "overlap_over_gemm")) {
+      log_sum += std::log(*ratio);
+      worst = std::max(worst, *ratio);
+      ++count;
+    }
+    tally.add(row);
+    report.add_row(row);
+  }
+  std::string line = "ag-copy-probe: both/gemm on " + std::to_string(count) + " of " + std::to_string(shapes.size()) +
+                     " shapes";
+  Row summary = {{"shapes", double(shapes.size())}, {"ran", double(count)}};
+  if (count > 0) {
+    char text[96];
+    std::snprintf(text, sizeof(text), ": max %.3f, geomean %.3f", worst, std::exp(log_sum / count));
+    line += text;
+    summary["overlap_over_gemm_geomean"] = std::exp(log_sum / count);
+    summary["overlap_over_gemm_max"] = worst;
+  }
+  tally.summarize(options, line, summary);
+  report.set_summary(line, summary);
+}
+
+}  // namespace tpfuse::bench
