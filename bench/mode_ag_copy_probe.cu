@@ -1,7 +1,9 @@
 // Mode ag-copy-probe: what the all-gather's pushes cost the GEMM beside them when a copy engine
 // moves them instead of the SMs. On GPU 0, per all-gather shape: tpfuse::gemm on the gathered X
-// (as ag-proxy's T_gemm), rank 0's block of X copied into P - 1 destination slots by cudaMemcpyAsync
-// alone, and the same copies on a second stream while the GEMM runs (the span of both). The
+// (as ag-proxy's T_gemm), rank 0's block of X copied into P - 1 destination slots alone, and the
+// same copies on a second stream while the GEMM runs (the span of both), each way: P - 1
+// cudaMemcpyAsync calls, and one cudaMemcpyBatchAsync that asks for copies that overlap compute
+// (a device-to-device copy within one GPU may run as a kernel, which waits for the SMs). The
 // copies land in local memory, as the solo-rank proxy's pushes do; no op is called, nothing waits
 // on a flag: it measures the overlap a copy-engine transport could reach at best.
 #include <algorithm>
@@ -26,8 +28,13 @@ std::vector<Column> copy_probe_columns() {
       {"t_gemm_copy_ms", "T_gemm+copy(ms)", 15, Format::kFixed, 4},
       {"overlap_over_gemm", "both/gemm", 9, Format::kFixed, 3},
       {"serial_over_gemm", "serial/gemm", 11, Format::kFixed, 3},
+      {"t_batch_ms", "T_batch(ms)", 11, Format::kFixed, 4},
+      {"batch_gb_s", "batch(GB/s)", 11, Format::kFixed, 0},
+      {"t_gemm_batch_ms", "T_gemm+batch(ms)", 16, Format::kFixed, 4},
+      {"batch_overlap_over_gemm", "both_b/gemm", 11, Format::kFixed, 3},
       {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
       {"mhz_gemm_copy", "MHz_both", 8, Format::kInteger},
+      {"mhz_gemm_batch", "MHz_both_b", 10, Format::kInteger},
   });
   add_loop_sensor_columns(columns);
   add_outcome_columns(columns, /*check=*/false);
@@ -88,6 +95,20 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
                                     block_bytes, cudaMemcpyDeviceToDevice, stream));
     }
   };
+  // The same copies as one batch, hinted to overlap compute (a copy engine, where the driver can).
+  std::vector<void*> dsts(world - 1);
+  std::vector<const void*> srcs(world - 1);
+  std::vector<size_t> sizes(world - 1, block_bytes);
+  for (int d = 1; d < world; ++d) dsts[d - 1] = static_cast<char*>(slots.get()) + block_bytes * size_t(d - 1);
+  cudaMemcpyAttributes attrs{};
+  attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attrs_index = 0;
+  const auto copy_batch = [&](int set, cudaStream_t stream) {
+    std::fill(srcs.begin(), srcs.end(), sets.a[set].get());
+    TESTING_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attrs, &attrs_index, 1,
+                                       stream));
+  };
   const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, gemm, sets, i % num_sets, options.overrides); };
   const LaunchFn copy_call = [&](int i) { copy_block(i % num_sets, gpu.stream); };
   const LaunchFn both_call = [&](int i) {
@@ -96,9 +117,17 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     ours_on_set(gpu, gemm, sets, set, options.overrides);
     side.join(gpu.stream);
   };
+  const LaunchFn batch_call = [&](int i) { copy_batch(i % num_sets, gpu.stream); };
+  const LaunchFn both_batch_call = [&](int i) {
+    const int set = i % num_sets;
+    copy_batch(set, side.fork(gpu.stream));
+    ours_on_set(gpu, gemm, sets, set, options.overrides);
+    side.join(gpu.stream);
+  };
 
   LoopTiming loop;
-  if (attempt([&] { loop = time_loop(gpus, timing_options(options), {gemm_call, copy_call, both_call}); },
+  if (attempt([&] { loop = time_loop(gpus, timing_options(options),
+                                        {gemm_call, copy_call, both_call, batch_call, both_batch_call}); },
               &outcome.failure)) {
     const auto& t = loop.launches;
     row["t_gemm_ms"] = t[0].median_ms;
@@ -107,7 +136,12 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     row["t_gemm_copy_ms"] = t[2].median_ms;
     row["overlap_over_gemm"] = t[2].median_ms / t[0].median_ms;
     row["serial_over_gemm"] = (t[0].median_ms + t[1].median_ms) / t[0].median_ms;
+    row["t_batch_ms"] = t[3].median_ms;
+    row["batch_gb_s"] = double(block_bytes) * (world - 1) / (t[3].median_ms * 1e6);
+    row["t_gemm_batch_ms"] = t[4].median_ms;
+    row["batch_overlap_over_gemm"] = t[4].median_ms / t[0].median_ms;
     set_if_read(row, "mhz_gemm", loop.sensors.sm_clock_mhz[0]);
+    set_if_read(row, "mhz_gemm_batch", loop.sensors.sm_clock_mhz[4]);
     set_if_read(row, "mhz_gemm_copy", loop.sensors.sm_clock_mhz[2]);
     set_loop_sensors(row, loop.sensors);
   }
@@ -129,7 +163,8 @@ void run_ag_copy_probe(const Options& options, Report& report) {
   report.set_columns(copy_probe_columns());
   report.add_note("GPU 0 only; shapes M, N/P, K. T_gemm = tpfuse::gemm on the gathered X (M x K); T_copy = rank "
                   "0's block (M/P x K) copied into P - 1 = " + std::to_string(options.tp - 1) +
-                  " local slots by cudaMemcpyAsync; T_gemm+copy = both, the copies on a second stream; "
+                  " local slots by cudaMemcpyAsync, T_batch by one cudaMemcpyBatchAsync hinted to overlap compute; "
+                  "T_gemm+copy, T_gemm+batch = the GEMM and the copies on a second stream; "
                   "serial/gemm = (T_gemm + T_copy) / T_gemm");
   report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
   report.print_header();
