@@ -3,7 +3,9 @@
 // (as ag-proxy's T_gemm), rank 0's block of X copied into P - 1 destination slots alone, and the
 // same copies on a second stream while the GEMM runs (the span of both), each way: P - 1
 // cudaMemcpyAsync calls, and one cudaMemcpyBatchAsync that asks for copies that overlap compute
-// (a device-to-device copy within one GPU may run as a kernel, which waits for the SMs). The
+// (a device-to-device copy within one GPU may run as a kernel, which waits for the SMs; to tell,
+// the copies are also timed beside a kernel that only holds every SM, with all its shared memory,
+// for a fixed time: a copy engine's copies overlap it, a copy kernel's follow it). The
 // copies land in local memory, as the solo-rank proxy's pushes do; no op is called, nothing waits
 // on a flag: it measures the overlap a copy-engine transport could reach at best.
 #include <algorithm>
@@ -12,11 +14,38 @@
 
 #include "gemm_sets.h"
 #include "modes.h"
+#include "core/ptx.cuh"
 #include "testing/gpu_check.h"
 
 namespace tpfuse::bench {
 
 namespace {
+
+constexpr uint64_t kHoldNs = 500'000;
+
+// One CTA an SM, all of its shared memory, spinning until `ns` have passed since its start: no
+// other kernel's CTA fits beside it, and it touches no memory.
+__global__ void hold_every_sm(uint64_t ns) {
+  extern __shared__ unsigned char held[];
+  const uint64_t start = ptx::globaltimer_ns();
+  while (ptx::globaltimer_ns() - start < ns) {
+  }
+  if (ns == 0) held[threadIdx.x] = 0;  // never: keeps the shared memory in use
+}
+
+struct SmHold {
+  int ctas = 0;
+  int smem_bytes = 0;
+  explicit SmHold(int device) {
+    TESTING_CHECK(cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, device));
+    TESTING_CHECK(cudaDeviceGetAttribute(&smem_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    TESTING_CHECK(cudaFuncSetAttribute(hold_every_sm, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  }
+  void launch(cudaStream_t stream) const {
+    hold_every_sm<<<ctas, 32, smem_bytes, stream>>>(kHoldNs);
+    TESTING_CHECK(cudaGetLastError());
+  }
+};
 
 std::vector<Column> copy_probe_columns() {
   std::vector<Column> columns = shape_columns();
@@ -32,6 +61,9 @@ std::vector<Column> copy_probe_columns() {
       {"batch_gb_s", "batch(GB/s)", 11, Format::kFixed, 0},
       {"t_gemm_batch_ms", "T_gemm+batch(ms)", 16, Format::kFixed, 4},
       {"batch_overlap_over_gemm", "both_b/gemm", 11, Format::kFixed, 3},
+      {"t_hold_ms", "T_hold(ms)", 10, Format::kFixed, 4},
+      {"hold_copy_minus_hold_ms", "copy|hold(ms)", 13, Format::kFixed, 4},
+      {"hold_batch_minus_hold_ms", "batch|hold(ms)", 14, Format::kFixed, 4},
       {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
       {"mhz_gemm_copy", "MHz_both", 8, Format::kInteger},
       {"mhz_gemm_batch", "MHz_both_b", 10, Format::kInteger},
@@ -86,6 +118,7 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   const int num_sets = sets.num_sets;
   DeviceBuffer slots(gpu.device, block_bytes * size_t(world - 1));
   SideStream side(gpu.device);
+  const SmHold hold(gpu.device);
   gpus.synchronize();
 
   // Rank 0's block (the first m/P rows of the set's gathered X) into the P - 1 slots, in order.
@@ -124,10 +157,19 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     ours_on_set(gpu, gemm, sets, set, options.overrides);
     side.join(gpu.stream);
   };
+  const LaunchFn hold_call = [&](int) { hold.launch(gpu.stream); };
+  const auto beside_hold = [&](const auto& copies) {
+    return [&, copies](int i) {
+      copies(i % num_sets, side.fork(gpu.stream));
+      hold.launch(gpu.stream);
+      side.join(gpu.stream);
+    };
+  };
 
   LoopTiming loop;
   if (attempt([&] { loop = time_loop(gpus, timing_options(options),
-                                        {gemm_call, copy_call, both_call, batch_call, both_batch_call}); },
+                                        {gemm_call, copy_call, both_call, batch_call, both_batch_call, hold_call,
+                                         beside_hold(copy_block), beside_hold(copy_batch)}); },
               &outcome.failure)) {
     const auto& t = loop.launches;
     row["t_gemm_ms"] = t[0].median_ms;
@@ -140,6 +182,9 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     row["batch_gb_s"] = double(block_bytes) * (world - 1) / (t[3].median_ms * 1e6);
     row["t_gemm_batch_ms"] = t[4].median_ms;
     row["batch_overlap_over_gemm"] = t[4].median_ms / t[0].median_ms;
+    row["t_hold_ms"] = t[5].median_ms;
+    row["hold_copy_minus_hold_ms"] = t[6].median_ms - t[5].median_ms;
+    row["hold_batch_minus_hold_ms"] = t[7].median_ms - t[5].median_ms;
     set_if_read(row, "mhz_gemm", loop.sensors.sm_clock_mhz[0]);
     set_if_read(row, "mhz_gemm_batch", loop.sensors.sm_clock_mhz[4]);
     set_if_read(row, "mhz_gemm_copy", loop.sensors.sm_clock_mhz[2]);
@@ -165,7 +210,9 @@ void run_ag_copy_probe(const Options& options, Report& report) {
                   "0's block (M/P x K) copied into P - 1 = " + std::to_string(options.tp - 1) +
                   " local slots by cudaMemcpyAsync, T_batch by one cudaMemcpyBatchAsync hinted to overlap compute; "
                   "T_gemm+copy, T_gemm+batch = the GEMM and the copies on a second stream; "
-                  "serial/gemm = (T_gemm + T_copy) / T_gemm");
+                  "serial/gemm = (T_gemm + T_copy) / T_gemm; T_hold = a kernel holding every SM for " +
+                  std::to_string(kHoldNs / 1000) + " us, copy|hold and batch|hold = what the copies add to it "
+                  "(about 0: they ran on a copy engine; about T_copy: after it)");
   report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
   report.print_header();
 
