@@ -7,7 +7,10 @@
 // the copies are also timed beside a kernel that only holds every SM, with all its shared memory,
 // for a fixed time: a copy engine's copies overlap it, a copy kernel's follow it). The
 // copies land in local memory, as the solo-rank proxy's pushes do; no op is called, nothing waits
-// on a flag: it measures the overlap a copy-engine transport could reach at best.
+// on a flag: it measures the overlap a copy-engine transport could reach at best. Whether the
+// copies' timing matters: the GEMM as P GEMMs of one block of rows each, in sequence, alone, with
+// every copy issued at the start ("burst"), and with the copy to destination d issued as block d's
+// GEMM starts ("paced", when peer d would need it first).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -16,6 +19,7 @@
 #include "modes.h"
 #include "core/ptx.cuh"
 #include "testing/gpu_check.h"
+#include "tpfuse/tpfuse.h"
 
 namespace tpfuse::bench {
 
@@ -61,6 +65,9 @@ std::vector<Column> copy_probe_columns() {
       {"batch_gb_s", "batch(GB/s)", 11, Format::kFixed, 0},
       {"t_gemm_batch_ms", "T_gemm+batch(ms)", 16, Format::kFixed, 4},
       {"batch_overlap_over_gemm", "both_b/gemm", 11, Format::kFixed, 3},
+      {"t_bands_ms", "T_blocks(ms)", 12, Format::kFixed, 4},
+      {"bands_burst_over_bands", "burst/blocks", 12, Format::kFixed, 3},
+      {"bands_paced_over_bands", "paced/blocks", 12, Format::kFixed, 3},
       {"t_hold_ms", "T_hold(ms)", 10, Format::kFixed, 4},
       {"hold_copy_minus_hold_ms", "copy|hold(ms)", 13, Format::kFixed, 4},
       {"hold_batch_minus_hold_ms", "batch|hold(ms)", 14, Format::kFixed, 4},
@@ -157,6 +164,26 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     ours_on_set(gpu, gemm, sets, set, options.overrides);
     side.join(gpu.stream);
   };
+  // The GEMM block by block (rank 0's m/P rows of the gathered X, then the next source's), the
+  // copies beside it: none, all at the start, or the one to destination d as block d starts.
+  enum class Copies { kNone, kBurst, kPaced };
+  const Problem block_gemm{shape.m / world, shape.n, shape.k_per_rank, 1, options.weight_layout};
+  const size_t a_block = size_t(block_gemm.m) * size_t(shape.k_per_rank), c_block = size_t(block_gemm.m) * size_t(shape.n);
+  const auto block_gemms = [&](Copies copies) {
+    return [&, copies](int i) {
+      const int set = i % num_sets;
+      if (copies == Copies::kBurst) copy_block(set, side.fork(gpu.stream));
+      for (int b = 0; b < world; ++b) {
+        if (copies == Copies::kPaced && b > 0) {
+          TESTING_CHECK(cudaMemcpyAsync(dsts[b - 1], sets.a[set].get(), block_bytes, cudaMemcpyDeviceToDevice,
+                                        side.fork(gpu.stream)));
+        }
+        check_op(tpfuse::gemm(block_gemm, sets.a[set].as<bf16>() + a_block * b, sets.w[set].get(),
+                              sets.c_ours[set].as<bf16>() + c_block * b, gpu.stream, options.overrides));
+      }
+      if (copies != Copies::kNone) side.join(gpu.stream);
+    };
+  };
   const LaunchFn hold_call = [&](int) { hold.launch(gpu.stream); };
   const auto beside_hold = [&](const auto& copies) {
     return [&, copies](int i) {
@@ -169,7 +196,8 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   LoopTiming loop;
   if (attempt([&] { loop = time_loop(gpus, timing_options(options),
                                         {gemm_call, copy_call, both_call, batch_call, both_batch_call, hold_call,
-                                         beside_hold(copy_block), beside_hold(copy_batch)}); },
+                                         beside_hold(copy_block), beside_hold(copy_batch), block_gemms(Copies::kNone),
+                                         block_gemms(Copies::kBurst), block_gemms(Copies::kPaced)}); },
               &outcome.failure)) {
     const auto& t = loop.launches;
     row["t_gemm_ms"] = t[0].median_ms;
@@ -185,6 +213,9 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     row["t_hold_ms"] = t[5].median_ms;
     row["hold_copy_minus_hold_ms"] = t[6].median_ms - t[5].median_ms;
     row["hold_batch_minus_hold_ms"] = t[7].median_ms - t[5].median_ms;
+    row["t_bands_ms"] = t[8].median_ms;
+    row["bands_burst_over_bands"] = t[9].median_ms / t[8].median_ms;
+    row["bands_paced_over_bands"] = t[10].median_ms / t[8].median_ms;
     set_if_read(row, "mhz_gemm", loop.sensors.sm_clock_mhz[0]);
     set_if_read(row, "mhz_gemm_batch", loop.sensors.sm_clock_mhz[4]);
     set_if_read(row, "mhz_gemm_copy", loop.sensors.sm_clock_mhz[2]);
