@@ -103,7 +103,9 @@ TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
            {64, 8192}, {256, 8192}, {1024, 6144}, {4096, 8192}, {1, 8192}, {8, 512}, {100, 24}, {130, 1000}, {3, 8}}) {
     for (int ctas : {132, 16, 1}) {
       SCOPED_TRACE(::testing::Message() << rows << " rows x " << k << ", " << ctas << " CTAs");
-      const CopyPlan plan = copy_plan(rows, k, ctas);
+      const CopyPlan plan = copy_plan(rows, k, ctas, /*steps=*/ctas, /*destinations=*/7);
+      EXPECT_EQ(plan.first_copier, 0) << "no CTA without a step: all copy";
+      EXPECT_EQ(plan.copiers, ctas);
       ASSERT_EQ(plan.row_blocks, copy_row_blocks(rows));
       ASSERT_GT(plan.pieces_per_block, 0);
       ASSERT_EQ(plan.piece_elems % 8, 0) << "pieces start 16-byte aligned";
@@ -134,6 +136,34 @@ TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
       }
     }
   }
+}
+
+TEST(AllGatherCopy, CtasWithoutAStepCopyWhereTheyAreEnough) {
+  // Llama-3-70B qkv at M = 2048, P = 8: 256 rows x 8192 a block, 112 tiles on 132 CTAs: 20 CTAs
+  // without a step store 4 MiB to 7 peers, 1.4 MiB each.
+  CopyPlan plan = copy_plan(256, 8192, 132, 112, 7);
+  EXPECT_EQ(plan.first_copier, 112);
+  EXPECT_EQ(plan.copiers, 20);
+  EXPECT_GE(plan.row_blocks * plan.pieces_per_block, plan.copiers) << "about a piece a copier";
+  EXPECT_LE(plan.row_blocks * plan.pieces_per_block, 2 * plan.copiers);
+  // Too few of them for the bytes: every CTA copies.
+  plan = copy_plan(256, 8192, 132, 128, 7);
+  EXPECT_EQ(plan.first_copier, 0);
+  EXPECT_EQ(plan.copiers, 132);
+  // More steps than CTAs (several waves): every CTA.
+  plan = copy_plan(4096, 8192, 132, 1280, 7);
+  EXPECT_EQ(plan.first_copier, 0);
+  EXPECT_EQ(plan.copiers, 132);
+  // The limit is the bytes a copier stores: exactly at it, the idle CTAs copy; a byte over, all.
+  const int64_t rows = 64, k = kIdleCopierBytes / (2 * 64);
+  plan = copy_plan(rows, k, 132, 131, 1);
+  EXPECT_EQ(plan.first_copier, 131);
+  EXPECT_EQ(plan.copiers, 1);
+  plan = copy_plan(rows, k, 132, 131, 2);
+  EXPECT_EQ(plan.copiers, 132);
+}
+
+TEST(AllGatherCopy, WorkspaceHoldsEveryBlock) {
   CommunicatorOptions options;
   options.max_m = 8192;
   options.max_k = 8192;

@@ -56,12 +56,13 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.world_size = comm.world_size;
   e.rows_per_rank = int(rows);
   e.k = int(k);
-  e.copy = copy_plan(rows, k, config.gemm.num_ctas);
   e.sources_per_band = config.sources_per_band;
   // Bands of two 64-row blocks load a tile's halves from their blocks; a band of more blocks (of
   // fewer rows each) reads this rank's block from its gathered buffer too.
   e.halves_by_block = config.sources_per_band == 2 && rows == kSlabRows && Config::kBlockM == 2 * kSlabRows;
   e.copy_own = copy_own || (config.sources_per_band > 1 && !e.halves_by_block);
+  e.copy = copy_plan(rows, k, config.gemm.num_ctas, schedule.num_tiles(),
+                     e.copy_own ? comm.world_size : comm.world_size - 1);
   // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
   const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
@@ -145,13 +146,15 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
                  overrides.to_string().c_str(), config.to_string().c_str());
   }
 
-  // Split K holds a step per CTA of a rank (one wave, a workspace slot each): fewer splits where the
-  // rank has fewer CTAs than the config planned (emulated ranks).
+  // A rank's CTAs as launched (emulated ranks share the grid). Split K holds a step per CTA of a rank
+  // (one wave, a workspace slot each): fewer splits where the rank has fewer CTAs than the config
+  // planned.
   AllGatherShape whole_tiles = all_gather_shape(problem, config, 0);
   whole_tiles.num_splits = 1;
   const int64_t tiles = AllGatherSchedule(whole_tiles).num_tiles();
   const auto config_that_fits = [&](int ctas_per_rank) {
     AllGatherConfig c = config;
+    c.gemm.num_ctas = ctas_per_rank;
     c.gemm.split_k = splits_that_fit(tiles, config.gemm.split_k, ctas_per_rank);
     return c;
   };

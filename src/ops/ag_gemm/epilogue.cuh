@@ -1,8 +1,9 @@
 // The all-gather + GEMM's epilogue policy (gemm/mainloop.cuh): where a tile's A rows come from, the
 // copier thread that pushes this rank's block of X to its peers, and the plain store of Y's tiles.
 //
-// Who sends which block when: every CTA's copier thread (of the producer warpgroup) takes pieces of
-// X_r (contiguous parts of a row block, ops/ag_gemm/workspace.h), a piece every `grid`, in order,
+// Who sends which block when: every copier CTA's copier thread (of the producer warpgroup; every CTA,
+// or where a call leaves CTAs without a tile, those) takes pieces of X_r (contiguous parts of a row
+// block, ops/ag_gemm/workspace.h), a piece every `copiers`, in order,
 // loads each into a ring of shared-memory stages by bulk copies and stores it from there into the
 // gathered buffer of ranks r+1, r+2, ..., r+P-1 (and of this rank, when the caller wants the
 // gathered X or a band of more than two blocks reads it there); then it counts the piece in at each
@@ -114,11 +115,11 @@ class AllGatherEpilogue : public EpilogueBase {
     for (int s = 0; s < kCopyStages; ++s) ptx::mbarrier_init(&smem.op.full[s], 1);
   }
 
-  // The copier thread of CTA `cta` (of `num_ctas`): pushes its pieces of X_r to every peer (and to
-  // this rank's own gathered buffer when asked). Each stage of a piece is loaded once and stored to
-  // every destination; loads run two stages ahead of the stores.
+  // The copier thread of CTA `cta`: pushes its pieces of X_r (p.copy says which CTAs copy) to every
+  // peer (and to this rank's own gathered buffer when asked). Each stage of a piece is loaded once
+  // and stored to every destination; loads run two stages ahead of the stores.
   template <class Config>
-  __device__ static void copy(const Params& p, StorageOf<Config>& smem, int cta, int num_ctas) {
+  __device__ static void copy(const Params& p, StorageOf<Config>& smem, int cta, int /*num_ctas*/) {
     const int destinations = p.copy_own ? p.world_size : p.world_size - 1;
     if (destinations == 0) return;  // one rank, no gathered X wanted: nothing to move
     CopyStages& ring = smem.op;
@@ -130,7 +131,8 @@ class AllGatherEpilogue : public EpilogueBase {
     // evict this rank's operands from its L2.
     const uint64_t evict_first = ptx::l2_evict_first_policy();
     uint32_t uses = 0;  // stages loaded so far: the ring position and its barriers' phase
-    for (int piece = cta; piece < num_pieces; piece += num_ctas) {
+    if (cta < p.copy.first_copier) return;
+    for (int piece = cta - p.copy.first_copier; piece < num_pieces; piece += p.copy.copiers) {
       const PieceRange range = piece_range(p.copy, p.rows_per_rank, p.k, piece);
       const uint32_t bytes = uint32_t(range.end - range.begin) * 2;
       const int stages = int((bytes + kCopyStageBytes - 1) / kCopyStageBytes);

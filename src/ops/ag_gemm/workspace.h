@@ -25,20 +25,37 @@ constexpr int64_t kMinPieceElems = 4096;
 
 inline int64_t copy_row_blocks(int64_t rows_per_rank) { return (rows_per_rank + kCopyRows - 1) / kCopyRows; }
 
-// How a block of rows_per_rank x k is cut into pieces: about one a CTA (every CTA copies, and each
-// piece's fixed cost, its drain and count-in, is paid about once a CTA: two a CTA measured slower),
-// at least kMinPieceElems, at most a row block (the last row block's pieces may be fewer).
+// A copier CTA with no tile to multiply may store this many bytes: a copier slows its own CTA's
+// tiles while it runs, so where the call leaves CTAs without a step (one partial wave), those copy
+// alone if they are enough.
+constexpr int64_t kIdleCopierBytes = int64_t(2) << 20;
+
+// Which CTAs copy and how a block of rows_per_rank x k is cut into pieces: about one a copier CTA
+// (each piece's fixed cost, its drain and count-in, is paid about once a CTA: two a CTA measured
+// slower), at least kMinPieceElems, at most a row block (the last row block's pieces may be fewer).
+// Copier CTAs are first_copier .. first_copier + copiers - 1: all CTAs, or those past the call's
+// steps where there are enough of them.
 struct CopyPlan {
   int row_blocks = 0;
   int pieces_per_block = 0;  // every row block has as many (the last one's may be empty)
   int64_t piece_elems = 0;   // a multiple of 8: 16-byte aligned pieces
+  int first_copier = 0;
+  int copiers = 1;
 };
 
-inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas) {
-  const int64_t block_elems = std::min<int64_t>(rows_per_rank, kCopyRows) * k;
-  const int64_t wanted = (rows_per_rank * k + int64_t(num_ctas) - 1) / int64_t(num_ctas);
-  const int64_t piece = std::min(std::max(wanted, kMinPieceElems), block_elems);
+// `steps`: the call's steps on these num_ctas CTAs (a CTA at or past it takes none); `destinations`:
+// the gathered buffers every piece is stored into.
+inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas, int steps, int destinations) {
   CopyPlan plan;
+  plan.copiers = num_ctas;
+  const int idle = num_ctas - steps;
+  if (idle > 0 && rows_per_rank * k * 2 * destinations <= kIdleCopierBytes * idle) {
+    plan.first_copier = steps;
+    plan.copiers = idle;
+  }
+  const int64_t block_elems = std::min<int64_t>(rows_per_rank, kCopyRows) * k;
+  const int64_t wanted = (rows_per_rank * k + int64_t(plan.copiers) - 1) / int64_t(plan.copiers);
+  const int64_t piece = std::min(std::max(wanted, kMinPieceElems), block_elems);
   plan.row_blocks = int(copy_row_blocks(rows_per_rank));
   plan.piece_elems = (piece + 7) / 8 * 8;
   plan.pieces_per_block = int((block_elems + plan.piece_elems - 1) / plan.piece_elems);
