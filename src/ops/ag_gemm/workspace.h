@@ -25,10 +25,12 @@ constexpr int64_t kMinPieceElems = 4096;
 
 inline int64_t copy_row_blocks(int64_t rows_per_rank) { return (rows_per_rank + kCopyRows - 1) / kCopyRows; }
 
-// A copier CTA with no tile to multiply may store this many bytes: a copier slows its own CTA's
-// tiles while it runs, so where the call leaves CTAs without a step (one partial wave), those copy
-// alone if they are enough.
-constexpr int64_t kIdleCopierBytes = int64_t(2) << 20;
+// What a copier CTA with no tile stores while a tile 256 wide multiplies one K block (about 25 GB/s
+// a copier, 0.5-0.7 us a K block; 64-row tiles' K blocks, bound by their loads, take about as long
+// as 128-row ones). A copier slows its own CTA's tiles while it runs, so where a
+// call leaves CTAs without a step (one partial wave), those copy alone if they finish in a step's
+// time.
+constexpr int64_t kIdleCopierBytesPerKBlock = 16 << 10;
 
 // Which CTAs copy and how a block of rows_per_rank x k is cut into pieces: about one a copier CTA
 // (each piece's fixed cost, its drain and count-in, is paid about once a CTA: two a CTA measured
@@ -43,13 +45,16 @@ struct CopyPlan {
   int copiers = 1;
 };
 
-// `steps`: the call's steps on these num_ctas CTAs (a CTA at or past it takes none); `destinations`:
-// the gathered buffers every piece is stored into.
-inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas, int steps, int destinations) {
+// `steps`: the call's steps on these num_ctas CTAs (a CTA at or past it takes none); `step_k_blocks`:
+// a step's K blocks, scaled to a tile 256 wide; `destinations`: the gathered buffers every piece is
+// stored into.
+inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas, int steps, double step_k_blocks,
+                          int destinations) {
   CopyPlan plan;
   plan.copiers = num_ctas;
   const int idle = num_ctas - steps;
-  if (idle > 0 && rows_per_rank * k * 2 * destinations <= kIdleCopierBytes * idle) {
+  const double idle_bytes = step_k_blocks * double(kIdleCopierBytesPerKBlock) * idle;
+  if (idle > 0 && double(rows_per_rank * k * 2 * destinations) <= idle_bytes) {
     plan.first_copier = steps;
     plan.copiers = idle;
   }
