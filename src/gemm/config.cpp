@@ -160,11 +160,6 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
 
 }  // namespace
 
-double modeled_time(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device, const GemmConfig& config) {
-  return relative_time(grid, device, config.tile().block_m, config.tile().block_n, std::max(num_k_blocks, 1),
-                       config.split_k);
-}
-
 std::string GemmConfig::to_string() const {
   const GemmVariant& v = tile();
   std::ostringstream os;

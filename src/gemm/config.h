@@ -59,10 +59,6 @@ Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const 
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                                   const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config);
 
-// The time model's relative time of `config` over `grid` (num_k_blocks K blocks a tile; 0 counts
-// as 1): comparable between configs of one grid, not a duration.
-double modeled_time(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device, const GemmConfig& config);
-
 // Row tiles per raster group when the CTAs at work at one time hold tiles of `segments_in_flight`
 // row segments (1 for the plain GEMM, P for the reduce-scatter's rounds), or overrides.group_rows.
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides);

@@ -244,41 +244,6 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   EXPECT_EQ(c.sources_per_band, 2) << "forced";
 }
 
-TEST(AllGatherConfig, LeavesTheCopyToIdleCtasWhereTheModelAllows) {
-  const DeviceInfo device;
-  AllGatherProblem w1_w3;  // Mixtral w1/w3 at M = 512, P = 8: 4 bands of two 64-row blocks, K = 6144
-  w1_w3.m = 512;
-  w1_w3.n_per_rank = 4096;
-  w1_w3.k = 6144;
-  w1_w3.world_size = 8;
-  AllGatherConfig c;
-  ASSERT_TRUE(select_all_gather_config(w1_w3, device, {}, &c).ok());
-  // 128 x 256 tiles in two splits: 128 steps, 4 CTAs without one; 128 x 192 whole: 88 steps.
-  EXPECT_EQ(c.gemm.tile().block_n, 192) << c.to_string();
-  EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
-  ConfigOverrides wide;
-  wide.block_n = 256;
-  ASSERT_TRUE(select_all_gather_config(w1_w3, device, wide, &c).ok());
-  EXPECT_EQ(c.gemm.tile().block_n, 256) << "a forced width stays";
-  EXPECT_EQ(c.gemm.split_k, 2) << c.to_string();
-  // Mixtral qkv at M = 512: 64 x 256 tiles in 4 splits stay (64 x 128 whole, the idle CTAs' copy,
-  // is more than 1.5x slower by the model).
-  AllGatherProblem qkv = w1_w3;
-  qkv.n_per_rank = 1024;
-  ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
-  EXPECT_EQ(c.gemm.tile().block_n, 256) << c.to_string();
-  EXPECT_EQ(c.gemm.split_k, 4) << c.to_string();
-  // One rank: nothing to copy, the model's choice.
-  AllGatherProblem one = w1_w3;
-  one.world_size = 1;
-  one.m = 64;
-  ASSERT_TRUE(select_all_gather_config(one, device, {}, &c).ok());
-  GemmConfig plain;
-  ASSERT_TRUE(select_plain_gemm_config(Problem{64, 4096, 6144, 1, WeightLayout::kKxN}, device, {}, &plain).ok());
-  EXPECT_EQ(c.gemm.variant, plain.variant);
-  EXPECT_EQ(c.gemm.split_k, plain.split_k);
-}
-
 TEST(AllGatherProblemTest, ValidationNamesItsFields) {
   AllGatherProblem p;
   p.m = 1024;

@@ -61,8 +61,8 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   // fewer rows each) reads this rank's block from its gathered buffer too.
   e.halves_by_block = config.sources_per_band == 2 && rows == kSlabRows && Config::kBlockM == 2 * kSlabRows;
   e.copy_own = copy_own || (config.sources_per_band > 1 && !e.halves_by_block);
-  e.copy = copy_plan(rows, k, config.gemm.num_ctas, schedule.num_tiles(),
-                     step_k_blocks(k, schedule.num_splits(), Config::kBlockN),
+  const double step_k_blocks = double(rp->mainloop.num_k_blocks) / schedule.num_splits() * Config::kBlockN / 256.0;
+  e.copy = copy_plan(rows, k, config.gemm.num_ctas, schedule.num_tiles(), step_k_blocks,
                      e.copy_own ? comm.world_size : comm.world_size - 1);
   // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
   const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;

@@ -2,18 +2,8 @@
 
 #include "gemm/shared_storage.h"
 #include "ops/ag_gemm/shared_storage.h"
-#include "ops/ag_gemm/workspace.h"
 
 namespace tpfuse {
-
-namespace {
-
-// How much slower by the time model a config may be and still win if its CTAs without a tile can
-// take the copy alone while the others' does not (the model knows nothing of the copy, which
-// slows a copier's own tiles; docs/EXPERIMENTS.md).
-constexpr double kIdleCopyGain = 1.5;
-
-}  // namespace
 
 Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInfo& device,
                                 const ConfigOverrides& overrides, AllGatherConfig* config) {
@@ -49,25 +39,6 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   // Where the tiles fill few SMs, their K loops may be split, as the plain GEMM's.
   const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
   TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, &c.gemm));
-  // The tile's other width, where only that one leaves the copy to CTAs without a tile.
-  const int destinations = c.sources_per_band > 2 ? p : p - 1;
-  const auto idle_copy = [&](const GemmConfig& g) {
-    const int64_t steps = grid.tiles(g.tile().block_m, g.tile().block_n) * g.split_k;
-    return idle_ctas_copy(rows, problem.k, device.num_sms, steps, step_k_blocks(problem.k, g.split_k, g.tile().block_n),
-                          destinations);
-  };
-  if (p > 1 && overrides.block_n == 0 && !idle_copy(c.gemm)) {
-    const int height = c.gemm.tile().block_m;
-    ConfigOverrides other = overrides;
-    other.block_n = c.gemm.tile().block_n != 256 ? 256 : height == 128 ? 192 : 128;
-    GemmConfig alt;
-    const int k_blocks = int(num_k_blocks);
-    if (select_split_k_gemm_config(grid, k_blocks, device, other, kSmem, &alt).ok() && alt.tile().block_m == height &&
-        idle_copy(alt) &&
-        modeled_time(grid, k_blocks, device, alt) < kIdleCopyGain * modeled_time(grid, k_blocks, device, c.gemm)) {
-      c.gemm = alt;
-    }
-  }
   // The CTAs at work at one time are in one band (or two), the bands one after another.
   c.gemm.group_rows = group_rows_for(1, overrides);
   *config = c;

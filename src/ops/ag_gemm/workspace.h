@@ -16,7 +16,6 @@
 
 #include "comm/communicator.h"
 #include "core/host_device.h"
-#include "gemm/variants.h"
 
 namespace tpfuse {
 
@@ -46,28 +45,18 @@ struct CopyPlan {
   int copiers = 1;
 };
 
-// A step's K blocks, scaled to a tile 256 wide: idle_ctas_copy's measure of a step's time.
-inline double step_k_blocks(int64_t k, int num_splits, int block_n) {
-  return double((k + kBlockK - 1) / kBlockK) / num_splits * block_n / 256.0;
-}
-
-// Whether the CTAs a call leaves without a step copy alone: `steps` of the call on these num_ctas
-// CTAs (a CTA at or past it takes none), `step_k_blocks` a step's K blocks, scaled to a tile 256
-// wide, `destinations` the gathered buffers every piece is stored into.
-inline bool idle_ctas_copy(int64_t rows_per_rank, int64_t k, int num_ctas, int64_t steps, double step_k_blocks,
-                           int destinations) {
-  const int64_t idle = num_ctas - steps;
-  return idle > 0 && double(rows_per_rank * k * 2 * destinations) <=
-                         step_k_blocks * double(kIdleCopierBytesPerKBlock) * double(idle);
-}
-
+// `steps`: the call's steps on these num_ctas CTAs (a CTA at or past it takes none); `step_k_blocks`:
+// a step's K blocks, scaled to a tile 256 wide; `destinations`: the gathered buffers every piece is
+// stored into.
 inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas, int steps, double step_k_blocks,
                           int destinations) {
   CopyPlan plan;
   plan.copiers = num_ctas;
-  if (idle_ctas_copy(rows_per_rank, k, num_ctas, steps, step_k_blocks, destinations)) {
+  const int idle = num_ctas - steps;
+  const double idle_bytes = step_k_blocks * double(kIdleCopierBytesPerKBlock) * idle;
+  if (idle > 0 && double(rows_per_rank * k * 2 * destinations) <= idle_bytes) {
     plan.first_copier = steps;
-    plan.copiers = num_ctas - steps;
+    plan.copiers = idle;
   }
   const int64_t block_elems = std::min<int64_t>(rows_per_rank, kCopyRows) * k;
   const int64_t wanted = (rows_per_rank * k + int64_t(plan.copiers) - 1) / int64_t(plan.copiers);
