@@ -21,6 +21,9 @@ struct ConfigOverrides {
   // gemm_reduce_scatter and all_gather_gemm: tiles of several ranks' rows where a rank's rows are shorter
   // than a slab (the all-gather also at 64 rows: bands of two blocks); 1 yes, 0 no; -1: the config's
   int shared_tiles = -1;
+  // all_gather_gemm only: where a call leaves CTAs without a tile, they alone copy X_r to the peers;
+  // 1 whenever there is one, 0 never (every CTA copies beside its tiles), -1: the config's
+  int idle_copiers = -1;
 
   std::string to_string() const;  // the fields that are set, e.g. "own_lag=0"; "none" when none is
 };

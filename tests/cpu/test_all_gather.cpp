@@ -171,6 +171,15 @@ TEST(AllGatherCopy, CtasWithoutAStepCopyWhereTheyFinishInAStep) {
   EXPECT_EQ(plan.copiers, 1);
   plan = copy_plan(rows, k, 132, 131, 10, 2);
   EXPECT_EQ(plan.copiers, 132);
+  // overrides.idle_copiers: 1 whenever a CTA has no step, 0 never.
+  plan = copy_plan(rows, k, 132, 131, 10, 2, /*idle_copiers=*/1);
+  EXPECT_EQ(plan.first_copier, 131);
+  EXPECT_EQ(plan.copiers, 1);
+  plan = copy_plan(rows, k, 132, 132, 10, 2, /*idle_copiers=*/1);
+  EXPECT_EQ(plan.copiers, 132) << "no CTA without a step";
+  plan = copy_plan(256, 8192, 132, 112, 96, 7, /*idle_copiers=*/0);
+  EXPECT_EQ(plan.first_copier, 0);
+  EXPECT_EQ(plan.copiers, 132);
 }
 
 TEST(AllGatherCopy, WorkspaceHoldsEveryBlock) {

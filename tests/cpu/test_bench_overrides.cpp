@@ -18,6 +18,10 @@ TEST(BenchOverrides, ParsedIntoTheLibrarysStruct) {
   EXPECT_EQ(r.options.overrides.own_lag, 0);
   EXPECT_EQ(r.options.overrides.partial_rounds, 2);
   EXPECT_EQ(r.options.overrides.block_n, 0) << "fields not named keep the config's choice";
+  const ParseResult idle = parse_args({"--mode", "proxy", "--overrides", "idle_copiers=0"}, kModes);
+  ASSERT_EQ(idle.outcome, ParseOutcome::kRun) << idle.error;
+  EXPECT_EQ(idle.options.overrides.idle_copiers, 0);
+  EXPECT_EQ(idle.options.overrides.to_string(), "idle_copiers=0");
   ASSERT_TRUE(r.options.compare.has_value());
   EXPECT_EQ(r.options.compare->block_n, 192);
   EXPECT_EQ(r.options.compare->to_string(), "block_n=192");

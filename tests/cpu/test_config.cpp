@@ -350,15 +350,16 @@ TEST(Config, BadOverridesAreErrors) {
     ConfigOverrides overrides;
     const char* message;
   };
-  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k;
+  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k, idle_copiers;
   block_n.block_n = 100;
+  idle_copiers.idle_copiers = 2;
   group_rows.group_rows = -2;
   own_lag.own_lag = -5;
   rounds.partial_rounds = -3;
   split_k.split_k = -1;
   for (const Case& t : {Case{block_n, "overrides.block_n = 100"}, Case{group_rows, "overrides.group_rows = -2"},
                         Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"},
-                        Case{split_k, "overrides.split_k = -1"}}) {
+                        Case{split_k, "overrides.split_k = -1"}, Case{idle_copiers, "overrides.idle_copiers = 2"}}) {
     GemmRsConfig c;
     const Status s = select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), t.overrides, &c);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << t.message;

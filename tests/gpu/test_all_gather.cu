@@ -140,11 +140,13 @@ struct AllGatherCase {
   WeightLayout layout;
   int split_k = 0;        // forced splits of K (0: the config's)
   int shared_tiles = -1;  // 0: bands of one block also where blocks have 64 rows or fewer; 1: of two at 64
+  int idle_copiers = -1;  // 0: every CTA copies beside its tiles, also where some have none
   AllGatherProblem problem() const { return AllGatherProblem{m, n, k, p, layout}; }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.split_k = split_k;
     o.shared_tiles = shared_tiles;
+    o.idle_copiers = idle_copiers;
     return o;
   }
 };
@@ -153,7 +155,8 @@ std::string case_name(const ::testing::TestParamInfo<AllGatherCase>& info) {
   const AllGatherCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + "_" + to_string(c.layout) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
-         (c.shared_tiles == 0 ? "_separate" : c.shared_tiles == 1 ? "_shared" : "");
+         (c.shared_tiles == 0 ? "_separate" : c.shared_tiles == 1 ? "_shared" : "") +
+         (c.idle_copiers == 0 ? "_allcopy" : c.idle_copiers == 1 ? "_idlecopy" : "");
 }
 
 // Exact mode (small integers, k <= 256: every sum exact in BF16): Y and the gathered X bit for bit.
@@ -191,6 +194,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
                                            AllGatherCase{8, 512, 1280, 256, WeightLayout::kKxN},
                                            AllGatherCase{8, 512, 1280, 256, WeightLayout::kNxK, 0, 1},  // bands of two
                                            AllGatherCase{8, 512, 1280, 256, WeightLayout::kNxK, 0, 0},
+                                           // Every CTA copying beside its tiles where some have none (the
+                                           // config leaves the copy to those here):
+                                           AllGatherCase{2, 512, 776, 256, WeightLayout::kNxK, 0, -1, 0},
+                                           AllGatherCase{4, 256, 1000, 128, WeightLayout::kKxN, 0, -1, 0},
                                            AllGatherCase{8, 2048, 1000, 248, WeightLayout::kNxK},
                                            AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN},  // one band of all
                                            AllGatherCase{4, 96, 136, 256, WeightLayout::kNxK},  // 24 rows a block
@@ -265,6 +272,8 @@ TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
                          ::testing::Values(AllGatherCase{8, 2048, 1280, 1024, WeightLayout::kNxK},
+                                           AllGatherCase{2, 1024, 1280, 1024, WeightLayout::kNxK, 0, -1, 1},
+                                           AllGatherCase{2, 1024, 1280, 1024, WeightLayout::kNxK, 0, -1, 0},
                                            AllGatherCase{8, 1024, 1024, 6144, WeightLayout::kKxN},
                                            AllGatherCase{4, 1000, 2056, 520, WeightLayout::kKxN},
                                            AllGatherCase{2, 4096, 1024, 2048, WeightLayout::kNxK},

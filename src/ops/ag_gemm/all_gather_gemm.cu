@@ -63,7 +63,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   e.copy_own = copy_own || (config.sources_per_band > 1 && !e.halves_by_block);
   const double step_k_blocks = double(rp->mainloop.num_k_blocks) / schedule.num_splits() * Config::kBlockN / 256.0;
   e.copy = copy_plan(rows, k, config.gemm.num_ctas, schedule.num_tiles(), step_k_blocks,
-                     e.copy_own ? comm.world_size : comm.world_size - 1);
+                     e.copy_own ? comm.world_size : comm.world_size - 1, config.idle_copiers);
   // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
   const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);

@@ -41,6 +41,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, &c.gemm));
   // The CTAs at work at one time are in one band (or two), the bands one after another.
   c.gemm.group_rows = group_rows_for(1, overrides);
+  c.idle_copiers = overrides.idle_copiers;
   *config = c;
   return Status::Ok();
 }

@@ -1,7 +1,7 @@
 // The all-gather + GEMM's config: the GEMM variant and grid for its output cut into P bands of m/P
 // rows, or bands of two or all blocks where a block has 64 rows or fewer (gemm/config.h), with split K
 // where the tiles fill few SMs. A pure function of the problem, the device and the overrides
-// (block_n, split_k, group_rows and shared_tiles apply; the reduce-scatter's own_lag and
+// (block_n, split_k, group_rows, shared_tiles and idle_copiers apply; the reduce-scatter's own_lag and
 // partial_rounds do not).
 #pragma once
 
@@ -19,7 +19,11 @@ namespace tpfuse {
 struct AllGatherConfig {
   GemmConfig gemm;
   int sources_per_band = 1;  // G: blocks of X a band holds (ops/ag_gemm/schedule.h)
-  std::string to_string() const { return gemm.to_string() + ", sources_per_band " + std::to_string(sources_per_band); }
+  int idle_copiers = -1;     // overrides.idle_copiers (ops/ag_gemm/workspace.h: copy_plan)
+  std::string to_string() const {
+    return gemm.to_string() + ", sources_per_band " + std::to_string(sources_per_band) +
+           (idle_copiers != -1 ? ", idle_copiers " + std::to_string(idle_copiers) : "");
+  }
 };
 
 Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInfo& device,

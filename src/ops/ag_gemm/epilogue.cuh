@@ -117,57 +117,23 @@ class AllGatherEpilogue : public EpilogueBase {
 
   // The copier thread of CTA `cta`: pushes its pieces of X_r (p.copy says which CTAs copy) to every
   // peer (and to this rank's own gathered buffer when asked). Each stage of a piece is loaded once
-  // and stored to every destination; loads run two stages ahead of the stores.
+  // and stored to every destination; loads run ahead of the stores. A CTA that copies beside tiles
+  // has the op's small ring; one without a step (p.copy's idle copiers) has no use for the
+  // mainloop's stages and makes a deeper ring there, to move its larger share sooner.
   template <class Config>
   __device__ static void copy(const Params& p, StorageOf<Config>& smem, int cta, int /*num_ctas*/) {
     const int destinations = p.copy_own ? p.world_size : p.world_size - 1;
     if (destinations == 0) return;  // one rank, no gathered X wanted: nothing to move
-    CopyStages& ring = smem.op;
-    const uint32_t epoch = comm::call_epoch(p.calls);
-    // X_r's place in every gathered buffer: this call's parity, this rank's slot.
-    const size_t slot = size_t(epoch & 1) * p.parity_elems + size_t(p.rank) * p.rows_per_rank * p.k;
-    const int num_pieces = p.copy.row_blocks * p.copy.pieces_per_block;
-    // The pieces are read where they land, later (a peer's band, not this GPU's L2): they should not
-    // evict this rank's operands from its L2.
-    const uint64_t evict_first = ptx::l2_evict_first_policy();
-    uint32_t uses = 0;  // stages loaded so far: the ring position and its barriers' phase
     if (cta < p.copy.first_copier) return;
-    for (int piece = cta - p.copy.first_copier; piece < num_pieces; piece += p.copy.copiers) {
-      const PieceRange range = piece_range(p.copy, p.rows_per_rank, p.k, piece);
-      const uint32_t bytes = uint32_t(range.end - range.begin) * 2;
-      const int stages = int((bytes + kCopyStageBytes - 1) / kCopyStageBytes);
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.x + range.begin);
-      constexpr int kAhead = 2;
-      for (int i = 0; i < stages + kAhead; ++i) {
-        if (i < stages) {
-          // Stage i's buffer was last read by the stores of stage i - kCopyStages: of the store
-          // groups committed since (up to stage i - kAhead - 1), one may still be reading.
-          static_assert(kCopyStages == kAhead + 2, "the wait below leaves one group reading");
-          ptx::bulk_wait_group_read<1>();
-          const uint32_t s = (uses + i) % kCopyStages;
-          const uint32_t n = min(uint32_t(kCopyStageBytes), bytes - uint32_t(i) * kCopyStageBytes);
-          ptx::mbarrier_arrive_expect_tx(&ring.full[s], n);
-          ptx::bulk_load(ring.buffer[s], src + size_t(i) * kCopyStageBytes, n, &ring.full[s]);
-        }
-        const int c = i - kAhead;
-        if (c < 0 || c >= stages) continue;
-        const uint32_t s = (uses + c) % kCopyStages;
-        ptx::mbarrier_wait(&ring.full[s], ((uses + c) / kCopyStages) & 1);
-        const uint32_t n = min(uint32_t(kCopyStageBytes), bytes - uint32_t(c) * kCopyStageBytes);
-        const size_t at = (slot + range.begin) * 2 + size_t(c) * kCopyStageBytes;
-        for (int d = 1; d <= destinations; ++d) {
-          ptx::bulk_store(reinterpret_cast<uint8_t*>(p.gathered_at[destination(p, d)]) + at, ring.buffer[s], n,
-                          evict_first);
-        }
-        ptx::bulk_commit_group();
-      }
-      uses += stages;
-      // The piece has landed everywhere before it counts in (an empty piece counts in at once).
-      ptx::bulk_wait_group<0>();
-      ptx::fence_proxy_async_global();
-      ptx::fence_release_sys();
-      count_in(p, range.block, epoch, destinations);
+    if (p.copy.first_copier == 0) {
+      copy_pieces<kCopyStages, kCopyStageBytes, 2>(p, smem.op.buffer[0], smem.op.full, cta, destinations);
+      return;
     }
+    static_assert(sizeof(IdleCopyStages) <= sizeof(smem.a) + sizeof(smem.w), "the deep ring fits in the stages");
+    IdleCopyStages& ring = *reinterpret_cast<IdleCopyStages*>(&smem.a[0][0]);
+    for (int s = 0; s < kIdleCopyStages; ++s) ptx::mbarrier_init(&ring.full[s], 1);
+    ptx::fence_barrier_init();
+    copy_pieces<kIdleCopyStages, kIdleCopyStageBytes, kIdleCopyAhead>(p, ring.buffer[0], ring.full, cta, destinations);
   }
 
   // Consumers: the step's slice of K, for split K's workspace (nothing to add during the K loop, no
@@ -200,6 +166,55 @@ class AllGatherEpilogue : public EpilogueBase {
   __device__ void finish() { slabs_.drain(); }
 
  private:
+  // The pieces of copier `cta` through a ring of kStages buffers of kStageBytes (contiguous, from
+  // `buffers`), loads kAhead stages ahead of the stores.
+  template <int kStages, int kStageBytes, int kAhead>
+  __device__ static void copy_pieces(const Params& p, uint8_t* buffers, uint64_t* full, int cta, int destinations) {
+    static_assert(kAhead >= 1 && kAhead < kStages, "a stage is stored while later ones load");
+    const uint32_t epoch = comm::call_epoch(p.calls);
+    // X_r's place in every gathered buffer: this call's parity, this rank's slot.
+    const size_t slot = size_t(epoch & 1) * p.parity_elems + size_t(p.rank) * p.rows_per_rank * p.k;
+    const int num_pieces = p.copy.row_blocks * p.copy.pieces_per_block;
+    // The pieces are read where they land, later (a peer's band, not this GPU's L2): they should not
+    // evict this rank's operands from its L2.
+    const uint64_t evict_first = ptx::l2_evict_first_policy();
+    uint32_t uses = 0;  // stages loaded so far: the ring position and its barriers' phase
+    for (int piece = cta - p.copy.first_copier; piece < num_pieces; piece += p.copy.copiers) {
+      const PieceRange range = piece_range(p.copy, p.rows_per_rank, p.k, piece);
+      const uint32_t bytes = uint32_t(range.end - range.begin) * 2;
+      const int stages = int((bytes + kStageBytes - 1) / kStageBytes);
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.x + range.begin);
+      for (int i = 0; i < stages + kAhead; ++i) {
+        if (i < stages) {
+          // Stage i's buffer was last read by the stores of stage i - kStages; of the store groups
+          // committed since (up to stage i - kAhead - 1), kStages - kAhead - 1 may still be reading.
+          ptx::bulk_wait_group_read<kStages - kAhead - 1>();
+          const uint32_t s = (uses + i) % kStages;
+          const uint32_t n = min(uint32_t(kStageBytes), bytes - uint32_t(i) * kStageBytes);
+          ptx::mbarrier_arrive_expect_tx(&full[s], n);
+          ptx::bulk_load(buffers + size_t(s) * kStageBytes, src + size_t(i) * kStageBytes, n, &full[s]);
+        }
+        const int c = i - kAhead;
+        if (c < 0 || c >= stages) continue;
+        const uint32_t s = (uses + c) % kStages;
+        ptx::mbarrier_wait(&full[s], ((uses + c) / kStages) & 1);
+        const uint32_t n = min(uint32_t(kStageBytes), bytes - uint32_t(c) * kStageBytes);
+        const size_t at = (slot + range.begin) * 2 + size_t(c) * kStageBytes;
+        for (int d = 1; d <= destinations; ++d) {
+          ptx::bulk_store(reinterpret_cast<uint8_t*>(p.gathered_at[destination(p, d)]) + at,
+                          buffers + size_t(s) * kStageBytes, n, evict_first);
+        }
+        ptx::bulk_commit_group();
+      }
+      uses += stages;
+      // The piece has landed everywhere before it counts in (an empty piece counts in at once).
+      ptx::bulk_wait_group<0>();
+      ptx::fence_proxy_async_global();
+      ptx::fence_release_sys();
+      count_in(p, range.block, epoch, destinations);
+    }
+  }
+
   // Rank r + d (mod P): a copier's d-th destination.
   __device__ static int destination(const Params& p, int d) {
     return p.rank + d < p.world_size ? p.rank + d : p.rank + d - p.world_size;

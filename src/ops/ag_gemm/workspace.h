@@ -47,14 +47,16 @@ struct CopyPlan {
 
 // `steps`: the call's steps on these num_ctas CTAs (a CTA at or past it takes none); `step_k_blocks`:
 // a step's K blocks, scaled to a tile 256 wide; `destinations`: the gathered buffers every piece is
-// stored into.
+// stored into; `idle_copiers` (overrides.idle_copiers) 1: the CTAs without a step copy whenever
+// there is one, 0: never, -1: where they finish in a step's time.
 inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas, int steps, double step_k_blocks,
-                          int destinations) {
+                          int destinations, int idle_copiers = -1) {
   CopyPlan plan;
   plan.copiers = num_ctas;
   const int idle = num_ctas - steps;
   const double idle_bytes = step_k_blocks * double(kIdleCopierBytesPerKBlock) * idle;
-  if (idle > 0 && double(rows_per_rank * k * 2 * destinations) <= idle_bytes) {
+  const bool idle_copy = idle_copiers == 1 || (idle_copiers == -1 && double(rows_per_rank * k * 2 * destinations) <= idle_bytes);
+  if (idle > 0 && idle_copy) {
     plan.first_copier = steps;
     plan.copiers = idle;
   }
