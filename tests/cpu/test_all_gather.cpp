@@ -141,14 +141,14 @@ TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
 TEST(AllGatherCopy, CtasWithoutAStepCopyWhereTheyFinishInAStep) {
   // Llama-3-70B qkv at M = 2048, P = 8: 256 rows x 8192 a block, 112 tiles of 128 x 192 (128 K
   // blocks: 96 of a tile 256 wide) on 132 CTAs: 20 CTAs without a step store 4 MiB to 7 peers,
-  // 1.4 MiB each, within the 1.5 MiB of a step.
+  // 1.4 MiB each, within the 3 MiB of a step.
   CopyPlan plan = copy_plan(256, 8192, 132, 112, 96, 7);
   EXPECT_EQ(plan.first_copier, 112);
   EXPECT_EQ(plan.copiers, 20);
   EXPECT_GE(plan.row_blocks * plan.pieces_per_block, plan.copiers) << "about a piece a copier";
   EXPECT_LE(plan.row_blocks * plan.pieces_per_block, 2 * plan.copiers);
-  // Mixtral qkv at M = 512: 64 x 256 tiles split in 4 (24 K blocks a step), 128 steps: 4 idle CTAs
-  // would store 1.3 MiB each; every CTA copies.
+  // Mixtral qkv at M = 512: 64 x 256 tiles split in 4 (24 K blocks a step, 0.75 MiB), 128 steps:
+  // 4 idle CTAs would store 1.3 MiB each; every CTA copies.
   plan = copy_plan(64, 6144, 132, 128, 24, 7);
   EXPECT_EQ(plan.first_copier, 0);
   EXPECT_EQ(plan.copiers, 132);
@@ -156,8 +156,13 @@ TEST(AllGatherCopy, CtasWithoutAStepCopyWhereTheyFinishInAStep) {
   plan = copy_plan(64, 8192, 132, 120, 128.0 / 3, 7);
   EXPECT_EQ(plan.first_copier, 120);
   EXPECT_EQ(plan.copiers, 12);
-  // Mixtral w1/w3 at M = 512: 128 x 256 tiles over bands of two blocks split in 2, 128 steps.
+  // Mixtral w1/w3 at M = 512: 128 x 256 tiles over bands of two blocks split in 2 (48 K blocks a
+  // step, 1.5 MiB), 128 steps: the 4 idle CTAs store 1.3 MiB each.
   plan = copy_plan(64, 6144, 132, 128, 48, 7);
+  EXPECT_EQ(plan.first_copier, 128);
+  EXPECT_EQ(plan.copiers, 4);
+  // Mixtral qkv at M = 2048: 128 x 256 tiles split in 2, 128 steps: 4 idle CTAs, 5.25 MiB each.
+  plan = copy_plan(256, 6144, 132, 128, 48, 7);
   EXPECT_EQ(plan.first_copier, 0);
   EXPECT_EQ(plan.copiers, 132);
   // More steps than CTAs (several waves): every CTA.

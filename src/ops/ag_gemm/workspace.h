@@ -25,12 +25,11 @@ constexpr int64_t kMinPieceElems = 4096;
 
 inline int64_t copy_row_blocks(int64_t rows_per_rank) { return (rows_per_rank + kCopyRows - 1) / kCopyRows; }
 
-// What a copier CTA with no tile stores while a tile 256 wide multiplies one K block (about 25 GB/s
-// a copier, 0.5-0.7 us a K block; 64-row tiles' K blocks, bound by their loads, take about as long
-// as 128-row ones). A copier slows its own CTA's tiles while it runs, so where a
-// call leaves CTAs without a step (one partial wave), those copy alone if they finish in a step's
-// time.
-constexpr int64_t kIdleCopierBytesPerKBlock = 16 << 10;
+// What a copier CTA with no tile stores while a tile 256 wide multiplies one K block (its deep ring
+// measured 40-50 GB/s, a K block 0.5-0.7 us; 64-row tiles' K blocks, bound by their loads, take
+// about as long as 128-row ones). A copier slows its own CTA's tiles while it runs, so where a call
+// leaves CTAs without a step (one partial wave), those copy alone if they finish in a step's time.
+constexpr int64_t kIdleCopierBytesPerKBlock = 32 << 10;
 
 // Which CTAs copy and how a block of rows_per_rank x k is cut into pieces: about one a copier CTA
 // (each piece's fixed cost, its drain and count-in, is paid about once a CTA: two a CTA measured
