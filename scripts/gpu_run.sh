@@ -69,6 +69,8 @@ for step in "${steps[@]}"; do
       small_ag+=':*AllGatherExact*/P4_M256_N1000_K128_NxK_shared:*AllGatherExact*/P8_M512_N1280_K256_NxK_shared'
       small_ag+=':*AllGatherExact*/P4_M96_N136_K256_NxK:*AllGatherExact*/P2_M96_N264_K256_KxN'
       small_ag+=':*AllGatherExact*/P2_M256_N520_K256_NxK_split2:*AllGatherExact*/P4_M256_N264_K128_KxN_split2'
+      # Every CTA copying where the config leaves the copy to the CTAs without a tile (the others do).
+      small_ag+=':*AllGatherExact*/P4_M256_N1000_K128_KxN_allcopy'
       for tool in memcheck racecheck synccheck; do
         # Racecheck not on the P = 8 bands of two: several steps a CTA, the stage_tile report above.
         filter="${small_ag}"
