@@ -168,7 +168,8 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   // copies beside it: none, all at the start, or the one to destination d as block d starts.
   enum class Copies { kNone, kBurst, kPaced };
   const Problem block_gemm{shape.m / world, shape.n, shape.k_per_rank, 1, options.weight_layout};
-  const size_t a_block = size_t(block_gemm.m) * size_t(shape.k_per_rank), c_block = size_t(block_gemm.m) * size_t(shape.n);
+  const size_t a_block = size_t(block_gemm.m) * size_t(shape.k_per_rank);
+  const size_t c_block = size_t(block_gemm.m) * size_t(shape.n);
   const auto block_gemms = [&](Copies copies) {
     return [&, copies](int i) {
       const int set = i % num_sets;

@@ -54,7 +54,8 @@ inline CopyPlan copy_plan(int64_t rows_per_rank, int64_t k, int num_ctas, int st
   plan.copiers = num_ctas;
   const int idle = num_ctas - steps;
   const double idle_bytes = step_k_blocks * double(kIdleCopierBytesPerKBlock) * idle;
-  const bool idle_copy = idle_copiers == 1 || (idle_copiers == -1 && double(rows_per_rank * k * 2 * destinations) <= idle_bytes);
+  const double bytes = double(rows_per_rank * k * 2 * destinations);
+  const bool idle_copy = idle_copiers == 1 || (idle_copiers == -1 && bytes <= idle_bytes);
   if (idle > 0 && idle_copy) {
     plan.first_copier = steps;
     plan.copiers = idle;
