@@ -21,8 +21,10 @@ constexpr int kMinKBlocksPerSplit = 10;
 constexpr int kMaxSplits = 8;
 // What splitting costs a step beyond its K blocks, in K blocks: its partial's round trip through
 // the workspace (written, counted in, read back and added by the last split). A 64 x 256 slab's
-// FP32 partial is 64 KB against 40 KB of operands a K block: about 4 K blocks, written and read.
-constexpr double kSplitCostKBlocks = 4;
+// FP32 partial is 64 KB against 40 KB of operands a K block: about 4 K blocks, written and read;
+// 5 for what the bytes leave out (M = 256, N = 6144, K = 2048 measured faster whole on 64 x 256 tiles
+// than in two splits on 128 x 192; docs/EXPERIMENTS.md).
+constexpr double kSplitCostKBlocks = 5;
 
 // Relative time of a tile shape whose K loop of num_k_blocks is cut into `splits`: the waves of
 // steps over the SMs times a step's cost, which grows with its columns plus a fixed part (pipeline

@@ -430,8 +430,8 @@ TEST(Config, SharedStorageHoldsEveryPart) {
 
 // Small M: where a call's tiles would leave most of the SMs idle, each tile's K loop is split so
 // that about one wave of steps fills them: the four per-rank projections at P = 8 (N x K per rank),
-// M = 1 .. 64 on 64 x 256 tiles, M = 128 and 256 on 128-row tiles, M = 512 unsplit (one wave of
-// tiles already).
+// M = 1 .. 128 on 64 x 128 tiles, M = 256 on 64 x 256, M = 512 on 128-row tiles unsplit (one wave
+// of tiles already).
 TEST(Config, SplitKWhereTilesFillFewSms) {
   // Splits of at least 10 K blocks (kMinKBlocksPerSplit), where the tiles fill few SMs: split K
   // measured faster where K is deep (K/P = 2048 and 3584: 1.03-1.32 at M <= 256) and slower at
@@ -448,7 +448,7 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
            Expected{8192, 1024, 1, 1, 64, 256, 1, 256},   // 16 K blocks: no split of 10
            Expected{8192, 3584, 2, 1, 64, 256, 1, 256},   // 56 K blocks: 64 tiles x 2 splits of 28
            Expected{6144, 768, 1, 1, 64, 256, 1, 192},    // 12 K blocks
-           Expected{6144, 2048, 2, 1, 128, 192, 2, 192},  // 32 K blocks: 48 x 2 of 16
+           Expected{6144, 2048, 2, 1, 64, 256, 1, 192},   // 32 K blocks: 48 x 2 of 16 at M <= 64
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;
