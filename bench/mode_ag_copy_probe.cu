@@ -27,14 +27,12 @@ namespace {
 
 constexpr uint64_t kHoldNs = 500'000;
 
-// One CTA an SM, all of its shared memory, spinning until `ns` have passed since its start: no
-// other kernel's CTA fits beside it, and it touches no memory.
+// Spins until `ns` have passed since its start, touching no memory. Launched one CTA an SM with all
+// of an SM's shared memory (reserved by the launch), so no other kernel's CTA fits beside it.
 __global__ void hold_every_sm(uint64_t ns) {
-  extern __shared__ unsigned char held[];
   const uint64_t start = ptx::globaltimer_ns();
   while (ptx::globaltimer_ns() - start < ns) {
   }
-  if (ns == 0) held[threadIdx.x] = 0;  // never: keeps the shared memory in use
 }
 
 struct SmHold {
@@ -151,18 +149,15 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   };
   const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, gemm, sets, i % num_sets, options.overrides); };
   const LaunchFn copy_call = [&](int i) { copy_block(i % num_sets, gpu.stream); };
-  const LaunchFn both_call = [&](int i) {
-    const int set = i % num_sets;
-    copy_block(set, side.fork(gpu.stream));
-    ours_on_set(gpu, gemm, sets, set, options.overrides);
-    side.join(gpu.stream);
-  };
   const LaunchFn batch_call = [&](int i) { copy_batch(i % num_sets, gpu.stream); };
-  const LaunchFn both_batch_call = [&](int i) {
-    const int set = i % num_sets;
-    copy_batch(set, side.fork(gpu.stream));
-    ours_on_set(gpu, gemm, sets, set, options.overrides);
-    side.join(gpu.stream);
+  // The copies on the side stream beside the GEMM.
+  const auto beside_gemm = [&](const auto& copies) {
+    return [&, copies](int i) {
+      const int set = i % num_sets;
+      copies(set, side.fork(gpu.stream));
+      ours_on_set(gpu, gemm, sets, set, options.overrides);
+      side.join(gpu.stream);
+    };
   };
   // The GEMM block by block (rank 0's m/P rows of the gathered X, then the next source's), the
   // copies beside it: none, all at the start, or the one to destination d as block d starts.
@@ -194,12 +189,15 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     };
   };
 
+  // In the order the row reads them: t[0] .. t[10].
+  const std::vector<LaunchFn> calls{gemm_call,           copy_call,
+                                    beside_gemm(copy_block), batch_call,
+                                    beside_gemm(copy_batch), hold_call,
+                                    beside_hold(copy_block), beside_hold(copy_batch),
+                                    block_gemms(Copies::kNone), block_gemms(Copies::kBurst),
+                                    block_gemms(Copies::kPaced)};
   LoopTiming loop;
-  if (attempt([&] { loop = time_loop(gpus, timing_options(options),
-                                        {gemm_call, copy_call, both_call, batch_call, both_batch_call, hold_call,
-                                         beside_hold(copy_block), beside_hold(copy_batch), block_gemms(Copies::kNone),
-                                         block_gemms(Copies::kBurst), block_gemms(Copies::kPaced)}); },
-              &outcome.failure)) {
+  if (attempt([&] { loop = time_loop(gpus, timing_options(options), calls); }, &outcome.failure)) {
     const auto& t = loop.launches;
     row["t_gemm_ms"] = t[0].median_ms;
     row["t_copy_ms"] = t[1].median_ms;
