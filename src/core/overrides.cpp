@@ -20,9 +20,9 @@ std::string ConfigOverrides::to_string() const {
 Status validate(const ConfigOverrides& o) {
   constexpr int kMaxRounds = 1 << 30;
   constexpr int kMaxSplitK = 1024;  // more than any device's SMs: a call's steps are at most its SMs
-  if (o.block_n != 0 && o.block_n != 128 && o.block_n != 192 && o.block_n != 256) {
+  if (o.block_n != 0 && o.block_n != 64 && o.block_n != 128 && o.block_n != 192 && o.block_n != 256) {
     return Status::InvalidArgument("overrides.block_n = " + std::to_string(o.block_n) +
-                                   " must be 128, 192 or 256 (or 0: the config's choice)");
+                                   " must be 64, 128, 192 or 256 (or 0: the config's choice)");
   }
   if (o.group_rows < 0) {
     return Status::InvalidArgument("overrides.group_rows = " + std::to_string(o.group_rows) +

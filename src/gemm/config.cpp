@@ -74,22 +74,29 @@ Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, 
       std::to_string(device.num_sms) + " SMs, or than the " + std::to_string(num_k_blocks) + " K blocks");
 }
 
-// The common choice: num_k_blocks = 0 never splits K.
+// The common choice: num_k_blocks = 0 never splits K; plain_gemm also weighs the variants only the
+// plain GEMM takes (fused_ops_take).
 Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                     const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config) {
+                     const ConfigOverrides& overrides, const SmemByVariant& smem, bool plain_gemm,
+                     GemmConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   if (device.cc_major != 9) {
     return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
                                std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
   TPFUSE_RETURN_IF_ERROR(validate(overrides));
+  if (!plain_gemm && overrides.block_n == 64) {
+    return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's only (the fused ops "
+                                   "take 128, 192 or 256)");
+  }
   // The tile this output wants, by the time model over the compiled shapes: 64-row tiles (the two
   // consumers splitting the columns instead of the rows) for a band of at most 64 rows, which would
   // waste most of a 128-row tile, and also for one band of at most kSmallBandRows (small M: more
   // CTAs on W); 128-row tiles otherwise. 128-row tiles are 256 or 192 wide: 192 where 256-wide
   // tiles would leave SMs idle in the last wave (M = 512, N = 6144), or where their splits of K fill
-  // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K. Ties
-  // go to the first (taller, wider) shape.
+  // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K; for the
+  // plain GEMM also 64 (one consumer), four times the CTAs. Ties go to the first (taller, wider)
+  // shape.
   constexpr int kSmallBandRows = 256;
   int heights[2] = {128, 0};
   if (grid.rows_per_band <= 64) {
@@ -102,9 +109,13 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   for (const int height : heights) {
     if (height == 0) continue;
     const int narrow = height == 128 ? 192 : 128;
-    for (const int width : {256, narrow}) {
+    const int narrowest = height == 64 && plain_gemm ? 64 : 0;
+    for (const int width : {256, narrow, narrowest}) {
+      if (width == 0) continue;
       // A forced width applies to the heights that have it.
-      if ((overrides.block_n == 256 || overrides.block_n == narrow) && width != overrides.block_n) continue;
+      const bool forced = overrides.block_n == 256 || overrides.block_n == narrow ||
+                          (narrowest != 0 && overrides.block_n == narrowest);
+      if (forced && width != overrides.block_n) continue;
       const int s = splits_for(grid, device, overrides, height, width, num_k_blocks);
       if (s == 0) continue;
       const double t = relative_time(grid, device, height, width, std::max(num_k_blocks, 1), s);
@@ -126,8 +137,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // The best variant that fits: that tile and staging, else that tile, else any; deeper first.
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
-    if (smem[i] > size_t(device.max_smem_per_block)) continue;
     const GemmVariant& v = kGemmVariants[i];
+    if (smem[i] > size_t(device.max_smem_per_block) || !(plain_gemm || fused_ops_take(v))) continue;
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
     const int rank = (4 * same_tile + 2 * same_staging) * 16 + v.stages;
@@ -167,19 +178,19 @@ std::string GemmConfig::to_string() const {
   std::ostringstream os;
   os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << kBlockK << ", stages "
      << v.stages << ", staged chunks " << (v.staged_chunks > 0 ? std::to_string(v.staged_chunks) : std::string("all"))
-     << ", split_k " << split_k << ", threads " << kThreads << ", ctas " << num_ctas << ", group_rows "
+     << ", split_k " << split_k << ", threads " << threads_of(v) << ", ctas " << num_ctas << ", group_rows "
      << group_rows << ", smem " << smem_bytes << " B";
   return os.str();
 }
 
 Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                           const SmemByVariant& smem, GemmConfig* config) {
-  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, config);
+  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, /*plain_gemm=*/false, config);
 }
 
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                                   const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config) {
-  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, config);
+  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, /*plain_gemm=*/false, config);
 }
 
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
@@ -196,7 +207,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-  return select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, config);
+  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, /*plain_gemm=*/true, config);
 }
 
 }  // namespace tpfuse

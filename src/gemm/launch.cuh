@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "core/cuda_check.h"
 #include "core/tensor_map.h"
@@ -17,7 +18,8 @@
 namespace tpfuse {
 
 // Calls fn(MainloopConfig<...>{}) with the compiled variant `variant` in the weight's layout, the
-// op's shared memory part being OpSync.
+// op's shared memory part being OpSync. The fused ops (an OpSync of their own) instantiate only the
+// variants they take (fused_ops_take).
 template <class OpSync, int I = 0, class Fn>
 Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
   if constexpr (I == kNumGemmVariants) {
@@ -25,10 +27,14 @@ Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
   } else {
     if (variant != I) return with_variant<OpSync, I + 1>(variant, layout, fn);
     constexpr GemmVariant v = kGemmVariants[I];
-    if (layout == WeightLayout::kNxK) {
-      return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, OpSync>{});
+    if constexpr (!std::is_same_v<OpSync, NoOpSync> && !fused_ops_take(v)) {
+      return Status::Internal("kernel variant " + std::to_string(variant) + " is the plain GEMM's only");
+    } else {
+      if (layout == WeightLayout::kNxK) {
+        return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, v.consumers, OpSync>{});
+      }
+      return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, v.consumers, OpSync>{});
     }
-    return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, OpSync>{});
   }
 }
 

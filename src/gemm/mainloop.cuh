@@ -31,7 +31,8 @@
 namespace tpfuse::kernels {
 
 // A compiled variant (gemm/variants.h) in one weight layout, with the op's shared-memory part.
-template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kStagedChunks_, class OpSync_>
+template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kStagedChunks_, int kConsumers_,
+          class OpSync_>
 struct MainloopConfig {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -40,15 +41,16 @@ struct MainloopConfig {
   // W stored N x K (nn.Linear, K contiguous) when true; K x N (N contiguous) when false.
   static constexpr bool kWeightKMajor = kWeightKMajor_;
 
-  // Two consumer warpgroups, each owning a 64-row slab: stacked along M for 128-row tiles, side by
-  // side along N for 64-row tiles.
-  static constexpr int kConsumers = tpfuse::kConsumers;
+  // Consumer warpgroups, each owning a 64-row slab: two stacked along M for 128-row tiles, two side
+  // by side along N for 64-row tiles, or one holding a whole 64-row tile.
+  static constexpr int kConsumers = kConsumers_;
   static constexpr int kWgRows = 64;
   static constexpr int kWgAlongM = kBlockM / kWgRows;
   static constexpr int kWgAlongN = kConsumers / kWgAlongM;
+  static_assert(kWgAlongN >= 1, "a consumer for every 64 rows");
   static constexpr int kWgCols = kBlockN / kWgAlongN;
   static constexpr int kAccPerThread = kWgRows * kWgCols / 128;
-  static constexpr int kThreads = tpfuse::kThreads;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
 
   static constexpr int kABytes = kBlockM * kBlockK * 2;
   static constexpr int kWBytes = kBlockN * kBlockK * 2;
@@ -71,7 +73,7 @@ struct MainloopConfig {
   static_assert(kChunksPerSlab % kStagedChunks == 0, "a slab is staged in equal batches");
 
   using OpSync = OpSync_;
-  using Storage = SharedStorage<kBlockM, kBlockN, kStages, kStagedChunks, OpSync>;
+  using Storage = SharedStorage<kBlockM, kBlockN, kStages, kStagedChunks, kConsumers, OpSync>;
 
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;

@@ -33,11 +33,11 @@ struct NoOpSync {};
 
 // NOTE: the arrays come first, each a multiple of 1024 bytes, so that every stage and chunk buffer
 // stays 1024-byte aligned (128-byte-swizzled TMA boxes need it); the barriers follow.
-template <int kBlockM, int kBlockN, int kStages, int kStagedChunks, class OpSync>
+template <int kBlockM, int kBlockN, int kStages, int kStagedChunks, int kNumConsumers, class OpSync>
 struct alignas(1024) SharedStorage {
   uint16_t a[kStages][kBlockM * kBlockK];
   uint16_t w[kStages][kBlockN * kBlockK];
-  uint16_t chunks[kConsumers][kStagedChunks][kChunkElems];
+  uint16_t chunks[kNumConsumers][kStagedChunks][kChunkElems];
   RingSync<kStages> ring;
   OpSync op;
 };
@@ -45,7 +45,7 @@ static_assert(kBlockK * 64 * 2 % 1024 == 0, "stages and chunk buffers are whole 
 
 // Chunk buffers of a variant: staged_chunks, or a whole slab (its 64-column chunks).
 constexpr int staged_chunks_of(const GemmVariant& v) {
-  return v.staged_chunks > 0 ? v.staged_chunks : (v.block_m == 128 ? v.block_n : v.block_n / 2) / kChunkCols;
+  return v.staged_chunks > 0 ? v.staged_chunks : slab_cols_of(v) / kChunkCols;
 }
 
 // Dynamic shared memory a launch of variant kVariants[I] with `OpSync` asks for: the storage and
@@ -53,7 +53,7 @@ constexpr int staged_chunks_of(const GemmVariant& v) {
 template <int I, class OpSync>
 constexpr size_t launch_smem_bytes() {
   constexpr GemmVariant v = kGemmVariants[I];
-  return sizeof(SharedStorage<v.block_m, v.block_n, v.stages, staged_chunks_of(v), OpSync>) + 1024;
+  return sizeof(SharedStorage<v.block_m, v.block_n, v.stages, staged_chunks_of(v), v.consumers, OpSync>) + 1024;
 }
 
 template <class OpSync, size_t... I>

@@ -5,11 +5,10 @@
 
 namespace tpfuse {
 
-// Fixed for every variant: K per pipeline stage (128 bytes of BF16: one TMA swizzle row) and two
-// consumer warpgroups issuing WGMMA beside one producer warpgroup.
+// Fixed for every variant: K per pipeline stage (128 bytes of BF16: one TMA swizzle row) and one
+// producer warpgroup beside the consumer warpgroups issuing WGMMA, at most kConsumers of them.
 constexpr int kBlockK = 64;
 constexpr int kConsumers = 2;
-constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kSlabRows = 64;  // a consumer's slab of a tile
 
 struct GemmVariant {
@@ -17,15 +16,27 @@ struct GemmVariant {
   int block_n;        // columns of a tile
   int stages;         // shared-memory pipeline depth
   int staged_chunks;  // 64 x 64 chunk buffers per consumer for the epilogue; 0: a whole slab's
+  int consumers;      // consumer warpgroups: 2, or 1 holding the whole 64-row tile as its slab
 };
 
 inline constexpr GemmVariant kGemmVariants[] = {
-    {128, 256, 3, 0},  // the default
-    {128, 256, 4, 2},  // a single wave of 128 x 256 tiles: a fourth stage, the slab staged 2 chunks at a time
-    {128, 192, 4, 0},  // where 256-wide tiles would leave SMs idle in the last wave
-    {64, 256, 4, 0},   // segments of at most 64 rows
-    {64, 128, 8, 0},   // at most 64 rows and few K blocks: twice the CTAs on W, a deeper ring
+    {128, 256, 3, 0, 2},  // the default
+    {128, 256, 4, 2, 2},  // a single wave of 128 x 256 tiles: a fourth stage, the slab staged 2 chunks at a time
+    {128, 192, 4, 0, 2},  // where 256-wide tiles would leave SMs idle in the last wave
+    {64, 256, 4, 0, 2},   // segments of at most 64 rows
+    {64, 128, 8, 0, 2},   // at most 64 rows and few K blocks: twice the CTAs on W, a deeper ring
+    {64, 64, 12, 0, 1},   // at most 64 rows: four times the CTAs on W without splitting K (the plain GEMM's)
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
+
+// Threads of a CTA of variant v.
+constexpr int threads_of(const GemmVariant& v) { return 128 * (v.consumers + 1); }
+
+// Columns of a consumer's slab.
+constexpr int slab_cols_of(const GemmVariant& v) { return v.block_n * (v.block_m / kSlabRows) / v.consumers; }
+
+// The fused ops' epilogues hand every tile's two slabs on (the reduce-scatter's sender and flags,
+// the all-gather's counts): they take the variants of two consumers only.
+constexpr bool fused_ops_take(const GemmVariant& v) { return v.consumers == kConsumers; }
 
 }  // namespace tpfuse

@@ -211,6 +211,7 @@ TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
         ASSERT_TRUE(select_all_gather_config(problem, device, {}, &c).ok()) << problem.to_string();
         ASSERT_GE(c.gemm.variant, 0);
         ASSERT_LT(c.gemm.variant, kNumGemmVariants);
+        EXPECT_TRUE(fused_ops_take(c.gemm.tile())) << problem.to_string() << " -> " << c.gemm.to_string();
         EXPECT_LE(c.gemm.smem_bytes, size_t(device.max_smem_per_block));
         const int64_t band_rows = problem.rows_per_rank() * c.sources_per_band;
         EXPECT_EQ(c.gemm.tile().block_m, band_rows <= 64 ? 64 : 128) << problem.to_string();

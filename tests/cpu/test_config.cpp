@@ -188,8 +188,9 @@ TEST(Config, OneWaveStagesInBatches) {
 }
 
 // Segments of 64 rows share 128-row tiles in pairs from P = 4 on; at P = 2 they get 64-row tiles;
-// shorter ones one band of all segments, with the plain GEMM's tiles for the whole M (W read once:
-// 64 x 128 at M = 64, N = 8192 and K/P = 1024); larger ones 128-row tiles of their own.
+// shorter ones one band of all segments, with the plain GEMM's tiles for the whole M among those the
+// fused ops take (W read once: 64 x 128 at M = 64, N = 8192 and K/P = 1024); larger ones 128-row
+// tiles of their own.
 TEST(Config, SmallSegments) {
   GemmRsConfig c;
   for (int world_size : {4, 8}) {
@@ -206,8 +207,15 @@ TEST(Config, SmallSegments) {
       ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &c).ok());
       EXPECT_EQ(c.segments_per_tile, world_size) << p.to_string() << " -> " << c.to_string();
       EXPECT_EQ(c.partial_rounds, 0) << p.to_string() << " -> " << c.to_string();
+      // The plain GEMM's tile and splits, or where the fused ops do not take its tile, its splits of
+      // the op's tile.
       GemmConfig g;
       ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 1024 * world_size, world_size), h100(), {}, &g).ok());
+      if (!fused_ops_take(g.tile())) {
+        ConfigOverrides same_width;
+        same_width.block_n = c.gemm.tile().block_n;
+        ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 1024 * world_size, world_size), h100(), same_width, &g).ok());
+      }
       EXPECT_TRUE(c.shared_tiles) << p.to_string() << " -> " << c.to_string();
       EXPECT_EQ(c.gemm.variant, g.variant) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
       EXPECT_EQ(c.gemm.split_k, g.split_k) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
@@ -412,43 +420,45 @@ TEST(Config, NarrowerTilesWhereTheLastWaveWouldIdle) {
 TEST(Config, SharedStorageHoldsEveryPart) {
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
-    const int slab_chunks = (v.block_m == 128 ? v.block_n : v.block_n / 2) / 64;
+    const int slab_chunks = (v.block_m == 128 ? v.block_n : v.block_n / v.consumers) / 64;
     const int chunks = v.staged_chunks > 0 ? v.staged_chunks : slab_chunks;
-    const size_t arrays = size_t(v.stages) * (v.block_m + v.block_n) * 64 * 2 + size_t(kConsumers) * chunks * 64 * 64 * 2;
+    const size_t arrays = size_t(v.stages) * (v.block_m + v.block_n) * 64 * 2 + size_t(v.consumers) * chunks * 64 * 64 * 2;
     const size_t ring = size_t(v.stages) * (2 * 8 + sizeof(Tile));
     const size_t slack = 1024;  // the launch aligns the dynamic shared memory base
     const std::string what = "variant " + std::to_string(i);
     EXPECT_GE(gemm_smem()[i], arrays + ring + slack) << what;
     EXPECT_LT(gemm_smem()[i], arrays + ring + slack + 1024) << what;
+    EXPECT_EQ(slab_chunks % chunks, 0) << what << ": a slab is staged in equal batches";
+    if (!fused_ops_take(v)) continue;  // the plain GEMM's only
     const size_t op = sizeof(SlabHandoff) * kConsumers + 2 * kConsumers * 8 + 2 * 8;
     EXPECT_GE(gemm_rs_smem_bytes()[i], arrays + ring + op + slack) << what;
     EXPECT_LT(gemm_rs_smem_bytes()[i], arrays + ring + op + slack + 1024) << what;
-    EXPECT_EQ(slab_chunks % chunks, 0) << what << ": a slab is staged in equal batches";
   }
   EXPECT_EQ(sizeof(Tile), 7 * sizeof(int)) << "the ring's note of a step is a tile";
 }
 
 // Small M: where a call's tiles would leave most of the SMs idle, each tile's K loop is split so
 // that about one wave of steps fills them: the four per-rank projections at P = 8 (N x K per rank),
-// M = 1 .. 128 on 64 x 128 tiles, M = 256 on 64 x 256, M = 512 on 128-row tiles unsplit (one wave
-// of tiles already).
+// M = 1 .. 64 on 64 x 64 tiles (one consumer) or 64 x 128 split, M = 128 on 64 x 128, M = 256 on
+// 64 x 256, M = 512 on 128-row tiles unsplit (one wave of tiles already).
 TEST(Config, SplitKWhereTilesFillFewSms) {
   // Splits of at least 10 K blocks (kMinKBlocksPerSplit), where the tiles fill few SMs: split K
   // measured faster where K is deep (K/P = 2048 and 3584: 1.03-1.32 at M <= 256) and slower at
   // 1024 and 768 (0.69-0.99), whose splits would be 3-4 K blocks (docs/EXPERIMENTS.md). Up to
-  // M = 256 the tiles may be 64 rows high (more CTAs on W), so fewer splits.
+  // M = 256 the tiles may be 64 rows high (more CTAs on W), so fewer splits; up to M = 64 also 64
+  // wide, four times the CTAs, whole.
   struct Expected {
     int64_t n, k;
-    int splits_64;                // M = 1 .. 64: 64 x 128 tiles
+    int block_n_64, splits_64;    // M = 1 .. 64
     int splits_128;               // M = 128: 64 x 128 tiles
     int block_m_256, block_n_256, splits_256;  // M = 256
     int block_n_512;              // M = 512: 128-row tiles, unsplit
   };
   for (const Expected& e : {
-           Expected{8192, 1024, 1, 1, 64, 256, 1, 256},   // 16 K blocks: no split of 10
-           Expected{8192, 3584, 2, 1, 64, 256, 1, 256},   // 56 K blocks: 64 tiles x 2 splits of 28
-           Expected{6144, 768, 1, 1, 64, 256, 1, 192},    // 12 K blocks
-           Expected{6144, 2048, 2, 1, 64, 256, 1, 192},   // 32 K blocks: 48 x 2 of 16 at M <= 64
+           Expected{8192, 1024, 64, 1, 1, 64, 256, 1, 256},    // 16 K blocks: no split of 10
+           Expected{8192, 3584, 128, 2, 1, 64, 256, 1, 256},   // 56 K blocks: 64 tiles x 2 splits of 28
+           Expected{6144, 768, 64, 1, 1, 64, 256, 1, 192},     // 12 K blocks
+           Expected{6144, 2048, 64, 1, 1, 64, 256, 1, 192},    // 32 K blocks: 96 tiles 64 wide
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;
@@ -456,10 +466,14 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
       ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok()) << p.to_string();
       const std::string what = p.to_string() + " -> " + c.to_string();
       expect_split_fits(c, p, h100(), what);
-      if (m <= 128) {
+      if (m <= 64) {
+        EXPECT_EQ(c.tile().block_m, 64) << what;
+        EXPECT_EQ(c.tile().block_n, e.block_n_64) << what;
+        EXPECT_EQ(c.split_k, e.splits_64) << what;
+      } else if (m == 128) {
         EXPECT_EQ(c.tile().block_m, 64) << what;
         EXPECT_EQ(c.tile().block_n, 128) << what;
-        EXPECT_EQ(c.split_k, m <= 64 ? e.splits_64 : e.splits_128) << what;
+        EXPECT_EQ(c.split_k, e.splits_128) << what;
       } else if (m == 256) {
         EXPECT_EQ(c.tile().block_m, e.block_m_256) << what;
         EXPECT_EQ(c.tile().block_n, e.block_n_256) << what;
@@ -476,6 +490,34 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
     GemmConfig c;
     ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok()) << p.to_string();
     EXPECT_EQ(c.split_k, 1) << p.to_string() << " -> " << c.to_string();
+  }
+}
+
+// Tiles of one consumer (64 x 64) are the plain GEMM's: its config takes them where the time model
+// says (M <= 64), overrides.block_n = 64 forces them there, and the fused ops never take them (a
+// forced 64 is an error naming it).
+TEST(Config, OneConsumerTilesArePlainGemmOnly) {
+  ConfigOverrides narrowest;
+  narrowest.block_n = 64;
+  GemmConfig g;
+  ASSERT_TRUE(select_plain_gemm_config(make(8, 8192, 1024, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().consumers, 1) << g.to_string();
+  EXPECT_NE(g.to_string().find("threads 256"), std::string::npos) << g.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(8, 8192, 3584, 1), h100(), narrowest, &g).ok());
+  EXPECT_EQ(g.tile().block_n, 64) << g.to_string();
+  EXPECT_EQ(g.split_k, 1) << g.to_string() << ": 128 tiles, no room for a second split";
+  ASSERT_TRUE(select_plain_gemm_config(make(1000, 8192, 1024, 1), h100(), narrowest, &g).ok());
+  EXPECT_EQ(g.tile().block_m, 128) << g.to_string() << ": a forced width applies to the heights that have it";
+  for (int world_size : {1, 2, 8}) {
+    for (int64_t m : {8, 64, 512}) {
+      const Problem p = make(m * world_size, 8192, 1024 * world_size, world_size);
+      GemmRsConfig rs;
+      ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
+      EXPECT_TRUE(fused_ops_take(rs.gemm.tile())) << p.to_string() << " -> " << rs.to_string();
+      const Status s = select_gemm_rs_config(p, h100(), narrowest, &rs);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << p.to_string();
+      EXPECT_NE(s.message().find("overrides.block_n = 64"), std::string::npos) << s.message();
+    }
   }
 }
 

@@ -170,14 +170,20 @@ std::string difference(const std::vector<bf16>& a, const std::vector<bf16>& b, i
 }
 
 // The overrides a split test runs: the config's own split, and forced splits in 2 and 3 where they
-// fit the shape (one wave of steps, a K block a split).
+// fit the shape (one wave of steps, a K block a split); at M <= 64 the same on tiles 64 and 128
+// wide (one consumer and two).
 std::vector<ConfigOverrides> split_overrides(const Problem& p) {
   std::vector<ConfigOverrides> out = {ConfigOverrides{}};
   DeviceInfo device;
   if (!current_device_info(&device).ok()) return out;
-  for (int splits : {2, 3}) {
-    GemmConfig c;
-    if (select_plain_gemm_config(p, device, split_in(splits), &c).ok()) out.push_back(split_in(splits));
+  for (int block_n : {0, 64, 128}) {
+    if (block_n != 0 && p.m > 64) break;
+    for (int splits : {0, 2, 3}) {
+      ConfigOverrides o = split_in(splits);
+      o.block_n = block_n;
+      GemmConfig c;
+      if ((block_n != 0 || splits != 0) && select_plain_gemm_config(p, device, o, &c).ok()) out.push_back(o);
+    }
   }
   return out;
 }

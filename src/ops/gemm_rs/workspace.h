@@ -14,11 +14,12 @@
 
 namespace tpfuse {
 
-// Flags are sized for the most tiles any compiled variant cuts a band into: a band is a segment, or
-// all of them where segments are shorter than a slab (ops/gemm_rs/schedule.h).
+// Flags are sized for the most tiles any variant the op takes cuts a band into: a band is a segment,
+// or all of them where segments are shorter than a slab (ops/gemm_rs/schedule.h).
 inline WorkspaceSize gemm_rs_workspace(const CommunicatorOptions& options, int world_size) {
   int min_block_m = kGemmVariants[0].block_m, min_block_n = kGemmVariants[0].block_n;
   for (const GemmVariant& v : kGemmVariants) {
+    if (!fused_ops_take(v)) continue;
     min_block_m = std::min(min_block_m, v.block_m);
     min_block_n = std::min(min_block_n, v.block_n);
   }
