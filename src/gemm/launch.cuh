@@ -81,12 +81,17 @@ Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
   return Status::Ok();
 }
 
-// The mainloop's operands: A (m x k) and W in its layout.
+// The mainloop's operands: A (m x k) and W in its layout. With clip_a_to_m, tiles taller than m load
+// only its rows of A (rounded up to 8, whole rows of the swizzle): the rest of a stage's A keeps
+// stale data, whose products land in rows past m, which a store never writes. Without, the load's
+// rows past m are zeros, which the tensor map fills in.
 template <class Config, class Schedule>
 Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const Schedule& schedule,
-                            kernels::MainloopParams<Schedule>* p) {
+                            kernels::MainloopParams<Schedule>* p, bool clip_a_to_m = false) {
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
-  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));
+  const int a_rows = clip_a_to_m ? int(std::min<int64_t>(Config::kBlockM, (m + 7) / 8 * 8)) : Config::kBlockM;
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, a_rows, Config::kBlockK, &p->a));
+  p->a_bytes = a_rows * Config::kBlockK * 2;
   // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
   if (Config::kWeightKMajor) {
     TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));

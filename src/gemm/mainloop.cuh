@@ -117,10 +117,11 @@ __device__ __forceinline__ uint16_t* stage_piece(StorageOf<Config>& smem, int st
 
 template <class Schedule>
 struct MainloopParams {
-  CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM
+  CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM (or fewer rows: a_bytes)
   CUtensorMap w;  // K-major: box 64 x kBlockN / 2; MN-major: box 64 x 64
   Schedule schedule;
   int num_k_blocks;
+  int a_bytes;    // what a stage's load of `a` brings
 };
 
 // The dynamic shared memory, aligned to 1024 bytes (swizzled TMA tiles need it; launches reserve the slack).
@@ -232,7 +233,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
       if (kb == 0) smem.ring.stage_tile[stage] = tile;  // published by the arrive below (a release)
       uint64_t* full = &smem.ring.full[stage];
-      ptx::mbarrier_arrive_expect_tx(full, Config::kABytes + Config::kWBytes);
+      ptx::mbarrier_arrive_expect_tx(full, (Epilogue::kLayeredA ? Config::kABytes : p.a_bytes) + Config::kWBytes);
       const int k = (k_slice.k_block_begin + kb) * Config::kBlockK;
       if constexpr (Epilogue::kLayeredA) {
         ptx::tma_load_4d(smem.a[stage], a.map, full, k, a.row, a.layer, a.parity);
