@@ -86,14 +86,14 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
     TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(c, problem.m, problem.n, problem.n, kChunkRows, kChunkCols, &c_map));
     if (config.split_k == 1) {
       kernels::GemmParams params{};
-      TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, tiles, &params.mainloop, /*clip_a_to_m=*/true));
+      TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, tiles, &params.mainloop));
       params.epilogue.c = c_map;
       return launch_gemm<Config>(kernels::gemm_kernel<Config>, params, config, debug, stream);
     }
     kernels::SplitKGemmParams params{};
     const int num_k_blocks = int((problem.k_per_rank + kBlockK - 1) / kBlockK);
     const SplitKSchedule schedule(tiles, config.split_k, num_k_blocks);
-    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &params.mainloop, /*clip_a_to_m=*/true));
+    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &params.mainloop));
     SplitKWorkspace workspace;
     TPFUSE_RETURN_IF_ERROR(split_k_workspace(stream, device.num_sms, &workspace));
     params.epilogue.c = c_map;

@@ -81,15 +81,15 @@ Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
   return Status::Ok();
 }
 
-// The mainloop's operands: A (m x k) and W in its layout. With clip_a_to_m, tiles taller than m load
-// only its rows of A (rounded up to 8, whole rows of the swizzle): the rest of a stage's A keeps
-// stale data, whose products land in rows past m, which a store never writes. Without, the load's
-// rows past m are zeros, which the tensor map fills in.
+// The mainloop's operands: A (m x k) and W in its layout. A tile taller than m loads only m's rows
+// of A (rounded up to 8, whole rows of the swizzle): filling the rest with zeros slowed the loads
+// (docs/EXPERIMENTS.md). The rest of the stage keeps stale data, whose products land in rows past
+// m, which no epilogue stores or pushes (a tile's rows end at its band).
 template <class Config, class Schedule>
 Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const Schedule& schedule,
-                            kernels::MainloopParams<Schedule>* p, bool clip_a_to_m = false) {
+                            kernels::MainloopParams<Schedule>* p) {
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
-  const int a_rows = clip_a_to_m ? int(std::min<int64_t>(Config::kBlockM, (m + 7) / 8 * 8)) : Config::kBlockM;
+  const int a_rows = int(std::min<int64_t>(Config::kBlockM, (m + 7) / 8 * 8));
   TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, a_rows, Config::kBlockK, &p->a));
   p->a_bytes = a_rows * Config::kBlockK * 2;
   // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
