@@ -57,6 +57,11 @@ for step in "${steps[@]}"; do
       small_fused+=':*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P4_M128_N1000_K64_KxN:*FusedExact*/P2_M64_N520_K128_KxN_split2'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
       run_step memcheck_fused compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter="${small_fused}"
+      # The GEMM's tiles of one consumer (its ring released by one warpgroup), whole and split.
+      # (Tests without cuBLAS: racecheck reports cuBLAS's own small-M kernel.)
+      one_consumer='*GemmSplitK.SmallIntegers*/M8_N1000_K1024_NxK:*GemmSplitK.SmallIntegers*/M24_N1000_K2056_KxN'
+      run_step racecheck_gemm compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
+      run_step synccheck_gemm compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       # Not the one-wave P = 8 case: with several steps per CTA racecheck reports the producer's note
       # of a later step (stage_tile) against the consumers' reads of an earlier one, which the
       # stage's empty mbarrier orders (two arrivals, one per consumer warpgroup, each after a
