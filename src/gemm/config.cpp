@@ -95,8 +95,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // CTAs on W); 128-row tiles otherwise. 128-row tiles are 256 or 192 wide: 192 where 256-wide
   // tiles would leave SMs idle in the last wave (M = 512, N = 6144), or where their splits of K fill
   // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K; for the
-  // plain GEMM also 64 (one consumer), four times the CTAs. Ties go to the first (taller, wider)
-  // shape.
+  // plain GEMM also 64 (one consumer), four times the CTAs, and 128 x 128 for one small band. Ties
+  // go to the first (taller, wider) shape.
   constexpr int kSmallBandRows = 256;
   int heights[2] = {128, 0};
   if (grid.rows_per_band <= 64) {
@@ -109,7 +109,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   for (const int height : heights) {
     if (height == 0) continue;
     const int narrow = height == 128 ? 192 : 128;
-    const int narrowest = height == 64 && plain_gemm ? 64 : 0;
+    // The plain GEMM's own: 64 x 64 tiles, and 128 x 128 for one band of at most kSmallBandRows.
+    const int narrowest = !plain_gemm ? 0 : height == 64 ? 64 : heights[1] == 64 ? 128 : 0;
     for (const int width : {256, narrow, narrowest}) {
       if (width == 0) continue;
       // A forced width applies to the heights that have it.

@@ -17,15 +17,17 @@ struct GemmVariant {
   int stages;         // shared-memory pipeline depth
   int staged_chunks;  // 64 x 64 chunk buffers per consumer for the epilogue; 0: a whole slab's
   int consumers;      // consumer warpgroups: 2, or 1 holding the whole 64-row tile as its slab
+  bool fused_ops;     // the fused ops take it too (else the plain GEMM's only: fused_ops_take)
 };
 
 inline constexpr GemmVariant kGemmVariants[] = {
-    {128, 256, 3, 0, 2},  // the default
-    {128, 256, 4, 2, 2},  // a single wave of 128 x 256 tiles: a fourth stage, the slab staged 2 chunks at a time
-    {128, 192, 4, 0, 2},  // where 256-wide tiles would leave SMs idle in the last wave
-    {64, 256, 4, 0, 2},   // segments of at most 64 rows
-    {64, 128, 8, 0, 2},   // at most 64 rows and few K blocks: twice the CTAs on W, a deeper ring
-    {64, 64, 12, 0, 1},   // at most 64 rows: four times the CTAs on W without splitting K (the plain GEMM's)
+    {128, 256, 3, 0, 2, true},  // the default
+    {128, 256, 4, 2, 2, true},  // a single wave of 128 x 256 tiles: a fourth stage, the slab staged 2 chunks at a time
+    {128, 192, 4, 0, 2, true},  // where 256-wide tiles would leave SMs idle in the last wave
+    {64, 256, 4, 0, 2, true},   // segments of at most 64 rows
+    {64, 128, 8, 0, 2, true},   // at most 64 rows and few K blocks: twice the CTAs on W, a deeper ring
+    {64, 64, 12, 0, 1, false},  // at most 64 rows: four times the CTAs on W without splitting K
+    {128, 128, 6, 0, 2, false}, // one band of at most 256 rows: fewer bytes a CTA loads than 64 x 256
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 
@@ -35,8 +37,14 @@ constexpr int threads_of(const GemmVariant& v) { return 128 * (v.consumers + 1);
 // Columns of a consumer's slab.
 constexpr int slab_cols_of(const GemmVariant& v) { return v.block_n * (v.block_m / kSlabRows) / v.consumers; }
 
-// The fused ops' epilogues hand every tile's two slabs on (the reduce-scatter's sender and flags,
-// the all-gather's counts): they take the variants of two consumers only.
-constexpr bool fused_ops_take(const GemmVariant& v) { return v.consumers == kConsumers; }
+// The variants the fused ops are compiled for. Their epilogues hand every tile's two slabs on (the
+// reduce-scatter's sender and flags, the all-gather's counts): two consumers.
+constexpr bool fused_ops_take(const GemmVariant& v) { return v.fused_ops; }
+static_assert([] {
+  for (const GemmVariant& v : kGemmVariants) {
+    if (v.fused_ops && v.consumers != kConsumers) return false;
+  }
+  return true;
+}(), "the fused ops take variants of two consumers only");
 
 }  // namespace tpfuse
