@@ -440,7 +440,8 @@ TEST(Config, SharedStorageHoldsEveryPart) {
 // Small M: where a call's tiles would leave most of the SMs idle, each tile's K loop is split so
 // that about one wave of steps fills them: the four per-rank projections at P = 8 (N x K per rank),
 // M = 1 .. 64 on 64 x 64 tiles (one consumer) or 64 x 128 split, M = 128 on 64 x 128, M = 256 on
-// 64 x 256, M = 512 on 128-row tiles unsplit (one wave of tiles already).
+// 128 x 128 (as many as 64 x 256 tiles, fewer bytes each), M = 512 on 128-row tiles unsplit (one
+// wave of tiles already).
 TEST(Config, SplitKWhereTilesFillFewSms) {
   // Splits of at least 10 K blocks (kMinKBlocksPerSplit), where the tiles fill few SMs: split K
   // measured faster where K is deep (K/P = 2048 and 3584: 1.03-1.32 at M <= 256) and slower at
@@ -455,10 +456,10 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
     int block_n_512;              // M = 512: 128-row tiles, unsplit
   };
   for (const Expected& e : {
-           Expected{8192, 1024, 64, 1, 1, 64, 256, 1, 256},    // 16 K blocks: no split of 10
-           Expected{8192, 3584, 128, 2, 1, 64, 256, 1, 256},   // 56 K blocks: 64 tiles x 2 splits of 28
-           Expected{6144, 768, 64, 1, 1, 64, 256, 1, 192},     // 12 K blocks
-           Expected{6144, 2048, 64, 1, 1, 64, 256, 1, 192},    // 32 K blocks: 96 tiles 64 wide
+           Expected{8192, 1024, 64, 1, 1, 128, 128, 1, 256},    // 16 K blocks: no split of 10
+           Expected{8192, 3584, 128, 2, 1, 128, 128, 1, 256},   // 56 K blocks: 64 tiles x 2 splits of 28
+           Expected{6144, 768, 64, 1, 1, 128, 128, 1, 192},     // 12 K blocks
+           Expected{6144, 2048, 64, 1, 1, 128, 128, 1, 192},    // 32 K blocks: 96 tiles 64 wide
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;
@@ -493,10 +494,11 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
   }
 }
 
-// Tiles of one consumer (64 x 64) are the plain GEMM's: its config takes them where the time model
-// says (M <= 64), overrides.block_n = 64 forces them there, and the fused ops never take them (a
-// forced 64 is an error naming it).
-TEST(Config, OneConsumerTilesArePlainGemmOnly) {
+// Tiles of one consumer (64 x 64) and 128 x 128 ones are the plain GEMM's: its config takes the
+// first where the time model says (M <= 64) and the second for one band of 256 rows (M = 256, not
+// 192: a partial 128-row tile), overrides.block_n = 64 forces the first, and the fused ops never
+// take either (a forced 64 is an error naming it).
+TEST(Config, PlainGemmOnlyTiles) {
   ConfigOverrides narrowest;
   narrowest.block_n = 64;
   GemmConfig g;
@@ -508,8 +510,13 @@ TEST(Config, OneConsumerTilesArePlainGemmOnly) {
   EXPECT_EQ(g.split_k, 1) << g.to_string() << ": 128 tiles, no room for a second split";
   ASSERT_TRUE(select_plain_gemm_config(make(1000, 8192, 1024, 1), h100(), narrowest, &g).ok());
   EXPECT_EQ(g.tile().block_m, 128) << g.to_string() << ": a forced width applies to the heights that have it";
+  ASSERT_TRUE(select_plain_gemm_config(make(256, 6144, 2048, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
+  EXPECT_FALSE(fused_ops_take(g.tile())) << g.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(192, 6144, 2048, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64256) << g.to_string();
   for (int world_size : {1, 2, 8}) {
-    for (int64_t m : {8, 64, 512}) {
+    for (int64_t m : {8, 32, 64, 512}) {
       const Problem p = make(m * world_size, 8192, 1024 * world_size, world_size);
       GemmRsConfig rs;
       ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
