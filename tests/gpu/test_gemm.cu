@@ -267,12 +267,13 @@ struct SplitCall {
 };
 
 std::vector<SplitCall> split_calls() {
-  return {{Problem{8, 8192, 1024, 1, WeightLayout::kNxK}, {}},             // 32 tiles x 4
-          {Problem{64, 6144, 2048, 1, WeightLayout::kKxN}, {}},            // 24 tiles x 5
-          {Problem{1, 1000, 1000, 1, WeightLayout::kNxK}, split_in(2)},    // forced
-          {Problem{256, 8192, 1024, 1, WeightLayout::kKxN}, {}},           // 128-row tiles x 2
+  return {{Problem{8, 8192, 1024, 1, WeightLayout::kNxK}, split_in(4)},    // 32 tiles of 64 x 256 x 4
+          {Problem{64, 6144, 2048, 1, WeightLayout::kKxN}, split_in(5)},   // 24 tiles of 64 x 256 x 5
+          {Problem{1, 1000, 1000, 1, WeightLayout::kNxK}, split_in(2)},    // 16 tiles of 64 x 64 x 2
+          {Problem{256, 8192, 1024, 1, WeightLayout::kKxN}, split_in(2)},  // 64 tiles of 128 x 256 x 2
           {Problem{24, 264, 2056, 1, WeightLayout::kNxK}, split_in(1)},    // unsplit
-          {Problem{128, 6144, 768, 1, WeightLayout::kNxK}, {}}};           // 128 x 192 tiles x 4
+          {Problem{24, 264, 2056, 1, WeightLayout::kKxN}, {}},             // the config's: 5 tiles of 64 x 64 x 3
+          {Problem{128, 6144, 768, 1, WeightLayout::kNxK}, split_in(4)}};  // 32 tiles of 128 x 192 x 4
 }
 
 // Each call's operands (small integers) and its expected output: the unsplit GEMM's.
