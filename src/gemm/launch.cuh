@@ -81,17 +81,22 @@ Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
   return Status::Ok();
 }
 
-// The mainloop's operands: A (m x k) and W in its layout. A tile taller than m loads only m's rows
-// of A (rounded up to 8, whole rows of the swizzle): filling the rest with zeros slowed the loads
-// (docs/EXPERIMENTS.md). The rest of the stage keeps stale data, whose products land in rows past
-// m, which no epilogue stores or pushes (a tile's rows end at its band).
+// The mainloop's operands: A (m x k) and W in its layout. The tiles of the last row tile's rows
+// (from the last multiple of kBlockM below m on) load only the rows left before m (rounded up to 8,
+// whole rows of the swizzle) through a map of their own: filling the rest with zeros slowed the
+// loads (docs/EXPERIMENTS.md). The rest of the stage keeps stale data, whose products land in rows
+// past m, which no epilogue stores or pushes. (A tile starting there holds no rows past the box:
+// it starts at or after that multiple.)
 template <class Config, class Schedule>
 Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const Schedule& schedule,
                             kernels::MainloopParams<Schedule>* p) {
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
-  const int a_rows = int(std::min<int64_t>(Config::kBlockM, (m + 7) / 8 * 8));
-  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, a_rows, Config::kBlockK, &p->a));
-  p->a_bytes = a_rows * Config::kBlockK * 2;
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));
+  const int64_t last_row = (m - 1) / Config::kBlockM * Config::kBlockM;
+  const int last_rows = int((m - last_row + 7) / 8 * 8);
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, last_rows, Config::kBlockK, &p->a_last));
+  p->a_last_row = int(last_row);
+  p->a_last_bytes = last_rows * Config::kBlockK * 2;
   // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
   if (Config::kWeightKMajor) {
     TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));

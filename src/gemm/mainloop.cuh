@@ -117,11 +117,13 @@ __device__ __forceinline__ uint16_t* stage_piece(StorageOf<Config>& smem, int st
 
 template <class Schedule>
 struct MainloopParams {
-  CUtensorMap a;  // m x k_per_rank, K-major, box 64 x kBlockM (or fewer rows: a_bytes)
-  CUtensorMap w;  // K-major: box 64 x kBlockN / 2; MN-major: box 64 x 64
+  CUtensorMap a;       // m x k_per_rank, K-major, box 64 x kBlockM
+  CUtensorMap a_last;  // the same, box 64 x the rows of the last row tile (launch.cuh)
+  CUtensorMap w;       // K-major: box 64 x kBlockN / 2; MN-major: box 64 x 64
   Schedule schedule;
   int num_k_blocks;
-  int a_bytes;    // what a stage's load of `a` brings
+  int a_last_row;      // tiles from this row on load A through a_last
+  int a_last_bytes;    // what a stage's load through a_last brings
 };
 
 // The dynamic shared memory, aligned to 1024 bytes (swizzled TMA tiles need it; launches reserve the slack).
@@ -140,6 +142,7 @@ struct ALoad {
   int row;
   int layer;
   int parity;
+  int bytes;  // what a stage's load brings
   // A layered map's tile may also come in two 64-row halves from two maps (each with 64-row boxes):
   // the lower one from here when lower_map is set.
   const CUtensorMap* lower_map = nullptr;
@@ -159,7 +162,8 @@ struct EpilogueBase {
 
   template <class Config, class Params, class Mainloop>
   __device__ static ALoad a_load(const Params&, const Mainloop& mainloop, const Tile& tile) {
-    return {&mainloop.a, tile.row_begin, 0, 0};
+    if (tile.row_begin >= mainloop.a_last_row) return {&mainloop.a_last, tile.row_begin, 0, 0, mainloop.a_last_bytes};
+    return {&mainloop.a, tile.row_begin, 0, 0, Config::kABytes};
   }
   template <class Config, class Storage>
   __device__ static void init(Storage&) {}
@@ -233,7 +237,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
       if (kb == 0) smem.ring.stage_tile[stage] = tile;  // published by the arrive below (a release)
       uint64_t* full = &smem.ring.full[stage];
-      ptx::mbarrier_arrive_expect_tx(full, (Epilogue::kLayeredA ? Config::kABytes : p.a_bytes) + Config::kWBytes);
+      ptx::mbarrier_arrive_expect_tx(full, a.bytes + Config::kWBytes);
       const int k = (k_slice.k_block_begin + kb) * Config::kBlockK;
       if constexpr (Epilogue::kLayeredA) {
         ptx::tma_load_4d(smem.a[stage], a.map, full, k, a.row, a.layer, a.parity);
@@ -337,6 +341,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&mainloop.a);
+    ptx::prefetch_tensor_map(&mainloop.a_last);
     ptx::prefetch_tensor_map(&mainloop.w);
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.ring.full[s], 1);

@@ -88,7 +88,7 @@ class AllGatherEpilogue : public EpilogueBase {
   template <class Config, class Mainloop>
   __device__ static ALoad a_load(const Params& p, const Mainloop&, const Tile& tile) {
     static_assert(Config::kBlockM <= 2 * kCopyRows, "a tile spans at most two row blocks of a block");
-    if (p.sources_per_band == 1 && tile.owner_rank == p.rank) return {&p.own_x, tile.segment_row, 0, 0};
+    if (p.sources_per_band == 1 && tile.owner_rank == p.rank) return {&p.own_x, tile.segment_row, 0, 0, Config::kABytes};
     const uint32_t epoch = comm::call_epoch(p.calls);
     if (wait_for_rows(p, tile, epoch)) {
       ptx::fence_acquire_sys();         // flags seen -> the pieces
@@ -97,7 +97,8 @@ class AllGatherEpilogue : public EpilogueBase {
     const int parity = int(epoch & 1);
     if (p.halves_by_block) {
       const auto half = [&](int source) -> ALoad {
-        return source == p.rank ? ALoad{&p.own_x_half, 0, 0, 0} : ALoad{&p.gathered_half, 0, source, parity};
+        return source == p.rank ? ALoad{&p.own_x_half, 0, 0, 0, Config::kABytes}
+                                : ALoad{&p.gathered_half, 0, source, parity, Config::kABytes};
       };
       ALoad a = half(tile.owner_rank);
       const ALoad lower = half(tile.owner_rank + 1);
@@ -106,7 +107,7 @@ class AllGatherEpilogue : public EpilogueBase {
       a.lower_parity = lower.parity;
       return a;
     }
-    return {&p.gathered, tile.segment_row, tile.owner_rank / p.sources_per_band, parity};
+    return {&p.gathered, tile.segment_row, tile.owner_rank / p.sources_per_band, parity, Config::kABytes};
   }
 
   // The copier's staging ring.
