@@ -129,11 +129,11 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
     }
   }
   if (splits == 0) return forced_splits_do_not_fit(grid, device, overrides, block_m, block_n, num_k_blocks);
-  // One band streaming W through as many 128 x 128 tiles as 64 x 256 ones, whole: the same work, but
-  // a fifth fewer bytes each CTA loads (measured faster at M = 256; where the band ends inside a
-  // 128-row tile, its zero-filled rows cost more than that).
-  if (plain_gemm && overrides.block_n == 0 && block_m == 64 && block_n == 256 && splits == 1 && heights[1] == 64 &&
-      grid.rows_per_band % 128 == 0 && grid.tiles(128, 128) == grid.tiles(64, 256)) {
+  // One band of 129 .. kSmallBandRows rows streaming W, which the model gives whole 64-row tiles:
+  // 128 x 128 tiles in one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth
+  // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256).
+  if (plain_gemm && overrides.block_n == 0 && block_m == 64 && splits == 1 && heights[1] == 64 &&
+      grid.rows_per_band > 128 && grid.tiles(128, 128) <= device.num_sms) {
     block_m = 128;
     block_n = 128;
   }

@@ -495,9 +495,9 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
 }
 
 // Tiles of one consumer (64 x 64) and 128 x 128 ones are the plain GEMM's: its config takes the
-// first where the time model says (M <= 64) and the second for one band of 256 rows (M = 256, not
-// 192: a partial 128-row tile), overrides.block_n = 64 forces the first, and the fused ops never
-// take either (a forced 64 is an error naming it).
+// first where the time model says (M <= 64) and the second for one band of 129..256 rows in one
+// wave (not at M = 128: half the CTAs of 64 x 128), overrides.block_n = 64 forces the first, and the
+// fused ops never take either (a forced 64 is an error naming it).
 TEST(Config, PlainGemmOnlyTiles) {
   ConfigOverrides narrowest;
   narrowest.block_n = 64;
@@ -513,8 +513,15 @@ TEST(Config, PlainGemmOnlyTiles) {
   ASSERT_TRUE(select_plain_gemm_config(make(256, 6144, 2048, 1), h100(), {}, &g).ok());
   EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
   EXPECT_FALSE(fused_ops_take(g.tile())) << g.to_string();
-  ASSERT_TRUE(select_plain_gemm_config(make(192, 6144, 2048, 1), h100(), {}, &g).ok());
-  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64256) << g.to_string();
+  for (int64_t m : {136, 192, 200}) {
+    ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 3584, 1), h100(), {}, &g).ok());
+    EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
+  }
+  ASSERT_TRUE(select_plain_gemm_config(make(128, 6144, 2048, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64128) << g.to_string();
+  // Two waves of 128 x 128 tiles: the model's own choice.
+  ASSERT_TRUE(select_plain_gemm_config(make(256, 16384, 1024, 1), h100(), {}, &g).ok());
+  EXPECT_NE(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
   for (int world_size : {1, 2, 8}) {
     for (int64_t m : {8, 32, 64, 512}) {
       const Problem p = make(m * world_size, 8192, 1024 * world_size, world_size);
