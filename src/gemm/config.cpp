@@ -19,12 +19,15 @@ constexpr int kGroupRowsPerWave = 32;
 // splits (the last split adds all S partials).
 constexpr int kMinKBlocksPerSplit = 10;
 constexpr int kMaxSplits = 8;
-// What splitting costs a step beyond its K blocks, in K blocks: its partial's round trip through
-// the workspace (written, counted in, read back and added by the last split). A 64 x 256 slab's
-// FP32 partial is 64 KB against 40 KB of operands a K block: about 4 K blocks, written and read;
-// 5 for what the bytes leave out (M = 256, N = 6144, K = 2048 measured faster whole on 64 x 256 tiles
-// than in two splits on 128 x 192; docs/EXPERIMENTS.md).
-constexpr double kSplitCostKBlocks = 5;
+// What splitting in S costs a step beyond its K blocks, in K blocks: its partial's round trip
+// through the workspace, written and counted in (kSplitCostKBlocks), and the last split's reads of
+// the S - 1 others (kSplitReadKBlocks each). A 64 x 256 slab's FP32 partial is 64 KB against 40 KB
+// of operands a K block. At S = 2 the sum is 5 (M = 256, N = 6144, K = 2048 measured faster whole
+// on 64 x 256 tiles than in two splits on 128 x 192); the reads make more splits dearer (at M = 512,
+// N = 1024-1280, K = 6144-8192 128 x 192 tiles in 4-5 splits measured faster than 128 x 256 in 6-8;
+// docs/EXPERIMENTS.md).
+constexpr double kSplitCostKBlocks = 3;
+constexpr double kSplitReadKBlocks = 2;
 
 // Relative time of a tile shape whose K loop of num_k_blocks is cut into `splits`: the waves of
 // steps over the SMs times a step's cost, which grows with its columns plus a fixed part (pipeline
@@ -34,7 +37,8 @@ double relative_time(const TileGrid& grid, const DeviceInfo& device, int block_m
   const int64_t steps = grid.tiles(block_m, block_n) * splits;
   const int64_t waves = (steps + device.num_sms - 1) / device.num_sms;
   constexpr double kFixedCols = 32;
-  const double k_blocks = (num_k_blocks + splits - 1) / splits + (splits > 1 ? kSplitCostKBlocks : 0);
+  const double k_blocks =
+      (num_k_blocks + splits - 1) / splits + (splits > 1 ? kSplitCostKBlocks + kSplitReadKBlocks * (splits - 1) : 0);
   return double(waves) * (block_m / 128.0) * (block_n + kFixedCols) * k_blocks;
 }
 
