@@ -174,12 +174,12 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   }
 
   const TimingOptions timing = timing_options(options);
-  const LoopTiming gemm = time_loop(gpus, timing, {[&](int i) { gemm_all(gpus, ranks, problem, i % num_sets); }});
+  const LoopTiming gemm = time_loop(gpus, timing, {[&](int i) { gemm_all(gpus, ranks, problem, rotation_set(i, num_sets)); }});
   const LoopTiming comm_only =
-      time_loop(gpus, timing, {[&](int i) { all_gather_all(gpus, ranks, counts, i % num_sets); }});
+      time_loop(gpus, timing, {[&](int i) { all_gather_all(gpus, ranks, counts, rotation_set(i, num_sets)); }});
   const LoopTiming seq = time_loop(gpus, timing, {[&](int i) {
-    all_gather_all(gpus, ranks, counts, i % num_sets);
-    gemm_all(gpus, ranks, problem, i % num_sets);
+    all_gather_all(gpus, ranks, counts, rotation_set(i, num_sets));
+    gemm_all(gpus, ranks, problem, rotation_set(i, num_sets));
   }});
   const double t_gemm = gemm.launches[0].median_ms, t_comm = comm_only.launches[0].median_ms;
   row["t_gemm_ms"] = t_gemm;
@@ -190,7 +190,7 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     attempt(
         [&] {
           const LoopTiming fused = time_loop(gpus, timing, {[&](int i) {
-            fused_all(comm, gpus, ranks, problem, i % num_sets, options.overrides);
+            fused_all(comm, gpus, ranks, problem, rotation_set(i, num_sets), options.overrides);
           }});
           comm.check_status();
           const double t_fused = fused.launches[0].median_ms;

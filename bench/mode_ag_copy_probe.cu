@@ -147,13 +147,13 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
     TESTING_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), dsts.size(), &attrs, &attrs_index, 1,
                                        stream));
   };
-  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, gemm, sets, i % num_sets, options.overrides); };
-  const LaunchFn copy_call = [&](int i) { copy_block(i % num_sets, gpu.stream); };
-  const LaunchFn batch_call = [&](int i) { copy_batch(i % num_sets, gpu.stream); };
+  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, gemm, sets, rotation_set(i, num_sets), options.overrides); };
+  const LaunchFn copy_call = [&](int i) { copy_block(rotation_set(i, num_sets), gpu.stream); };
+  const LaunchFn batch_call = [&](int i) { copy_batch(rotation_set(i, num_sets), gpu.stream); };
   // The copies on the side stream beside the GEMM.
   const auto beside_gemm = [&](const auto& copies) {
     return [&, copies](int i) {
-      const int set = i % num_sets;
+      const int set = rotation_set(i, num_sets);
       copies(set, side.fork(gpu.stream));
       ours_on_set(gpu, gemm, sets, set, options.overrides);
       side.join(gpu.stream);
@@ -167,7 +167,7 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   const size_t c_block = size_t(block_gemm.m) * size_t(shape.n);
   const auto block_gemms = [&](Copies copies) {
     return [&, copies](int i) {
-      const int set = i % num_sets;
+      const int set = rotation_set(i, num_sets);
       if (copies == Copies::kBurst) copy_block(set, side.fork(gpu.stream));
       for (int b = 0; b < world; ++b) {
         if (copies == Copies::kPaced && b > 0) {
@@ -183,7 +183,7 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   const LaunchFn hold_call = [&](int) { hold.launch(gpu.stream); };
   const auto beside_hold = [&](const auto& copies) {
     return [&, copies](int i) {
-      copies(i % num_sets, side.fork(gpu.stream));
+      copies(rotation_set(i, num_sets), side.fork(gpu.stream));
       hold.launch(gpu.stream);
       side.join(gpu.stream);
     };

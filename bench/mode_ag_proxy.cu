@@ -148,10 +148,10 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
 
   const TimingOptions timing = timing_options(options);
   const double flops = problem.flops_per_rank();
-  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, gemm, sets, i % num_sets); };
-  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, gemm, sets, i % num_sets, options.overrides); };
+  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, gemm, sets, rotation_set(i, num_sets)); };
+  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, gemm, sets, rotation_set(i, num_sets), options.overrides); };
   const LaunchFn solo_call = [&](int i) {
-    run_solo(comm, problem, sets, out, i % num_sets, gpu.stream, options.overrides);
+    run_solo(comm, problem, sets, out, rotation_set(i, num_sets), gpu.stream, options.overrides);
   };
   std::vector<LaunchFn> calls{cublas_call, gemm_call};
   if (solo_ok) calls.push_back(solo_call);

@@ -145,7 +145,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     attempt(
         [&] {
           const LoopTiming fused = time_loop(gpus, timing, {[&](int i) {
-            fused_all(comm, gpus, unfused, fused_out, problem, i % num_sets, options.overrides);
+            fused_all(comm, gpus, unfused, fused_out, problem, rotation_set(i, num_sets), options.overrides);
           }});
           comm.check_status();
           const double t_fused = fused.launches[0].median_ms;

@@ -75,11 +75,11 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
   }
 
   const TimingOptions timing = timing_options(options);
-  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, sets, i % sets.num_sets); };
-  const LaunchFn ours_call = [&](int i) { ours_on_set(gpu, problem, sets, i % sets.num_sets, options.overrides); };
+  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets)); };
+  const LaunchFn ours_call = [&](int i) { ours_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets), options.overrides); };
   std::vector<LaunchFn> calls{cublas_call, ours_call};
   if (options.compare) {
-    calls.push_back([&](int i) { ours_on_set(gpu, problem, sets, i % sets.num_sets, *options.compare); });
+    calls.push_back([&](int i) { ours_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets), *options.compare); });
   }
   // Timed interleaved (time_loop); cuBLAS alone where ours fails.
   LoopTiming loop;

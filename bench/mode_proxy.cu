@@ -171,16 +171,16 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
 
   const TimingOptions timing = timing_options(options);
   const double flops = problem.flops_per_rank();
-  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, buffers.sets, i % num_sets); };
-  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, problem, buffers.sets, i % num_sets, options.overrides); };
+  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, buffers.sets, rotation_set(i, num_sets)); };
+  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, problem, buffers.sets, rotation_set(i, num_sets), options.overrides); };
   const LaunchFn solo_call = [&](int i) {
-    run_solo(comm, problem, buffers, i % num_sets, gpu.stream, options.overrides);
+    run_solo(comm, problem, buffers, rotation_set(i, num_sets), gpu.stream, options.overrides);
   };
   // Timed interleaved (time_loop); cuBLAS alone where one of ours fails.
   std::vector<LaunchFn> calls{cublas_call, gemm_call};
   if (solo_ok) calls.push_back(solo_call);
   if (solo_ok && options.compare) {
-    calls.push_back([&](int i) { run_solo(comm, problem, buffers, i % num_sets, gpu.stream, *options.compare); });
+    calls.push_back([&](int i) { run_solo(comm, problem, buffers, rotation_set(i, num_sets), gpu.stream, *options.compare); });
   }
   LoopTiming loop;
   const bool ours_ok = attempt(

@@ -184,13 +184,4 @@ double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn
   return time_loop(gpus, options, {launch}).launches[0].median_ms;
 }
 
-int rotation_sets(size_t bytes_per_set, size_t l2_bytes, size_t budget_bytes) {
-  constexpr int kMaxSets = 16;
-  constexpr size_t kL2Multiple = 4;
-  if (bytes_per_set == 0) return 1;
-  const size_t wanted = (kL2Multiple * l2_bytes + bytes_per_set - 1) / bytes_per_set;
-  const size_t affordable = budget_bytes / bytes_per_set;
-  return int(std::max<size_t>(1, std::min({wanted, affordable, size_t(kMaxSets)})));
-}
-
 }  // namespace tpfuse::bench

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpus.h"
+#include "rotation.h"
 #include "sensors.h"
 
 namespace tpfuse::bench {
@@ -28,7 +29,8 @@ struct TimingOptions {
 };
 
 // Queues one iteration of the timed work on every GPU of the set (streams of the set; NCCL calls
-// inside ncclGroupStart/End). `iteration` counts from 0; use it to rotate the input sets.
+// inside ncclGroupStart/End). `iteration` counts from 0; rotation_set(iteration, num_sets) is the
+// input set to take.
 using LaunchFn = std::function<void(int iteration)>;
 
 // The timed loop's results for one launch.
@@ -53,8 +55,5 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
 // One launch alone: its median time, in ms.
 double time_median_ms(GpuSet& gpus, const TimingOptions& options, const LaunchFn& launch);
 
-// How many input sets to rotate through: enough that one rotation touches about 4x the L2 cache
-// (so no iteration finds its operands cached), at most 16, and within `budget_bytes`; at least 1.
-int rotation_sets(size_t bytes_per_set, size_t l2_bytes, size_t budget_bytes);
 
 }  // namespace tpfuse::bench

@@ -81,15 +81,15 @@ void reduce_scatter_all(GpuSet& gpus, UnfusedBuffers& buffers, int set) {
 UnfusedTimes time_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, const TimingOptions& timing) {
   const int num_sets = buffers.num_sets;
   UnfusedTimes times;
-  const LoopTiming gemm = time_loop(gpus, timing, {[&](int i) { gemm_all(gpus, buffers, problem, i % num_sets); }});
+  const LoopTiming gemm = time_loop(gpus, timing, {[&](int i) { gemm_all(gpus, buffers, problem, rotation_set(i, num_sets)); }});
   times.gemm = gemm.launches[0].median_ms;
   times.gemm_host_us = gemm.launches[0].host_us;
   times.gemm_sensors = gemm.sensors;
   if (!buffers.with_comm()) return times;
-  times.comm = time_median_ms(gpus, timing, [&](int i) { reduce_scatter_all(gpus, buffers, i % num_sets); });
+  times.comm = time_median_ms(gpus, timing, [&](int i) { reduce_scatter_all(gpus, buffers, rotation_set(i, num_sets)); });
   times.seq = time_median_ms(gpus, timing, [&](int i) {
-    gemm_all(gpus, buffers, problem, i % num_sets);
-    reduce_scatter_all(gpus, buffers, i % num_sets);
+    gemm_all(gpus, buffers, problem, rotation_set(i, num_sets));
+    reduce_scatter_all(gpus, buffers, rotation_set(i, num_sets));
   });
   return times;
 }
