@@ -10,8 +10,8 @@ namespace tpfuse {
 // A field left at its default keeps the config's own choice. The benchmark sets these from its
 // flags and the tests from their parameters, so that variants compare within one process.
 struct ConfigOverrides {
-  int block_n = 0;          // tile width: 192 or 256 for 128-row tiles, 128 or 256 for 64-row ones (64 too in
-                            // the plain GEMM; the other height keeps its own choice); 0: the config's
+  int block_n = 0;          // tile width: 192 or 256 for 128-row tiles, 128 or 256 for 64-row ones (64 and
+                            // 192 too in the plain GEMM; the other height keeps its own choice); 0: the config's
   int group_rows = 0;       // row tiles per raster group; 0: the config's choice
   // gemm, all_gather_gemm, and gemm_reduce_scatter where its tiles are shared (shared_tiles below):
   int split_k = 0;          // 0: the config's choice, 1: never split K, S >= 2: each tile's K loop in S splits

@@ -99,8 +99,9 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // CTAs on W); 128-row tiles otherwise. 128-row tiles are 256 or 192 wide: 192 where 256-wide
   // tiles would leave SMs idle in the last wave (M = 512, N = 6144), or where their splits of K fill
   // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K; for the
-  // plain GEMM also 64 (one consumer), four times the CTAs, and 128 x 128 for one small band. Ties
-  // go to the first (taller, wider) shape.
+  // plain GEMM also 64 and 192 (one consumer: four times the CTAs on W, or a tile 192 wide where
+  // 256-wide ones leave SMs idle), and 128 x 128 for one small band. Ties go to the first (taller,
+  // wider) shape.
   constexpr int kSmallBandRows = 256;
   int heights[2] = {128, 0};
   if (grid.rows_per_band <= 64) {
@@ -113,13 +114,16 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   for (const int height : heights) {
     if (height == 0) continue;
     const int narrow = height == 128 ? 192 : 128;
-    // The plain GEMM's own: 64 x 64 tiles, and 128 x 128 for one band of at most kSmallBandRows.
+    // The plain GEMM's own: 64 x 64 and 64 x 192 tiles, and 128 x 128 for one band of at most
+    // kSmallBandRows.
     const int narrowest = !plain_gemm ? 0 : height == 64 ? 64 : heights[1] == 64 ? 128 : 0;
-    for (const int width : {256, narrow, narrowest}) {
+    const int one_consumer_wide = plain_gemm && height == 64 ? 192 : 0;
+    for (const int width : {256, narrow, narrowest, one_consumer_wide}) {
       if (width == 0) continue;
       // A forced width applies to the heights that have it.
       const bool forced = overrides.block_n == 256 || overrides.block_n == narrow ||
-                          (narrowest != 0 && overrides.block_n == narrowest);
+                          (narrowest != 0 && overrides.block_n == narrowest) ||
+                          (one_consumer_wide != 0 && overrides.block_n == one_consumer_wide);
       if (forced && width != overrides.block_n) continue;
       const int s = splits_for(grid, device, overrides, height, width, num_k_blocks);
       if (s == 0) continue;
@@ -135,8 +139,9 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   if (splits == 0) return forced_splits_do_not_fit(grid, device, overrides, block_m, block_n, num_k_blocks);
   // One band of 129 .. kSmallBandRows rows streaming W, which the model gives whole 64-row tiles:
   // 128 x 128 tiles in one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth
-  // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256).
-  if (plain_gemm && overrides.block_n == 0 && block_m == 64 && splits == 1 && heights[1] == 64 &&
+  // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256). Not where the model
+  // chose 64 x 192, which loads as few bytes a CTA on more CTAs.
+  if (plain_gemm && overrides.block_n == 0 && block_m == 64 && block_n != 192 && splits == 1 && heights[1] == 64 &&
       grid.rows_per_band > 128 && grid.tiles(128, 128) <= device.num_sms) {
     block_m = 128;
     block_n = 128;

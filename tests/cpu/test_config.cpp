@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gemm/config.h"
@@ -321,14 +322,8 @@ TEST(Config, OverridesApply) {
   ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), h100(), o, &g).ok());
   EXPECT_EQ(g.tile().block_n, 192) << g.to_string();
   EXPECT_EQ(g.group_rows, 3) << g.to_string();
-  // 192 is a width of 128-row tiles only: 64-row ones keep the config's own choice, and take 128 or
-  // 256 when asked.
-  GemmConfig own;
-  ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), {}, &own).ok());
-  ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), o, &g).ok());
-  EXPECT_EQ(g.tile().block_m, 64);
-  EXPECT_EQ(g.tile().block_n, own.tile().block_n);
-  for (int width : {128, 256}) {
+  // 64-row tiles take 64, 128, 192 (one consumer) or 256 when asked.
+  for (int width : {64, 128, 192, 256}) {
     ConfigOverrides w;
     w.block_n = width;
     ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), w, &g).ok());
@@ -439,9 +434,10 @@ TEST(Config, SharedStorageHoldsEveryPart) {
 
 // Small M: where a call's tiles would leave most of the SMs idle, each tile's K loop is split so
 // that about one wave of steps fills them: the four per-rank projections at P = 8 (N x K per rank),
-// M = 1 .. 64 on 64 x 64 tiles (one consumer) or 64 x 128 split, M = 128 on 64 x 128, M = 256 on
-// 128 x 128 (as many as 64 x 256 tiles, fewer bytes each), M = 512 on 128-row tiles unsplit (one
-// wave of tiles already).
+// M = 1 .. 64 on 64 x 64 tiles (one consumer) or 64 x 128 split, M = 128 on 64 x 128 or 64 x 192
+// split, M = 256 on 128 x 128 (as many as 64 x 256 tiles, fewer bytes each) or at N = 6144 on
+// 64 x 192 (one consumer: as few bytes each, a third more CTAs), M = 512 on 128-row tiles unsplit
+// (one wave of tiles already).
 TEST(Config, SplitKWhereTilesFillFewSms) {
   // Splits of at least 10 K blocks (kMinKBlocksPerSplit), where the tiles fill few SMs: split K
   // measured faster where K is deep (K/P = 2048 and 3584: 1.03-1.32 at M <= 256) and slower at
@@ -451,15 +447,15 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
   struct Expected {
     int64_t n, k;
     int block_n_64, splits_64;    // M = 1 .. 64
-    int splits_128;               // M = 128: 64 x 128 tiles
+    int block_n_128, splits_128;  // M = 128: 64-row tiles
     int block_m_256, block_n_256, splits_256;  // M = 256
     int block_n_512;              // M = 512: 128-row tiles, unsplit
   };
   for (const Expected& e : {
-           Expected{8192, 1024, 64, 1, 1, 128, 128, 1, 256},    // 16 K blocks: no split of 10
-           Expected{8192, 3584, 128, 2, 1, 128, 128, 1, 256},   // 56 K blocks: 64 tiles x 2 splits of 28
-           Expected{6144, 768, 64, 1, 1, 128, 128, 1, 192},     // 12 K blocks
-           Expected{6144, 2048, 64, 1, 1, 128, 128, 1, 192},    // 32 K blocks: 96 tiles 64 wide
+           Expected{8192, 1024, 64, 1, 128, 1, 128, 128, 1, 256},   // 16 K blocks: no split of 10
+           Expected{8192, 3584, 128, 2, 128, 1, 128, 128, 1, 256},  // 56 K blocks: 64 tiles x 2 splits of 28
+           Expected{6144, 768, 64, 1, 128, 1, 64, 192, 1, 192},     // 12 K blocks
+           Expected{6144, 2048, 64, 1, 192, 2, 64, 192, 1, 192},    // 32 K blocks: 96 tiles 64 wide
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;
@@ -473,7 +469,7 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
         EXPECT_EQ(c.split_k, e.splits_64) << what;
       } else if (m == 128) {
         EXPECT_EQ(c.tile().block_m, 64) << what;
-        EXPECT_EQ(c.tile().block_n, 128) << what;
+        EXPECT_EQ(c.tile().block_n, e.block_n_128) << what;
         EXPECT_EQ(c.split_k, e.splits_128) << what;
       } else if (m == 256) {
         EXPECT_EQ(c.tile().block_m, e.block_m_256) << what;
@@ -494,10 +490,11 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
   }
 }
 
-// Tiles of one consumer (64 x 64) and 128 x 128 ones are the plain GEMM's: its config takes the
-// first where the time model says (M <= 64) and the second for one band of 129..256 rows in one
-// wave (not at M = 128: half the CTAs of 64 x 128), overrides.block_n = 64 forces the first, and the
-// fused ops never take either (a forced 64 is an error naming it).
+// Tiles of one consumer (64 x 64, 64 x 192) and 128 x 128 ones are the plain GEMM's: its config
+// takes the first where the time model says (M <= 64, and M <= 256 where 64 x 192 tiles make one
+// wave) and 128 x 128 for one band of 129..256 rows in one wave otherwise (not at M = 128: half the
+// CTAs of 64 x 128), overrides.block_n = 64 forces 64 x 64, and the
+// fused ops never take any of them (a forced 64 is an error naming it).
 TEST(Config, PlainGemmOnlyTiles) {
   ConfigOverrides narrowest;
   narrowest.block_n = 64;
@@ -510,15 +507,21 @@ TEST(Config, PlainGemmOnlyTiles) {
   EXPECT_EQ(g.split_k, 1) << g.to_string() << ": 128 tiles, no room for a second split";
   ASSERT_TRUE(select_plain_gemm_config(make(1000, 8192, 1024, 1), h100(), narrowest, &g).ok());
   EXPECT_EQ(g.tile().block_m, 128) << g.to_string() << ": a forced width applies to the heights that have it";
-  ASSERT_TRUE(select_plain_gemm_config(make(256, 6144, 2048, 1), h100(), {}, &g).ok());
+  ASSERT_TRUE(select_plain_gemm_config(make(256, 8192, 2048, 1), h100(), {}, &g).ok());
   EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
   EXPECT_FALSE(fused_ops_take(g.tile())) << g.to_string();
-  for (int64_t m : {136, 192, 200}) {
+  // 64 x 192 (one consumer) where its tiles make one wave: as few bytes a CTA as 128 x 128.
+  ASSERT_TRUE(select_plain_gemm_config(make(256, 6144, 2048, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64192) << g.to_string();
+  EXPECT_EQ(g.tile().consumers, 1) << g.to_string();
+  EXPECT_FALSE(fused_ops_take(g.tile())) << g.to_string();
+  for (const auto& [m, tile] : {std::pair<int64_t, int>{136, 64192}, {192, 64192}, {200, 128128}}) {
     ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 3584, 1), h100(), {}, &g).ok());
-    EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
+    EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, tile) << g.to_string();
   }
   ASSERT_TRUE(select_plain_gemm_config(make(128, 6144, 2048, 1), h100(), {}, &g).ok());
-  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64128) << g.to_string();
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64192) << g.to_string();
+  EXPECT_EQ(g.split_k, 2) << g.to_string();
   // Two waves of 128 x 128 tiles: the model's own choice.
   ASSERT_TRUE(select_plain_gemm_config(make(256, 16384, 1024, 1), h100(), {}, &g).ok());
   EXPECT_NE(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();

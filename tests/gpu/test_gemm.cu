@@ -171,13 +171,14 @@ std::string difference(const std::vector<bf16>& a, const std::vector<bf16>& b, i
 
 // The overrides a split test runs: the config's own split, and forced splits in 2 and 3 where they
 // fit the shape (one wave of steps, a K block a split); at M <= 64 the same on tiles 64 and 128
-// wide (one consumer and two), at M <= 256 on 128 wide (128 x 128 tiles where they tie with 64 x 128).
+// wide (one consumer and two), at M <= 256 on 128 wide (128 x 128 tiles where they tie with 64 x 128)
+// and 192 wide (64 x 192 on one consumer where its tiles make one wave).
 std::vector<ConfigOverrides> split_overrides(const Problem& p) {
   std::vector<ConfigOverrides> out = {ConfigOverrides{}};
   DeviceInfo device;
   if (!current_device_info(&device).ok()) return out;
-  for (int block_n : {0, 64, 128}) {
-    if ((block_n == 64 && p.m > 64) || (block_n == 128 && p.m > 256)) continue;
+  for (int block_n : {0, 64, 128, 192}) {
+    if ((block_n == 64 && p.m > 64) || ((block_n == 128 || block_n == 192) && p.m > 256)) continue;
     for (int splits : {0, 2, 3}) {
       ConfigOverrides o = split_in(splits);
       o.block_n = block_n;
