@@ -434,8 +434,8 @@ TEST(Config, SharedStorageHoldsEveryPart) {
 
 // Small M: where a call's tiles would leave most of the SMs idle, each tile's K loop is split so
 // that about one wave of steps fills them: the four per-rank projections at P = 8 (N x K per rank),
-// M = 1 .. 64 on 64 x 64 tiles (one consumer) or 64 x 128 split, M = 128 on 64 x 128 or 64 x 192
-// split, M = 256 on 128 x 128 (as many as 64 x 256 tiles, fewer bytes each) or at N = 6144 on
+// M = 1 .. 64 on 64 x 64 tiles (one consumer) or 64 x 128 split, M = 128 on 64 x 128, M = 256 on
+// 128 x 128 (as many as 64 x 256 tiles, fewer bytes each) or at N = 6144 on
 // 64 x 192 (one consumer: as few bytes each, a third more CTAs), M = 512 on 128-row tiles unsplit
 // (one wave of tiles already).
 TEST(Config, SplitKWhereTilesFillFewSms) {
@@ -447,15 +447,15 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
   struct Expected {
     int64_t n, k;
     int block_n_64, splits_64;    // M = 1 .. 64
-    int block_n_128, splits_128;  // M = 128: 64-row tiles
+    int splits_128;               // M = 128: 64 x 128 tiles
     int block_m_256, block_n_256, splits_256;  // M = 256
     int block_n_512;              // M = 512: 128-row tiles, unsplit
   };
   for (const Expected& e : {
-           Expected{8192, 1024, 64, 1, 128, 1, 128, 128, 1, 256},   // 16 K blocks: no split of 10
-           Expected{8192, 3584, 128, 2, 128, 1, 128, 128, 1, 256},  // 56 K blocks: 64 tiles x 2 splits of 28
-           Expected{6144, 768, 64, 1, 128, 1, 64, 192, 1, 192},     // 12 K blocks
-           Expected{6144, 2048, 64, 1, 192, 2, 64, 192, 1, 192},    // 32 K blocks: 96 tiles 64 wide
+           Expected{8192, 1024, 64, 1, 1, 128, 128, 1, 256},   // 16 K blocks: no split of 10
+           Expected{8192, 3584, 128, 2, 1, 128, 128, 1, 256},  // 56 K blocks: 64 tiles x 2 splits of 28
+           Expected{6144, 768, 64, 1, 1, 64, 192, 1, 192},     // 12 K blocks
+           Expected{6144, 2048, 64, 1, 1, 64, 192, 1, 192},    // 32 K blocks: 96 tiles 64 wide
        }) {
     for (int64_t m : {1, 8, 16, 32, 64, 128, 256, 512}) {
       GemmConfig c;
@@ -469,7 +469,7 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
         EXPECT_EQ(c.split_k, e.splits_64) << what;
       } else if (m == 128) {
         EXPECT_EQ(c.tile().block_m, 64) << what;
-        EXPECT_EQ(c.tile().block_n, e.block_n_128) << what;
+        EXPECT_EQ(c.tile().block_n, 128) << what;
         EXPECT_EQ(c.split_k, e.splits_128) << what;
       } else if (m == 256) {
         EXPECT_EQ(c.tile().block_m, e.block_m_256) << what;
@@ -519,8 +519,14 @@ TEST(Config, PlainGemmOnlyTiles) {
     ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 3584, 1), h100(), {}, &g).ok());
     EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, tile) << g.to_string();
   }
+  // Never split on its own (one consumer adds the partials): 64 x 128 whole at M = 128 instead.
   ASSERT_TRUE(select_plain_gemm_config(make(128, 6144, 2048, 1), h100(), {}, &g).ok());
-  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64192) << g.to_string();
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64128) << g.to_string();
+  ConfigOverrides wide_split;
+  wide_split.block_n = 192;
+  wide_split.split_k = 2;
+  ASSERT_TRUE(select_plain_gemm_config(make(128, 6144, 2048, 1), h100(), wide_split, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64192) << g.to_string() << ": forced, it splits";
   EXPECT_EQ(g.split_k, 2) << g.to_string();
   // Two waves of 128 x 128 tiles: the model's own choice.
   ASSERT_TRUE(select_plain_gemm_config(make(256, 16384, 1024, 1), h100(), {}, &g).ok());
