@@ -89,13 +89,14 @@ bool parse_overrides(const std::string& text, ConfigOverrides* overrides, std::s
       int* field = key == "block_n" ? &o.block_n
                    : key == "group_rows" ? &o.group_rows
                    : key == "split_k" ? &o.split_k
+                   : key == "swap_ab" ? &o.swap_ab
                    : key == "own_lag" ? &o.own_lag
                    : key == "partial_rounds" ? &o.partial_rounds
                    : key == "shared_tiles" ? &o.shared_tiles
                    : key == "idle_copiers" ? &o.idle_copiers
                    : nullptr;
       if (eq == std::string::npos || field == nullptr) {
-        *error = "'" + entry + "' is not FIELD=VALUE with FIELD one of block_n, group_rows, split_k, own_lag, partial_rounds, shared_tiles, idle_copiers";
+        *error = "'" + entry + "' is not FIELD=VALUE with FIELD one of block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds, shared_tiles, idle_copiers";
         return false;
       }
       const std::optional<int64_t> value = parse_int(entry.substr(eq + 1), -1, std::numeric_limits<int32_t>::max());
@@ -186,8 +187,8 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --no-sensors     do not read the SM clock and power while timing (to see that reading them does\n"
          "                   not change the times)\n"
          "  --overrides O    the library's config overrides for our calls, e.g. 'own_lag=0,partial_rounds=2'\n"
-         "                   (fields block_n, group_rows, split_k, own_lag, partial_rounds, shared_tiles,\n"
-         "                   idle_copiers; default none)\n"
+         "                   (fields block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds,\n"
+         "                   shared_tiles, idle_copiers; default none)\n"
          "  --compare O      modes gemm and proxy: also time our calls with overrides O, interleaved with\n"
          "                   the others, and report the ratio (a before/after in one process)\n"
          "  --json FILE      write the results as JSON\n"

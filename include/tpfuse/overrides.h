@@ -15,6 +15,10 @@ struct ConfigOverrides {
   int group_rows = 0;       // row tiles per raster group; 0: the config's choice
   // gemm, all_gather_gemm, and gemm_reduce_scatter where its tiles are shared (shared_tiles below):
   int split_k = 0;          // 0: the config's choice, 1: never split K, S >= 2: each tile's K loop in S splits
+  // gemm only, at m <= 64: the kernel that computes C^T = W^T A^T (W on the WGMMA's 64-row side, A's
+  // rows on its narrow one); 1 wherever m <= 64, 0 never, -1: the config's (a forced block_n or
+  // split_k means the tiled kernel)
+  int swap_ab = -1;
   // gemm_reduce_scatter only:
   int own_lag = -1;         // rounds from a peer's tile to the own tile of the same rows; -1: the config's
   int partial_rounds = -1;  // at most this many rounds of an own tile's partials in its K loop; -1: the config's

@@ -10,6 +10,7 @@ std::string ConfigOverrides::to_string() const {
   if (block_n != 0) add("block_n", block_n);
   if (group_rows != 0) add("group_rows", group_rows);
   if (split_k != 0) add("split_k", split_k);
+  if (swap_ab != -1) add("swap_ab", swap_ab);
   if (own_lag != -1) add("own_lag", own_lag);
   if (partial_rounds != -1) add("partial_rounds", partial_rounds);
   if (shared_tiles != -1) add("shared_tiles", shared_tiles);
@@ -32,6 +33,10 @@ Status validate(const ConfigOverrides& o) {
     return Status::InvalidArgument("overrides.split_k = " + std::to_string(o.split_k) +
                                    " must be 0 (the config's choice), 1 (never split K) or a number of splits 2.." +
                                    std::to_string(kMaxSplitK));
+  }
+  if (o.swap_ab < -1 || o.swap_ab > 1) {
+    return Status::InvalidArgument("overrides.swap_ab = " + std::to_string(o.swap_ab) +
+                                   " must be 1 (wherever m <= 64), 0 (never) or -1 (the config's choice)");
   }
   if (o.own_lag < -1 || o.own_lag > kMaxRounds) {
     return Status::InvalidArgument("overrides.own_lag = " + std::to_string(o.own_lag) + " must be a number of rounds in 0.." +

@@ -221,6 +221,18 @@ int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
   return std::max(1, kGroupRowsPerWave / std::max(1, segments_in_flight));
 }
 
+int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides) {
+  constexpr int kCols = 64;  // C's columns a tile
+  if (problem.m > 64 || overrides.swap_ab == 0) return 0;
+  const bool tiles_forced = overrides.block_n != 0 || overrides.split_k != 0;
+  const bool fills_sms = 2 * ((problem.n + kCols - 1) / kCols) >= device.num_sms;
+  if (overrides.swap_ab != 1 && (tiles_forced || !fills_sms)) return 0;
+  for (const int rows : {8, 16, 32}) {
+    if (problem.m <= rows) return rows;
+  }
+  return 64;
+}
+
 Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides,
                                 GemmConfig* config) {
   static constexpr SmemByVariant kSmem = smem_bytes_by_variant<NoOpSync>();

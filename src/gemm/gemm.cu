@@ -1,7 +1,8 @@
 // tpfuse::gemm: one rank's partial product with the mainloop the fused ops are built on. Its
 // epilogue stores each tile into C on this GPU; its schedule is the output in raster order. Where
 // the tiles would leave most SMs idle (small M), each tile's K loop is split over several CTAs
-// instead, whose partials the last of them adds (gemm/split_k.h, gemm/split_k_epilogue.cuh).
+// instead, whose partials the last of them adds (gemm/split_k.h, gemm/split_k_epilogue.cuh). At
+// m <= 64 over wide outputs a kernel of its own streams W instead (gemm/swap_ab.cuh).
 #include "core/env.h"
 #include "gemm/launch.cuh"
 #include "gemm/raster.h"
@@ -9,6 +10,7 @@
 #include "gemm/split_k_epilogue.cuh"
 #include "gemm/split_k_workspace.h"
 #include "gemm/store_epilogue.cuh"
+#include "gemm/swap_ab.cuh"
 #include "tpfuse/gemm.h"
 
 namespace tpfuse {
@@ -56,6 +58,46 @@ Status launch_gemm(Kernel kernel, const Params& params, const GemmConfig& config
   return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream);
 }
 
+// The swap-AB kernel over A's rows rounded up to kRows.
+template <int kRows, bool kWeightKMajor>
+Status launch_swap_ab(const Problem& problem, const void* a, const void* w, void* c, bool debug, cudaStream_t stream) {
+  using Config = kernels::SwapAbConfig<kRows, kWeightKMajor>;
+  const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
+  kernels::SwapAbParams params{};
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, kRows, Config::kBlockK, &params.a));
+  if constexpr (kWeightKMajor) {
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kCols, Config::kBlockK, &params.w));
+  } else {
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, k, n, n, Config::kBlockK, Config::kCols, &params.w));
+  }
+  params.c = static_cast<__nv_bfloat16*>(c);
+  params.m = int(m);
+  params.n = int(n);
+  params.num_tiles = int((n + Config::kCols - 1) / Config::kCols);
+  params.num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);
+  const size_t smem = sizeof(typename Config::Storage) + 1024;
+  const auto kernel = kernels::swap_ab_gemm_kernel<Config>;
+  int grid = 0;
+  TPFUSE_RETURN_IF_ERROR(resident_grid<Config>(kernel, smem, params.num_tiles, &grid));
+  if (debug) {
+    std::fprintf(stderr, "tpfuse: launch swap_ab grid %d x %d threads, %zu B smem, rows %d, %d stages, %d tiles, %d k-blocks\n",
+                 grid, Config::kThreads, smem, kRows, Config::kStages, params.num_tiles, params.num_k_blocks);
+  }
+  return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream);
+}
+
+template <bool kWeightKMajor>
+Status launch_swap_ab(int rows, const Problem& problem, const void* a, const void* w, void* c, bool debug,
+                      cudaStream_t stream) {
+  switch (rows) {
+    case 8: return launch_swap_ab<8, kWeightKMajor>(problem, a, w, c, debug, stream);
+    case 16: return launch_swap_ab<16, kWeightKMajor>(problem, a, w, c, debug, stream);
+    case 32: return launch_swap_ab<32, kWeightKMajor>(problem, a, w, c, debug, stream);
+    case 64: return launch_swap_ab<64, kWeightKMajor>(problem, a, w, c, debug, stream);
+    default: return Status::Internal("no swap-AB kernel for " + std::to_string(rows) + " rows");
+  }
+}
+
 }  // namespace
 
 Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cudaStream_t stream,
@@ -74,6 +116,14 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   GemmConfig config;
   TPFUSE_RETURN_IF_ERROR(select_plain_gemm_config(problem, device, overrides, &config));
+  if (const int rows = swap_ab_rows(problem, device, overrides); rows != 0) {
+    if (debug) {
+      std::fprintf(stderr, "tpfuse: gemm %s, overrides %s -> swap_ab, rows %d\n", problem.to_string().c_str(),
+                   overrides.to_string().c_str(), rows);
+    }
+    return problem.weight_layout == WeightLayout::kNxK ? launch_swap_ab<true>(rows, problem, a, w, c, debug, stream)
+                                                       : launch_swap_ab<false>(rows, problem, a, w, c, debug, stream);
+  }
   if (debug) {
     std::fprintf(stderr, "tpfuse: gemm %s, overrides %s -> %s\n", problem.to_string().c_str(),
                  overrides.to_string().c_str(), config.to_string().c_str());

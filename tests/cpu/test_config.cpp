@@ -544,6 +544,32 @@ TEST(Config, PlainGemmOnlyTiles) {
   }
 }
 
+// The swap-AB kernel: M <= 64 over at least half the SMs' worth of 64-column tiles, A's rows rounded
+// up to a WGMMA's N; never past 64 rows; forced tiles or splits keep the tiled kernel unless swap_ab
+// is forced too.
+TEST(Config, SwapAbRows) {
+  for (const auto& [m, rows] : {std::pair<int64_t, int>{1, 8}, {8, 8}, {9, 16}, {16, 16}, {24, 32}, {33, 64}, {64, 64}}) {
+    EXPECT_EQ(swap_ab_rows(make(m, 8192, 3584, 1), h100(), {}), rows) << "m = " << m;
+  }
+  EXPECT_EQ(swap_ab_rows(make(65, 8192, 3584, 1), h100(), {}), 0);
+  EXPECT_EQ(swap_ab_rows(make(8, 4224, 1024, 1), h100(), {}), 8) << "66 tiles: half the SMs";
+  EXPECT_EQ(swap_ab_rows(make(8, 4160, 1024, 1), h100(), {}), 0) << "65 tiles";
+  ConfigOverrides never, always, tiles, splits;
+  never.swap_ab = 0;
+  always.swap_ab = 1;
+  tiles.block_n = 128;
+  splits.split_k = 1;
+  EXPECT_EQ(swap_ab_rows(make(8, 8192, 1024, 1), h100(), never), 0);
+  EXPECT_EQ(swap_ab_rows(make(8, 264, 1024, 1), h100(), always), 8);
+  EXPECT_EQ(swap_ab_rows(make(128, 8192, 1024, 1), h100(), always), 0);
+  EXPECT_EQ(swap_ab_rows(make(8, 8192, 1024, 1), h100(), tiles), 0);
+  EXPECT_EQ(swap_ab_rows(make(8, 8192, 1024, 1), h100(), splits), 0);
+  ConfigOverrides bad;
+  bad.swap_ab = 2;
+  EXPECT_EQ(validate(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(validate(bad).message().find("overrides.swap_ab = 2"), std::string::npos);
+}
+
 // overrides.split_k: 1 never splits, S >= 2 splits in S (where that fits one wave of steps and the K
 // blocks), else an error that names it; the reduce-scatter never splits.
 TEST(Config, SplitKOverrides) {

@@ -147,6 +147,34 @@ GemmConfig config_of(const Problem& p, const ConfigOverrides& o = {}) {
   return c;
 }
 
+// The swap-AB kernel with more 64-column tiles than CTAs (each CTA walks several, its ring going on
+// across them), N and K not multiples of its tile and K block, A's rows padded (5 of 8): bit for bit.
+TEST(GemmSwapAb, SeveralTilesPerCtaBitForBit) {
+  for (const WeightLayout layout : {WeightLayout::kKxN, WeightLayout::kNxK}) {
+    const Problem p{5, 20000, 136, 1, layout};
+    DeviceArray<__nv_bfloat16> a(size_t(p.m) * p.k_per_rank), w(size_t(p.k_per_rank) * p.n), c(size_t(p.m) * p.n);
+    DeviceArray<float> ref(size_t(p.m) * p.n);
+    fill_small_ints(a.ptr, a.count, 7);
+    fill_small_ints(w.ptr, w.count, 8);
+    reference_gemm(p, a.ptr, w.ptr, ref.ptr);
+    poison(c.ptr, c.count);
+    ConfigOverrides o;
+    o.swap_ab = 1;
+    ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr, o).ok()) << p.to_string();
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    const int64_t bad = first_mismatch(c.to_host(), ref.to_host());
+    EXPECT_EQ(bad, -1) << p.to_string() << ": first mismatch at " << element_at(bad, p.n);
+  }
+}
+
+// What a call runs: the swap-AB kernel's rows, or the tiled kernel's config.
+std::string kernel_of(const Problem& p, const ConfigOverrides& o) {
+  DeviceInfo device;
+  EXPECT_TRUE(current_device_info(&device).ok());
+  const int rows = swap_ab_rows(p, device, o);
+  return rows != 0 ? "swap_ab rows " + std::to_string(rows) : config_of(p, o).to_string();
+}
+
 ConfigOverrides split_in(int splits) {
   ConfigOverrides o;
   o.split_k = splits;
@@ -172,11 +200,19 @@ std::string difference(const std::vector<bf16>& a, const std::vector<bf16>& b, i
 // The overrides a split test runs: the config's own split, and forced splits in 2 and 3 where they
 // fit the shape (one wave of steps, a K block a split); at M <= 64 the same on tiles 64 and 128
 // wide (one consumer and two), at M <= 256 on 128 wide (128 x 128 tiles where they tie with 64 x 128)
-// and 192 wide (64 x 192 on one consumer where its tiles make one wave).
+// and 192 wide (64 x 192 on one consumer where its tiles make one wave); at M <= 64 also the
+// swap-AB kernel and, where the config takes that, the tiled kernel's own choice.
 std::vector<ConfigOverrides> split_overrides(const Problem& p) {
   std::vector<ConfigOverrides> out = {ConfigOverrides{}};
   DeviceInfo device;
   if (!current_device_info(&device).ok()) return out;
+  if (p.m <= 64) {
+    for (int swap_ab : {0, 1}) {
+      ConfigOverrides o;
+      o.swap_ab = swap_ab;
+      out.push_back(o);
+    }
+  }
   for (int block_n : {0, 64, 128, 192}) {
     if ((block_n == 64 && p.m > 64) || ((block_n == 128 || block_n == 192) && p.m > 256)) continue;
     for (int splits : {0, 2, 3}) {
@@ -206,7 +242,7 @@ TEST_P(GemmSplitK, WithinCublasErrorRunToRun) {
   const auto ref_host = ref.to_host();
   const ErrorStats theirs = error_sums(c_cublas.to_host(), ref_host).stats();
   for (const ConfigOverrides& o : split_overrides(p)) {
-    const std::string what = p.to_string() + ", " + config_of(p, o).to_string();
+    const std::string what = p.to_string() + ", " + kernel_of(p, o);
     std::vector<bf16> first_run;
     for (int run = 0; run < 3; ++run) {
       poison(c.ptr, c.count);
@@ -248,7 +284,7 @@ TEST_P(GemmSplitK, SmallIntegersBitIdenticalToUnsplit) {
     poison(c.ptr, c.count);
     ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr, o).ok());
     ASSERT_CUDA(cudaDeviceSynchronize());
-    EXPECT_EQ(difference(c.to_host(), unsplit, n), "") << p.to_string() << ", " << config_of(p, o).to_string();
+    EXPECT_EQ(difference(c.to_host(), unsplit, n), "") << p.to_string() << ", " << kernel_of(p, o);
   }
 }
 
