@@ -223,10 +223,17 @@ int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
 
 int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides) {
   constexpr int kCols = 64;  // C's columns a tile
+  // Where it measured faster than the tiled kernel (docs/EXPERIMENTS.md): up to 16 rows, and at any
+  // m <= 64 a deep K (llama down_proj at K/P = 3584: 1.08-1.11x); at 32-64 rows and K of 12-32
+  // blocks the tiled kernel's own choice was up to 7% faster.
+  constexpr int kFewRows = 16;
+  constexpr int64_t kDeepKBlocks = 48;
   if (problem.m > 64 || overrides.swap_ab == 0) return 0;
   const bool tiles_forced = overrides.block_n != 0 || overrides.split_k != 0;
   const bool fills_sms = 2 * ((problem.n + kCols - 1) / kCols) >= device.num_sms;
-  if (overrides.swap_ab != 1 && (tiles_forced || !fills_sms)) return 0;
+  const int64_t k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
+  const bool faster = problem.m <= kFewRows || k_blocks >= kDeepKBlocks;
+  if (overrides.swap_ab != 1 && (tiles_forced || !fills_sms || !faster)) return 0;
   for (const int rows : {8, 16, 32}) {
     if (problem.m <= rows) return rows;
   }

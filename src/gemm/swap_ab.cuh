@@ -1,8 +1,9 @@
 // The plain GEMM's kernel for M <= 64 rows: C^T = W^T A^T, so that W takes the WGMMA's 64-row side
-// and A's few rows its narrow one (m64 n{8,16,32,64}). A stage then holds a 64 x 64 piece of W and
-// only kRows rows of A (the tiled kernel's 64-row A stage is mostly rows past M at decode sizes),
-// so about twice the stages of W fit in shared memory and stay in flight: at these M the GEMM is
-// a stream of W.
+// and A's few rows its narrow one (m64 n{8,16,32,64}): at these M the GEMM is a stream of W.
+//
+// A stage holding 64 x 64 of W and only kRows rows of A (the tiled kernel's 64-row A stage is
+// mostly rows past M at decode sizes), the ring's depth is free of A's rows: 10 stages, the depth
+// that measured fastest (deeper rings, up to the 25 that fit, were slower; docs/EXPERIMENTS.md).
 //
 // A tile is 64 columns of C by all of its rows, over the whole K loop; the CTAs walk the tiles
 // persistently (tile cta, cta + grid, ...). Warp 0 of warpgroup 0 loads (one thread), warpgroup 1
@@ -31,9 +32,7 @@ struct SwapAbConfig {
 
   static constexpr int kWBytes = kCols * kBlockK * 2;
   static constexpr int kABytes = kRows * kBlockK * 2;
-  // As many stages as fit the 227 KiB a block may opt in to, less the base's alignment slack and the
-  // barriers.
-  static constexpr int kStages = (232448 - 2048) / (kWBytes + kABytes);
+  static constexpr int kStages = 10;
 
   struct Storage {
     uint16_t w[kStages][kCols * kBlockK];  // 1024-byte aligned pieces (TMA SWIZZLE_128B)

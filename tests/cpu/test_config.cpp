@@ -544,14 +544,20 @@ TEST(Config, PlainGemmOnlyTiles) {
   }
 }
 
-// The swap-AB kernel: M <= 64 over at least half the SMs' worth of 64-column tiles, A's rows rounded
-// up to a WGMMA's N; never past 64 rows; forced tiles or splits keep the tiled kernel unless swap_ab
-// is forced too.
+// The swap-AB kernel: over at least half the SMs' worth of 64-column tiles, at M <= 16 or (M <= 64)
+// K of 48 blocks or more, A's rows rounded up to a WGMMA's N; never past 64 rows; forced tiles or
+// splits keep the tiled kernel unless swap_ab is forced too.
 TEST(Config, SwapAbRows) {
   for (const auto& [m, rows] : {std::pair<int64_t, int>{1, 8}, {8, 8}, {9, 16}, {16, 16}, {24, 32}, {33, 64}, {64, 64}}) {
-    EXPECT_EQ(swap_ab_rows(make(m, 8192, 3584, 1), h100(), {}), rows) << "m = " << m;
+    EXPECT_EQ(swap_ab_rows(make(m, 8192, 3584, 1), h100(), {}), rows) << "m = " << m << ", 56 K blocks";
   }
   EXPECT_EQ(swap_ab_rows(make(65, 8192, 3584, 1), h100(), {}), 0);
+  for (const int64_t k : {768, 1024, 2048}) {
+    EXPECT_EQ(swap_ab_rows(make(16, 6144, k, 1), h100(), {}), 16) << "k = " << k;
+    EXPECT_EQ(swap_ab_rows(make(17, 6144, k, 1), h100(), {}), 0) << "k = " << k << ": 12-32 K blocks";
+    EXPECT_EQ(swap_ab_rows(make(64, 8192, k, 1), h100(), {}), 0) << "k = " << k;
+  }
+  EXPECT_EQ(swap_ab_rows(make(64, 8192, 3072, 1), h100(), {}), 64) << "48 K blocks";
   EXPECT_EQ(swap_ab_rows(make(8, 4224, 1024, 1), h100(), {}), 8) << "66 tiles: half the SMs";
   EXPECT_EQ(swap_ab_rows(make(8, 4160, 1024, 1), h100(), {}), 0) << "65 tiles";
   ConfigOverrides never, always, tiles, splits;
