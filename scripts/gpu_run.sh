@@ -57,9 +57,12 @@ for step in "${steps[@]}"; do
       small_fused+=':*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P4_M128_N1000_K64_KxN:*FusedExact*/P2_M64_N520_K128_KxN_split2'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
       run_step memcheck_fused compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter="${small_fused}"
-      # The GEMM's tiles of one consumer (its ring released by one warpgroup), whole and split.
+      # The GEMM's tiles of one consumer (64 x 64 and 64 x 192: its ring released by one warpgroup),
+      # whole and split, and the swap-AB kernel (forced in the split tests too), several tiles a CTA.
       # (Tests without cuBLAS: racecheck reports cuBLAS's own small-M kernel.)
       one_consumer='*GemmSplitK.SmallIntegers*/M8_N1000_K1024_NxK:*GemmSplitK.SmallIntegers*/M24_N1000_K2056_KxN'
+      one_consumer+=':*GemmSplitK.SmallIntegers*/M200_N264_K1000_NxK:*GemmSwapAb*'
+      run_step memcheck_gemm_one_consumer compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       run_step racecheck_gemm compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       run_step synccheck_gemm compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       # Not the one-wave P = 8 case: with several steps per CTA racecheck reports the producer's note
