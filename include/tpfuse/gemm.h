@@ -18,6 +18,8 @@ namespace tpfuse {
 // first such call on that stream (also while it is being captured into a CUDA graph) and kept until
 // the process exits. Calls on different streams may overlap; a captured graph uses the workspace of
 // the stream it was captured from, so its replays must not overlap each other or calls on that stream.
+// At m <= 64 over wide outputs a kernel of its own (overrides.swap_ab) may run instead, without the
+// workspace.
 Status gemm(const Problem& problem, const void* a, const void* w, void* c, cudaStream_t stream,
             const ConfigOverrides& overrides = {});
 

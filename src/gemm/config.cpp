@@ -224,7 +224,7 @@ int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
 int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides) {
   constexpr int kCols = 64;  // C's columns a tile
   // Where it measured faster than the tiled kernel (docs/EXPERIMENTS.md): up to 16 rows, and at any
-  // m <= 64 a deep K (llama down_proj at K/P = 3584: 1.08-1.11x); at 32-64 rows and K of 12-32
+  // m <= 64 a deep K (llama down_proj at K/P = 3584: 1.07-1.11x); at 32-64 rows and K of 12-32
   // blocks the tiled kernel's own choice was up to 7% faster.
   constexpr int kFewRows = 16;
   constexpr int64_t kDeepKBlocks = 48;

@@ -80,7 +80,8 @@ Status launch_swap_ab(const Problem& problem, const void* a, const void* w, void
   int grid = 0;
   TPFUSE_RETURN_IF_ERROR(resident_grid<Config>(kernel, smem, params.num_tiles, &grid));
   if (debug) {
-    std::fprintf(stderr, "tpfuse: launch swap_ab grid %d x %d threads, %zu B smem, rows %d, %d stages, %d tiles, %d k-blocks\n",
+    std::fprintf(stderr,
+                 "tpfuse: launch swap_ab grid %d x %d threads, %zu B smem, rows %d, %d stages, %d tiles, %d k-blocks\n",
                  grid, Config::kThreads, smem, kRows, Config::kStages, params.num_tiles, params.num_k_blocks);
   }
   return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream);

@@ -548,7 +548,8 @@ TEST(Config, PlainGemmOnlyTiles) {
 // K of 48 blocks or more, A's rows rounded up to a WGMMA's N; never past 64 rows; forced tiles or
 // splits keep the tiled kernel unless swap_ab is forced too.
 TEST(Config, SwapAbRows) {
-  for (const auto& [m, rows] : {std::pair<int64_t, int>{1, 8}, {8, 8}, {9, 16}, {16, 16}, {24, 32}, {33, 64}, {64, 64}}) {
+  for (const auto& [m, rows] :
+       {std::pair<int64_t, int>{1, 8}, {8, 8}, {9, 16}, {16, 16}, {24, 32}, {33, 64}, {64, 64}}) {
     EXPECT_EQ(swap_ab_rows(make(m, 8192, 3584, 1), h100(), {}), rows) << "m = " << m << ", 56 K blocks";
   }
   EXPECT_EQ(swap_ab_rows(make(65, 8192, 3584, 1), h100(), {}), 0);
