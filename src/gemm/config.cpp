@@ -96,17 +96,19 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // The tile this output wants, by the time model over the compiled shapes: 64-row tiles (the two
   // consumers splitting the columns instead of the rows) for a band of at most 64 rows, which would
   // waste most of a 128-row tile, and also for one band of at most kSmallBandRows (small M: more
-  // CTAs on W); 128-row tiles otherwise. 128-row tiles are 256 or 192 wide: 192 where 256-wide
+  // CTAs on W; the plain GEMM's up to kPlainGemmBandRows, where 128-row tiles in splits of K left the
+  // column-parallel shapes at 0.63-0.83x cuBLAS's speed); 128-row tiles otherwise. 128-row tiles are 256 or 192 wide: 192 where 256-wide
   // tiles would leave SMs idle in the last wave (M = 512, N = 6144), or where their splits of K fill
   // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K; for the
   // plain GEMM also 64 and 192 (one consumer: four times the CTAs on W, or a tile 192 wide where
   // 256-wide ones leave SMs idle), and 128 x 128 for one small band. Ties go to the first (taller,
   // wider) shape.
   constexpr int kSmallBandRows = 256;
+  constexpr int kPlainGemmBandRows = 512;
   int heights[2] = {128, 0};
   if (grid.rows_per_band <= 64) {
     heights[0] = 64;
-  } else if (grid.bands == 1 && grid.rows_per_band <= kSmallBandRows) {
+  } else if (grid.bands == 1 && grid.rows_per_band <= (plain_gemm ? kPlainGemmBandRows : kSmallBandRows)) {
     heights[1] = 64;
   }
   int block_m = heights[0], block_n = 256, splits = 0;
@@ -145,7 +147,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256). Not where the model
   // chose 64 x 192, which loads as few bytes a CTA on more CTAs.
   if (plain_gemm && overrides.block_n == 0 && block_m == 64 && block_n != 192 && splits == 1 && heights[1] == 64 &&
-      grid.rows_per_band > 128 && grid.tiles(128, 128) <= device.num_sms) {
+      grid.rows_per_band > 128 && grid.rows_per_band <= kSmallBandRows && grid.tiles(128, 128) <= device.num_sms) {
     block_m = 128;
     block_n = 128;
   }
