@@ -544,6 +544,26 @@ TEST(Config, PlainGemmOnlyTiles) {
   }
 }
 
+// The plain GEMM weighs 64-row tiles for one band of up to 512 rows: the column-parallel shapes at
+// M = 384-512 take them (in fewer splits than 128-row tiles needed); the row-parallel ones at M = 512
+// keep 128-row tiles; the fused ops weigh them up to 256 rows only.
+TEST(Config, PlainGemm64RowTilesUpTo512Rows) {
+  GemmConfig g;
+  for (const int64_t m : {384, 512}) {
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1024, 6144}, {1280, 8192}, {4096, 6144}}) {
+      ASSERT_TRUE(select_plain_gemm_config(make(m, n, k, 1), h100(), {}, &g).ok());
+      EXPECT_EQ(g.tile().block_m, 64) << make(m, n, k, 1).to_string() << " -> " << g.to_string();
+    }
+  }
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 1024}, {8192, 3584}, {6144, 768}, {6144, 2048}}) {
+    ASSERT_TRUE(select_plain_gemm_config(make(512, n, k, 1), h100(), {}, &g).ok());
+    EXPECT_EQ(g.tile().block_m, 128) << g.to_string();
+  }
+  GemmRsConfig rs;
+  ASSERT_TRUE(select_gemm_rs_config(make(512, 1024, 6144, 1), h100(), {}, &rs).ok());
+  EXPECT_EQ(rs.gemm.tile().block_m, 128) << rs.to_string();
+}
+
 // The swap-AB kernel: over at least half the SMs' worth of 64-column tiles, at M <= 16 or (M <= 64)
 // K of 48 blocks or more, A's rows rounded up to a WGMMA's N; never past 64 rows; forced tiles or
 // splits keep the tiled kernel unless swap_ab is forced too.
