@@ -42,6 +42,7 @@ struct SwapAbConfig {
   };
   static_assert(kRows == 8 || kRows == 16 || kRows == 32 || kRows == 64, "a WGMMA's N of 8, 16, 32 or 64");
   static_assert(kABytes % 1024 == 0, "A's pieces stay 1024-byte aligned");
+  static_assert(sizeof(Storage) + 1024 <= 232448, "the ring and its alignment slack fit the 227 KiB a block takes");
 };
 
 struct SwapAbParams {
