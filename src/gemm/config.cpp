@@ -227,7 +227,7 @@ int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigO
   constexpr int kCols = 64;  // C's columns a tile
   // Where it measured faster than the tiled kernel (docs/EXPERIMENTS.md): up to 16 rows, and at any
   // m <= 64 a deep K (llama down_proj at K/P = 3584: 1.07-1.11x); at 32-64 rows and K of 12-32
-  // blocks the tiled kernel's own choice was up to 7% faster.
+  // blocks the tiled kernel's own choice was up to 10% faster.
   constexpr int kFewRows = 16;
   constexpr int64_t kDeepKBlocks = 48;
   if (problem.m > 64 || overrides.swap_ab == 0) return 0;
