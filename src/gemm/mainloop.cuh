@@ -190,27 +190,49 @@ __device__ __forceinline__ void for_each_tile(const Schedule& schedule, int cta,
   for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(schedule.tile(steps.step()));
 }
 
-// One m64nNk16 WGMMA, A and W from shared memory, accumulating into `acc` (N/2 floats a thread).
-template <int N, bool kWeightKMajor>
-struct Wgmma {
-  static constexpr auto kMajorW = kWeightKMajor ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
-  using Op = std::conditional_t<
-      N == 256, cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-      std::conditional_t<
-          N == 192, cute::SM90::GMMA::MMA_64x192x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-          std::conditional_t<N == 128, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>,
-                             cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K, kMajorW>>>>;
+namespace gmma = cute::SM90::GMMA;
+
+// The m64nNk16 BF16 WGMMA atom with both operands in shared memory, for each N the kernels issue.
+template <int N, gmma::Major A, gmma::Major B>
+struct WgmmaAtom;
+template <gmma::Major A, gmma::Major B>
+struct WgmmaAtom<8, A, B> { using Op = gmma::MMA_64x8x16_F32BF16BF16_SS<A, B>; };
+template <gmma::Major A, gmma::Major B>
+struct WgmmaAtom<16, A, B> { using Op = gmma::MMA_64x16x16_F32BF16BF16_SS<A, B>; };
+template <gmma::Major A, gmma::Major B>
+struct WgmmaAtom<32, A, B> { using Op = gmma::MMA_64x32x16_F32BF16BF16_SS<A, B>; };
+template <gmma::Major A, gmma::Major B>
+struct WgmmaAtom<64, A, B> { using Op = gmma::MMA_64x64x16_F32BF16BF16_SS<A, B>; };
+template <gmma::Major A, gmma::Major B>
+struct WgmmaAtom<128, A, B> { using Op = gmma::MMA_64x128x16_F32BF16BF16_SS<A, B>; };
+template <gmma::Major A, gmma::Major B>
+struct WgmmaAtom<192, A, B> { using Op = gmma::MMA_64x192x16_F32BF16BF16_SS<A, B>; };
+template <gmma::Major A, gmma::Major B>
+struct WgmmaAtom<256, A, B> { using Op = gmma::MMA_64x256x16_F32BF16BF16_SS<A, B>; };
+
+// One m64nNk16 WGMMA, both operands from shared memory (each K- or MN-major), accumulating into
+// `acc` (N/2 floats a thread).
+template <int N, gmma::Major kMajorA, gmma::Major kMajorB>
+struct WgmmaSS {
+  using Op = typename WgmmaAtom<N, kMajorA, kMajorB>::Op;
 
   template <size_t... I>
-  __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate,
+  __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_b, float* acc, bool accumulate,
                                               std::index_sequence<I...>) {
-    Op::fma(desc_a, desc_w, acc[I]...,
-            accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+    Op::fma(desc_a, desc_b, acc[I]..., accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
   }
-  __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_w, float* acc, bool accumulate) {
-    call(desc_a, desc_w, acc, accumulate, std::make_index_sequence<N / 2>{});
+  __device__ __forceinline__ static void mma(uint64_t desc_a, uint64_t desc_b, float* acc, bool accumulate) {
+    call(desc_a, desc_b, acc, accumulate, std::make_index_sequence<N / 2>{});
   }
 };
+
+// W's major-ness as stored: K-major (N x K) or MN-major (K x N).
+template <bool kWeightKMajor>
+inline constexpr gmma::Major kMajorW = kWeightKMajor ? gmma::Major::K : gmma::Major::MN;
+
+// The tiled kernel's WGMMA: A (K-major) by W.
+template <int N, bool kWeightKMajor>
+using Wgmma = WgmmaSS<N, gmma::Major::K, kMajorW<kWeightKMajor>>;
 
 // Where a consumer's 64-row slab sits inside the tile.
 template <class Config>

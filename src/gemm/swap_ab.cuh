@@ -13,11 +13,8 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
-#include <cute/arch/mma_sm90_gmma.hpp>
-#include <type_traits>
-#include <utility>
-
 #include "core/ptx.cuh"
+#include "gemm/mainloop.cuh"
 
 namespace tpfuse::kernels {
 
@@ -55,38 +52,9 @@ struct SwapAbParams {
   int num_k_blocks;
 };
 
-// One m64 n{kRows} k16 WGMMA: W from shared memory as the A operand (K- or MN-major as stored), A's
-// rows as the B operand (K-major).
-template <int N, bool kWeightKMajor>
-struct SwapAbMma {
-  static constexpr auto kMajorW = kWeightKMajor ? cute::SM90::GMMA::Major::K : cute::SM90::GMMA::Major::MN;
-  static constexpr auto kMajorA = cute::SM90::GMMA::Major::K;
-  using Op = std::conditional_t<
-      N == 8, cute::SM90::GMMA::MMA_64x8x16_F32BF16BF16_SS<kMajorW, kMajorA>,
-      std::conditional_t<N == 16, cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_SS<kMajorW, kMajorA>,
-                         std::conditional_t<N == 32, cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<kMajorW, kMajorA>,
-                                            cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<kMajorW, kMajorA>>>>;
-
-  template <size_t... I>
-  __device__ __forceinline__ static void call(uint64_t desc_w, uint64_t desc_a, float* acc, bool accumulate,
-                                              std::index_sequence<I...>) {
-    Op::fma(desc_w, desc_a, acc[I]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-  }
-  __device__ __forceinline__ static void mma(uint64_t desc_w, uint64_t desc_a, float* acc, bool accumulate) {
-    call(desc_w, desc_a, acc, accumulate, std::make_index_sequence<N / 2>{});
-  }
-};
-
-template <class Config>
-__device__ __forceinline__ typename Config::Storage& swap_ab_storage() {
-  extern __shared__ uint8_t smem_raw[];
-  return *reinterpret_cast<typename Config::Storage*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                       ~uintptr_t(1023));
-}
-
 template <class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1) swap_ab_gemm_kernel(const __grid_constant__ SwapAbParams p) {
-  auto& smem = swap_ab_storage<Config>();
+  auto& smem = aligned_shared_storage<Config>();
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&p.a);
     ptx::prefetch_tensor_map(&p.w);
@@ -98,36 +66,30 @@ __global__ void __launch_bounds__(Config::kThreads, 1) swap_ab_gemm_kernel(const
   }
   __syncthreads();
 
-  int stage = 0;
-  uint32_t phase = 0;
-  auto advance = [&] {
-    if (++stage == Config::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  };
+  StageCursor ring;
   if (threadIdx.x < 128) {
     if (threadIdx.x != 0) return;  // one thread loads; the others have nothing to wait for
     for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
       const int col = tile * Config::kCols;
       for (int kb = 0; kb < p.num_k_blocks; ++kb) {
-        ptx::mbarrier_wait(&smem.empty[stage], phase ^ 1);
-        uint64_t* full = &smem.full[stage];
+        ptx::mbarrier_wait(&smem.empty[ring.stage], ring.phase ^ 1);
+        uint64_t* full = &smem.full[ring.stage];
         ptx::mbarrier_arrive_expect_tx(full, Config::kWBytes + Config::kABytes);
         const int k = kb * Config::kBlockK;
         if constexpr (Config::kWeightKMajor) {
-          ptx::tma_load_2d(smem.w[stage], &p.w, full, k, col);
+          ptx::tma_load_2d(smem.w[ring.stage], &p.w, full, k, col);
         } else {
-          ptx::tma_load_2d(smem.w[stage], &p.w, full, col, k);
+          ptx::tma_load_2d(smem.w[ring.stage], &p.w, full, col, k);
         }
-        ptx::tma_load_2d(smem.a[stage], &p.a, full, k, 0);
-        advance();
+        ptx::tma_load_2d(smem.a[ring.stage], &p.a, full, k, 0);
+        ring.advance<Config>();
       }
     }
     return;
   }
 
-  using Mma = SwapAbMma<Config::kRows, Config::kWeightKMajor>;
+  // W from shared memory as the A operand (as stored), A's rows as the B operand (K-major).
+  using Mma = WgmmaSS<Config::kRows, kMajorW<Config::kWeightKMajor>, gmma::Major::K>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major piece.
   constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
   constexpr uint64_t kStepA = 32 >> 4;
@@ -136,7 +98,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1) swap_ab_gemm_kernel(const
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     int prev_stage = -1;
     for (int kb = 0; kb < p.num_k_blocks; ++kb) {
-      ptx::mbarrier_wait(&smem.full[stage], phase);
+      const int stage = ring.stage;
+      ptx::mbarrier_wait(&smem.full[stage], ring.phase);
       const uint64_t desc_w = Config::kWeightKMajor ? ptx::smem_desc_k_major_sw128(smem.w[stage])
                                                     : ptx::smem_desc_mn_major_sw128(smem.w[stage], Config::kWBytes);
       const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage]);
@@ -154,7 +117,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) swap_ab_gemm_kernel(const
       for (int i = 0; i < Config::kRows / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
       if (prev_stage >= 0 && threadIdx.x == 128) ptx::mbarrier_arrive(&smem.empty[prev_stage]);
       prev_stage = stage;
-      advance();
+      ring.advance<Config>();
     }
     cute::warpgroup_wait<0>();
 #pragma unroll

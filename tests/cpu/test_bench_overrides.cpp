@@ -22,6 +22,11 @@ TEST(BenchOverrides, ParsedIntoTheLibrarysStruct) {
   ASSERT_EQ(idle.outcome, ParseOutcome::kRun) << idle.error;
   EXPECT_EQ(idle.options.overrides.idle_copiers, 0);
   EXPECT_EQ(idle.options.overrides.to_string(), "idle_copiers=0");
+  const ParseResult tiled = parse_args({"--mode", "gemm", "--compare", "swap_ab=0"}, kModes);
+  ASSERT_EQ(tiled.outcome, ParseOutcome::kRun) << tiled.error;
+  ASSERT_TRUE(tiled.options.compare.has_value());
+  EXPECT_EQ(tiled.options.compare->swap_ab, 0);
+  EXPECT_EQ(tiled.options.compare->to_string(), "swap_ab=0");
   ASSERT_TRUE(r.options.compare.has_value());
   EXPECT_EQ(r.options.compare->block_n, 192);
   EXPECT_EQ(r.options.compare->to_string(), "block_n=192");
@@ -38,6 +43,7 @@ TEST(BenchOverrides, BadOnesAreNamed) {
            {{"--overrides", "own_lag=x"}, "'x' is not an integer"},
            {{"--compare", "block_n=100"}, "overrides.block_n = 100"},
            {{"--compare", "partial_rounds=-2"}, "--compare"},
+           {{"--compare", "swap_ab=2"}, "overrides.swap_ab = 2"},
            {{"--overrides"}, "--overrides: missing value"},
        }) {
     const ParseResult r = parse_args(args, kModes);
