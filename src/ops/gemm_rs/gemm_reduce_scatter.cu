@@ -47,16 +47,24 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.n = int(problem.n);
   e.col_tiles = schedule.col_tiles();
   e.tiles_per_band = schedule.tiles_per_band();
-  // Shared tiles move a segment's rows as one box (ops/gemm_rs/epilogue.cuh); the others a chunk.
-  e.box_rows = config.shared_tiles ? int(problem.rows_per_rank()) : kChunkRows;
+  // Tiles of one owner's rows move chunks by TMA; shared tiles store and load from registers
+  // (ops/gemm_rs/shared_tiles.cuh).
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
   for (int owner = 0; owner < comm.world_size; ++owner) {
-    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
-                                                   problem.n, 2, parity_elems, e.box_rows, kChunkCols, &e.recv_at[owner]));
+    if (!config.shared_tiles) {
+      TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
+                                                     problem.n, 2, parity_elems, kChunkRows, kChunkCols,
+                                                     &e.recv_at[owner]));
+    }
+    e.recv[owner] = static_cast<uint16_t*>(rank.data_at[owner]);
     e.flags_at[owner] = rank.flags_at[owner];
   }
-  TPFUSE_RETURN_IF_ERROR(
-      make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, e.box_rows, kChunkCols, &e.out));
+  e.recv_parity_elems = size_t(parity_elems);
+  e.out_rows = static_cast<uint16_t*>(out);
+  if (!config.shared_tiles) {
+    TPFUSE_RETURN_IF_ERROR(
+        make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kChunkRows, kChunkCols, &e.out));
+  }
   e.flags_parity_words = comm.parity.flag_words;
   e.calls = rank.calls;
   e.failed = rank.failed;

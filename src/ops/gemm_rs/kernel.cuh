@@ -6,7 +6,10 @@
 
 #include "comm/device.cuh"
 #include "gemm/mainloop.cuh"
+#include <type_traits>
+
 #include "ops/gemm_rs/epilogue.cuh"
+#include "ops/gemm_rs/shared_tiles.cuh"
 #include "ops/gemm_rs/schedule.h"
 
 namespace tpfuse::kernels {
@@ -25,15 +28,15 @@ struct GemmRsLaunch {
 
 template <class Config, bool kSharedTiles>
 __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, int ctas_per_rank) {
-  run_persistent<Config, PushReduceEpilogue<kSharedTiles>>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta,
-                                             ctas_per_rank);
+  using Epilogue = std::conditional_t<kSharedTiles, SharedTileEpilogue, PushReduceEpilogue>;
+  run_persistent<Config, Epilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta, ctas_per_rank);
   // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share. The
   // next call (stream-ordered after this one) uses the next epoch and the other parity.
   __syncthreads();
   if (threadIdx.x == 0) comm::finish_call(rank.calls, cta, ctas_per_rank);
 }
 
-// kSharedTiles: tiles of several owners' rows (ops/gemm_rs/epilogue.cuh).
+// kSharedTiles: tiles of several owners' rows (ops/gemm_rs/shared_tiles.cuh).
 template <class Config, int kLocalRanks, bool kSharedTiles>
 __global__ void __launch_bounds__(Config::kThreads, 1) gemm_rs_kernel(const __grid_constant__ GemmRsLaunch<kLocalRanks> launch) {
   // NOTE: a rank indexed at run time makes every parameter access a global load; a real rank (one

@@ -1,0 +1,248 @@
+// The reduce-scatter's epilogue for tiles of several owners' rows (one band of all segments:
+// decode-sized M, ops/gemm_rs/schedule.h). Such tiles are few and all of them finish in the call's
+// one wave, so what a slab waits for after its K loop is latency, not bandwidth: the consumer
+// warpgroup moves it itself, from its registers, without staging it in shared memory and without
+// the sender, the watcher or extra stages of the ring (ops/gemm_rs/epilogue.cuh).
+//
+//   split K   the split that counts in last holds the sum of the tile's S partials, added in split
+//             order (gemm/split_k_epilogue.cuh); the others are done
+//   push      each thread stores its rows of other owners as BF16 straight into each owner's
+//             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout),
+//             16 bytes a lane; the warpgroup's barrier; its leader fences (release, system scope)
+//             and raises the slab's flag at each of those owners
+//   reduce    where the slab holds this rank's rows: the leader waits (bounded) for the slab's flag
+//             from every peer and fences (acquire, system scope); the barrier; each thread adds its
+//             own rows' partials, loaded from this rank's receive slots, to its FP32 accumulators
+//             in rank order, rounds once and stores the rows into the output
+//
+// Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
+// for the others' pushes of the same tile. The partials and the order of the additions are those
+// of the staged epilogue, so a call is bit-reproducible and equal to tiles of one owner's rows with
+// the same split of K.
+#pragma once
+
+#include "gemm/split_k_epilogue.cuh"
+#include "ops/gemm_rs/epilogue.cuh"
+
+namespace tpfuse::kernels {
+
+class SharedTileEpilogue : public EpilogueBase {
+ public:
+  using Params = PushReduceParams;
+
+  template <class Storage>
+  __device__ SharedTileEpilogue(const Params& params, int consumer, Storage& smem)
+      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), epoch_(comm::call_epoch(params.calls)) {}
+
+  template <class Config>
+  __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
+    k_slice_ = k_slice;
+  }
+
+  template <class Config>
+  __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
+                           StorageOf<Config>&, StageCursor&) {
+    const int col = tile.col_begin + slab.col;
+    // A slab past the tile's rows or its last column holds nothing: neither pushed nor awaited, in
+    // any split (its counter stays 0).
+    if (tile.row_begin + slab.row >= tile.row_end || col >= tile.col_end) return;
+    if (k_slice_.num_splits > 1) {
+      const SplitPartials split(p_.split_partials, p_.splits_done, consumer_, k_slice_);
+      if (!split.sum_if_last<Config>(acc, tile.row_end - tile.row_begin - slab.row, slabs_)) return;
+    }
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    const int first_owner = tile.owner_of_row(slab.row);
+    const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
+    push<Config>(tile, slab, acc, first_owner, last_owner);
+    if (first_owner <= p_.rank && p_.rank <= last_owner) reduce<Config>(tile, slab, acc);
+  }
+
+  __device__ void finish() {}
+
+ private:
+  // This thread's accumulator rows in the slab (gemm/slab_store.cuh): half h holds row
+  // 16 * warp + lane / 4 + 8 h, columns 8 j + 2 (lane % 4) (+1) of each 8-column block j.
+  __device__ static int thread_row(int h) {
+    const int t = threadIdx.x % 128;
+    return 16 * (t / 32) + (t % 32) / 4 + 8 * h;
+  }
+
+  // Peers whose partials of a chunk a thread loads at once: all of them, or half where the slab is
+  // 256 columns wide (its accumulators take the registers).
+  template <class Config>
+  static constexpr int kSourcesInFlight = Config::kAccPerThread > 64 ? kMaxWorldSize / 2 : kMaxWorldSize;
+
+  // The accumulator index of pair (block j of chunk c, half h): its two columns are i and i + 1.
+  __device__ static constexpr int pair_index(int c, int j, int h) { return 32 * c + 4 * j + 2 * h; }
+
+  // Within each quad of lanes (one row, four pairs of each 8-column block): lane q holds pair q of
+  // blocks 0..3 in v[0..3]; afterwards it holds pairs 0..3 of block q, i.e. 8 adjacent columns.
+  // Two exchanges: the off-diagonal pairs of each 2 x 2 block of the quad's 4 x 4, then the
+  // off-diagonal 2 x 2 blocks.
+  __device__ static void quad_transpose(uint32_t (&v)[4]) {
+    const int q = threadIdx.x % 4;
+#pragma unroll
+    for (int bit = 0; bit < 2; ++bit) {
+      const bool upper = (q >> bit) & 1;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int lo = bit == 0 ? 2 * s : s;  // the two indices that differ in `bit`
+        const int hi = lo + (1 << bit);
+        const uint32_t sent = upper ? v[lo] : v[hi];
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, sent, 1 << bit);
+        if (upper) {
+          v[lo] = got;
+        } else {
+          v[hi] = got;
+        }
+      }
+    }
+  }
+
+  // Stores this thread's rows of other owners into their receive slots, then raises the slab's
+  // flag at each of them once every thread's stores are ordered before it.
+  template <class Config>
+  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int first_owner,
+                       int last_owner) {
+    const int q = threadIdx.x % 4;
+    const int col = tile.col_begin + slab.col;
+    const size_t parity = epoch_ & 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tile_row = slab.row + thread_row(h);
+      const int owner = tile.owner_of_row(tile_row);
+      const bool pushed = tile.row_begin + tile_row < tile.row_end && owner != p_.rank;
+      uint16_t* slot = nullptr;
+      if (pushed) {
+        const int row = tile.segment_row_for(tile_row, owner);
+        slot = p_.recv[owner] + parity * p_.recv_parity_elems + (size_t(p_.rank) * p_.rows_per_rank + row) * p_.n;
+      }
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // Blocks 4 half .. 4 half + 3 of the chunk; every lane of the quad takes part in the exchange.
+          uint32_t v[4];
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int i = pair_index(c, 4 * half + m, h);
+            v[m] = pack_bf16x2(acc[i], acc[i + 1]);
+          }
+          quad_transpose(v);
+          const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
+          if (pushed && block_col < tile.col_end) {
+            *reinterpret_cast<uint4*>(slot + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
+          }
+        }
+      }
+    }
+    // NOTE: every thread's stores, ordered before the leader's release by the barrier, then the
+    // flags (a peer that sees one acquires the whole slab's rows of it).
+    slabs_.sync();
+    if (!slabs_.leader()) return;
+    ptx::fence_release_sys();
+    const int flag = flag_index<Config>(p_, p_.rank, tile, consumer_);
+    for (int owner = first_owner; owner <= last_owner; ++owner) {
+      if (owner != p_.rank) ptx::store_relaxed_sys(flag_at(p_, owner, flag, parity), epoch_);
+    }
+  }
+
+  // Adds the peers' partials of this rank's rows of the slab, in rank order, and stores those rows.
+  template <class Config>
+  __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    if (slabs_.leader()) wait_for_peers<Config>(tile, slab);
+    // The leader's acquire, passed on to the warpgroup. After a failed call the sums are wrong and
+    // the call reports the timeout.
+    slabs_.sync();
+    const int q = threadIdx.x % 4;
+    const int col = tile.col_begin + slab.col;
+    const size_t parity = epoch_ & 1;
+    const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tile_row = slab.row + thread_row(h);
+      if (tile.row_begin + tile_row >= tile.row_end || tile.owner_of_row(tile_row) != p_.rank) continue;
+      const int row = tile.segment_row_for(tile_row, p_.rank);
+      const uint16_t* slots = p_.recv[p_.rank] + parity * p_.recv_parity_elems + size_t(row) * p_.n;
+      uint16_t* out = p_.out_rows + size_t(row) * p_.n;
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+        // The peers' pairs of the chunk, kSourcesInFlight peers' at once (all of them where the
+        // accumulators leave the registers for it).
+#pragma unroll
+        for (int first = 0; first < kMaxWorldSize; first += kSourcesInFlight<Config>) {
+          uint32_t part[kSourcesInFlight<Config>][8];
+#pragma unroll
+          for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+            const int s = first + g;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const int pair_col = col + kChunkCols * c + 8 * j + 2 * q;
+              const bool read = s < p_.world_size && s != p_.rank && pair_col < tile.col_end;
+              part[g][j] = read ? __ldcg(reinterpret_cast<const unsigned int*>(slots + s * source_elems + pair_col)) : 0u;
+            }
+          }
+#pragma unroll
+          for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+            const int s = first + g;
+            if (s >= p_.world_size || s == p_.rank) continue;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const int i = pair_index(c, j, h);
+              // A BF16 is the top half of the FP32 of the same value.
+              acc[i] += __uint_as_float(part[g][j] << 16);
+              acc[i + 1] += __uint_as_float(part[g][j] & 0xffff0000u);
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int pair_col = col + kChunkCols * c + 8 * j + 2 * q;
+          const int i = pair_index(c, j, h);
+          if (pair_col < tile.col_end) *reinterpret_cast<uint32_t*>(out + pair_col) = pack_bf16x2(acc[i], acc[i + 1]);
+        }
+      }
+    }
+  }
+
+  // The leader: waits, boundedly, for the slab's flag from every peer (relaxed loads, all in flight
+  // at once), then fences (acquire). A timeout is recorded in p.failed, which ends every other wait
+  // of the call.
+  template <class Config>
+  __device__ void wait_for_peers(const Tile& tile, Slab<Config> slab) const {
+    const uint32_t parity = epoch_ & 1;
+    uint32_t waiting = 0;  // a bit per peer whose flag is not seen yet
+    for (int s = 0; s < p_.world_size; ++s) {
+      if (s != p_.rank) waiting |= 1u << s;
+    }
+    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
+    for (;;) {
+      uint32_t seen[kMaxWorldSize];
+#pragma unroll
+      for (int s = 0; s < kMaxWorldSize; ++s) {
+        if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flag_at(p_, p_.rank, flag_index<Config>(p_, s, tile, consumer_), parity));
+      }
+#pragma unroll
+      for (int s = 0; s < kMaxWorldSize; ++s) {
+        if ((waiting & (1u << s)) && comm::epoch_reached(seen[s], epoch_)) waiting &= ~(1u << s);
+      }
+      if (waiting == 0) break;
+      if (comm::call_failed(p_.failed)) return;  // this call already failed
+      if (ptx::globaltimer_ns() > deadline) {
+        comm::report_timeout(p_.failed, p_.error, p_.rank, __ffs(waiting) - 1, tile.row_begin + slab.row,
+                             tile.col_begin + slab.col);
+        return;
+      }
+      __nanosleep(64);
+    }
+    ptx::fence_acquire_sys();  // flags seen -> partials
+  }
+
+  const Params& p_;
+  int consumer_;
+  SlabStore slabs_;
+  uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
+  KSlice k_slice_{};  // the current step's
+};
+
+}  // namespace tpfuse::kernels
