@@ -10,10 +10,11 @@
 //             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout),
 //             16 bytes a lane; the warpgroup's barrier; its leader fences (release, system scope)
 //             and raises the slab's flag at each of those owners
-//   reduce    where the slab holds this rank's rows: the leader waits (bounded) for the slab's flag
-//             from every peer and fences (acquire, system scope); the barrier; each thread adds its
-//             own rows' partials, loaded from this rank's receive slots, to its FP32 accumulators
-//             in rank order, rounds once and stores the rows into the output
+//   reduce    where the slab holds this rank's rows: another thread waits (bounded) for the slab's
+//             flag from every peer and fences (acquire, system scope) while the leader's release
+//             runs; the barrier; each thread adds its own rows' partials, loaded from this rank's
+//             receive slots, to its FP32 accumulators in rank order, rounds once and stores the
+//             rows into the output (16 bytes a lane, as the push)
 //
 // Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
 // for the others' pushes of the same tile. The partials and the order of the additions are those
@@ -148,38 +149,48 @@ class SharedTileEpilogue : public EpilogueBase {
   }
 
   // Adds the peers' partials of this rank's rows of the slab, in rank order, and stores those rows.
+  // A warp with any of those rows takes part as a whole (the quads exchange pieces): its other lanes
+  // load a valid row of this rank's and store nothing.
   template <class Config>
   __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
-    if (slabs_.leader()) wait_for_peers<Config>(tile, slab);
-    // The leader's acquire, passed on to the warpgroup. After a failed call the sums are wrong and
+    // Not the leader, so that its acquire runs beside the leader's release of the push.
+    if (threadIdx.x % 128 == 32) wait_for_peers<Config>(tile, slab);
+    // That thread's acquire, passed on to the warpgroup. After a failed call the sums are wrong and
     // the call reports the timeout.
     slabs_.sync();
     const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
-    const size_t parity = epoch_ & 1;
     const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
+    const uint16_t* own_slots = p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tile_row = slab.row + thread_row(h);
-      if (tile.row_begin + tile_row >= tile.row_end || tile.owner_of_row(tile_row) != p_.rank) continue;
-      const int row = tile.segment_row_for(tile_row, p_.rank);
-      const uint16_t* slots = p_.recv[p_.rank] + parity * p_.recv_parity_elems + size_t(row) * p_.n;
-      uint16_t* out = p_.out_rows + size_t(row) * p_.n;
+      const bool own = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
+      if (!__any_sync(0xffffffffu, own)) continue;
+      const int row = own ? tile.segment_row_for(tile_row, p_.rank) : 0;
+      const uint16_t* slots = own_slots + size_t(row) * p_.n;
 #pragma unroll
       for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-        // The peers' pairs of the chunk, kSourcesInFlight peers' at once (all of them where the
-        // accumulators leave the registers for it).
+        // Lane q's 8 columns of blocks q and 4 + q (a block past the tile's columns reads the
+        // slab's first instead, and is never stored).
+        int block_cols[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
+          block_cols[half] = block_col < tile.col_end ? block_col : col;
+        }
+        // The peers' pieces of the chunk, kSourcesInFlight peers' at once (all of them where the
+        // accumulators leave the registers for it); a rank that is not a peer reads this rank's slot.
 #pragma unroll
         for (int first = 0; first < kMaxWorldSize; first += kSourcesInFlight<Config>) {
-          uint32_t part[kSourcesInFlight<Config>][8];
+          uint4 part[kSourcesInFlight<Config>][2];
 #pragma unroll
           for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
             const int s = first + g;
+            const int source = s < p_.world_size && s != p_.rank ? s : p_.rank;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int pair_col = col + kChunkCols * c + 8 * j + 2 * q;
-              const bool read = s < p_.world_size && s != p_.rank && pair_col < tile.col_end;
-              part[g][j] = read ? __ldcg(reinterpret_cast<const unsigned int*>(slots + s * source_elems + pair_col)) : 0u;
+            for (int half = 0; half < 2; ++half) {
+              part[g][half] = __ldcg(reinterpret_cast<const uint4*>(slots + source * source_elems + block_cols[half]));
             }
           }
 #pragma unroll
@@ -187,25 +198,37 @@ class SharedTileEpilogue : public EpilogueBase {
             const int s = first + g;
             if (s >= p_.world_size || s == p_.rank) continue;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int i = pair_index(c, j, h);
-              // A BF16 is the top half of the FP32 of the same value.
-              acc[i] += __uint_as_float(part[g][j] << 16);
-              acc[i + 1] += __uint_as_float(part[g][j] & 0xffff0000u);
+            for (int half = 0; half < 2; ++half) {
+              uint32_t v[4] = {part[g][half].x, part[g][half].y, part[g][half].z, part[g][half].w};
+              quad_transpose(v);  // now pair q of blocks 4 half .. 4 half + 3, as the accumulators
+#pragma unroll
+              for (int m = 0; m < 4; ++m) {
+                const int i = pair_index(c, 4 * half + m, h);
+                // A BF16 is the top half of the FP32 of the same value.
+                acc[i] += __uint_as_float(v[m] << 16);
+                acc[i + 1] += __uint_as_float(v[m] & 0xffff0000u);
+              }
             }
           }
         }
+        uint16_t* out = p_.out_rows + size_t(row) * p_.n;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int pair_col = col + kChunkCols * c + 8 * j + 2 * q;
-          const int i = pair_index(c, j, h);
-          if (pair_col < tile.col_end) *reinterpret_cast<uint32_t*>(out + pair_col) = pack_bf16x2(acc[i], acc[i + 1]);
+        for (int half = 0; half < 2; ++half) {
+          uint32_t v[4];
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            const int i = pair_index(c, 4 * half + m, h);
+            v[m] = pack_bf16x2(acc[i], acc[i + 1]);
+          }
+          quad_transpose(v);
+          const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
+          if (own && block_col < tile.col_end) *reinterpret_cast<uint4*>(out + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
         }
       }
     }
   }
 
-  // The leader: waits, boundedly, for the slab's flag from every peer (relaxed loads, all in flight
+  // One thread: waits, boundedly, for the slab's flag from every peer (relaxed loads, all in flight
   // at once), then fences (acquire). A timeout is recorded in p.failed, which ends every other wait
   // of the call.
   template <class Config>
