@@ -68,10 +68,11 @@ class SharedTileEpilogue : public EpilogueBase {
     return 16 * (t / 32) + (t % 32) / 4 + 8 * h;
   }
 
-  // Peers whose partials of a chunk a thread loads at once: all of them, or half where the slab is
-  // 256 columns wide (its accumulators take the registers).
+  // Ranks whose pieces of a row (every chunk of the slab) a thread loads at once: 64 registers' worth
+  // (32 where the slab's 256 columns of accumulators take 128).
   template <class Config>
-  static constexpr int kSourcesInFlight = Config::kAccPerThread > 64 ? kMaxWorldSize / 2 : kMaxWorldSize;
+  static constexpr int kSourcesInFlight =
+      Config::kAccPerThread >= 128 ? 1 : kMaxWorldSize / Config::kChunksPerSlab;
 
   // The accumulator index of pair (block j of chunk c, half h): its two columns are i and i + 1.
   __device__ static constexpr int pair_index(int c, int j, int h) { return 32 * c + 4 * j + 2 * h; }
@@ -169,37 +170,42 @@ class SharedTileEpilogue : public EpilogueBase {
       if (!__any_sync(0xffffffffu, own)) continue;
       const int row = own ? tile.segment_row_for(tile_row, p_.rank) : 0;
       const uint16_t* slots = own_slots + size_t(row) * p_.n;
+      // Lane q's 8 columns of blocks q and 4 + q of each chunk (a block past the tile's columns
+      // reads the slab's first instead, and is never stored).
+      int block_cols[Config::kChunksPerSlab][2];
 #pragma unroll
       for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-        // Lane q's 8 columns of blocks q and 4 + q (a block past the tile's columns reads the
-        // slab's first instead, and is never stored).
-        int block_cols[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
-          block_cols[half] = block_col < tile.col_end ? block_col : col;
+          block_cols[c][half] = block_col < tile.col_end ? block_col : col;
         }
-        // The peers' pieces of the chunk, kSourcesInFlight peers' at once (all of them where the
-        // accumulators leave the registers for it); a rank that is not a peer reads this rank's slot.
+      }
+      // The ranks' pieces of the row, kSourcesInFlight ranks' at once (this rank's own slot is read
+      // and left out of the sum), added in rank order.
+#pragma unroll 1
+      for (int first = 0; first < p_.world_size; first += kSourcesInFlight<Config>) {
+        uint4 part[kSourcesInFlight<Config>][Config::kChunksPerSlab][2];
 #pragma unroll
-        for (int first = 0; first < kMaxWorldSize; first += kSourcesInFlight<Config>) {
-          uint4 part[kSourcesInFlight<Config>][2];
+        for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+          if (first + g >= p_.world_size) continue;
+          const uint16_t* source_slots = slots + (first + g) * source_elems;
 #pragma unroll
-          for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
-            const int s = first + g;
-            const int source = s < p_.world_size && s != p_.rank ? s : p_.rank;
+          for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-              part[g][half] = __ldcg(reinterpret_cast<const uint4*>(slots + source * source_elems + block_cols[half]));
+              part[g][c][half] = __ldcg(reinterpret_cast<const uint4*>(source_slots + block_cols[c][half]));
             }
           }
+        }
 #pragma unroll
-          for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
-            const int s = first + g;
-            if (s >= p_.world_size || s == p_.rank) continue;
+        for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+          if (first + g >= p_.world_size || first + g == p_.rank) continue;
+#pragma unroll
+          for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-              uint32_t v[4] = {part[g][half].x, part[g][half].y, part[g][half].z, part[g][half].w};
+              uint32_t v[4] = {part[g][c][half].x, part[g][c][half].y, part[g][c][half].z, part[g][c][half].w};
               quad_transpose(v);  // now pair q of blocks 4 half .. 4 half + 3, as the accumulators
 #pragma unroll
               for (int m = 0; m < 4; ++m) {
@@ -211,7 +217,10 @@ class SharedTileEpilogue : public EpilogueBase {
             }
           }
         }
-        uint16_t* out = p_.out_rows + size_t(row) * p_.n;
+      }
+      uint16_t* out = p_.out_rows + size_t(row) * p_.n;
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           uint32_t v[4];
