@@ -50,6 +50,11 @@ class KSplits {
     return k;
   }
 
+  // Whether `step` is its tile's last split (every step without splits).
+  TPFUSE_HOST_DEVICE bool last_split(int step) const {
+    return splits_ == 1 || step - by_splits_.div(step) * splits_ == splits_ - 1;
+  }
+
  private:
   int splits_ = 1;
   FastDivision by_splits_;

@@ -218,6 +218,8 @@ TEST(Config, SmallSegments) {
         ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 1024 * world_size, world_size), h100(), same_width, &g).ok());
       }
       EXPECT_TRUE(c.shared_tiles) << p.to_string() << " -> " << c.to_string();
+      // From registers up to 8 rows a segment (1 and 8 here), staged with 32.
+      EXPECT_EQ(c.register_epilogue, m / world_size <= 8) << p.to_string() << " -> " << c.to_string();
       EXPECT_EQ(c.gemm.variant, g.variant) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
       EXPECT_EQ(c.gemm.split_k, g.split_k) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
       ConfigOverrides never;
@@ -225,6 +227,7 @@ TEST(Config, SmallSegments) {
       ASSERT_TRUE(select_gemm_rs_config(p, h100(), never, &c).ok());
       EXPECT_EQ(c.segments_per_tile, 1) << p.to_string() << " -> " << c.to_string();
       EXPECT_EQ(c.gemm.split_k, 1) << p.to_string() << " -> " << c.to_string();
+      EXPECT_FALSE(c.register_epilogue) << p.to_string() << " -> " << c.to_string() << ": tiles of one owner";
     }
   }
   // Segments whose rows do not divide a slab's keep tiles of their own.

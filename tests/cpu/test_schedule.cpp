@@ -431,8 +431,8 @@ TEST(Schedule, OneBandOfAllSegments) {
   }
 }
 
-// One band with K split in 3: each tile's splits are consecutive steps of the same tile and cover
-// its K blocks once in order.
+// One band with K split in 3: each tile's splits are consecutive steps of the same tile, cover its
+// K blocks once in order, and only the last is last_split().
 TEST(Schedule, SplitsOfOneBand) {
   Case c{64, 1000, 8, 64, 256, 8, kOwnTilesLast, 8};
   ScheduleShape shape;
@@ -454,9 +454,11 @@ TEST(Schedule, SplitsOfOneBand) {
       EXPECT_EQ(k.k_block_begin, next_k_block) << "step " << step;
       EXPECT_GE(k.num_k_blocks, 3);
       next_k_block += k.num_k_blocks;
+      EXPECT_EQ(s.last_split(step), j == 2);
     }
     EXPECT_EQ(next_k_block, 10);
   }
+  EXPECT_TRUE(whole.last_split(5));
   EXPECT_EQ(whole.k_slice(5, 10).num_k_blocks, 10);
 }
 

@@ -195,8 +195,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK},
                                            FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK, 0},
                                            // Segments shorter than a slab: one band, tiles of several owners'
-                                           // rows (1, 2, 8, 32 rows per rank; 24, 25 and 63 rows, which do not
-                                           // divide a slab, keep tiles of their own).
+                                           // rows (1, 2, 8 rows per rank from registers, 32 staged; 24, 25 and
+                                           // 63 rows, which do not divide a slab, keep tiles of their own).
                                            FusedCase{8, 64, 264, 32, WeightLayout::kKxN},
                                            FusedCase{8, 8, 512, 32, WeightLayout::kNxK},
                                            FusedCase{4, 8, 264, 64, WeightLayout::kKxN},
@@ -204,8 +204,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{2, 64, 520, 128, WeightLayout::kNxK},
                                            FusedCase{4, 128, 1000, 64, WeightLayout::kKxN},
                                            FusedCase{8, 256, 8192, 32, WeightLayout::kKxN},
-                                           // ... and K split over two CTAs (K blocks 0 and 1).
+                                           // ... and K split over two CTAs (K blocks 0 and 1), staged and from
+                                           // registers.
                                            FusedCase{2, 64, 520, 128, WeightLayout::kKxN, -1, 2},
+                                           FusedCase{4, 32, 520, 128, WeightLayout::kKxN, -1, 2},
                                            FusedCase{8, 192, 1000, 32, WeightLayout::kKxN},
                                            FusedCase{4, 100, 776, 64, WeightLayout::kNxK},
                                            FusedCase{2, 126, 520, 128, WeightLayout::kKxN},
@@ -332,15 +334,18 @@ void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, 
 
 // Split K's counters go back to 0 at the end of every call: 200 calls back to back (both parities,
 // no host synchronization), the last one checked bit for bit.
+// Both shared-tile epilogues: 32 rows a rank (staged) and 8 (from registers).
 TEST(FusedSharedTiles, SplitKBackToBack) {
-  const Problem problem{64, 520, 128, 2, WeightLayout::kNxK};
-  LocalRanks ranks(problem);
-  ASSERT_NE(ranks.comm, nullptr);
-  ConfigOverrides split;
-  split.split_k = 2;
-  ranks.fill(/*exact=*/true, 13);
-  for (int call = 0; call < 199; ++call) ASSERT_TRUE(ranks.run(problem, split).ok()) << "call " << call;
-  expect_bit_for_bit(ranks, problem, split);
+  for (int m : {64, 16}) {
+    const Problem problem{m, 520, 128, 2, WeightLayout::kNxK};
+    LocalRanks ranks(problem);
+    ASSERT_NE(ranks.comm, nullptr);
+    ConfigOverrides split;
+    split.split_k = 2;
+    ranks.fill(/*exact=*/true, 13);
+    for (int call = 0; call < 199; ++call) ASSERT_TRUE(ranks.run(problem, split).ok()) << "M " << m << ", call " << call;
+    expect_bit_for_bit(ranks, problem, split);
+  }
 }
 
 TEST(FusedStress, ThousandCallsBackToBack) {
@@ -466,7 +471,8 @@ TEST(FusedSplitK, MissingPeerLeavesTheCountersAtZero) {
   EXPECT_EQ(bad, -1) << "first mismatch at " << element_at(bad, plain.n);
 }
 
-INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256, 32),
+// Tiles of one owner's rows, bands of two, shared tiles staged (32 rows a rank) and from registers (8).
+INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 256, 128, 32),
                          [](const auto& info) { return "M" + std::to_string(info.param); });
 
 TEST(FusedErrors, BadCallsAreReported) {

@@ -11,6 +11,10 @@ namespace tpfuse {
 
 namespace {
 
+// Shared tiles move their slabs from the consumers' registers up to this many rows a segment;
+// beyond, the staged epilogue measured faster (docs/EXPERIMENTS.md).
+constexpr int64_t kMaxRegisterEpilogueRows = 8;
+
 // Own tiles stay last where a tile is this deep: its pushes are few next to its multiply, and the
 // lag only costs balance (docs/EXPERIMENTS.md).
 constexpr int64_t kMaxLaggedK = 4096;
@@ -41,7 +45,8 @@ const SmemByVariant& gemm_rs_smem_bytes() {
 
 std::string GemmRsConfig::to_string() const {
   std::ostringstream os;
-  os << gemm.to_string() << ", segments/tile " << segments_per_tile << (shared_tiles ? " (shared tiles)" : "")
+  os << gemm.to_string() << ", segments/tile " << segments_per_tile
+     << (shared_tiles ? (register_epilogue ? " (shared tiles, register epilogue)" : " (shared tiles)") : "")
      << ", own_lag "
      << (own_lag >= kOwnTilesLast ? std::string("last") : std::to_string(own_lag)) << ", partial rounds "
      << partial_rounds;
@@ -95,6 +100,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     if (share_tiles || c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;
   }
   c.shared_tiles = share_tiles;
+  c.register_epilogue = share_tiles && problem.rows_per_rank() <= kMaxRegisterEpilogueRows;
   // The CTAs at work at one time hold tiles of every segment (the schedule's rounds).
   c.gemm.group_rows = group_rows_for(problem.world_size, overrides);
 

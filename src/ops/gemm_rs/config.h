@@ -18,6 +18,7 @@ struct GemmRsConfig {
   GemmConfig gemm;
   int segments_per_tile = 1;     // 2: 128-row tiles over two ranks' 64-row segments; P: one band (schedule.h)
   bool shared_tiles = false;     // one band of segments shorter than a slab: tiles of several owners' rows
+  bool register_epilogue = false;  // shared tiles pushed and reduced from registers (ops/gemm_rs/shared_tiles.cuh)
   int own_lag = kOwnTilesLast;   // rounds from a peer's tile to the own tile of the same rows (schedule.h)
   int partial_rounds = 0;        // rounds of an own tile's peer partials added during its K loop (partial_rounds.h)
 

@@ -5,9 +5,17 @@
 // once. (Streamed through the ring, the partials are in flight as deep as the ring while the tile
 // is still being multiplied; the consumers never wait on a peer themselves.) A tile's slabs have
 // one owner, or in a band of two segments (schedule.h) one each: then an own band's tile has
-// one slab to reduce and one to push, and the push goes first. Tiles of several owners' rows (one
-// band of all segments) have an epilogue of their own, ops/gemm_rs/shared_tiles.cuh, on the same
-// parameters, receive buffers and flags.
+// one slab to reduce and one to push, and the push goes first. With one band of all segments a
+// slab may hold rows of several owners (whole segments: the config shares tiles only where a
+// segment's rows divide a slab's): it is pushed to each of them, a TMA box of one segment's rows
+// from the same chunk buffers per owner, and the rows of this rank are then reduced like an own
+// slab (the peers' partials loaded into boxes at the same rows of the buffers; the other rows are
+// left as they were, added, and never stored) and stored, a box of this rank's rows. Shared tiles
+// may also split K (schedule.h): every split writes its FP32 partial of the slab to the workspace
+// and counts it in; the tile's last split waits (bounded) until all have, adds them in split order
+// (one sum, whichever CTAs ran the splits), and only its step pushes and reduces. Where a segment
+// has at most 8 rows, shared tiles take an epilogue of their own instead, from the consumers'
+// registers (ops/gemm_rs/shared_tiles.cuh), on the same parameters, buffers and flags.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
@@ -40,6 +48,7 @@
 #include "comm/peer_error.h"
 #include "gemm/mainloop.cuh"
 #include "gemm/slab_store.cuh"
+#include "gemm/split_k_epilogue.cuh"
 #include "ops/gemm_rs/partial_rounds.h"
 #include "ops/gemm_rs/schedule.h"
 #include "ops/gemm_rs/shared_storage.h"
@@ -56,9 +65,10 @@ struct PushReduceParams {
   int tiles_per_band;
   CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
   CUtensorMap out;                 // rows_per_rank x n, this rank's output
-  uint16_t* recv[kMaxWorldSize];   // the same buffers, as addressed from this GPU (shared tiles)
+  int box_rows;                    // rows of those maps' boxes: a chunk's 64, or a segment's with shared tiles
+  uint16_t* recv[kMaxWorldSize];   // the receive buffers as addressed from this GPU (shared_tiles.cuh)
   size_t recv_parity_elems;        // distance between their two parity halves
-  uint16_t* out_rows;              // the output (shared tiles)
+  uint16_t* out_rows;              // the output (shared_tiles.cuh)
   uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
   size_t flags_parity_words;       // distance between the two parity halves of a flag array
   const uint64_t* calls;           // calls completed on this rank, in the high word; this call's epoch is one more
@@ -85,7 +95,9 @@ __device__ __forceinline__ uint32_t* flag_at(const PushReduceParams& p, int owne
   return p.flags_at[owner] + parity * p.flags_parity_words + index;
 }
 
-// A tile's slabs each have one owner (a band of one or two segments, ops/gemm_rs/schedule.h).
+// kSharedTiles: the instantiation for tiles of several owners' rows (one band of all segments,
+// ops/gemm_rs/schedule.h); the other keeps every slab to one owner, without its arithmetic.
+template <bool kSharedTiles>
 class PushReduceEpilogue : public EpilogueBase {
  public:
   using Params = PushReduceParams;
@@ -124,6 +136,9 @@ class PushReduceEpilogue : public EpilogueBase {
     const int num_tiles = schedule.num_tiles();
     uint32_t handoffs[Config::kConsumers] = {};  // taken from each consumer so far
     for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
+      if constexpr (kSharedTiles) {
+        if (!schedule.last_split(steps.step())) continue;  // no hand-offs
+      }
       // The pushes first: an own slab waits for its peers' partials, and in a band of several
       // segments the partners' partials of it wait for this rank's pushes of their rows.
       // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
@@ -150,8 +165,9 @@ class PushReduceEpilogue : public EpilogueBase {
     uint32_t own_tiles = 0;
     uint32_t rounds_fed = 0;
     int step = 0;  // this CTA's steps before the current one
-    for_each_step(schedule, cta, num_ctas, [&](int, const Tile& tile) {
-      const uint32_t reduced = reduced_slabs<Config>(p, tile);
+    for_each_step(schedule, cta, num_ctas, [&](int s, const Tile& tile) {
+      // Only a tile's last split reduces (shared tiles may split K).
+      const uint32_t reduced = !kSharedTiles || schedule.last_split(s) ? reduced_slabs<Config>(p, tile) : 0;
       if (reduced != 0) {
         if (own_tiles > 0) ptx::mbarrier_wait(&smem.op.extra_taken, (own_tiles - 1) & 1);
         // A timeout is recorded in p.failed, which the producer reads.
@@ -186,7 +202,7 @@ class PushReduceEpilogue : public EpilogueBase {
           ptx::mbarrier_arrive(full);
           continue;
         }
-        ptx::mbarrier_arrive_expect_tx(full, Config::kChunksPerSlab * kPieceBytes);
+        ptx::mbarrier_arrive_expect_tx(full, Config::kChunksPerSlab * piece_bytes(p));
         for (int b = 0; b < Config::kChunksPerSlab; ++b) {
           load_piece(p, slab_piece<Config>(p, tile, c, r * Config::kChunksPerSlab + b), smem.chunks[c][b], full, epoch);
         }
@@ -199,6 +215,9 @@ class PushReduceEpilogue : public EpilogueBase {
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, const KSlice& k_slice,
                                               StorageOf<Config>& smem, StageCursor& ring, uint32_t& own_phase) {
+    if constexpr (kSharedTiles) {
+      if (k_slice.split != k_slice.num_splits - 1) return;  // only the last split reduces
+    }
     const uint32_t reduced = reduced_slabs<Config>(p, tile);
     if (reduced == 0) return;
     const uint32_t epoch = comm::call_epoch(p.calls);  // a load from global memory: before the wait, not after
@@ -231,7 +250,7 @@ class PushReduceEpilogue : public EpilogueBase {
       if (!arrived) {
         ptx::mbarrier_arrive(full);  // the call has failed: only let the consumers finish
       } else {
-        ptx::mbarrier_arrive_expect_tx(full, count * kPieceBytes);
+        ptx::mbarrier_arrive_expect_tx(full, count * piece_bytes(p));
         for (int q = 0; q < count; ++q) {
           load_piece(p, partial_piece<Config, kSlabs>(p, tile, reduced, rounds_held + first + q),
                      stage_piece<Config>(smem, stage, q), full, epoch);
@@ -244,7 +263,16 @@ class PushReduceEpilogue : public EpilogueBase {
   // Consumers, before a tile's K stages (all of its K blocks: this schedule does not split K): a
   // slab of this rank's rows takes rounds of its peers' partials during them.
   template <class Config>
-  __device__ void begin_tile(const Tile& tile, const KSlice&) {
+  __device__ void begin_tile(const Tile& tile, const KSlice& k_slice) {
+    if constexpr (kSharedTiles) {
+      k_slice_ = k_slice;
+      if (k_slice.split != k_slice.num_splits - 1) {  // a split before the last: no epilogue of its own
+        pushed_ = own_ = reduced_ = 0;
+        tile_rounds_ = 0;
+        return;
+      }
+    }
+    if constexpr (kSharedTiles) pushed_ = pushed_slabs<Config>(p_, tile);  // else every slab is pushed or own
     own_ = own_slabs<Config>(p_, tile);
     reduced_ = reduced_slabs<Config>(p_, tile);
     tile_rounds_ = has_rounds<Config>(p_, reduced_) ? p_.partial_rounds : 0;
@@ -265,16 +293,24 @@ class PushReduceEpilogue : public EpilogueBase {
     }
   }
 
-  // Consumers, after a tile's K stages: a slab of this rank's rows takes its peers' partials from
-  // the tile's extra stages and is stored; another owner's is staged for the sender. A slab of
-  // another owner passes the extra stages the tile may have for the other slab only after its push
-  // (its owner may be waiting for it to reduce that same tile, in a band of two segments).
+  // Consumers, after a tile's K stages: a slab of other owners' rows is staged for the sender
+  // first; then rows of this rank take their peers' partials from the tile's extra stages and are
+  // stored. A slab without rows of this rank passes the extra stages the tile may have for the other
+  // slab only after its push (its owners may be waiting for it to reduce that same tile, in a band
+  // of several segments).
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            StorageOf<Config>& smem, StageCursor& ring) {
+    if constexpr (kSharedTiles) {
+      if (k_slice_.num_splits > 1 && !combine_splits<Config>(tile, slab, acc)) return;
+    }
     const uint32_t bit = 1u << consumer_;  // begin_tile's masks, for the same work
     const bool reduces = (reduced_ & bit) != 0;
     const bool keeps = (own_ & bit) != 0;
+    // With shared tiles a slab may hold this rank's rows and others': those are pushed first.
+    if constexpr (kSharedTiles) {
+      if (keeps && (pushed_ & bit)) hand_off<Config>(tile, slab, acc, /*to_output=*/false);
+    }
     if (reduces) add_partials<Config>(reduced_, acc, smem, ring);
     hand_off<Config>(tile, slab, acc, /*to_output=*/keeps);
     if (reduced_ != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced_), smem, ring);
@@ -287,28 +323,57 @@ class PushReduceEpilogue : public EpilogueBase {
   // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
   struct PartialPiece {
     int source;
-    int row;  // in this rank's segment
+    int row;  // in this rank's segment: negative where it starts inside the slab (shared tiles)
     int col;
   };
 
-  // The bytes a piece of partials loads: a chunk.
-  static constexpr uint32_t kPieceBytes = kChunkRows * kChunkCols * 2;
+  // Where a box of an owner's rows sits: a slab whose first row lands at `row` of the owner's segment
+  // (negative: the segment starts -row rows into the slab) is the box at that row of the segment
+  // from chunk row 0, or at segment row 0 from chunk row -row (a TMA store may not start at a
+  // negative row; with shared tiles the box is the segment's rows, inside the slab).
+  struct BoxPlace {
+    int chunk_row;
+    int segment_row;
+  };
+  __device__ static BoxPlace place_box(int row) { return row >= 0 ? BoxPlace{0, row} : BoxPlace{-row, 0}; }
+
+  // The bytes a piece of partials loads: a chunk, or with shared tiles a segment's rows of it.
+  __device__ static uint32_t piece_bytes(const Params& p) {
+    if constexpr (kSharedTiles) return uint32_t(p.box_rows) * kChunkCols * 2;
+    return 64 * kChunkCols * 2;
+  }
 
   // Producer or watcher thread: the TMA load of one piece of partials into a chunk-sized buffer.
   __device__ static void load_piece(const Params& p, const PartialPiece& piece, uint16_t* buffer, uint64_t* full,
                                     uint32_t epoch) {
-    ptx::tma_load_4d(buffer, &p.recv_at[p.rank], full, piece.col, piece.row, piece.source, epoch & 1);
+    BoxPlace box{0, piece.row};
+    if constexpr (kSharedTiles) box = place_box(piece.row);
+    ptx::tma_load_4d(buffer + box.chunk_row * kChunkCols, &p.recv_at[p.rank], full, piece.col, box.segment_row,
+                     piece.source, epoch & 1);
   }
 
-  // The owner of a slab's rows (a slab never spans two owners).
-  __device__ static int slab_owner(const Tile& tile, int slab_row) { return tile.owner_of(slab_row); }
+  // The owners of a slab's rows, first .. last; with shared tiles a slab past the tile's rows has the
+  // owner of the tile's last row (and no rows: neither pushed nor awaited).
+  struct SlabOwners {
+    int first;
+    int last;
+  };
+  __device__ static SlabOwners slab_owners(const Tile& tile, int slab_row) {
+    if constexpr (!kSharedTiles) {
+      const int owner = tile.owner_of(slab_row);  // a slab never spans two owners
+      return {owner, owner};
+    }
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    return {tile.owner_of_row(min(slab_row, last_row)), tile.owner_of_row(min(slab_row + kSlabRows - 1, last_row))};
+  }
 
   // The slabs of a tile that hold this rank's rows (a bit per consumer): stored here.
   template <class Config>
   __device__ static uint32_t own_slabs(const Params& p, const Tile& tile) {
     uint32_t slabs = 0;
     for (int c = 0; c < Config::kConsumers; ++c) {
-      if (slab_owner(tile, Slab<Config>::of_consumer(c).row) == p.rank) slabs |= 1u << c;
+      const SlabOwners owners = slab_owners(tile, Slab<Config>::of_consumer(c).row);
+      if (owners.first <= p.rank && p.rank <= owners.last) slabs |= 1u << c;
     }
     return slabs;
   }
@@ -316,7 +381,12 @@ class PushReduceEpilogue : public EpilogueBase {
   // The slabs of a tile that hold other owners' rows: pushed to them.
   template <class Config>
   __device__ static uint32_t pushed_slabs(const Params& p, const Tile& tile) {
-    return own_slabs<Config>(p, tile) ^ ((1u << Config::kConsumers) - 1);
+    uint32_t slabs = 0;
+    for (int c = 0; c < Config::kConsumers; ++c) {
+      const SlabOwners owners = slab_owners(tile, Slab<Config>::of_consumer(c).row);
+      if (owners.first != p.rank || owners.last != p.rank) slabs |= 1u << c;
+    }
+    return slabs;
   }
 
   // The own slabs that take the peers' partials through extra stages: none without peers.
@@ -362,7 +432,7 @@ class PushReduceEpilogue : public EpilogueBase {
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
     const int chunk = q % Config::kChunksPerSlab;
     const int j = q / Config::kChunksPerSlab;
-    const int row = tile.segment_row_of(slab.row);
+    const int row = kSharedTiles ? tile.segment_row_for(slab.row, p.rank) : tile.segment_row_of(slab.row);
     return {j < p.rank ? j : j + 1, row, tile.col_begin + slab.col + chunk * kChunkCols};
   }
 
@@ -414,12 +484,52 @@ class PushReduceEpilogue : public EpilogueBase {
   template <class Config>
   static constexpr int kHandoffsPerSlab = (Config::kChunksPerSlab + Config::kStagedChunks - 1) / Config::kStagedChunks;
 
+  // Split K: writes the slab's FP32 partial of this split and counts it in; in the tile's last split
+  // waits (bounded) until every split has, then holds p_0 + ... + p_{S-1} in acc. False in the
+  // other splits: their step is done.
+  template <class Config>
+  __device__ bool combine_splits(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    const bool last = k_slice_.split == k_slice_.num_splits - 1;
+    const int rows = tile.row_end - tile.row_begin - slab.row;
+    // A slab past the tile's rows or columns holds nothing: no partial, no count (in any split).
+    if (rows <= 0 || tile.col_begin + slab.col >= tile.col_end) return last;
+    const SplitPartials split(p_.split_partials, p_.splits_done, consumer_, k_slice_);
+    const bool holds_rows = SplitPartials::holds_rows(rows);
+    if (holds_rows) split.write<Config>(acc);
+    slabs_.sync();
+    if (slabs_.leader()) {
+      split.count_in();
+      if (last) wait_for_splits(split, tile.row_begin + slab.row, tile.col_begin + slab.col);
+    }
+    if (!last) return false;
+    slabs_.sync();
+    if (holds_rows) split.add_all<Config>(acc);
+    return true;
+  }
+
+  // The leader of the last split: waits until all splits of the slab have counted in (CTAs of this
+  // rank, resident at once: the splits of a tile are steps of one wave), then sets the counter back.
+  // Also in a failed call: the other splits wait for no peer and count in all the same, and the
+  // counters are the stream's split workspace, which later calls (the plain GEMM's too) count on.
+  __device__ void wait_for_splits(const SplitPartials& split, int row, int col) const {
+    const uint32_t all = uint32_t(k_slice_.num_splits);
+    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
+    while (ptx::load_relaxed_sys(split.counter_address()) != all) {
+      if (ptx::globaltimer_ns() > deadline) {
+        comm::report_timeout(p_.failed, p_.error, p_.rank, p_.rank, row, col);
+        return;
+      }
+      __nanosleep(64);
+    }
+    split.finish_count();
+  }
+
   // Stages the slab and hands it to the sender, kStagedChunks chunks at a time: pushed to its other
   // owners, or this rank's rows into its output. The last hand-off of a push carries the slab's flag.
   template <class Config>
   __device__ void hand_off(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], bool to_output) {
-    const int owner = to_output ? p_.rank : slab_owner(tile, slab.row);
-    const int row = tile.segment_row_of(slab.row);
+    const SlabOwners owners = to_output ? SlabOwners{p_.rank, p_.rank} : slab_owners(tile, slab.row);
+    const int row = kSharedTiles ? tile.segment_row_for(slab.row, owners.first) : tile.segment_row_of(slab.row);
     const int col_begin = tile.col_begin + slab.col;
     // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
     const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
@@ -436,7 +546,8 @@ class PushReduceEpilogue : public EpilogueBase {
       if (slabs_.leader()) {
         const bool last = h == kHandoffsPerSlab<Config> - 1;
         handoff_->to_output = to_output;
-        handoff_->owner = owner;
+        handoff_->first_owner = owners.first;
+        handoff_->last_owner = owners.last;
         handoff_->row = row;
         handoff_->col = col_begin + first * kChunkCols;
         handoff_->num_chunks = count;
@@ -448,14 +559,14 @@ class PushReduceEpilogue : public EpilogueBase {
   }
 
   // Sender thread: stores the given slabs of a step (a bit per consumer; `handoffs` counts each
-  // consumer's hand-offs taken so far), a pushed chunk as a bulk group of its own and the others of
-  // a hand-off as one, hands the chunk buffers back once read, and raises the flags of the pushed
-  // slabs once every group has landed.
+  // consumer's hand-offs taken so far), a pushed chunk of one owner as a bulk group of its own and
+  // the others of a hand-off as one, hands the chunk buffers back once read, and raises the flags of
+  // the pushed slabs once every group has landed.
   template <class Config>
   __device__ static void send_slabs(const Params& p, StorageOf<Config>& smem, uint32_t slabs,
                                     uint32_t (&handoffs)[Config::kConsumers], uint32_t epoch) {
     if (slabs == 0) return;
-    int flagged[Config::kConsumers];  // the owner of each flagged slab
+    SlabOwners flagged[Config::kConsumers];
     int flags[Config::kConsumers];
     for (int c = 0; c < Config::kConsumers; ++c) flags[c] = -1;
     bool any_flag = false;
@@ -467,17 +578,32 @@ class PushReduceEpilogue : public EpilogueBase {
         ptx::mbarrier_wait(&slab.staged, handoffs[c]++ & 1);
         if (slab.flag >= 0) {
           flags[c] = slab.flag;
-          flagged[c] = slab.owner;
+          flagged[c] = {slab.first_owner, slab.last_owner};
           any_flag = true;
         }
         for (int i = 0; i < slab.num_chunks; ++i) {
           const int col = slab.col + i * kChunkCols;
+          if constexpr (!kSharedTiles) {
+            if (slab.to_output) {
+              ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
+            } else {
+              ptx::tma_store_4d(&p.recv_at[slab.first_owner], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
+              ptx::bulk_commit_group();
+              ptx::bulk_wait_group_read<kPushQueue - 1>();
+            }
+            continue;
+          }
           if (slab.to_output) {
-            ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
-          } else {
-            ptx::tma_store_4d(&p.recv_at[slab.owner], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
-            ptx::bulk_commit_group();
-            ptx::bulk_wait_group_read<kPushQueue - 1>();
+            const BoxPlace box = place_box(slab.row);
+            ptx::tma_store_2d(&p.out, smem.chunks[c][i] + box.chunk_row * kChunkCols, col, box.segment_row);
+            continue;
+          }
+          // One box per other owner of the slab, all queued: they are a segment's rows each.
+          for (int owner = slab.first_owner, row = slab.row; owner <= slab.last_owner; ++owner, row -= p.rows_per_rank) {
+            if (owner == p.rank) continue;
+            const BoxPlace box = place_box(row);
+            ptx::tma_store_4d(&p.recv_at[owner], smem.chunks[c][i] + box.chunk_row * kChunkCols, col, box.segment_row,
+                              p.rank, epoch & 1);
           }
         }
       }
@@ -492,7 +618,10 @@ class PushReduceEpilogue : public EpilogueBase {
     ptx::fence_proxy_async_global();
     ptx::fence_release_sys();
     for (int c = 0; c < Config::kConsumers; ++c) {
-      if (flags[c] >= 0) ptx::store_relaxed_sys(flag_at(p, flagged[c], flags[c], epoch & 1), epoch);
+      if (flags[c] < 0) continue;
+      for (int owner = flagged[c].first; owner <= flagged[c].last; ++owner) {
+        if (owner != p.rank) ptx::store_relaxed_sys(flag_at(p, owner, flags[c], epoch & 1), epoch);
+      }
     }
   }
 
@@ -588,11 +717,13 @@ class PushReduceEpilogue : public EpilogueBase {
   ChunkBuffer* chunks_;
   SlabHandoff* handoff_;
   int handoffs_ = 0;  // hand-offs of staged chunks to the sender so far
+  uint32_t pushed_ = 0;      // the current tile's slabs with other owners' rows (shared tiles)
   uint32_t own_ = 0;         // the current tile's slabs with this rank's rows
   uint32_t reduced_ = 0;     // the current tile's slabs that take their peers' partials
   int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop
   int round_ = 0;            // the next of them
   uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
+  KSlice k_slice_{};         // the current step's
 };
 
 }  // namespace tpfuse::kernels

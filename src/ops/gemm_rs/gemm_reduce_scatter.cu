@@ -1,6 +1,5 @@
 // The fused GEMM + reduce-scatter entry points: checks, config, parameters, launch.
 #include <cstdio>
-#include <type_traits>
 
 #include "core/env.h"
 #include "gemm/launch.cuh"
@@ -13,6 +12,12 @@
 
 namespace tpfuse {
 namespace {
+
+// An epilogue class as a value, to pick the kernel's instantiation at run time.
+template <class Epilogue>
+struct EpilogueOf {
+  using type = Epilogue;
+};
 
 Status check_call(const Communicator& comm, const Problem& problem, const std::vector<int>& local_ranks,
                   const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams) {
@@ -47,13 +52,14 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.n = int(problem.n);
   e.col_tiles = schedule.col_tiles();
   e.tiles_per_band = schedule.tiles_per_band();
-  // Tiles of one owner's rows move chunks by TMA; shared tiles store and load from registers
-  // (ops/gemm_rs/shared_tiles.cuh).
+  // Shared tiles move a segment's rows as one box (ops/gemm_rs/epilogue.cuh), or from registers
+  // without tensor maps (ops/gemm_rs/shared_tiles.cuh); the others a chunk.
+  e.box_rows = config.shared_tiles ? int(problem.rows_per_rank()) : kChunkRows;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
   for (int owner = 0; owner < comm.world_size; ++owner) {
-    if (!config.shared_tiles) {
+    if (!config.register_epilogue) {
       TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
-                                                     problem.n, 2, parity_elems, kChunkRows, kChunkCols,
+                                                     problem.n, 2, parity_elems, e.box_rows, kChunkCols,
                                                      &e.recv_at[owner]));
     }
     e.recv[owner] = static_cast<uint16_t*>(rank.data_at[owner]);
@@ -61,9 +67,9 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   }
   e.recv_parity_elems = size_t(parity_elems);
   e.out_rows = static_cast<uint16_t*>(out);
-  if (!config.shared_tiles) {
+  if (!config.register_epilogue) {
     TPFUSE_RETURN_IF_ERROR(
-        make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, kChunkRows, kChunkCols, &e.out));
+        make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, e.box_rows, kChunkCols, &e.out));
   }
   e.flags_parity_words = comm.parity.flag_words;
   e.calls = rank.calls;
@@ -78,10 +84,10 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   return Status::Ok();
 }
 
-template <class Config, int kLocalRanks, bool kSharedTiles>
+template <class Config, int kLocalRanks, class Epilogue>
 Status launch_kernel(const kernels::GemmRsLaunch<kLocalRanks>& launch, int num_ranks, size_t smem, bool cooperative,
                      bool debug, cudaStream_t stream) {
-  const auto kernel = kernels::gemm_rs_kernel<Config, kLocalRanks, kSharedTiles>;
+  const auto kernel = kernels::gemm_rs_kernel<Config, kLocalRanks, Epilogue>;
   if (debug) {
     std::fprintf(stderr, "tpfuse: gemm_reduce_scatter launch %d rank(s) x %d CTAs x %d threads, %zu B smem%s\n",
                  num_ranks, launch.ctas_per_rank, Config::kThreads, smem, cooperative ? ", cooperative" : "");
@@ -123,16 +129,16 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
     }
     return c;
   };
-  const auto launch_variant = [&](auto mainloop_config, auto shared_tiles) -> Status {
+  const auto launch_variant = [&](auto mainloop_config, auto epilogue) -> Status {
     using Config = decltype(mainloop_config);
-    constexpr bool kSharedTiles = decltype(shared_tiles)::value;
+    using Epilogue = typename decltype(epilogue)::type;
     size_t smem = 0;
     TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));
     if (num_ranks > 1 && one_device) {
       // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
       kernels::GemmRsLaunch<kMaxWorldSize> launch{};
       int ctas = 0;
-      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, kMaxWorldSize, kSharedTiles>, smem,
+      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, kMaxWorldSize, Epilogue>, smem,
                                                     config.gemm.num_ctas, &ctas)));
       launch.ctas_per_rank = ctas / num_ranks;
       if (launch.ctas_per_rank == 0) {
@@ -149,7 +155,7 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
                                                         emulated_rank_part(split, i, launch.ctas_per_rank),
                                                         &launch.ranks[i]));
       }
-      return launch_kernel<Config, kMaxWorldSize, kSharedTiles>(launch, num_ranks, smem, /*cooperative=*/true, debug,
+      return launch_kernel<Config, kMaxWorldSize, Epilogue>(launch, num_ranks, smem, /*cooperative=*/true, debug,
                                                                 streams[0]);
     }
     // One rank per GPU: a persistent grid of its own on each.
@@ -157,7 +163,7 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
       const RankState& rank = comm->ranks[local_ranks[i]];
       TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
       kernels::GemmRsLaunch<1> launch{};
-      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, 1, kSharedTiles>, smem,
+      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(kernels::gemm_rs_kernel<Config, 1, Epilogue>, smem,
                                                     config.gemm.num_ctas, &launch.ctas_per_rank)));
       const GemmRsConfig rank_config = config_that_fits(launch.ctas_per_rank);
       SplitKWorkspace split;
@@ -167,13 +173,14 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
       TPFUSE_RETURN_IF_ERROR(
           make_rank_params<Config>(*comm, rank, problem, rank_config, a[i], w[i], out[i], split, &launch.ranks[0]));
       TPFUSE_RETURN_IF_ERROR(
-          (launch_kernel<Config, 1, kSharedTiles>(launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
+          (launch_kernel<Config, 1, Epilogue>(launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
     }
     return Status::Ok();
   };
   return with_variant<PushReduceSync>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
-    if (config.shared_tiles) return launch_variant(mainloop_config, std::true_type{});
-    return launch_variant(mainloop_config, std::false_type{});
+    if (config.register_epilogue) return launch_variant(mainloop_config, EpilogueOf<kernels::SharedTileEpilogue>{});
+    if (config.shared_tiles) return launch_variant(mainloop_config, EpilogueOf<kernels::PushReduceEpilogue<true>>{});
+    return launch_variant(mainloop_config, EpilogueOf<kernels::PushReduceEpilogue<false>>{});
   });
 }
 

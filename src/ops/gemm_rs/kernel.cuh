@@ -6,8 +6,6 @@
 
 #include "comm/device.cuh"
 #include "gemm/mainloop.cuh"
-#include <type_traits>
-
 #include "ops/gemm_rs/epilogue.cuh"
 #include "ops/gemm_rs/shared_tiles.cuh"
 #include "ops/gemm_rs/schedule.h"
@@ -26,9 +24,8 @@ struct GemmRsLaunch {
   GemmRsRankParams ranks[kLocalRanks];
 };
 
-template <class Config, bool kSharedTiles>
+template <class Config, class Epilogue>
 __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, int ctas_per_rank) {
-  using Epilogue = std::conditional_t<kSharedTiles, SharedTileEpilogue, PushReduceEpilogue>;
   run_persistent<Config, Epilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta, ctas_per_rank);
   // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share. The
   // next call (stream-ordered after this one) uses the next epoch and the other parity.
@@ -36,15 +33,16 @@ __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, 
   if (threadIdx.x == 0) comm::finish_call(rank.calls, cta, ctas_per_rank);
 }
 
-// kSharedTiles: tiles of several owners' rows (ops/gemm_rs/shared_tiles.cuh).
-template <class Config, int kLocalRanks, bool kSharedTiles>
+// Epilogue: PushReduceEpilogue<false> (tiles of one owner's rows), PushReduceEpilogue<true> (of
+// several, staged) or SharedTileEpilogue (of several, from registers).
+template <class Config, int kLocalRanks, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1) gemm_rs_kernel(const __grid_constant__ GemmRsLaunch<kLocalRanks> launch) {
   // NOTE: a rank indexed at run time makes every parameter access a global load; a real rank (one
   // per launch) is indexed at compile time, so its parameters stay in the constant bank.
   if constexpr (kLocalRanks == 1) {
-    run_rank<Config, kSharedTiles>(launch.ranks[0], blockIdx.x, launch.ctas_per_rank);
+    run_rank<Config, Epilogue>(launch.ranks[0], blockIdx.x, launch.ctas_per_rank);
   } else {
-    run_rank<Config, kSharedTiles>(launch.ranks[blockIdx.x / launch.ctas_per_rank], blockIdx.x % launch.ctas_per_rank,
+    run_rank<Config, Epilogue>(launch.ranks[blockIdx.x / launch.ctas_per_rank], blockIdx.x % launch.ctas_per_rank,
                      launch.ctas_per_rank);
   }
 }

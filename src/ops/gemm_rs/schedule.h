@@ -35,9 +35,9 @@
 // (kOwnTilesLast) every own tile comes last. The config picks L (ops/gemm_rs/config.cpp).
 //
 // One band may also split each tile's K loop over num_splits consecutive steps (split j of tile t is
-// step t * num_splits + j, as in gemm/split_k.h): decode-sized M, whose tiles fill few SMs. The
-// split that finishes last adds all the FP32 partials in split order (ops/gemm_rs/shared_tiles.cuh),
-// and only it pushes and reduces the tile.
+// step t * num_splits + j, as in gemm/split_k.h): decode-sized M, whose tiles fill few SMs. One split
+// of a tile adds all the FP32 partials in split order and only it pushes and reduces: the last
+// (ops/gemm_rs/epilogue.cuh), or the one that finishes last (ops/gemm_rs/shared_tiles.cuh).
 //
 // NOTE: in a band of several segments, the band's other ranks compute their shared tiles at the
 // same steps as r: each must push its partners' rows of such a tile before it waits for the
@@ -113,6 +113,8 @@ class TileSchedule {
 
   // The part of its tile's K loop of num_k_blocks that `step` multiplies (all of it without splits).
   TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const { return splits_.k_slice(step, num_k_blocks); }
+  // Whether `step` is its tile's last split (every step without splits): the one that pushes and reduces.
+  TPFUSE_HOST_DEVICE bool last_split(int step) const { return splits_.last_split(step); }
 
   // The band at `offset` of a round: the one after this rank's, ..., then its own (offset B-1).
   TPFUSE_HOST_DEVICE int band_at_offset(int offset) const {

@@ -14,9 +14,10 @@ namespace tpfuse {
 struct SlabHandoff {
   uint64_t staged;   // the consumer: the chunk buffers hold the slab, the fields below say where it goes
   uint64_t sent;     // the sender: its stores have read the chunk buffers, which may be staged again
-  bool to_output;    // this rank's rows, into its output; else pushed to the slab's owner
-  int owner;
-  int row;           // where the slab's first row lands in the owner's segment (or the output)
+  bool to_output;    // this rank's rows, into its output; else pushed to each other owner of the slab
+  int first_owner;   // the slab's owners, first_owner .. last_owner (ops/gemm_rs/schedule.h)
+  int last_owner;
+  int row;           // where the slab's first row lands in first_owner's segment (or the output)
   int col;
   int num_chunks;
   int flag;          // index of the slab's flag in each owner's flag array, raised once landed; -1: none

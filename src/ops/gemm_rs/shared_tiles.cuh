@@ -1,8 +1,11 @@
 // The reduce-scatter's epilogue for tiles of several owners' rows (one band of all segments:
-// decode-sized M, ops/gemm_rs/schedule.h). Such tiles are few and all of them finish in the call's
-// one wave, so what a slab waits for after its K loop is latency, not bandwidth: the consumer
-// warpgroup moves it itself, from its registers, without staging it in shared memory and without
-// the sender, the watcher or extra stages of the ring (ops/gemm_rs/epilogue.cuh).
+// decode-sized M, ops/gemm_rs/schedule.h) where a segment has at most 8 rows (the config's
+// register_epilogue). Such tiles are few and all of them finish in the call's one wave, so what a
+// slab waits for after its K loop is latency, not bandwidth: the consumer warpgroup moves it itself,
+// from its registers, without staging it in shared memory and without the sender, the watcher or
+// extra stages of the ring (ops/gemm_rs/epilogue.cuh). With more rows a segment, the staged
+// epilogue's partials, streamed through the ring by the producer, measured faster: here a thread
+// loads its own rows' partials itself, and only the warps holding them do (docs/EXPERIMENTS.md).
 //
 //   split K   the split that counts in last holds the sum of the tile's S partials, added in split
 //             order (gemm/split_k_epilogue.cuh); the others are done
