@@ -217,8 +217,9 @@ __device__ __forceinline__ void store_release_sys(uint32_t* flag, uint32_t value
 }
 
 // Several flags raised at once: one release fence, then relaxed stores (the fence orders what came
-// before it before each of them), instead of a release store each.
-__device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+// before it before each of them), instead of a release store each. A release only (not acq_rel):
+// nothing after it needs ordering, and it skips the L1 invalidation.
+__device__ __forceinline__ void fence_release_sys() { asm volatile("fence.release.sys;" ::: "memory"); }
 __device__ __forceinline__ void store_relaxed_sys(uint32_t* flag, uint32_t value) {
   asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(value) : "memory");
 }
@@ -240,8 +241,10 @@ __device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* flag) {
 }
 
 // After relaxed loads that observed release stores, orders every later access after those stores'
-// releases (the PTX memory model's acquire pattern: strong load, then fence).
-__device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+// releases (the PTX memory model's acquire pattern: strong load, then fence). An acquire only: it
+// invalidates the L1 and does not wait for this thread's own writes to drain at system scope, as an
+// acq_rel fence does.
+__device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acquire.sys;" ::: "memory"); }
 
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
