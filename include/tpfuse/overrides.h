@@ -25,6 +25,9 @@ struct ConfigOverrides {
   // gemm_reduce_scatter and all_gather_gemm: tiles of several ranks' rows where a rank's rows are shorter
   // than a slab (the all-gather also at 64 rows: bands of two blocks); 1 yes, 0 no; -1: the config's
   int shared_tiles = -1;
+  // gemm_reduce_scatter with shared tiles: their slabs pushed and reduced from the consumers' registers
+  // (1: at any rows a rank), or staged and sent by TMA (0); -1: the config's (registers up to 8 rows)
+  int register_epilogue = -1;
   // all_gather_gemm only: where a call leaves CTAs without a tile, they alone copy X_r to the peers;
   // 1 whenever there is one, 0 never (every CTA copies beside its tiles), -1: the config's
   int idle_copiers = -1;

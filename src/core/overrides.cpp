@@ -14,6 +14,7 @@ std::string ConfigOverrides::to_string() const {
   if (own_lag != -1) add("own_lag", own_lag);
   if (partial_rounds != -1) add("partial_rounds", partial_rounds);
   if (shared_tiles != -1) add("shared_tiles", shared_tiles);
+  if (register_epilogue != -1) add("register_epilogue", register_epilogue);
   if (idle_copiers != -1) add("idle_copiers", idle_copiers);
   return s.empty() ? "none" : s;
 }
@@ -49,6 +50,10 @@ Status validate(const ConfigOverrides& o) {
   if (o.shared_tiles < -1 || o.shared_tiles > 1) {
     return Status::InvalidArgument("overrides.shared_tiles = " + std::to_string(o.shared_tiles) +
                                    " must be 1 (share), 0 (never) or -1 (the config's choice)");
+  }
+  if (o.register_epilogue < -1 || o.register_epilogue > 1) {
+    return Status::InvalidArgument("overrides.register_epilogue = " + std::to_string(o.register_epilogue) +
+                                   " must be 1 (from registers), 0 (staged) or -1 (the config's choice)");
   }
   if (o.idle_copiers < -1 || o.idle_copiers > 1) {
     return Status::InvalidArgument("overrides.idle_copiers = " + std::to_string(o.idle_copiers) +

@@ -22,6 +22,10 @@ TEST(BenchOverrides, ParsedIntoTheLibrarysStruct) {
   ASSERT_EQ(idle.outcome, ParseOutcome::kRun) << idle.error;
   EXPECT_EQ(idle.options.overrides.idle_copiers, 0);
   EXPECT_EQ(idle.options.overrides.to_string(), "idle_copiers=0");
+  const ParseResult staged = parse_args({"--mode", "proxy", "--compare", "register_epilogue=0"}, kModes);
+  ASSERT_EQ(staged.outcome, ParseOutcome::kRun) << staged.error;
+  EXPECT_EQ(staged.options.compare->register_epilogue, 0);
+  EXPECT_EQ(staged.options.compare->to_string(), "register_epilogue=0");
   const ParseResult tiled = parse_args({"--mode", "gemm", "--compare", "swap_ab=0"}, kModes);
   ASSERT_EQ(tiled.outcome, ParseOutcome::kRun) << tiled.error;
   ASSERT_TRUE(tiled.options.compare.has_value());

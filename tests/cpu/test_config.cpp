@@ -218,8 +218,15 @@ TEST(Config, SmallSegments) {
         ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 1024 * world_size, world_size), h100(), same_width, &g).ok());
       }
       EXPECT_TRUE(c.shared_tiles) << p.to_string() << " -> " << c.to_string();
-      // From registers up to 8 rows a segment (1 and 8 here), staged with 32.
+      // From registers up to 8 rows a segment (1 and 8 here), staged with 32, unless forced.
       EXPECT_EQ(c.register_epilogue, m / world_size <= 8) << p.to_string() << " -> " << c.to_string();
+      for (int forced : {0, 1}) {
+        ConfigOverrides o;
+        o.register_epilogue = forced;
+        GemmRsConfig f;
+        ASSERT_TRUE(select_gemm_rs_config(p, h100(), o, &f).ok());
+        EXPECT_EQ(f.register_epilogue, forced == 1) << p.to_string() << " -> " << f.to_string();
+      }
       EXPECT_EQ(c.gemm.variant, g.variant) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
       EXPECT_EQ(c.gemm.split_k, g.split_k) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
       ConfigOverrides never;
@@ -356,16 +363,18 @@ TEST(Config, BadOverridesAreErrors) {
     ConfigOverrides overrides;
     const char* message;
   };
-  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k, idle_copiers;
+  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k, idle_copiers, registers;
   block_n.block_n = 100;
   idle_copiers.idle_copiers = 2;
+  registers.register_epilogue = 3;
   group_rows.group_rows = -2;
   own_lag.own_lag = -5;
   rounds.partial_rounds = -3;
   split_k.split_k = -1;
   for (const Case& t : {Case{block_n, "overrides.block_n = 100"}, Case{group_rows, "overrides.group_rows = -2"},
                         Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"},
-                        Case{split_k, "overrides.split_k = -1"}, Case{idle_copiers, "overrides.idle_copiers = 2"}}) {
+                        Case{split_k, "overrides.split_k = -1"}, Case{idle_copiers, "overrides.idle_copiers = 2"},
+                        Case{registers, "overrides.register_epilogue = 3"}}) {
     GemmRsConfig c;
     const Status s = select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), t.overrides, &c);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << t.message;

@@ -306,6 +306,37 @@ TEST(FusedSharedTiles, BitIdenticalToTilesOfOneOwner) {
   }
 }
 
+// The two epilogues of shared tiles, staged and from registers, each forced at 8 and 32 rows a
+// rank, with K whole and split: bit-identical on random inputs (the same partials, added in the
+// same order).
+TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
+  for (int p : {2, 4, 8}) {
+    for (int rows : {8, 32}) {
+      for (int split_k : {1, 2}) {
+        const Problem problem{rows * p, 1000, 256, p, WeightLayout::kKxN};
+        LocalRanks ranks(problem);
+        ASSERT_NE(ranks.comm, nullptr);
+        ranks.fill(/*exact=*/false, 19);
+        std::vector<std::vector<__nv_bfloat16>> outputs[2];
+        for (int registers : {0, 1}) {
+          ConfigOverrides o;
+          o.split_k = split_k;
+          o.register_epilogue = registers;
+          ranks.poison_outputs();
+          ASSERT_TRUE(ranks.run(problem, o).ok());
+          ASSERT_CUDA(ranks.synchronize());
+          ASSERT_TRUE(communicator_status(ranks.comm).ok());
+          for (int d = 0; d < p; ++d) outputs[registers].push_back(ranks.out[d]->to_host());
+        }
+        for (int d = 0; d < p; ++d) {
+          EXPECT_EQ(0, std::memcmp(outputs[0][d].data(), outputs[1][d].data(), outputs[0][d].size() * 2))
+              << "P " << p << ", " << rows << " rows a rank, split " << split_k << ", rank " << d;
+        }
+      }
+    }
+  }
+}
+
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every
 // 50th is checked.
 void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, int calls) {

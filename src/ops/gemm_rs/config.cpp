@@ -101,6 +101,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
   }
   c.shared_tiles = share_tiles;
   c.register_epilogue = share_tiles && problem.rows_per_rank() <= kMaxRegisterEpilogueRows;
+  if (overrides.register_epilogue >= 0) c.register_epilogue = share_tiles && overrides.register_epilogue == 1;
   // The CTAs at work at one time hold tiles of every segment (the schedule's rounds).
   c.gemm.group_rows = group_rows_for(problem.world_size, overrides);
 
