@@ -96,7 +96,8 @@ __device__ __forceinline__ uint32_t* flag_at(const PushReduceParams& p, int owne
 }
 
 // kSharedTiles: the instantiation for tiles of several owners' rows (one band of all segments,
-// ops/gemm_rs/schedule.h); the other keeps every slab to one owner, without its arithmetic.
+// ops/gemm_rs/schedule.h; of 16-32 rows a segment, unless overridden); the other keeps every slab to
+// one owner, without its arithmetic.
 template <bool kSharedTiles>
 class PushReduceEpilogue : public EpilogueBase {
  public:
