@@ -3,13 +3,17 @@
 // are several, all driven by this process.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <tuple>
 
 #include "gpu_testing.cuh"
+#include "core/device_info.h"
+#include "ops/gemm_rs/config.h"
 #include "ops/gemm_rs/launch.h"
 #include "tpfuse/tpfuse.h"
 
@@ -322,11 +326,26 @@ TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
           ConfigOverrides o;
           o.split_k = split_k;
           o.register_epilogue = registers;
+          // The override reaches the config: the two runs take different epilogues.
+          DeviceInfo device;
+          ASSERT_TRUE(current_device_info(&device).ok());
+          GemmRsConfig config;
+          ASSERT_TRUE(select_gemm_rs_config(problem, device, o, &config).ok());
+          ASSERT_TRUE(config.shared_tiles) << config.to_string();
+          ASSERT_EQ(config.register_epilogue, registers == 1) << config.to_string();
           ranks.poison_outputs();
           ASSERT_TRUE(ranks.run(problem, o).ok());
           ASSERT_CUDA(ranks.synchronize());
           ASSERT_TRUE(communicator_status(ranks.comm).ok());
-          for (int d = 0; d < p; ++d) outputs[registers].push_back(ranks.out[d]->to_host());
+          for (int d = 0; d < p; ++d) {
+            outputs[registers].push_back(ranks.out[d]->to_host());
+            // Every element written (the poison is a NaN; random inputs make none).
+            const auto& out = outputs[registers].back();
+            const size_t unwritten = size_t(std::count_if(out.begin(), out.end(), [](__nv_bfloat16 x) {
+              return std::isnan(__bfloat162float(x));
+            }));
+            EXPECT_EQ(unwritten, 0u) << "P " << p << ", rank " << d << ", registers " << registers;
+          }
         }
         for (int d = 0; d < p; ++d) {
           EXPECT_EQ(0, std::memcmp(outputs[0][d].data(), outputs[1][d].data(), outputs[0][d].size() * 2))

@@ -104,12 +104,37 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
+  // Rounds row half h of this thread's accumulators to BF16 and, where `store`, stores them into
+  // `row` (a row of n columns: the slab's from `col`, those before col_end), 16 bytes a lane. Every
+  // lane of the warp takes part: the quads exchange pieces.
+  template <class Config>
+  __device__ static void store_row_half(const float (&acc)[Config::kAccPerThread], int h, uint16_t* row, int col,
+                                        int col_end, bool store) {
+    const int q = threadIdx.x % 4;
+#pragma unroll
+    for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // Blocks 4 half .. 4 half + 3 of the chunk, after the exchange lane q's 8 columns of block
+        // 4 half + q.
+        uint32_t v[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int i = pair_index(c, 4 * half + m, h);
+          v[m] = pack_bf16x2(acc[i], acc[i + 1]);
+        }
+        quad_transpose(v);
+        const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
+        if (store && block_col < col_end) *reinterpret_cast<uint4*>(row + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
+      }
+    }
+  }
+
   // Stores this thread's rows of other owners into their receive slots, then raises the slab's
   // flag at each of them once every thread's stores are ordered before it.
   template <class Config>
   __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int first_owner,
                        int last_owner) {
-    const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
     const size_t parity = epoch_ & 1;
 #pragma unroll
@@ -122,24 +147,7 @@ class SharedTileEpilogue : public EpilogueBase {
         const int row = tile.segment_row_for(tile_row, owner);
         slot = p_.recv[owner] + parity * p_.recv_parity_elems + (size_t(p_.rank) * p_.rows_per_rank + row) * p_.n;
       }
-#pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          // Blocks 4 half .. 4 half + 3 of the chunk; every lane of the quad takes part in the exchange.
-          uint32_t v[4];
-#pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            const int i = pair_index(c, 4 * half + m, h);
-            v[m] = pack_bf16x2(acc[i], acc[i + 1]);
-          }
-          quad_transpose(v);
-          const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
-          if (pushed && block_col < tile.col_end) {
-            *reinterpret_cast<uint4*>(slot + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
-          }
-        }
-      }
+      store_row_half<Config>(acc, h, slot, col, tile.col_end, pushed);
     }
     // NOTE: every thread's stores, ordered before the leader's release by the barrier, then the
     // flags (a peer that sees one acquires the whole slab's rows of it).
@@ -221,22 +229,7 @@ class SharedTileEpilogue : public EpilogueBase {
           }
         }
       }
-      uint16_t* out = p_.out_rows + size_t(row) * p_.n;
-#pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t v[4];
-#pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            const int i = pair_index(c, 4 * half + m, h);
-            v[m] = pack_bf16x2(acc[i], acc[i + 1]);
-          }
-          quad_transpose(v);
-          const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
-          if (own && block_col < tile.col_end) *reinterpret_cast<uint4*>(out + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
-        }
-      }
+      store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, own);
     }
   }
 
