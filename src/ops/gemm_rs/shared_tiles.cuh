@@ -11,13 +11,14 @@
 //             order (gemm/split_k_epilogue.cuh); the others are done
 //   push      each thread stores its rows of other owners as BF16 straight into each owner's
 //             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout),
-//             16 bytes a lane; the warpgroup's barrier; its leader fences (release, system scope)
-//             and raises the slab's flag at each of those owners
-//   reduce    where the slab holds this rank's rows: another thread waits (bounded) for the slab's
-//             flag from every peer and fences (acquire, system scope) while the leader's release
-//             runs; the barrier; each thread adds its own rows' partials, loaded from this rank's
-//             receive slots, to its FP32 accumulators in rank order, rounds once and stores the
-//             rows into the output (16 bytes a lane, as the push)
+//             16 bytes a lane; the warpgroup's barrier; then one warp that holds none of this
+//             rank's rows fences (release, system scope) and raises the slab's flag at each of
+//             those owners, a lane an owner
+//   reduce    in each warp holding this rank's rows, while that release runs: its lane 0 waits
+//             (bounded) for the slab's flag from every peer and fences (acquire, system scope);
+//             the warp's barrier; each thread adds its own rows' partials, loaded from this
+//             rank's receive slots, to its FP32 accumulators in rank order, rounds once and
+//             stores the rows into the output (16 bytes a lane, as the push)
 //
 // Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
 // for the others' pushes of the same tile. The partials and the order of the additions are those
@@ -57,8 +58,9 @@ class SharedTileEpilogue : public EpilogueBase {
     const int last_row = tile.row_end - tile.row_begin - 1;
     const int first_owner = tile.owner_of_row(slab.row);
     const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
-    push<Config>(tile, slab, acc, first_owner, last_owner);
-    if (first_owner <= p_.rank && p_.rank <= last_owner) reduce<Config>(tile, slab, acc);
+    const bool holds_own_rows = first_owner <= p_.rank && p_.rank <= last_owner;
+    push<Config>(tile, slab, acc, first_owner, last_owner, holds_own_rows ? releasing_warp(tile, slab) : 0);
+    if (holds_own_rows) reduce<Config>(tile, slab, acc);
   }
 
   __device__ void finish() {}
@@ -68,7 +70,22 @@ class SharedTileEpilogue : public EpilogueBase {
   // 16 * warp + lane / 4 + 8 h, columns 8 j + 2 (lane % 4) (+1) of each 8-column block j.
   __device__ static int thread_row(int h) {
     const int t = threadIdx.x % 128;
-    return 16 * (t / 32) + (t % 32) / 4 + 8 * h;
+    return kWarpRows * (t / 32) + (t % 32) / 4 + 8 * h;
+  }
+  static constexpr int kWarpRows = 16;  // a warp's rows of the slab
+
+  // The first warp whose rows of the slab (those within the tile) include none of this rank's, so
+  // that its release fence does not hold up the reduction (a segment of at most 8 rows lies in one
+  // warp's 16); warp 0 where every warp holds some.
+  template <class Config>
+  __device__ int releasing_warp(const Tile& tile, Slab<Config> slab) const {
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    for (int w = 0; w < kSlabRows / kWarpRows; ++w) {
+      const int first = slab.row + kWarpRows * w;
+      const int last = min(first + kWarpRows - 1, last_row);
+      if (first > last || p_.rank < tile.owner_of_row(first) || tile.owner_of_row(last) < p_.rank) return w;
+    }
+    return 0;
   }
 
   // Ranks whose pieces of a row (every chunk of the slab) a thread loads at once: 64 registers' worth
@@ -130,11 +147,11 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
-  // Stores this thread's rows of other owners into their receive slots, then raises the slab's
-  // flag at each of them once every thread's stores are ordered before it.
+  // Stores this thread's rows of other owners into their receive slots; once every thread's
+  // stores are ordered before them, warp `releaser` raises the slab's flag at each of those owners.
   template <class Config>
   __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int first_owner,
-                       int last_owner) {
+                       int last_owner, int releaser) {
     const int col = tile.col_begin + slab.col;
     const size_t parity = epoch_ & 1;
 #pragma unroll
@@ -149,14 +166,15 @@ class SharedTileEpilogue : public EpilogueBase {
       }
       store_row_half<Config>(acc, h, slot, col, tile.col_end, pushed);
     }
-    // NOTE: every thread's stores, ordered before the leader's release by the barrier, then the
-    // flags (a peer that sees one acquires the whole slab's rows of it).
+    // NOTE: every thread's stores, ordered by the barrier before each releasing lane's fence, then
+    // that lane's flag (a peer that sees one acquires the whole slab's rows of it). The warp's lanes
+    // fence in one instruction.
     slabs_.sync();
-    if (!slabs_.leader()) return;
+    if (int(threadIdx.x % 128) / 32 != releaser) return;
     ptx::fence_release_sys();
-    const int flag = flag_index<Config>(p_, p_.rank, tile, consumer_);
-    for (int owner = first_owner; owner <= last_owner; ++owner) {
-      if (owner != p_.rank) ptx::store_relaxed_sys(flag_at(p_, owner, flag, parity), epoch_);
+    const int owner = first_owner + int(threadIdx.x % 32);
+    if (owner <= last_owner && owner != p_.rank) {
+      ptx::store_relaxed_sys(flag_at(p_, owner, flag_index<Config>(p_, p_.rank, tile, consumer_), parity), epoch_);
     }
   }
 
@@ -165,11 +183,17 @@ class SharedTileEpilogue : public EpilogueBase {
   // load a valid row of this rank's and store nothing.
   template <class Config>
   __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
-    // Not the leader, so that its acquire runs beside the leader's release of the push.
-    if (threadIdx.x % 128 == 32) wait_for_peers<Config>(tile, slab);
-    // That thread's acquire, passed on to the warpgroup. After a failed call the sums are wrong and
-    // the call reports the timeout.
-    slabs_.sync();
+    bool own[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tile_row = slab.row + thread_row(h);
+      own[h] = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
+    }
+    if (!__any_sync(0xffffffffu, own[0] || own[1])) return;
+    // Its lane 0's acquire, passed on to the warp. After a failed call the sums are wrong and the
+    // call reports the timeout.
+    if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab);
+    __syncwarp();
     const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
     const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
@@ -177,9 +201,8 @@ class SharedTileEpilogue : public EpilogueBase {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tile_row = slab.row + thread_row(h);
-      const bool own = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
-      if (!__any_sync(0xffffffffu, own)) continue;
-      const int row = own ? tile.segment_row_for(tile_row, p_.rank) : 0;
+      if (!__any_sync(0xffffffffu, own[h])) continue;
+      const int row = own[h] ? tile.segment_row_for(tile_row, p_.rank) : 0;
       const uint16_t* slots = own_slots + size_t(row) * p_.n;
       // Lane q's 8 columns of blocks q and 4 + q of each chunk (a block past the tile's columns
       // reads the slab's first instead, and is never stored).
@@ -229,7 +252,7 @@ class SharedTileEpilogue : public EpilogueBase {
           }
         }
       }
-      store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, own);
+      store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, own[h]);
     }
   }
 
