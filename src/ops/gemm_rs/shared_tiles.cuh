@@ -2,9 +2,10 @@
 // decode-sized M, ops/gemm_rs/schedule.h) where a segment has at most 8 rows (the config's
 // register_epilogue). Such tiles are few and all of them finish in the call's one wave, so what a
 // slab waits for after its K loop is latency, not bandwidth: the consumer warpgroup moves it itself,
-// from its registers, without staging its pushes in shared memory and without the sender, the
-// watcher or extra stages of the ring (ops/gemm_rs/epilogue.cuh). With more rows a segment the
-// staged epilogue measured faster (docs/EXPERIMENTS.md).
+// from its registers, without staging it in shared memory and without the sender, the watcher or
+// extra stages of the ring (ops/gemm_rs/epilogue.cuh). With more rows a segment, the staged
+// epilogue's partials, streamed through the ring by the producer, measured faster: here a thread
+// loads its own rows' partials itself, and only the warps holding them do (docs/EXPERIMENTS.md).
 //
 //   split K   the split that counts in last holds the sum of the tile's S partials, added in split
 //             order (gemm/split_k_epilogue.cuh); the others are done
@@ -13,11 +14,10 @@
 //             16 bytes a lane; the warpgroup's barrier; then one warp that holds none of this
 //             rank's rows fences (release, system scope) and raises the slab's flag at each of
 //             those owners, a lane an owner
-//   reduce    where the slab holds this rank's rows, while that release runs: the three other
-//             warps wait (one thread, bounded) for the slab's flag from every peer and fence
-//             (acquire, system scope), then gather the own rows' partials from this rank's receive
-//             slots into the chunk buffers (this epilogue stages nothing there); each thread
-//             holding own rows adds them to its FP32 accumulators in rank order, rounds once and
+//   reduce    in each warp holding this rank's rows, while that release runs: its lane 0 waits
+//             (bounded) for the slab's flag from every peer and fences (acquire, system scope);
+//             the warp's barrier; each thread adds its own rows' partials, loaded from this
+//             rank's receive slots, to its FP32 accumulators in rank order, rounds once and
 //             stores the rows into the output (16 bytes a lane, as the push)
 //
 // Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
@@ -37,11 +37,7 @@ class SharedTileEpilogue : public EpilogueBase {
 
   template <class Storage>
   __device__ SharedTileEpilogue(const Params& params, int consumer, Storage& smem)
-      : p_(params),
-        consumer_(consumer),
-        slabs_(consumer, smem.chunks[consumer]),
-        gathered_(&smem.chunks[consumer][0][0]),
-        epoch_(comm::call_epoch(params.calls)) {}
+      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), epoch_(comm::call_epoch(params.calls)) {}
 
   template <class Config>
   __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
@@ -63,9 +59,8 @@ class SharedTileEpilogue : public EpilogueBase {
     const int first_owner = tile.owner_of_row(slab.row);
     const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
     const bool holds_own_rows = first_owner <= p_.rank && p_.rank <= last_owner;
-    const int releaser = holds_own_rows ? releasing_warp(tile, slab) : 0;
-    push<Config>(tile, slab, acc, first_owner, last_owner, releaser);
-    if (holds_own_rows) reduce<Config>(tile, slab, acc, releaser);
+    push<Config>(tile, slab, acc, first_owner, last_owner, holds_own_rows ? releasing_warp(tile, slab) : 0);
+    if (holds_own_rows) reduce<Config>(tile, slab, acc);
   }
 
   __device__ void finish() {}
@@ -93,16 +88,11 @@ class SharedTileEpilogue : public EpilogueBase {
     return 0;
   }
 
-  // The warps gathering the own rows' partials (all but the releasing one), their named barrier (the
-  // warpgroup's is 1 + consumer, gemm/mainloop.cuh), the chunk buffers' room for them and the
-  // 16-byte pieces a gatherer has in flight: 64 registers' worth (32 where the slab's accumulators
-  // take 128).
-  static constexpr int kGatherers = 96;
-  __device__ int gather_barrier() const { return 1 + kConsumers + consumer_; }
+  // Ranks whose pieces of a row (every chunk of the slab) a thread loads at once: 64 registers' worth
+  // (32 where the slab's 256 columns of accumulators take 128).
   template <class Config>
-  static constexpr int kGatherElems = Config::kStagedChunks * kChunkElems;
-  template <class Config>
-  static constexpr int kPiecesInFlight = Config::kAccPerThread >= 128 ? 8 : 16;
+  static constexpr int kSourcesInFlight =
+      Config::kAccPerThread >= 128 ? 1 : kMaxWorldSize / Config::kChunksPerSlab;
 
   // The accumulator index of pair (block j of chunk c, half h): its two columns are i and i + 1.
   __device__ static constexpr int pair_index(int c, int j, int h) { return 32 * c + 4 * j + 2 * h; }
@@ -189,107 +179,80 @@ class SharedTileEpilogue : public EpilogueBase {
   }
 
   // Adds the peers' partials of this rank's rows of the slab, in rank order, and stores those rows.
-  // Every warp but the releasing one takes part: they gather the partials into the chunk buffers,
-  // 16 bytes a load, all of a batch's in one round where they fit in flight; then the warps holding
-  // the rows add them from there. A batch is as many of the rows as the buffers hold of every
-  // peer's, at most 8 (one half of a warp's rows).
+  // A warp with any of those rows takes part as a whole (the quads exchange pieces): its other lanes
+  // load a valid row of this rank's and store nothing.
   template <class Config>
-  __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], int releaser) {
-    const int warp = int(threadIdx.x % 128) / 32;
-    if (warp == releaser) return;
-    const int gatherer = (warp - (warp > releaser)) * 32 + int(threadIdx.x % 32);
-    // This rank's rows of the slab are tile rows [own_first, own_end); own_base is its segment's row 0.
-    const int own_base = (p_.rank - tile.owner_rank) * tile.rows_per_owner - tile.segment_row;
-    const int own_first = max(own_base, slab.row);
-    const int own_end = min(min(own_base + tile.rows_per_owner, slab.row + kSlabRows), tile.row_end - tile.row_begin);
-    int batch_rows = 8;
-    while (batch_rows > 1 && batch_rows * (p_.world_size - 1) * Config::kWgCols > kGatherElems<Config>) batch_rows /= 2;
-    // Its acquire, passed on to the gatherers by the barrier. After a failed call the sums are
-    // wrong and the call reports the timeout.
-    if (gatherer == 0) wait_for_peers<Config>(tile, slab);
-#pragma unroll 1
-    for (int first = own_first; first < own_end; first += batch_rows) {
-      const int rows = min(batch_rows, own_end - first);
-      // The acquire, or the previous batch's adds done with the buffers.
-      ptx::named_barrier_sync(gather_barrier(), kGatherers);
-      gather<Config>(tile, slab, gatherer, first - own_base, rows);
-      ptx::named_barrier_sync(gather_barrier(), kGatherers);
-      add_and_store<Config>(tile, slab, acc, first, rows);
-    }
-  }
-
-  // The gatherers' loads of rows [segment_row, segment_row + rows) of this rank's segment from every
-  // peer's receive slot (the slab's columns; zeros past the tile's) into the chunk buffers, as
-  // [peer, counted without this rank][row][column].
-  template <class Config>
-  __device__ void gather(const Tile& tile, Slab<Config> slab, int gatherer, int segment_row, int rows) {
-    constexpr int kBlocks = Config::kWgCols / 8;  // 16-byte pieces of a row
-    const int col = tile.col_begin + slab.col;
-    const int pieces = (p_.world_size - 1) * rows * kBlocks;
-    const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
-    const uint16_t* own_slots =
-        p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems + size_t(segment_row) * p_.n + col;
-#pragma unroll 1
-    for (int base = gatherer; base < pieces; base += kGatherers * kPiecesInFlight<Config>) {
-      uint4 part[kPiecesInFlight<Config>];
-#pragma unroll
-      for (int g = 0; g < kPiecesInFlight<Config>; ++g) {
-        const int piece = base + kGatherers * g;
-        const int block = piece % kBlocks;
-        const int peer = piece / kBlocks / rows;
-        const int source = peer + (peer >= p_.rank);
-        const int row = piece / kBlocks % rows;
-        part[g] = make_uint4(0, 0, 0, 0);
-        if (piece < pieces && col + 8 * block < tile.col_end) {
-          part[g] = __ldcg(reinterpret_cast<const uint4*>(own_slots + source * source_elems + size_t(row) * p_.n + 8 * block));
-        }
-      }
-#pragma unroll
-      for (int g = 0; g < kPiecesInFlight<Config>; ++g) {
-        const int piece = base + kGatherers * g;
-        if (piece < pieces) reinterpret_cast<uint4*>(gathered_)[piece] = part[g];
-      }
-    }
-  }
-
-  // The warps holding tile rows [first, first + rows): each thread adds the gathered partials of its
-  // row to its accumulators in rank order and stores the row into the output. The whole warp takes
-  // part (the quads exchange pieces): its other lanes read the batch's first row and store nothing.
-  template <class Config>
-  __device__ void add_and_store(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], int first,
-                                int rows) {
-    const int q = threadIdx.x % 4;
-    const int col = tile.col_begin + slab.col;
+  __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
+    bool own[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tile_row = slab.row + thread_row(h);
-      const bool mine = first <= tile_row && tile_row < first + rows;
-      if (!__any_sync(0xffffffffu, mine)) continue;
-      const uint16_t* row = gathered_ + (mine ? tile_row - first : 0) * Config::kWgCols;
+      own[h] = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
+    }
+    if (!__any_sync(0xffffffffu, own[0] || own[1])) return;
+    // Its lane 0's acquire, passed on to the warp. After a failed call the sums are wrong and the
+    // call reports the timeout.
+    if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab);
+    __syncwarp();
+    const int q = threadIdx.x % 4;
+    const int col = tile.col_begin + slab.col;
+    const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
+    const uint16_t* own_slots = p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tile_row = slab.row + thread_row(h);
+      if (!__any_sync(0xffffffffu, own[h])) continue;
+      const int row = own[h] ? tile.segment_row_for(tile_row, p_.rank) : 0;
+      const uint16_t* slots = own_slots + size_t(row) * p_.n;
+      // Lane q's 8 columns of blocks q and 4 + q of each chunk (a block past the tile's columns
+      // reads the slab's first instead, and is never stored).
+      int block_cols[Config::kChunksPerSlab][2];
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
+          block_cols[c][half] = block_col < tile.col_end ? block_col : col;
+        }
+      }
+      // The ranks' pieces of the row, kSourcesInFlight ranks' at once (this rank's own slot is read
+      // and left out of the sum), added in rank order.
 #pragma unroll 1
-      for (int source = 0; source < p_.world_size; ++source) {
-        if (source == p_.rank) continue;
-        const uint16_t* piece_row = row + (source - (source > p_.rank)) * rows * Config::kWgCols;
+      for (int first = 0; first < p_.world_size; first += kSourcesInFlight<Config>) {
+        uint4 part[kSourcesInFlight<Config>][Config::kChunksPerSlab][2];
 #pragma unroll
-        for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+        for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+          if (first + g >= p_.world_size) continue;
+          const uint16_t* source_slots = slots + (first + g) * source_elems;
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            // Lane q's 8 columns of block 4 half + q of the chunk.
-            const uint4 part = *reinterpret_cast<const uint4*>(piece_row + kChunkCols * c + 8 * (4 * half + q));
-            uint32_t v[4] = {part.x, part.y, part.z, part.w};
-            quad_transpose(v);  // now pair q of blocks 4 half .. 4 half + 3, as the accumulators
+          for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
-            for (int m = 0; m < 4; ++m) {
-              const int i = pair_index(c, 4 * half + m, h);
-              // A BF16 is the top half of the FP32 of the same value.
-              acc[i] += __uint_as_float(v[m] << 16);
-              acc[i + 1] += __uint_as_float(v[m] & 0xffff0000u);
+            for (int half = 0; half < 2; ++half) {
+              part[g][c][half] = __ldcg(reinterpret_cast<const uint4*>(source_slots + block_cols[c][half]));
+            }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+          if (first + g >= p_.world_size || first + g == p_.rank) continue;
+#pragma unroll
+          for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              uint32_t v[4] = {part[g][c][half].x, part[g][c][half].y, part[g][c][half].z, part[g][c][half].w};
+              quad_transpose(v);  // now pair q of blocks 4 half .. 4 half + 3, as the accumulators
+#pragma unroll
+              for (int m = 0; m < 4; ++m) {
+                const int i = pair_index(c, 4 * half + m, h);
+                // A BF16 is the top half of the FP32 of the same value.
+                acc[i] += __uint_as_float(v[m] << 16);
+                acc[i + 1] += __uint_as_float(v[m] & 0xffff0000u);
+              }
             }
           }
         }
       }
-      const int segment_row = mine ? tile.segment_row_for(tile_row, p_.rank) : 0;
-      store_row_half<Config>(acc, h, p_.out_rows + size_t(segment_row) * p_.n, col, tile.col_end, mine);
+      store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, own[h]);
     }
   }
 
@@ -329,7 +292,6 @@ class SharedTileEpilogue : public EpilogueBase {
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
-  uint16_t* gathered_;  // the chunk buffers, which this epilogue does not stage in: the own rows' partials
   uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
   KSlice k_slice_{};  // the current step's
 };
