@@ -78,10 +78,9 @@ Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, 
       std::to_string(device.num_sms) + " SMs, or than the " + std::to_string(num_k_blocks) + " K blocks");
 }
 
-// The common choice: num_k_blocks = 0 never splits K; plain_gemm also weighs the variants only the
-// plain GEMM takes (fused_ops_take).
+// The common choice: num_k_blocks = 0 never splits K; `variants` are those the op takes.
 Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                     const ConfigOverrides& overrides, const SmemByVariant& smem, bool plain_gemm,
+                     const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
                      GemmConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   if (device.cc_major != 9) {
@@ -89,9 +88,11 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
                                std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
   TPFUSE_RETURN_IF_ERROR(validate(overrides));
-  if (!plain_gemm && overrides.block_n == 64) {
-    return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's only (the fused ops "
-                                   "take 128, 192 or 256)");
+  const bool plain_gemm = variants == Variants::kAll;
+  const bool one_consumer = variants != Variants::kFusedOps;  // 64 x 64 and 64 x 192
+  if (!one_consumer && overrides.block_n == 64) {
+    return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's and the register "
+                                   "epilogue's only (the fused ops take 128, 192 or 256)");
   }
   // The tile this output wants, by the time model over the compiled shapes: 64-row tiles (the two
   // consumers splitting the columns instead of the rows) for a band of at most 64 rows, which would
@@ -116,10 +117,10 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   for (const int height : heights) {
     if (height == 0) continue;
     const int narrow = height == 128 ? 192 : 128;
-    // The plain GEMM's own: 64 x 64 and 64 x 192 tiles, and 128 x 128 for one band of at most
-    // kSmallBandRows.
-    const int narrowest = !plain_gemm ? 0 : height == 64 ? 64 : heights[1] == 64 ? 128 : 0;
-    const int one_consumer_wide = plain_gemm && height == 64 ? 192 : 0;
+    // One consumer's 64 x 64 and 64 x 192 tiles; the plain GEMM's 128 x 128 for one band of at
+    // most kSmallBandRows.
+    const int narrowest = height == 64 ? (one_consumer ? 64 : 0) : plain_gemm && heights[1] == 64 ? 128 : 0;
+    const int one_consumer_wide = one_consumer && height == 64 ? 192 : 0;
     for (const int width : {256, narrow, narrowest, one_consumer_wide}) {
       if (width == 0) continue;
       // A forced width applies to the heights that have it.
@@ -161,7 +162,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
-    if (smem[i] > size_t(device.max_smem_per_block) || !(plain_gemm || fused_ops_take(v))) continue;
+    const bool taken = plain_gemm || (one_consumer ? register_epilogue_takes(v) : fused_ops_take(v));
+    if (smem[i] > size_t(device.max_smem_per_block) || !taken) continue;
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
     const int rank = (4 * same_tile + 2 * same_staging) * 16 + v.stages;
@@ -208,12 +210,13 @@ std::string GemmConfig::to_string() const {
 
 Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                           const SmemByVariant& smem, GemmConfig* config) {
-  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, /*plain_gemm=*/false, config);
+  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, Variants::kFusedOps, config);
 }
 
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                                  const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config) {
-  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, /*plain_gemm=*/false, config);
+                                  const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
+                                  GemmConfig* config) {
+  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, variants, config);
 }
 
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
@@ -249,7 +252,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, /*plain_gemm=*/true, config);
+  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config);
 }
 
 }  // namespace tpfuse

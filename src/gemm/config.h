@@ -51,13 +51,19 @@ using SmemByVariant = std::array<size_t, kNumGemmVariants>;
 Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                           const SmemByVariant& smem, GemmConfig* config);
 
+// The variants an op's kernel is compiled for (gemm/variants.h): the fused ops' (two consumers),
+// those and the 64-row tiles of one consumer (register_epilogue_takes), or all (the plain GEMM's).
+enum class Variants { kFusedOps, kWithOneConsumer, kAll };
+
 // The same for an op that can split K (gemm/split_k.h) over num_k_blocks K blocks: where a tile's
 // steps would leave SMs idle, each tile's K loop in S splits, a step each, at most one wave of
 // steps in all (so at most device.num_sms steps: the split workspace's size), each split at least
 // a few K blocks, the tile and S the fastest by the same model of waves (or overrides.split_k:
-// 1 never splits, S >= 2 splits in S and fails where that is more steps than SMs or than K blocks).
+// 1 never splits, S >= 2 splits in S and fails where that is more steps than SMs or than K blocks),
+// over `variants`.
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                                  const ConfigOverrides& overrides, const SmemByVariant& smem, GemmConfig* config);
+                                  const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
+                                  GemmConfig* config);
 
 // Row tiles per raster group when the CTAs at work at one time hold tiles of `segments_in_flight`
 // row segments (1 for the plain GEMM, P for the reduce-scatter's rounds), or overrides.group_rows.

@@ -18,8 +18,7 @@
 namespace tpfuse {
 
 // Calls fn(MainloopConfig<...>{}) with the compiled variant `variant` in the weight's layout, the
-// op's shared memory part being OpSync. The fused ops (an OpSync of their own) instantiate only the
-// variants they take (fused_ops_take).
+// op's shared memory part being OpSync, which says which variants the op takes (OpSync::takes).
 template <class OpSync, int I = 0, class Fn>
 Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
   if constexpr (I == kNumGemmVariants) {
@@ -27,8 +26,8 @@ Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
   } else {
     if (variant != I) return with_variant<OpSync, I + 1>(variant, layout, fn);
     constexpr GemmVariant v = kGemmVariants[I];
-    if constexpr (!std::is_same_v<OpSync, NoOpSync> && !fused_ops_take(v)) {
-      return Status::Internal("kernel variant " + std::to_string(variant) + " is the plain GEMM's only");
+    if constexpr (!OpSync::takes(v)) {
+      return Status::Internal("kernel variant " + std::to_string(variant) + " is not compiled for this op");
     } else {
       if (layout == WeightLayout::kNxK) {
         return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, v.consumers, OpSync>{});

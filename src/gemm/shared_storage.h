@@ -28,8 +28,10 @@ struct RingSync {
   Tile stage_tile[kStages];
 };
 
-// An op without barriers of its own.
-struct NoOpSync {};
+// An op without barriers of its own: the plain GEMM, which takes every variant.
+struct NoOpSync {
+  static constexpr bool takes(const GemmVariant&) { return true; }
+};
 
 // NOTE: the arrays come first, each a multiple of 1024 bytes, so that every stage and chunk buffer
 // stays 1024-byte aligned (128-byte-swizzled TMA boxes need it); the barriers follow.

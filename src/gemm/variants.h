@@ -41,6 +41,12 @@ constexpr int slab_cols_of(const GemmVariant& v) { return v.block_n * (v.block_m
 // The variants the fused ops are compiled for. Their epilogues hand every tile's two slabs on (the
 // reduce-scatter's sender and flags, the all-gather's counts): two consumers.
 constexpr bool fused_ops_take(const GemmVariant& v) { return v.fused_ops; }
+// Those and the 64-row variants of one consumer (64 x 64, 64 x 192): the reduce-scatter's shared
+// tiles from registers (ops/gemm_rs/shared_tiles.cuh), whose epilogue hands no slab on, take them
+// too, as the plain GEMM does (more CTAs on W at decode-sized M).
+constexpr bool register_epilogue_takes(const GemmVariant& v) {
+  return fused_ops_take(v) || (v.block_m == kSlabRows && v.consumers == 1);
+}
 static_assert([] {
   for (const GemmVariant& v : kGemmVariants) {
     if (v.fused_ops && v.consumers != kConsumers) return false;

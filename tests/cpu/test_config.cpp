@@ -242,7 +242,8 @@ TEST(Config, SmallSegments) {
   EXPECT_EQ(c.segments_per_tile, 1) << c.to_string();
   ASSERT_TRUE(select_gemm_rs_config(make(64, 8192, 8192, 8), h100(), {}, &c).ok());
   EXPECT_EQ(c.gemm.tile().block_m, 64) << c.to_string();
-  EXPECT_EQ(c.gemm.tile().block_n, 128) << c.to_string() << ": 64 CTAs on W, K whole (16 K blocks)";
+  EXPECT_EQ(c.gemm.tile().block_n, 64) << c.to_string() << ": 128 CTAs on W (one consumer), K whole (16 K blocks)";
+  EXPECT_TRUE(c.register_epilogue) << c.to_string();
   GemmConfig g;
   ASSERT_TRUE(select_plain_gemm_config(make(64, 8192, 8192, 1), h100(), {}, &g).ok());
   EXPECT_EQ(g.tile().block_m, 64) << g.to_string();
@@ -505,8 +506,9 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
 // Tiles of one consumer (64 x 64, 64 x 192) and 128 x 128 ones are the plain GEMM's: its config
 // takes the first where the time model says (M <= 64, and M <= 256 where 64 x 192 tiles make one
 // wave) and 128 x 128 for one band of 129..256 rows in one wave otherwise (not at M = 128: half the
-// CTAs of 64 x 128), overrides.block_n = 64 forces 64 x 64, and the
-// fused ops never take any of them (a forced 64 is an error naming it).
+// CTAs of 64 x 128), overrides.block_n = 64 forces 64 x 64. Of the fused ops only the
+// reduce-scatter's register epilogue takes the one-consumer tiles; the others take none of them (a
+// forced 64 is an error naming it).
 TEST(Config, PlainGemmOnlyTiles) {
   ConfigOverrides narrowest;
   narrowest.block_n = 64;
@@ -548,10 +550,24 @@ TEST(Config, PlainGemmOnlyTiles) {
       const Problem p = make(m * world_size, 8192, 1024 * world_size, world_size);
       GemmRsConfig rs;
       ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
-      EXPECT_TRUE(fused_ops_take(rs.gemm.tile())) << p.to_string() << " -> " << rs.to_string();
+      const bool registers = rs.register_epilogue;
+      EXPECT_EQ(registers, world_size > 1 && m <= 8) << p.to_string() << " -> " << rs.to_string();
+      EXPECT_TRUE(registers ? register_epilogue_takes(rs.gemm.tile()) : fused_ops_take(rs.gemm.tile()))
+          << p.to_string() << " -> " << rs.to_string();
       const Status s = select_gemm_rs_config(p, h100(), narrowest, &rs);
-      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << p.to_string();
-      EXPECT_NE(s.message().find("overrides.block_n = 64"), std::string::npos) << s.message();
+      if (registers) {
+        ASSERT_TRUE(s.ok()) << p.to_string() << ": " << s.to_string();
+        EXPECT_EQ(rs.gemm.tile().block_n, 64) << rs.to_string();
+        EXPECT_EQ(rs.gemm.tile().consumers, 1) << rs.to_string();
+      } else {
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << p.to_string();
+        EXPECT_NE(s.message().find("overrides.block_n = 64"), std::string::npos) << s.message();
+      }
+      // The staged epilogue, forced, keeps the two-consumer tiles.
+      ConfigOverrides staged;
+      staged.register_epilogue = 0;
+      ASSERT_TRUE(select_gemm_rs_config(p, h100(), staged, &rs).ok()) << p.to_string();
+      EXPECT_TRUE(fused_ops_take(rs.gemm.tile())) << p.to_string() << " -> " << rs.to_string();
     }
   }
 }

@@ -312,7 +312,7 @@ TEST(FusedSharedTiles, BitIdenticalToTilesOfOneOwner) {
 
 // The two epilogues of shared tiles, staged and from registers, each forced at 8 and 32 rows a
 // rank, with K whole and split: bit-identical on random inputs (the same partials, added in the
-// same order).
+// same order), also where the register epilogue takes one-consumer tiles of another width.
 TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
   for (int p : {2, 4, 8}) {
     for (int rows : {8, 32}) {

@@ -38,7 +38,8 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   grid.n = problem.n_per_rank;
   // Where the tiles fill few SMs, their K loops may be split, as the plain GEMM's.
   const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
-  TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, &c.gemm));
+  TPFUSE_RETURN_IF_ERROR(
+      select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kFusedOps, &c.gemm));
   // The CTAs at work at one time are in one band (or two), the bands one after another.
   c.gemm.group_rows = group_rows_for(1, overrides);
   c.idle_copiers = overrides.idle_copiers;

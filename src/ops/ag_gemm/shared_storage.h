@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "gemm/variants.h"
+
 namespace tpfuse {
 
 constexpr int kCopyStages = 4;
@@ -14,6 +16,8 @@ constexpr int kCopyStageBytes = 4096;
 struct CopyStages {
   alignas(128) uint8_t buffer[kCopyStages][kCopyStageBytes];
   uint64_t full[kCopyStages];  // a stage's bulk load has landed
+
+  static constexpr bool takes(const GemmVariant& v) { return fused_ops_take(v); }  // the compiled variants
 };
 
 // The deeper ring of a copier CTA without a tile, laid over the mainloop's stages (which it does

@@ -81,6 +81,10 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
   const bool share_tiles = problem.world_size > 1 && problem.rows_per_rank() < kSlabRows &&
                            kSlabRows % problem.rows_per_rank() == 0 && overrides.shared_tiles != 0;
   const bool pair_segments = problem.rows_per_rank() == 64 && problem.world_size >= 4;
+  // Shared tiles of at most 8 rows a segment pushed and reduced from the consumers' registers
+  // (shared_tiles.cuh), which may take the one-consumer 64-row tiles as the plain GEMM does.
+  bool register_epilogue = share_tiles && problem.rows_per_rank() <= kMaxRegisterEpilogueRows;
+  if (overrides.register_epilogue >= 0) register_epilogue = share_tiles && overrides.register_epilogue == 1;
   const int first_choice = share_tiles ? problem.world_size : pair_segments ? 2 : 1;
   for (c.segments_per_tile = first_choice;; c.segments_per_tile = 1) {
     TileGrid grid;
@@ -91,8 +95,9 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     // whole tiles.
     if (share_tiles) {
       const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-      TPFUSE_RETURN_IF_ERROR(
-          select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, gemm_rs_smem_bytes(), &c.gemm));
+      TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(
+          grid, int(num_k_blocks), device, overrides, gemm_rs_smem_bytes(),
+          register_epilogue ? Variants::kWithOneConsumer : Variants::kFusedOps, &c.gemm));
     } else {
       TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides, gemm_rs_smem_bytes(), &c.gemm));
     }
@@ -100,8 +105,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     if (share_tiles || c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;
   }
   c.shared_tiles = share_tiles;
-  c.register_epilogue = share_tiles && problem.rows_per_rank() <= kMaxRegisterEpilogueRows;
-  if (overrides.register_epilogue >= 0) c.register_epilogue = share_tiles && overrides.register_epilogue == 1;
+  c.register_epilogue = register_epilogue;
   // The CTAs at work at one time hold tiles of every segment (the schedule's rounds).
   c.gemm.group_rows = group_rows_for(problem.world_size, overrides);
 

@@ -179,8 +179,14 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
   };
   return with_variant<PushReduceSync>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
     if (config.register_epilogue) return launch_variant(mainloop_config, EpilogueOf<kernels::SharedTileEpilogue>{});
-    if (config.shared_tiles) return launch_variant(mainloop_config, EpilogueOf<kernels::PushReduceEpilogue<true>>{});
-    return launch_variant(mainloop_config, EpilogueOf<kernels::PushReduceEpilogue<false>>{});
+    // The staged epilogues hand both slabs of a tile on: variants of two consumers only.
+    if constexpr (decltype(mainloop_config)::kConsumers == kConsumers) {
+      if (config.shared_tiles) return launch_variant(mainloop_config, EpilogueOf<kernels::PushReduceEpilogue<true>>{});
+      return launch_variant(mainloop_config, EpilogueOf<kernels::PushReduceEpilogue<false>>{});
+    } else {
+      return Status::Internal("kernel variant " + std::to_string(config.gemm.variant) +
+                              " (one consumer) takes the register epilogue only");
+    }
   });
 }
 

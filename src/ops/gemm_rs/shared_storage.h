@@ -33,6 +33,10 @@ struct PushReduceSync {
   // producer has taken that news.
   uint64_t extra_ready;
   uint64_t extra_taken;
+
+  // The compiled variants: the one-consumer ones for the register epilogue only
+  // (gemm_reduce_scatter.cu instantiates no other epilogue with them).
+  static constexpr bool takes(const GemmVariant& v) { return register_epilogue_takes(v); }
 };
 
 }  // namespace tpfuse

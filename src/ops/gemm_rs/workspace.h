@@ -11,6 +11,7 @@
 
 #include "comm/communicator.h"
 #include "gemm/variants.h"
+#include "ops/gemm_rs/shared_storage.h"
 
 namespace tpfuse {
 
@@ -19,7 +20,7 @@ namespace tpfuse {
 inline WorkspaceSize gemm_rs_workspace(const CommunicatorOptions& options, int world_size) {
   int min_block_m = kGemmVariants[0].block_m, min_block_n = kGemmVariants[0].block_n;
   for (const GemmVariant& v : kGemmVariants) {
-    if (!fused_ops_take(v)) continue;
+    if (!PushReduceSync::takes(v)) continue;
     min_block_m = std::min(min_block_m, v.block_m);
     min_block_n = std::min(min_block_n, v.block_n);
   }
