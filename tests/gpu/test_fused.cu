@@ -312,7 +312,9 @@ TEST(FusedSharedTiles, BitIdenticalToTilesOfOneOwner) {
 
 // The two epilogues of shared tiles, staged and from registers, each forced at 8 and 32 rows a
 // rank, with K whole and split: bit-identical on random inputs (the same partials, added in the
-// same order), also where the register epilogue takes one-consumer tiles of another width.
+// same order). With K whole each takes its config's tiles (the register epilogue's one-consumer
+// tiles are another width); split, both take 64 x 128 tiles, whose splits fit the emulated ranks'
+// CTAs alike (where they do not, a launch splits less).
 TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
   for (int p : {2, 4, 8}) {
     for (int rows : {8, 32}) {
@@ -325,6 +327,7 @@ TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
         for (int registers : {0, 1}) {
           ConfigOverrides o;
           o.split_k = split_k;
+          if (split_k > 1) o.block_n = 128;
           o.register_epilogue = registers;
           // The override reaches the config: the two runs take different epilogues.
           DeviceInfo device;
