@@ -61,9 +61,6 @@ class SharedTileEpilogue : public EpilogueBase {
     const bool holds_own_rows = first_owner <= p_.rank && p_.rank <= last_owner;
     push<Config>(tile, slab, acc, first_owner, last_owner, holds_own_rows ? releasing_warp(tile, slab) : 0);
     if (holds_own_rows) reduce<Config>(tile, slab, acc);
-    // The warpgroup leaves the tile together, as the mainloop's next step expects (without this
-    // barrier racecheck flags the ring's tile note, read by warps a step ahead of the others).
-    slabs_.sync();
   }
 
   __device__ void finish() {}
