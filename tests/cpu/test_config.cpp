@@ -218,8 +218,8 @@ TEST(Config, SmallSegments) {
         ASSERT_TRUE(select_plain_gemm_config(make(m, 8192, 1024 * world_size, world_size), h100(), same_width, &g).ok());
       }
       EXPECT_TRUE(c.shared_tiles) << p.to_string() << " -> " << c.to_string();
-      // From registers up to 8 rows a segment (1 and 8 here), staged with 32, unless forced.
-      EXPECT_EQ(c.register_epilogue, m / world_size <= 8) << p.to_string() << " -> " << c.to_string();
+      // From registers where the band is one slab of rows (m <= 64), staged above, unless forced.
+      EXPECT_EQ(c.register_epilogue, m <= 64) << p.to_string() << " -> " << c.to_string();
       for (int forced : {0, 1}) {
         ConfigOverrides o;
         o.register_epilogue = forced;
@@ -551,7 +551,7 @@ TEST(Config, PlainGemmOnlyTiles) {
       GemmRsConfig rs;
       ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
       const bool registers = rs.register_epilogue;
-      EXPECT_EQ(registers, world_size > 1 && m <= 8) << p.to_string() << " -> " << rs.to_string();
+      EXPECT_EQ(registers, world_size > 1 && m * world_size <= 64) << p.to_string() << " -> " << rs.to_string();
       EXPECT_TRUE(registers ? register_epilogue_takes(rs.gemm.tile()) : fused_ops_take(rs.gemm.tile()))
           << p.to_string() << " -> " << rs.to_string();
       const Status s = select_gemm_rs_config(p, h100(), narrowest, &rs);

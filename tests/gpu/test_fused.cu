@@ -210,6 +210,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{8, 256, 8192, 32, WeightLayout::kKxN},
                                            // ... and K split over two CTAs (K blocks 0 and 1), staged and from
                                            // registers.
+                                           FusedCase{4, 128, 520, 128, WeightLayout::kKxN, -1, 2},
                                            FusedCase{2, 64, 520, 128, WeightLayout::kKxN, -1, 2},
                                            FusedCase{4, 32, 520, 128, WeightLayout::kKxN, -1, 2},
                                            FusedCase{8, 192, 1000, 32, WeightLayout::kKxN},

@@ -11,9 +11,10 @@ namespace tpfuse {
 
 namespace {
 
-// Shared tiles move their slabs from the consumers' registers up to this many rows a segment;
-// beyond, the staged epilogue measured faster (docs/EXPERIMENTS.md).
-constexpr int64_t kMaxRegisterEpilogueRows = 8;
+// Shared tiles move their slabs from the consumers' registers where the band of all segments is
+// one slab of rows (m <= 64: at most 8 rows a segment at P = 8, 16 at P = 4, 32 at P = 2); on
+// taller bands the staged epilogue measured faster (docs/EXPERIMENTS.md).
+constexpr int64_t kMaxRegisterEpilogueM = kSlabRows;
 
 // Own tiles stay last where a tile is this deep: its pushes are few next to its multiply, and the
 // lag only costs balance (docs/EXPERIMENTS.md).
@@ -81,9 +82,9 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
   const bool share_tiles = problem.world_size > 1 && problem.rows_per_rank() < kSlabRows &&
                            kSlabRows % problem.rows_per_rank() == 0 && overrides.shared_tiles != 0;
   const bool pair_segments = problem.rows_per_rank() == 64 && problem.world_size >= 4;
-  // Shared tiles of at most 8 rows a segment pushed and reduced from the consumers' registers
-  // (shared_tiles.cuh), which may take the one-consumer 64-row tiles as the plain GEMM does.
-  bool register_epilogue = share_tiles && problem.rows_per_rank() <= kMaxRegisterEpilogueRows;
+  // Shared tiles pushed and reduced from the consumers' registers (shared_tiles.cuh), which may take
+  // the one-consumer 64-row tiles as the plain GEMM does.
+  bool register_epilogue = share_tiles && problem.m <= kMaxRegisterEpilogueM;
   if (overrides.register_epilogue >= 0) register_epilogue = share_tiles && overrides.register_epilogue == 1;
   const int first_choice = share_tiles ? problem.world_size : pair_segments ? 2 : 1;
   for (c.segments_per_tile = first_choice;; c.segments_per_tile = 1) {

@@ -13,9 +13,10 @@
 // left as they were, added, and never stored) and stored, a box of this rank's rows. Shared tiles
 // may also split K (schedule.h): every split writes its FP32 partial of the slab to the workspace
 // and counts it in; the tile's last split waits (bounded) until all have, adds them in split order
-// (one sum, whichever CTAs ran the splits), and only its step pushes and reduces. Where a segment
-// has at most 8 rows, shared tiles take an epilogue of their own instead, from the consumers'
-// registers (ops/gemm_rs/shared_tiles.cuh), on the same parameters, buffers and flags.
+// (one sum, whichever CTAs ran the splits), and only its step pushes and reduces. Where the band
+// of all segments is one slab of rows (M <= 64), shared tiles take an epilogue of their own
+// instead, from the consumers' registers (ops/gemm_rs/shared_tiles.cuh), on the same parameters,
+// buffers and flags.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:

@@ -1,11 +1,12 @@
 // The reduce-scatter's epilogue for tiles of several owners' rows (one band of all segments:
-// decode-sized M, ops/gemm_rs/schedule.h) where a segment has at most 8 rows (the config's
-// register_epilogue). Such tiles are few and all of them finish in the call's one wave, so what a
-// slab waits for after its K loop is latency, not bandwidth: the consumer warpgroup moves it itself,
-// from its registers, without staging it in shared memory and without the sender, the watcher or
-// extra stages of the ring (ops/gemm_rs/epilogue.cuh). With more rows a segment, the staged
-// epilogue's partials, streamed through the ring by the producer, measured faster: here a thread
-// loads its own rows' partials itself, and only the warps holding them do (docs/EXPERIMENTS.md).
+// decode-sized M, ops/gemm_rs/schedule.h) where that band is one slab of rows, M <= 64 (the
+// config's register_epilogue). Such tiles are few and all of them finish in the call's one wave, so
+// what a slab waits for after its K loop is latency, not bandwidth: the consumer warpgroup moves it
+// itself, from its registers, without staging it in shared memory and without the sender, the
+// watcher or extra stages of the ring (ops/gemm_rs/epilogue.cuh); so it also runs on the tiles of
+// one consumer. On taller bands the staged epilogue's partials, streamed through the ring by the
+// producer, measured faster: here a thread loads its own rows' partials itself, and only the warps
+// holding them do (docs/EXPERIMENTS.md).
 //
 //   split K   the split that counts in last holds the sum of the tile's S partials, added in split
 //             order (gemm/split_k_epilogue.cuh); the others are done
@@ -75,8 +76,8 @@ class SharedTileEpilogue : public EpilogueBase {
   static constexpr int kWarpRows = 16;  // a warp's rows of the slab
 
   // The first warp whose rows of the slab (those within the tile) include none of this rank's, so
-  // that its release fence does not hold up the reduction (a segment of at most 8 rows lies in one
-  // warp's 16); warp 0 where every warp holds some.
+  // that its release fence does not hold up the reduction (this rank's rows, at most 32 of a
+  // slab's 64, leave two warps free); warp 0 where every warp holds some.
   template <class Config>
   __device__ int releasing_warp(const Tile& tile, Slab<Config> slab) const {
     const int last_row = tile.row_end - tile.row_begin - 1;
