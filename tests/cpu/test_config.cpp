@@ -11,7 +11,9 @@
 #include "gemm/shared_storage.h"
 #include "ops/gemm_rs/config.h"
 #include "ops/gemm_rs/partial_rounds.h"
+#include "ops/gemm_rs/schedule.h"
 #include "ops/gemm_rs/shared_storage.h"
+#include "ops/gemm_rs/workspace.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse {
@@ -250,6 +252,34 @@ TEST(Config, SmallSegments) {
   ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), {}, &c).ok());
   EXPECT_EQ(c.gemm.tile().block_m, 128);
   EXPECT_EQ(c.segments_per_tile, 1);
+}
+
+// The communicator's flags (a word per source rank, tile of a band and slab: ops/gemm_rs/epilogue.cuh's
+// flag_index) hold every tile the config chooses for any call it serves, the register epilogue's
+// 64 x 64 tiles and forced widths included.
+TEST(Config, FlagsHoldEveryChosenTile) {
+  ConfigOverrides narrowest, registers;
+  narrowest.block_n = 64;
+  registers.register_epilogue = 1;
+  for (int world_size : {2, 4, 8}) {
+    for (int64_t rows : {1, 8, 16, 32, 64, 100, 512}) {
+      for (int64_t n : {8, 520, 1000, 6144, 8192}) {
+        const Problem p = make(rows * world_size, n, 1024 * world_size, world_size);
+        // A communicator sized for this call alone: no room to spare.
+        CommunicatorOptions options;
+        options.max_m = p.m;
+        options.max_n = n;
+        const WorkspaceSize size = gemm_rs_workspace(options, world_size);
+        for (const ConfigOverrides& o : {ConfigOverrides{}, narrowest, registers}) {
+          GemmRsConfig c;
+          if (!select_gemm_rs_config(p, h100(), o, &c).ok()) continue;  // a forced width it does not take
+          const TileSchedule schedule(schedule_shape(p, c, 0));
+          const size_t words = size_t(world_size) * size_t(schedule.tiles_per_band()) * kConsumers;
+          EXPECT_LE(words, size.flag_words) << p.to_string() << " -> " << c.to_string();
+        }
+      }
+    }
+  }
 }
 
 // A rank's own tiles come about two waves of steps (2 x 132) behind the peers' tiles of the same
