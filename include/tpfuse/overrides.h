@@ -11,7 +11,8 @@ namespace tpfuse {
 // flags and the tests from their parameters, so that variants compare within one process.
 struct ConfigOverrides {
   int block_n = 0;          // tile width: 192 or 256 for 128-row tiles, 128 or 256 for 64-row ones (64 and
-                            // 192 too in the plain GEMM; the other height keeps its own choice); 0: the config's
+                            // 192 too in the plain GEMM and the reduce-scatter's register epilogue; the other
+                            // height keeps its own choice); 0: the config's
   int group_rows = 0;       // row tiles per raster group; 0: the config's choice
   // gemm, all_gather_gemm, and gemm_reduce_scatter where its tiles are shared (shared_tiles below):
   int split_k = 0;          // 0: the config's choice, 1: never split K, S >= 2: each tile's K loop in S splits
@@ -26,7 +27,7 @@ struct ConfigOverrides {
   // than a slab (the all-gather also at 64 rows: bands of two blocks); 1 yes, 0 no; -1: the config's
   int shared_tiles = -1;
   // gemm_reduce_scatter with shared tiles: their slabs pushed and reduced from the consumers' registers
-  // (1: at any rows a rank), or staged and sent by TMA (0); -1: the config's (registers up to 8 rows)
+  // (1: at any rows a rank), or staged and sent by TMA (0); -1: the config's (registers where m <= 64)
   int register_epilogue = -1;
   // all_gather_gemm only: where a call leaves CTAs without a tile, they alone copy X_r to the peers;
   // 1 whenever there is one, 0 never (every CTA copies beside its tiles), -1: the config's
