@@ -246,16 +246,6 @@ __device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* flag) {
 // acq_rel fence does.
 __device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acquire.sys;" ::: "memory"); }
 
-// Words that carry their own flag (shared_tiles.cuh): two 64-bit elements, each stored and loaded
-// as one single-copy-atomic access (a vector access is one access per element), so a reader that
-// sees a word's flag half sees its data half with it, with no fence on either side.
-__device__ __forceinline__ void store_words_relaxed_sys(uint64_t* dst, uint64_t w0, uint64_t w1) {
-  asm volatile("st.relaxed.sys.global.v2.b64 [%0], {%1, %2};" ::"l"(dst), "l"(w0), "l"(w1) : "memory");
-}
-__device__ __forceinline__ void load_words_relaxed_sys(const uint64_t* src, uint64_t& w0, uint64_t& w1) {
-  asm volatile("ld.relaxed.sys.global.v2.b64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(src));
-}
-
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -16,13 +16,12 @@
 // (one sum, whichever CTAs ran the splits), and only its step pushes and reduces. Where the band
 // of all segments is one slab of rows (M <= 64), shared tiles take an epilogue of their own
 // instead, from the consumers' registers (ops/gemm_rs/shared_tiles.cuh), on the same parameters,
-// into receive words that carry their own epoch instead of the BF16 rows and the flags.
+// buffers and flags.
 //
 // Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
 // parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
 //   recv[parity][source rank][rows_per_rank][n]          BF16
 //   flags[parity][source rank][tile in band][slab]       u32 epoch values
-//   words[parity][source rank][rows_per_rank][n / 2]     a BF16 pair and its epoch (workspace.h)
 // A rank's calls alternate parity, so the pushes of call e+1 never land on the data of call e. A
 // peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
 // it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
@@ -68,8 +67,8 @@ struct PushReduceParams {
   CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
   CUtensorMap out;                 // rows_per_rank x n, this rank's output
   int box_rows;                    // rows of those maps' boxes: a chunk's 64, or a segment's with shared tiles
-  uint64_t* words[kMaxWorldSize];  // each owner's receive words as addressed from this GPU (shared_tiles.cuh)
-  size_t words_parity;             // distance between their two parity halves, in words
+  uint16_t* recv[kMaxWorldSize];   // the receive buffers as addressed from this GPU (shared_tiles.cuh)
+  size_t recv_parity_elems;        // distance between their two parity halves
   uint16_t* out_rows;              // the output (shared_tiles.cuh)
   uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
   size_t flags_parity_words;       // distance between the two parity halves of a flag array

@@ -8,7 +8,6 @@
 #include "ops/gemm_rs/config.h"
 #include "ops/gemm_rs/kernel.cuh"
 #include "ops/gemm_rs/launch.h"
-#include "ops/gemm_rs/workspace.h"
 #include "tpfuse/reduce_scatter.h"
 
 namespace tpfuse {
@@ -57,17 +56,16 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   // without tensor maps (ops/gemm_rs/shared_tiles.cuh); the others a chunk.
   e.box_rows = config.shared_tiles ? int(problem.rows_per_rank()) : kChunkRows;
   const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
-  const size_t words_offset = gemm_rs_words_offset(comm.options, comm.world_size);
   for (int owner = 0; owner < comm.world_size; ++owner) {
     if (!config.register_epilogue) {
       TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
                                                      problem.n, 2, parity_elems, e.box_rows, kChunkCols,
                                                      &e.recv_at[owner]));
     }
-    e.words[owner] = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(rank.data_at[owner]) + words_offset);
+    e.recv[owner] = static_cast<uint16_t*>(rank.data_at[owner]);
     e.flags_at[owner] = rank.flags_at[owner];
   }
-  e.words_parity = comm.parity.data_bytes / sizeof(uint64_t);
+  e.recv_parity_elems = size_t(parity_elems);
   e.out_rows = static_cast<uint16_t*>(out);
   if (!config.register_epilogue) {
     TPFUSE_RETURN_IF_ERROR(
@@ -194,37 +192,6 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
 
 void* receive_buffer(const Communicator& comm, int local_rank, int parity) {
   return static_cast<uint8_t*>(comm.ranks[local_rank].data) + size_t(parity) * comm.parity.data_bytes;
-}
-
-namespace {
-
-// words[i] = (epoch, the BF16 pair recv[2 i], recv[2 i + 1]) for i < count.
-__global__ void words_from_recv(const uint32_t* recv_pairs, uint64_t* words, size_t count, uint32_t epoch) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    words[i] = uint64_t(epoch) << 32 | recv_pairs[i];
-  }
-}
-
-}  // namespace
-
-Status preset_incoming_partials(Communicator* comm, int local_rank, const Problem& problem) {
-  TPFUSE_RETURN_IF_ERROR(preset_incoming_flags(comm, local_rank));
-  if (problem.world_size != comm->world_size || problem.m > comm->options.max_m || problem.n > comm->options.max_n) {
-    return Status::InvalidArgument("problem " + problem.to_string() + " does not fit the communicator");
-  }
-  if (problem.rows_per_rank() >= kSlabRows) return Status::Ok();  // no register epilogue: no words
-  // An epoch at or past every one this communicator will reach (modulo-2^32 comparison), as the
-  // flags' preset.
-  constexpr uint32_t kEveryEpoch = 0x7F7F7F7Fu;
-  const size_t pairs = size_t(problem.world_size) * size_t(problem.rows_per_rank()) * size_t(problem.n / 2);
-  const size_t words_offset = gemm_rs_words_offset(comm->options, comm->world_size);
-  for (int parity = 0; parity < 2; ++parity) {
-    auto* half = static_cast<uint8_t*>(receive_buffer(*comm, local_rank, parity));
-    words_from_recv<<<256, 256>>>(reinterpret_cast<const uint32_t*>(half), reinterpret_cast<uint64_t*>(half + words_offset),
-                                  pairs, kEveryEpoch);
-    TPFUSE_CUDA_TRY(cudaGetLastError());
-  }
-  return Status::Ok();
 }
 
 Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const void* a, const void* w, void* out,

@@ -22,11 +22,4 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
 // of `problem` (ops/gemm_rs/workspace.h).
 void* receive_buffer(const Communicator& comm, int local_rank, int parity);
 
-// The solo-rank proxy's preset: rank `local_rank`'s incoming partials of `problem` marked as
-// arrived for every future call of the communicator. Its flags are raised, and where the
-// problem's segments are shorter than a slab its receive words (the register epilogue's) are set
-// from its BF16 receive buffer of both parities, so that either epilogue adds the same partials.
-// Queued on the current device's null stream.
-Status preset_incoming_partials(Communicator* comm, int local_rank, const Problem& problem);
-
 }  // namespace tpfuse

@@ -10,18 +10,16 @@
 //
 //   split K   the split that counts in last holds the sum of the tile's S partials, added in split
 //             order (gemm/split_k_epilogue.cuh); the others are done
-//   push      each thread stores its rows of other owners straight into each owner's receive
-//             words, words[parity][this rank][row][column pair] (ops/gemm_rs/workspace.h): each
-//             64-bit word a BF16 pair and this call's epoch, 16 bytes a lane
-//   reduce    each warp holding this rank's rows loads its peers' words of those rows from this
-//             rank's receive words until every one carries this call's epoch (bounded), adds the
-//             partials to its FP32 accumulators in rank order, rounds once and stores the rows into
-//             the output (16 bytes a lane)
-//
-// A word is stored and loaded as one single-copy-atomic access, so its epoch vouches for its pair:
-// no flag, no fence and no barrier between a push and the owner's reads (the flags and fences of
-// the staged epilogue each cost a round trip on a path that is all latency here), for twice the
-// bytes of BF16 (small: one slab of rows a tile).
+//   push      each thread stores its rows of other owners as BF16 straight into each owner's
+//             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout),
+//             16 bytes a lane; the warpgroup's barrier; then one warp that holds none of this
+//             rank's rows fences (release, system scope) and raises the slab's flag at each of
+//             those owners, a lane an owner
+//   reduce    in each warp holding this rank's rows, while that release runs: its lane 0 waits
+//             (bounded) for the slab's flag from every peer and fences (acquire, system scope);
+//             the warp's barrier; each thread adds its own rows' partials, loaded from this
+//             rank's receive slots, to its FP32 accumulators in rank order, rounds once and
+//             stores the rows into the output (16 bytes a lane, as the push)
 //
 // Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
 // for the others' pushes of the same tile. The partials and the order of the additions are those
@@ -58,8 +56,12 @@ class SharedTileEpilogue : public EpilogueBase {
       const SplitPartials split(p_.split_partials, p_.splits_done, consumer_, k_slice_);
       if (!split.sum_if_last<Config>(acc, tile.row_end - tile.row_begin - slab.row, slabs_)) return;
     }
-    push<Config>(tile, slab, acc);
-    reduce<Config>(tile, slab, acc);
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    const int first_owner = tile.owner_of_row(slab.row);
+    const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
+    const bool holds_own_rows = first_owner <= p_.rank && p_.rank <= last_owner;
+    push<Config>(tile, slab, acc, first_owner, last_owner, holds_own_rows ? releasing_warp(tile, slab) : 0);
+    if (holds_own_rows) reduce<Config>(tile, slab, acc);
   }
 
   __device__ void finish() {}
@@ -73,8 +75,22 @@ class SharedTileEpilogue : public EpilogueBase {
   }
   static constexpr int kWarpRows = 16;  // a warp's rows of the slab
 
-  // Ranks whose words of a row (every chunk of the slab) a thread loads at once: 128 registers' worth
-  // (64 where the slab's 256 columns of accumulators take 128).
+  // The first warp whose rows of the slab (those within the tile) include none of this rank's, so
+  // that its release fence does not hold up the reduction (this rank's rows, at most 32 of a
+  // slab's 64, leave two warps free); warp 0 where every warp holds some.
+  template <class Config>
+  __device__ int releasing_warp(const Tile& tile, Slab<Config> slab) const {
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    for (int w = 0; w < kSlabRows / kWarpRows; ++w) {
+      const int first = slab.row + kWarpRows * w;
+      const int last = min(first + kWarpRows - 1, last_row);
+      if (first > last || p_.rank < tile.owner_of_row(first) || tile.owner_of_row(last) < p_.rank) return w;
+    }
+    return 0;
+  }
+
+  // Ranks whose pieces of a row (every chunk of the slab) a thread loads at once: 64 registers' worth
+  // (32 where the slab's 256 columns of accumulators take 128).
   template <class Config>
   static constexpr int kSourcesInFlight =
       Config::kAccPerThread >= 128 ? 1 : kMaxWorldSize / Config::kChunksPerSlab;
@@ -106,13 +122,12 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
-  // Rounds row half h of this thread's accumulators to BF16 and hands each lane's 8 adjacent
-  // columns of it to f(block_col, v): v holds them as four BF16 pairs, from the slab's column `col`
-  // on, for the blocks before col_end. Every lane of the warp takes part (the quads exchange
-  // pieces), whether it has anything to hand on or not.
-  template <class Config, class F>
-  __device__ static void for_each_row_piece(const float (&acc)[Config::kAccPerThread], int h, int col, int col_end,
-                                            F&& f) {
+  // Rounds row half h of this thread's accumulators to BF16 and, where `store`, stores them into
+  // `row` (a row of n columns: the slab's from `col`, those before col_end), 16 bytes a lane. Every
+  // lane of the warp takes part: the quads exchange pieces.
+  template <class Config>
+  __device__ static void store_row_half(const float (&acc)[Config::kAccPerThread], int h, uint16_t* row, int col,
+                                        int col_end, bool store) {
     const int q = threadIdx.x % 4;
 #pragma unroll
     for (int c = 0; c < Config::kChunksPerSlab; ++c) {
@@ -128,18 +143,16 @@ class SharedTileEpilogue : public EpilogueBase {
         }
         quad_transpose(v);
         const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
-        if (block_col < col_end) f(block_col, v);
+        if (store && block_col < col_end) *reinterpret_cast<uint4*>(row + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     }
   }
 
-  // A BF16 pair and this call's epoch in one word: the epoch in the high half marks the pair as
-  // this call's.
-  __device__ uint64_t word_of(uint32_t pair) const { return uint64_t(epoch_) << 32 | pair; }
-
-  // Stores this thread's rows of other owners into their receive words, each word valid on its own.
+  // Stores this thread's rows of other owners into their receive slots; once every thread's
+  // stores are ordered before them, warp `releaser` raises the slab's flag at each of those owners.
   template <class Config>
-  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread]) {
+  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int first_owner,
+                       int last_owner, int releaser) {
     const int col = tile.col_begin + slab.col;
     const size_t parity = epoch_ & 1;
 #pragma unroll
@@ -147,25 +160,28 @@ class SharedTileEpilogue : public EpilogueBase {
       const int tile_row = slab.row + thread_row(h);
       const int owner = tile.owner_of_row(tile_row);
       const bool pushed = tile.row_begin + tile_row < tile.row_end && owner != p_.rank;
-      uint64_t* row_words = nullptr;
+      uint16_t* slot = nullptr;
       if (pushed) {
         const int row = tile.segment_row_for(tile_row, owner);
-        row_words = p_.words[owner] + parity * p_.words_parity + (size_t(p_.rank) * p_.rows_per_rank + row) * (p_.n / 2);
+        slot = p_.recv[owner] + parity * p_.recv_parity_elems + (size_t(p_.rank) * p_.rows_per_rank + row) * p_.n;
       }
-      for_each_row_piece<Config>(acc, h, col, tile.col_end, [&](int block_col, const uint32_t(&v)[4]) {
-        if (!pushed) return;
-        uint64_t* dst = row_words + block_col / 2;
-        ptx::store_words_relaxed_sys(dst, word_of(v[0]), word_of(v[1]));
-        ptx::store_words_relaxed_sys(dst + 2, word_of(v[2]), word_of(v[3]));
-      });
+      store_row_half<Config>(acc, h, slot, col, tile.col_end, pushed);
+    }
+    // NOTE: every thread's stores, ordered by the barrier before each releasing lane's fence, then
+    // that lane's flag (a peer that sees one acquires the whole slab's rows of it). The warp's lanes
+    // fence in one instruction.
+    slabs_.sync();
+    if (int(threadIdx.x % 128) / 32 != releaser) return;
+    ptx::fence_release_sys();
+    const int owner = first_owner + int(threadIdx.x % 32);
+    if (owner <= last_owner && owner != p_.rank) {
+      ptx::store_relaxed_sys(flag_at(p_, owner, flag_index<Config>(p_, p_.rank, tile, consumer_), parity), epoch_);
     }
   }
 
   // Adds the peers' partials of this rank's rows of the slab, in rank order, and stores those rows.
   // A warp with any of those rows takes part as a whole (the quads exchange pieces): its other lanes
-  // load a valid row of this rank's and store nothing. A peer's words are polled until all of them
-  // carry this call's epoch (bounded: a timeout is recorded in p.failed, which ends every other
-  // wait of the call; the sums are then wrong and the call reports it).
+  // load a valid row of this rank's and store nothing.
   template <class Config>
   __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     bool own[2];
@@ -175,16 +191,20 @@ class SharedTileEpilogue : public EpilogueBase {
       own[h] = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
     }
     if (!__any_sync(0xffffffffu, own[0] || own[1])) return;
+    // Its lane 0's acquire, passed on to the warp. After a failed call the sums are wrong and the
+    // call reports the timeout.
+    if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab);
+    __syncwarp();
     const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
-    const size_t source_words = size_t(p_.rows_per_rank) * (p_.n / 2);
-    const uint64_t* own_words = p_.words[p_.rank] + (epoch_ & 1) * p_.words_parity;
+    const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
+    const uint16_t* own_slots = p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tile_row = slab.row + thread_row(h);
       if (!__any_sync(0xffffffffu, own[h])) continue;
       const int row = own[h] ? tile.segment_row_for(tile_row, p_.rank) : 0;
-      const uint64_t* row_words = own_words + size_t(row) * (p_.n / 2);
+      const uint16_t* slots = own_slots + size_t(row) * p_.n;
       // Lane q's 8 columns of blocks q and 4 + q of each chunk (a block past the tile's columns
       // reads the slab's first instead, and is never stored).
       int block_cols[Config::kChunksPerSlab][2];
@@ -196,13 +216,23 @@ class SharedTileEpilogue : public EpilogueBase {
           block_cols[c][half] = block_col < tile.col_end ? block_col : col;
         }
       }
-      // The peers' pieces of the row, kSourcesInFlight ranks' at once (this rank's own slot is
-      // skipped), added in rank order.
+      // The ranks' pieces of the row, kSourcesInFlight ranks' at once (this rank's own slot is read
+      // and left out of the sum), added in rank order.
 #pragma unroll 1
       for (int first = 0; first < p_.world_size; first += kSourcesInFlight<Config>) {
-        uint64_t part[kSourcesInFlight<Config>][Config::kChunksPerSlab][2][4];
-        load_sources<Config>(row_words, source_words, first, block_cols, part);
-        await_sources<Config>(tile, slab, row_words, source_words, first, block_cols, part);
+        uint4 part[kSourcesInFlight<Config>][Config::kChunksPerSlab][2];
+#pragma unroll
+        for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+          if (first + g >= p_.world_size) continue;
+          const uint16_t* source_slots = slots + (first + g) * source_elems;
+#pragma unroll
+          for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              part[g][c][half] = __ldcg(reinterpret_cast<const uint4*>(source_slots + block_cols[c][half]));
+            }
+          }
+        }
 #pragma unroll
         for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
           if (first + g >= p_.world_size || first + g == p_.rank) continue;
@@ -210,9 +240,7 @@ class SharedTileEpilogue : public EpilogueBase {
           for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-              uint32_t v[4];
-#pragma unroll
-              for (int m = 0; m < 4; ++m) v[m] = uint32_t(part[g][c][half][m]);
+              uint32_t v[4] = {part[g][c][half].x, part[g][c][half].y, part[g][c][half].z, part[g][c][half].w};
               quad_transpose(v);  // now pair q of blocks 4 half .. 4 half + 3, as the accumulators
 #pragma unroll
               for (int m = 0; m < 4; ++m) {
@@ -225,76 +253,41 @@ class SharedTileEpilogue : public EpilogueBase {
           }
         }
       }
-      uint16_t* out_row = p_.out_rows + size_t(row) * p_.n;
-      const bool store = own[h];
-      for_each_row_piece<Config>(acc, h, col, tile.col_end, [&](int block_col, const uint32_t(&v)[4]) {
-        if (store) *reinterpret_cast<uint4*>(out_row + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
-      });
+      store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, own[h]);
     }
   }
 
+  // One thread: waits, boundedly, for the slab's flag from every peer (relaxed loads, all in flight
+  // at once), then fences (acquire). A timeout is recorded in p.failed, which ends every other wait
+  // of the call.
   template <class Config>
-  using SourceWords = uint64_t[kSourcesInFlight<Config>][Config::kChunksPerSlab][2][4];
-
-  // Loads sources first .. first + kSourcesInFlight - 1 of this thread's words of a row (the peers'
-  // only).
-  template <class Config>
-  __device__ void load_sources(const uint64_t* row_words, size_t source_words, int first,
-                               const int (&block_cols)[Config::kChunksPerSlab][2], SourceWords<Config>& part) const {
-#pragma unroll
-    for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
-      if (first + g >= p_.world_size || first + g == p_.rank) continue;
-      const uint64_t* source = row_words + (first + g) * source_words;
-#pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint64_t* words = source + block_cols[c][half] / 2;
-          ptx::load_words_relaxed_sys(words, part[g][c][half][0], part[g][c][half][1]);
-          ptx::load_words_relaxed_sys(words + 2, part[g][c][half][2], part[g][c][half][3]);
-        }
-      }
+  __device__ void wait_for_peers(const Tile& tile, Slab<Config> slab) const {
+    const uint32_t parity = epoch_ & 1;
+    uint32_t waiting = 0;  // a bit per peer whose flag is not seen yet
+    for (int s = 0; s < p_.world_size; ++s) {
+      if (s != p_.rank) waiting |= 1u << s;
     }
-  }
-
-  // Until every lane of the warp holds this call's words of those sources: loads them again, up to
-  // the peer timeout. Returns at once in a call that has already failed.
-  template <class Config>
-  __device__ void await_sources(const Tile& tile, Slab<Config> slab, const uint64_t* row_words, size_t source_words,
-                                int first, const int (&block_cols)[Config::kChunksPerSlab][2],
-                                SourceWords<Config>& part) const {
-    uint64_t deadline = 0;
+    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
     for (;;) {
-      int missing = -1;  // the first source with a word of an earlier call
+      uint32_t seen[kMaxWorldSize];
 #pragma unroll
-      for (int g = kSourcesInFlight<Config> - 1; g >= 0; --g) {
-        if (first + g >= p_.world_size || first + g == p_.rank) continue;
-        bool arrived = true;
-#pragma unroll
-        for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-#pragma unroll
-            for (int m = 0; m < 4; ++m) arrived = arrived && comm::epoch_reached(uint32_t(part[g][c][half][m] >> 32), epoch_);
-          }
-        }
-        if (!arrived) missing = first + g;
+      for (int s = 0; s < kMaxWorldSize; ++s) {
+        if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flag_at(p_, p_.rank, flag_index<Config>(p_, s, tile, consumer_), parity));
       }
-      if (__all_sync(0xffffffffu, missing < 0)) return;
-      // The warp leaves together (its lanes exchange pieces next); a lane still missing a word
-      // reports it (the first report counts).
-      if (__any_sync(0xffffffffu, comm::call_failed(p_.failed))) return;
-      const uint64_t now = ptx::globaltimer_ns();
-      if (deadline == 0) deadline = now + p_.timeout_ns;
-      if (__any_sync(0xffffffffu, now > deadline)) {
-        if (missing >= 0) {
-          comm::report_timeout(p_.failed, p_.error, p_.rank, missing, tile.row_begin + slab.row, tile.col_begin + slab.col);
-        }
+#pragma unroll
+      for (int s = 0; s < kMaxWorldSize; ++s) {
+        if ((waiting & (1u << s)) && comm::epoch_reached(seen[s], epoch_)) waiting &= ~(1u << s);
+      }
+      if (waiting == 0) break;
+      if (comm::call_failed(p_.failed)) return;  // this call already failed
+      if (ptx::globaltimer_ns() > deadline) {
+        comm::report_timeout(p_.failed, p_.error, p_.rank, __ffs(waiting) - 1, tile.row_begin + slab.row,
+                             tile.col_begin + slab.col);
         return;
       }
       __nanosleep(64);
-      load_sources<Config>(row_words, source_words, first, block_cols, part);
     }
+    ptx::fence_acquire_sys();  // flags seen -> partials
   }
 
   const Params& p_;

@@ -1,12 +1,8 @@
 // The reduce-scatter's layout of a rank's workspace, one parity half (comm/communicator.h), sized
 // for the largest problem the communicator serves:
 //   data:   recv[source rank][rows_per_rank][n]     BF16: each peer's partial of this rank's rows
-//           words[source rank][rows_per_rank][n / 2] u64: the same, a BF16 pair and its epoch a word,
-//                                                   for the register epilogue (segments shorter
-//                                                   than a slab; ops/gemm_rs/shared_tiles.cuh)
 //   flags:  [source rank][tile of a band][slab]     u32 epoch values: that partial has landed
-// A call lays its own problem out in them (rows_per_rank and n of the call, tiles of its config);
-// the words start at a fixed offset, after the largest problem's recv.
+// A call lays its own problem out in them (rows_per_rank and n of the call, tiles of its config).
 #pragma once
 
 #include <algorithm>
@@ -18,11 +14,6 @@
 #include "ops/gemm_rs/shared_storage.h"
 
 namespace tpfuse {
-
-// Where the receive words start in a parity half of the data.
-inline size_t gemm_rs_words_offset(const CommunicatorOptions& options, int world_size) {
-  return size_t(world_size) * size_t(options.max_m / world_size) * size_t(options.max_n) * 2;
-}
 
 // Flags are sized for the most tiles any variant the op takes cuts a band into: a band is a segment,
 // or all of them where segments are shorter than a slab (ops/gemm_rs/schedule.h).
@@ -39,10 +30,7 @@ inline WorkspaceSize gemm_rs_workspace(const CommunicatorOptions& options, int w
       size_t((band_rows + min_block_m - 1) / min_block_m) * size_t((options.max_n + min_block_n - 1) / min_block_n);
   constexpr size_t kSlabsPerTile = kConsumers;
   WorkspaceSize size;
-  // Words for segments of up to a slab's rows (the register epilogue takes shorter ones only).
-  const int64_t word_rows = std::min(rows, int64_t(kSlabRows));
-  size.data_bytes = gemm_rs_words_offset(options, world_size) +
-                    size_t(world_size) * size_t(word_rows) * size_t(options.max_n / 2) * sizeof(uint64_t);
+  size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_n) * 2;
   size.flag_words = size_t(world_size) * tiles * kSlabsPerTile;
   return size;
 }
