@@ -12,15 +12,14 @@
 //             order (gemm/split_k_epilogue.cuh); the others are done
 //   push      each thread stores its rows of other owners as BF16 straight into each owner's
 //             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout),
-//             its pairs of columns as the accumulators hold them (no exchange between lanes:
-//             this path is short of instructions and latency, not of bytes); the warpgroup's
-//             barrier; then one warp that holds none of this rank's rows fences (release, system
-//             scope) and raises the slab's flag at each of those owners, a lane an owner
+//             16 bytes a lane; the warpgroup's barrier; then one warp that holds none of this
+//             rank's rows fences (release, system scope) and raises the slab's flag at each of
+//             those owners, a lane an owner
 //   reduce    in each warp holding this rank's rows, while that release runs: its lane 0 waits
 //             (bounded) for the slab's flag from every peer and fences (acquire, system scope);
 //             the warp's barrier; each thread adds its own rows' partials, loaded from this
 //             rank's receive slots, to its FP32 accumulators in rank order, rounds once and
-//             stores the rows into the output (its pairs, as the push)
+//             stores the rows into the output (16 bytes a lane, as the push)
 //
 // Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
 // for the others' pushes of the same tile. The partials and the order of the additions are those
@@ -99,27 +98,52 @@ class SharedTileEpilogue : public EpilogueBase {
   // The accumulator index of pair (block j of chunk c, half h): its two columns are i and i + 1.
   __device__ static constexpr int pair_index(int c, int j, int h) { return 32 * c + 4 * j + 2 * h; }
 
-  // Where this thread's pairs of a row start, from the slab's column `col` (pair (block j of chunk
-  // c) is 32 c + 4 j pairs further: constant offsets), and whether that pair's block lies before
-  // col_end (a multiple of 8: a block is in or out as a whole).
-  __device__ static int first_pair_col(int col) { return col + 2 * int(threadIdx.x % 4); }
-  __device__ static constexpr int pair_offset(int c, int j) { return 32 * c + 4 * j; }
-  __device__ static bool pair_in(int col, int c, int j, int col_end) { return col + kChunkCols * c + 8 * j < col_end; }
+  // Within each quad of lanes (one row, four pairs of each 8-column block): lane q holds pair q of
+  // blocks 0..3 in v[0..3]; afterwards it holds pairs 0..3 of block q, i.e. 8 adjacent columns.
+  // Two exchanges: the off-diagonal pairs of each 2 x 2 block of the quad's 4 x 4, then the
+  // off-diagonal 2 x 2 blocks.
+  __device__ static void quad_transpose(uint32_t (&v)[4]) {
+    const int q = threadIdx.x % 4;
+#pragma unroll
+    for (int bit = 0; bit < 2; ++bit) {
+      const bool upper = (q >> bit) & 1;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int lo = bit == 0 ? 2 * s : s;  // the two indices that differ in `bit`
+        const int hi = lo + (1 << bit);
+        const uint32_t sent = upper ? v[lo] : v[hi];
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, sent, 1 << bit);
+        if (upper) {
+          v[lo] = got;
+        } else {
+          v[hi] = got;
+        }
+      }
+    }
+  }
 
-  // Rounds row half h of this thread's accumulators to BF16 and, where `store`, stores its pairs
-  // into `row` (a row of n columns: the slab's from `col`, those before col_end), 4 bytes each, as
-  // the accumulators hold them: a quad of lanes writes 16 adjacent bytes of each 8-column block.
+  // Rounds row half h of this thread's accumulators to BF16 and, where `store`, stores them into
+  // `row` (a row of n columns: the slab's from `col`, those before col_end), 16 bytes a lane. Every
+  // lane of the warp takes part: the quads exchange pieces.
   template <class Config>
   __device__ static void store_row_half(const float (&acc)[Config::kAccPerThread], int h, uint16_t* row, int col,
                                         int col_end, bool store) {
-    if (!store) return;
-    uint32_t* pairs = reinterpret_cast<uint32_t*>(row + first_pair_col(col));
+    const int q = threadIdx.x % 4;
 #pragma unroll
     for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int i = pair_index(c, j, h);
-        if (pair_in(col, c, j, col_end)) pairs[pair_offset(c, j)] = pack_bf16x2(acc[i], acc[i + 1]);
+      for (int half = 0; half < 2; ++half) {
+        // Blocks 4 half .. 4 half + 3 of the chunk, after the exchange lane q's 8 columns of block
+        // 4 half + q.
+        uint32_t v[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int i = pair_index(c, 4 * half + m, h);
+          v[m] = pack_bf16x2(acc[i], acc[i + 1]);
+        }
+        quad_transpose(v);
+        const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
+        if (store && block_col < col_end) *reinterpret_cast<uint4*>(row + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     }
   }
@@ -155,8 +179,9 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
-  // Adds the peers' partials of this rank's rows of the slab, in rank order, and stores those rows:
-  // in each warp holding any of them, the lanes that hold them, each its own pairs.
+  // Adds the peers' partials of this rank's rows of the slab, in rank order, and stores those rows.
+  // A warp with any of those rows takes part as a whole (the quads exchange pieces): its other lanes
+  // load a valid row of this rank's and store nothing.
   template <class Config>
   __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
     bool own[2];
@@ -170,28 +195,41 @@ class SharedTileEpilogue : public EpilogueBase {
     // call reports the timeout.
     if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab);
     __syncwarp();
+    const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
     const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
     const uint16_t* own_slots = p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (!own[h]) continue;
-      const int row = tile.segment_row_for(slab.row + thread_row(h), p_.rank);
+      const int tile_row = slab.row + thread_row(h);
+      if (!__any_sync(0xffffffffu, own[h])) continue;
+      const int row = own[h] ? tile.segment_row_for(tile_row, p_.rank) : 0;
       const uint16_t* slots = own_slots + size_t(row) * p_.n;
-      // The peers' pieces of the row, kSourcesInFlight ranks' at once, added in rank order (a pair
-      // past the tile's columns is neither loaded nor stored).
+      // Lane q's 8 columns of blocks q and 4 + q of each chunk (a block past the tile's columns
+      // reads the slab's first instead, and is never stored).
+      int block_cols[Config::kChunksPerSlab][2];
+#pragma unroll
+      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
+          block_cols[c][half] = block_col < tile.col_end ? block_col : col;
+        }
+      }
+      // The ranks' pieces of the row, kSourcesInFlight ranks' at once (this rank's own slot is read
+      // and left out of the sum), added in rank order.
 #pragma unroll 1
       for (int first = 0; first < p_.world_size; first += kSourcesInFlight<Config>) {
-        uint32_t part[kSourcesInFlight<Config>][Config::kChunksPerSlab][8];
+        uint4 part[kSourcesInFlight<Config>][Config::kChunksPerSlab][2];
 #pragma unroll
         for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
-          if (first + g >= p_.world_size || first + g == p_.rank) continue;
-          const auto* pairs = reinterpret_cast<const unsigned int*>(slots + (first + g) * source_elems + first_pair_col(col));
+          if (first + g >= p_.world_size) continue;
+          const uint16_t* source_slots = slots + (first + g) * source_elems;
 #pragma unroll
           for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              part[g][c][j] = pair_in(col, c, j, tile.col_end) ? __ldcg(pairs + pair_offset(c, j)) : 0u;
+            for (int half = 0; half < 2; ++half) {
+              part[g][c][half] = __ldcg(reinterpret_cast<const uint4*>(source_slots + block_cols[c][half]));
             }
           }
         }
@@ -201,16 +239,21 @@ class SharedTileEpilogue : public EpilogueBase {
 #pragma unroll
           for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int i = pair_index(c, j, h);
-              // A BF16 is the top half of the FP32 of the same value.
-              acc[i] += __uint_as_float(part[g][c][j] << 16);
-              acc[i + 1] += __uint_as_float(part[g][c][j] & 0xffff0000u);
+            for (int half = 0; half < 2; ++half) {
+              uint32_t v[4] = {part[g][c][half].x, part[g][c][half].y, part[g][c][half].z, part[g][c][half].w};
+              quad_transpose(v);  // now pair q of blocks 4 half .. 4 half + 3, as the accumulators
+#pragma unroll
+              for (int m = 0; m < 4; ++m) {
+                const int i = pair_index(c, 4 * half + m, h);
+                // A BF16 is the top half of the FP32 of the same value.
+                acc[i] += __uint_as_float(v[m] << 16);
+                acc[i + 1] += __uint_as_float(v[m] & 0xffff0000u);
+              }
             }
           }
         }
       }
-      store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, true);
+      store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, own[h]);
     }
   }
 
