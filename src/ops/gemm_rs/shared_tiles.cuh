@@ -40,21 +40,6 @@ class SharedTileEpilogue : public EpilogueBase {
   __device__ SharedTileEpilogue(const Params& params, int consumer, Storage& smem)
       : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), epoch_(comm::call_epoch(params.calls)) {}
 
-  // The watcher thread of the producer warpgroup, as the tiles' K loops start: touches, in every
-  // rank's receive buffer and in this rank's flags, a line that no call reads or writes (each
-  // rank's slot for its own partial, and its flags), so that the translations of the pages the
-  // pushes, the flags and the partials go to are cached before the epilogue reaches them: cold,
-  // each costs the epilogue a page walk. None of the call's data is fetched.
-  static constexpr bool kHasWatcher = true;
-  template <class Config>
-  __device__ static void watch(const Params& p, const TileSchedule&, StorageOf<Config>&, int, int) {
-    const uint32_t parity = comm::call_epoch(p.calls) & 1;
-    for (int r = 0; r < p.world_size; ++r) {
-      ptx::prefetch_l2(p.recv[r] + parity * p.recv_parity_elems + size_t(r) * p.rows_per_rank * p.n);
-    }
-    ptx::prefetch_l2(flag_at(p, p.rank, flag_index<Config>(p, p.rank, Tile{}, 0), parity));
-  }
-
   template <class Config>
   __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
     k_slice_ = k_slice;
