@@ -10,19 +10,22 @@
 //
 //   split K   the split that counts in last holds the sum of the tile's S partials, added in split
 //             order (gemm/split_k_epilogue.cuh); the others are done
+//   poll      lane 0 of each warp holding this rank's rows loads the slab's flag from every peer
+//             once, so that the loads are in flight during the push (looked at after it)
 //   push      each thread stores its rows of other owners as BF16 straight into each owner's
 //             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout),
 //             16 bytes a lane; the warpgroup's barrier; then one warp that holds none of this
 //             rank's rows fences (release, system scope) and raises the slab's flag at each of
 //             those owners, a lane an owner
 //   reduce    in each warp holding this rank's rows, while that release runs: its lane 0 waits
-//             (bounded) for the slab's flag from every peer and fences (acquire, system scope);
+//             (bounded, polling again) until it has seen the slab's flag from every peer and
+//             fences (acquire, system scope);
 //             the warp's barrier; each thread adds its own rows' partials, loaded from this
 //             rank's receive slots, to its FP32 accumulators in rank order, rounds once and
 //             stores the rows into the output (16 bytes a lane, as the push)
 //
-// Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
-// for the others' pushes of the same tile. The partials and the order of the additions are those
+// Every rank pushes before it waits (its first poll only looks): the ranks compute every tile at
+// the same step, so each waits for the others' pushes of the same tile. The partials and the order of the additions are those
 // of the staged epilogue, so a call is bit-reproducible and equal to tiles of one owner's rows with
 // the same split of K.
 #pragma once
@@ -60,8 +63,21 @@ class SharedTileEpilogue : public EpilogueBase {
     const int first_owner = tile.owner_of_row(slab.row);
     const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
     const bool holds_own_rows = first_owner <= p_.rank && p_.rank <= last_owner;
+    bool own[2] = {false, false};
+    if (holds_own_rows) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int tile_row = slab.row + thread_row(h);
+        own[h] = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
+      }
+    }
+    // Lane 0 of each warp holding own rows polls the peers' flags once before the push, so that
+    // the loads are in flight while it pushes (their values are looked at after it).
+    const bool waits = __any_sync(0xffffffffu, own[0] || own[1]);
+    uint32_t seen[kMaxWorldSize];
+    if (waits && threadIdx.x % 32 == 0) load_flags<Config>(tile, slab, peers(), seen);
     push<Config>(tile, slab, acc, first_owner, last_owner, holds_own_rows ? releasing_warp(tile, slab) : 0);
-    if (holds_own_rows) reduce<Config>(tile, slab, acc);
+    if (waits) reduce<Config>(tile, slab, acc, own, seen);
   }
 
   __device__ void finish() {}
@@ -179,21 +195,16 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
-  // Adds the peers' partials of this rank's rows of the slab, in rank order, and stores those rows.
-  // A warp with any of those rows takes part as a whole (the quads exchange pieces): its other lanes
-  // load a valid row of this rank's and store nothing.
+  // In a warp holding some of this rank's rows of the slab (own[h]: this thread's half h is one):
+  // adds the peers' partials of those rows, in rank order, and stores them. The warp takes part as
+  // a whole (the quads exchange pieces): its other lanes load a valid row of this rank's and store
+  // nothing. `seen`: its lane 0's first poll of the flags.
   template <class Config>
-  __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread]) {
-    bool own[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int tile_row = slab.row + thread_row(h);
-      own[h] = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
-    }
-    if (!__any_sync(0xffffffffu, own[0] || own[1])) return;
+  __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], const bool (&own)[2],
+                         uint32_t (&seen)[kMaxWorldSize]) {
     // Its lane 0's acquire, passed on to the warp. After a failed call the sums are wrong and the
     // call reports the timeout.
-    if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab);
+    if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab, seen);
     __syncwarp();
     const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
@@ -257,23 +268,26 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
-  // One thread: waits, boundedly, for the slab's flag from every peer (relaxed loads, all in flight
-  // at once), then fences (acquire). A timeout is recorded in p.failed, which ends every other wait
-  // of the call.
+  // A bit per peer of this rank.
+  __device__ uint32_t peers() const { return ((1u << p_.world_size) - 1) & ~(1u << p_.rank); }
+
+  // One thread: loads the slab's flag from each peer in `waiting` (relaxed, all in flight at once).
   template <class Config>
-  __device__ void wait_for_peers(const Tile& tile, Slab<Config> slab) const {
-    const uint32_t parity = epoch_ & 1;
-    uint32_t waiting = 0;  // a bit per peer whose flag is not seen yet
-    for (int s = 0; s < p_.world_size; ++s) {
-      if (s != p_.rank) waiting |= 1u << s;
+  __device__ void load_flags(const Tile& tile, Slab<Config> slab, uint32_t waiting, uint32_t (&seen)[kMaxWorldSize]) const {
+#pragma unroll
+    for (int s = 0; s < kMaxWorldSize; ++s) {
+      if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flag_at(p_, p_.rank, flag_index<Config>(p_, s, tile, consumer_), epoch_ & 1));
     }
+  }
+
+  // One thread: waits, boundedly, for the slab's flag from every peer, from the first poll `seen`
+  // on (polling again into it), then fences (acquire). A timeout is recorded in p.failed, which
+  // ends every other wait of the call.
+  template <class Config>
+  __device__ void wait_for_peers(const Tile& tile, Slab<Config> slab, uint32_t (&seen)[kMaxWorldSize]) const {
+    uint32_t waiting = peers();  // a bit per peer whose flag is not seen yet
     const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
     for (;;) {
-      uint32_t seen[kMaxWorldSize];
-#pragma unroll
-      for (int s = 0; s < kMaxWorldSize; ++s) {
-        if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flag_at(p_, p_.rank, flag_index<Config>(p_, s, tile, consumer_), parity));
-      }
 #pragma unroll
       for (int s = 0; s < kMaxWorldSize; ++s) {
         if ((waiting & (1u << s)) && comm::epoch_reached(seen[s], epoch_)) waiting &= ~(1u << s);
@@ -286,6 +300,7 @@ class SharedTileEpilogue : public EpilogueBase {
         return;
       }
       __nanosleep(64);
+      load_flags<Config>(tile, slab, waiting, seen);
     }
     ptx::fence_acquire_sys();  // flags seen -> partials
   }
