@@ -44,8 +44,29 @@ class SharedTileEpilogue : public EpilogueBase {
       : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), epoch_(comm::call_epoch(params.calls)) {}
 
   template <class Config>
-  __device__ void begin_tile(const Tile&, const KSlice& k_slice) {
+  __device__ void begin_tile(const Tile& tile, const KSlice& k_slice) {
     k_slice_ = k_slice;
+    // Where this thread's pushed rows and this lane's flag go, looked up before the K loop: each
+    // lane indexes the owners' pointers among the parameters by its own owner (constant-bank loads
+    // that diverge within the warp), which on the epilogue's path cost a round trip.
+    const Slab<Config> slab = Slab<Config>::of_consumer(consumer_);
+    const size_t parity = epoch_ & 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tile_row = slab.row + thread_row(h);
+      const int owner = tile.owner_of_row(tile_row);
+      push_rows_[h] = nullptr;
+      if (tile.row_begin + tile_row < tile.row_end && owner != p_.rank) {
+        const int row = tile.segment_row_for(tile_row, owner);
+        push_rows_[h] = p_.recv[owner] + parity * p_.recv_parity_elems + (size_t(p_.rank) * p_.rows_per_rank + row) * p_.n;
+      }
+    }
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    const int owner = tile.owner_of_row(slab.row) + int(threadIdx.x % 32);
+    flag_slot_ = nullptr;
+    if (slab.row <= last_row && owner <= tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row)) && owner != p_.rank) {
+      flag_slot_ = flag_at(p_, owner, flag_index<Config>(p_, p_.rank, tile, consumer_), parity);
+    }
   }
 
   template <class Config>
@@ -76,7 +97,7 @@ class SharedTileEpilogue : public EpilogueBase {
     const bool waits = __any_sync(0xffffffffu, own[0] || own[1]);
     uint32_t seen[kMaxWorldSize];
     if (waits && threadIdx.x % 32 == 0) load_flags<Config>(tile, slab, peers(), seen);
-    push<Config>(tile, slab, acc, first_owner, last_owner, holds_own_rows ? releasing_warp(tile, slab) : 0);
+    push<Config>(tile, slab, acc, holds_own_rows ? releasing_warp(tile, slab) : 0);
     if (waits) reduce<Config>(tile, slab, acc, own, seen);
   }
 
@@ -167,32 +188,17 @@ class SharedTileEpilogue : public EpilogueBase {
   // Stores this thread's rows of other owners into their receive slots; once every thread's
   // stores are ordered before them, warp `releaser` raises the slab's flag at each of those owners.
   template <class Config>
-  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int first_owner,
-                       int last_owner, int releaser) {
+  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int releaser) {
     const int col = tile.col_begin + slab.col;
-    const size_t parity = epoch_ & 1;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int tile_row = slab.row + thread_row(h);
-      const int owner = tile.owner_of_row(tile_row);
-      const bool pushed = tile.row_begin + tile_row < tile.row_end && owner != p_.rank;
-      uint16_t* slot = nullptr;
-      if (pushed) {
-        const int row = tile.segment_row_for(tile_row, owner);
-        slot = p_.recv[owner] + parity * p_.recv_parity_elems + (size_t(p_.rank) * p_.rows_per_rank + row) * p_.n;
-      }
-      store_row_half<Config>(acc, h, slot, col, tile.col_end, pushed);
-    }
+    for (int h = 0; h < 2; ++h) store_row_half<Config>(acc, h, push_rows_[h], col, tile.col_end, push_rows_[h] != nullptr);
     // NOTE: every thread's stores, ordered by the barrier before each releasing lane's fence, then
     // that lane's flag (a peer that sees one acquires the whole slab's rows of it). The warp's lanes
     // fence in one instruction.
     slabs_.sync();
     if (int(threadIdx.x % 128) / 32 != releaser) return;
     ptx::fence_release_sys();
-    const int owner = first_owner + int(threadIdx.x % 32);
-    if (owner <= last_owner && owner != p_.rank) {
-      ptx::store_relaxed_sys(flag_at(p_, owner, flag_index<Config>(p_, p_.rank, tile, consumer_), parity), epoch_);
-    }
+    if (flag_slot_ != nullptr) ptx::store_relaxed_sys(flag_slot_, epoch_);
   }
 
   // In a warp holding some of this rank's rows of the slab (own[h]: this thread's half h is one):
@@ -310,6 +316,8 @@ class SharedTileEpilogue : public EpilogueBase {
   SlabStore slabs_;
   uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
   KSlice k_slice_{};  // the current step's
+  uint16_t* push_rows_[2];  // the current step's: where this thread's row halves are pushed (or null)
+  uint32_t* flag_slot_;     // the current step's: the flag this lane raises if its warp releases (or null)
 };
 
 }  // namespace tpfuse::kernels
