@@ -13,21 +13,20 @@
 //   poll      lane 0 of each warp holding this rank's rows loads the slab's flag from every peer
 //             once, so that the loads are in flight during the push (looked at after it)
 //   push      each thread stores its rows of other owners as BF16 straight into each owner's
-//             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout),
-//             16 bytes a lane; the warpgroup's barrier; then one warp that holds none of this
-//             rank's rows fences (release, system scope) and raises the slab's flag at each of
-//             those owners, a lane an owner
+//             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout;
+//             where, looked up before the K loop), 16 bytes a lane; the warpgroup's barrier; then
+//             one warp that holds none of this rank's rows fences (release, system scope) and
+//             raises the slab's flag at each of those owners, a lane an owner
 //   reduce    in each warp holding this rank's rows, while that release runs: its lane 0 waits
 //             (bounded, polling again) until it has seen the slab's flag from every peer and
-//             fences (acquire, system scope);
-//             the warp's barrier; each thread adds its own rows' partials, loaded from this
-//             rank's receive slots, to its FP32 accumulators in rank order, rounds once and
-//             stores the rows into the output (16 bytes a lane, as the push)
+//             fences (acquire, system scope); the warp's barrier; each thread adds its own rows'
+//             partials, loaded from this rank's receive slots, to its FP32 accumulators in rank
+//             order, rounds once and stores the rows into the output (16 bytes a lane, as the push)
 //
 // Every rank pushes before it waits (its first poll only looks): the ranks compute every tile at
-// the same step, so each waits for the others' pushes of the same tile. The partials and the order of the additions are those
-// of the staged epilogue, so a call is bit-reproducible and equal to tiles of one owner's rows with
-// the same split of K.
+// the same step, so each waits for the others' pushes of the same tile. The partials and the order
+// of the additions are those of the staged epilogue, so a call is bit-reproducible and equal to
+// tiles of one owner's rows with the same split of K.
 #pragma once
 
 #include "gemm/split_k_epilogue.cuh"
