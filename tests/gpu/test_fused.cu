@@ -199,11 +199,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK},
                                            FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK, 0},
                                            // Segments shorter than a slab: one band, tiles of several owners'
-                                           // rows (1, 2, 8 rows per rank from registers, 32 staged; 24, 25 and
-                                           // 63 rows, which do not divide a slab, keep tiles of their own).
+                                           // rows (1, 2, 4, 8 rows per rank from registers, 32 staged; 24, 25
+                                           // and 63 rows, which do not divide a slab, keep tiles of their own).
                                            FusedCase{8, 64, 264, 32, WeightLayout::kKxN},
                                            FusedCase{8, 8, 512, 32, WeightLayout::kNxK},
                                            FusedCase{4, 8, 264, 64, WeightLayout::kKxN},
+                                           FusedCase{2, 8, 520, 128, WeightLayout::kNxK},
                                            FusedCase{8, 64, 8192, 32, WeightLayout::kNxK},
                                            FusedCase{2, 64, 520, 128, WeightLayout::kNxK},
                                            FusedCase{4, 128, 1000, 64, WeightLayout::kKxN},
@@ -311,14 +312,15 @@ TEST(FusedSharedTiles, BitIdenticalToTilesOfOneOwner) {
   }
 }
 
-// The two epilogues of shared tiles, staged and from registers, each forced at 8 and 32 rows a
-// rank, with K whole and split: bit-identical on random inputs (the same partials, added in the
-// same order). With K whole each takes its config's tiles (the register epilogue's one-consumer
+// The two epilogues of shared tiles, staged and from registers, each forced at 1 to 32 rows a
+// rank (the register epilogue spreads 1, 2 and 4 rows over a warp's lanes, adds 8 and 32 where
+// they are held), with K whole and split: bit-identical on random inputs (the same partials, added
+// in the same order). With K whole each takes its config's tiles (the register epilogue's one-consumer
 // tiles are another width); split, both take 64 x 128 tiles, whose splits fit the emulated ranks'
 // CTAs alike (where they do not, a launch splits less).
 TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
   for (int p : {2, 4, 8}) {
-    for (int rows : {8, 32}) {
+    for (int rows : {1, 2, 4, 8, 32}) {
       for (int split_k : {1, 2}) {
         const Problem problem{rows * p, 1000, 256, p, WeightLayout::kKxN};
         LocalRanks ranks(problem);

@@ -40,7 +40,12 @@ class SharedTileEpilogue : public EpilogueBase {
 
   template <class Storage>
   __device__ SharedTileEpilogue(const Params& params, int consumer, Storage& smem)
-      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), epoch_(comm::call_epoch(params.calls)) {}
+      : p_(params),
+        consumer_(consumer),
+        slabs_(consumer, smem.chunks[consumer]),
+        // The chunk buffers are free in this epilogue: each warp's rows to spread take a part.
+        spread_(reinterpret_cast<float*>(smem.chunks[consumer][0]) + kSpreadFloats * (threadIdx.x % 128 / 32)),
+        epoch_(comm::call_epoch(params.calls)) {}
 
   template <class Config>
   __device__ void begin_tile(const Tile& tile, const KSlice& k_slice) {
@@ -201,16 +206,143 @@ class SharedTileEpilogue : public EpilogueBase {
   }
 
   // In a warp holding some of this rank's rows of the slab (own[h]: this thread's half h is one):
-  // adds the peers' partials of those rows, in rank order, and stores them. The warp takes part as
-  // a whole (the quads exchange pieces): its other lanes load a valid row of this rank's and store
-  // nothing. `seen`: its lane 0's first poll of the flags.
+  // adds the peers' partials of those rows, in rank order, and stores them. `seen`: its lane 0's
+  // first poll of the flags. Where those rows are few (at most kMaxSpreadRows, on slabs of one
+  // chunk: 64 columns), their accumulators are spread over the warp's 32 lanes first: else the
+  // few lanes holding them would load, add and store alone, one long chain of the warp's
+  // instructions (wider slabs have more accumulators to keep and spill).
   template <class Config>
   __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], const bool (&own)[2],
                          uint32_t (&seen)[kMaxWorldSize]) {
-    // Its lane 0's acquire, passed on to the warp. After a failed call the sums are wrong and the
-    // call reports the timeout.
-    if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab, seen);
-    __syncwarp();
+    // Its lane 0's acquire, passed on to the warp (with the spread accumulators). After a failed
+    // call the sums are wrong and the call reports the timeout.
+    const auto acquire = [&] {
+      if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab, seen);
+      __syncwarp();
+    };
+    if constexpr (Config::kChunksPerSlab == 1) {
+      const WarpRows rows = own_rows(own);
+      if (rows.count <= kMaxSpreadRows) {
+        spread<Config>(acc, own, rows);
+        acquire();
+        if (rows.count == 1) {
+          reduce_spread<Config, 1>(tile, slab, rows);
+        } else if (rows.count == 2) {
+          reduce_spread<Config, 2>(tile, slab, rows);
+        } else {
+          reduce_spread<Config, kMaxSpreadRows>(tile, slab, rows);
+        }
+        return;
+      }
+    }
+    acquire();
+    reduce_held<Config>(tile, slab, acc, own);
+  }
+
+  // A warp's rows of this rank's in the slab (contiguous: one owner's), as rows of the warp's 16.
+  struct WarpRows {
+    int first;
+    int count;
+  };
+  __device__ static WarpRows own_rows(const bool (&own)[2]) {
+    // A row's four lanes agree: lane 4 i + q holds warp rows i and 8 + i.
+    const uint32_t upper = __ballot_sync(0xffffffffu, own[0]);
+    const uint32_t lower = __ballot_sync(0xffffffffu, own[1]);
+    const int first = upper != 0 ? (__ffs(upper) - 1) / 4 : 8 + (__ffs(lower) - 1) / 4;
+    return {first, (__popc(upper) + __popc(lower)) / 4};
+  }
+
+  // The spread rows: own row first + i's 64 columns (32 pairs) as FP32 at [64 i], in the warp's
+  // part of the chunk buffers.
+  static constexpr int kMaxSpreadRows = 4;
+  static constexpr int kSpreadFloats = kMaxSpreadRows * kChunkCols;
+
+  // The lanes holding own rows write their accumulators of them into the warp's spread rows.
+  template <class Config>
+  __device__ void spread(const float (&acc)[Config::kAccPerThread], const bool (&own)[2], WarpRows rows) const {
+    const int q = threadIdx.x % 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!own[h]) continue;
+      float* row = spread_ + ((threadIdx.x % 32) / 4 + 8 * h - rows.first) * kChunkCols;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int a = pair_index(0, j, h);
+        *reinterpret_cast<float2*>(row + 8 * j + 2 * q) = make_float2(acc[a], acc[a + 1]);
+      }
+    }
+  }
+
+  // The spread rows' sums, kPairs pairs of columns a lane: lane l takes spread row l / (32 / kPairs)
+  // (if there is one), pairs kPairs * (l % (32 / kPairs)) on; it loads them from each rank's slot at
+  // once (4 kPairs bytes each, a row's 128 bytes a warp), adds them in rank order and stores them.
+  template <class Config, int kPairs>
+  __device__ void reduce_spread(const Tile& tile, Slab<Config> slab, WarpRows rows) const {
+    constexpr int kLanesPerRow = 32 / kPairs;
+    const int lane = threadIdx.x % 32;
+    const int i = lane / kLanesPerRow;
+    const int pair = kPairs * (lane % kLanesPerRow);
+    const int col = tile.col_begin + slab.col + 2 * pair;
+    // A vector lies wholly before col_end or past it (n and the slab's columns are multiples of 8).
+    if (i >= rows.count || col >= tile.col_end) return;
+    float sum[2 * kPairs];
+#pragma unroll
+    for (int e = 0; e < 2 * kPairs; ++e) sum[e] = spread_[i * kChunkCols + 2 * pair + e];
+    const int tile_row = slab.row + kWarpRows * (int(threadIdx.x % 128) / 32) + rows.first + i;
+    const size_t row_offset = size_t(tile.segment_row_for(tile_row, p_.rank)) * p_.n + col;
+    const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
+    const uint16_t* slots = p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems + row_offset;
+    uint32_t part[kMaxWorldSize][kPairs];
+#pragma unroll
+    for (int s = 0; s < kMaxWorldSize; ++s) {
+      if (s < p_.world_size && s != p_.rank) load_pairs<kPairs>(slots + s * source_elems, part[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < kMaxWorldSize; ++s) {
+      if (s >= p_.world_size || s == p_.rank) continue;
+#pragma unroll
+      for (int m = 0; m < kPairs; ++m) {
+        // A BF16 is the top half of the FP32 of the same value.
+        sum[2 * m] += __uint_as_float(part[s][m] << 16);
+        sum[2 * m + 1] += __uint_as_float(part[s][m] & 0xffff0000u);
+      }
+    }
+    uint32_t out[kPairs];
+#pragma unroll
+    for (int m = 0; m < kPairs; ++m) out[m] = pack_bf16x2(sum[2 * m], sum[2 * m + 1]);
+    store_pairs<kPairs>(p_.out_rows + row_offset, out);
+  }
+
+  template <int kPairs>
+  __device__ static void load_pairs(const uint16_t* from, uint32_t (&v)[kPairs]) {
+    if constexpr (kPairs == 1) {
+      v[0] = __ldcg(reinterpret_cast<const unsigned int*>(from));
+    } else if constexpr (kPairs == 2) {
+      const uint2 w = __ldcg(reinterpret_cast<const uint2*>(from));
+      v[0] = w.x, v[1] = w.y;
+    } else {
+      static_assert(kPairs == 4, "1, 2 or 4 pairs a lane");
+      const uint4 w = __ldcg(reinterpret_cast<const uint4*>(from));
+      v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+    }
+  }
+
+  template <int kPairs>
+  __device__ static void store_pairs(uint16_t* to, const uint32_t (&v)[kPairs]) {
+    if constexpr (kPairs == 1) {
+      *reinterpret_cast<uint32_t*>(to) = v[0];
+    } else if constexpr (kPairs == 2) {
+      *reinterpret_cast<uint2*>(to) = make_uint2(v[0], v[1]);
+    } else {
+      *reinterpret_cast<uint4*>(to) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
+
+  // The held rows' sums, where they are many: each thread adds the peers' partials of its own rows
+  // to its accumulators. The warp takes part as a whole (the quads exchange pieces): its other
+  // lanes load a valid row of this rank's and store nothing.
+  template <class Config>
+  __device__ void reduce_held(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], const bool (&own)[2]) {
     const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
     const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
@@ -313,6 +445,7 @@ class SharedTileEpilogue : public EpilogueBase {
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
+  float* spread_;     // this warp's spread rows (reduce)
   uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
   KSlice k_slice_{};  // the current step's
   uint16_t* push_rows_[2];  // the current step's: where this thread's row halves are pushed (or null)
