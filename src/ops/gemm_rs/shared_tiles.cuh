@@ -195,7 +195,11 @@ class SharedTileEpilogue : public EpilogueBase {
   __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int releaser) {
     const int col = tile.col_begin + slab.col;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) store_row_half<Config>(acc, h, push_rows_[h], col, tile.col_end, push_rows_[h] != nullptr);
+    for (int h = 0; h < 2; ++h) {
+      // A row half that no lane of the warp pushes (past the tile's rows, or this rank's) is left.
+      const bool pushes = push_rows_[h] != nullptr;
+      if (__any_sync(0xffffffffu, pushes)) store_row_half<Config>(acc, h, push_rows_[h], col, tile.col_end, pushes);
+    }
     // NOTE: every thread's stores, ordered by the barrier before each releasing lane's fence, then
     // that lane's flag (a peer that sees one acquires the whole slab's rows of it). The warp's lanes
     // fence in one instruction.
