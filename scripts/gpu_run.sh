@@ -53,8 +53,8 @@ for step in "${steps[@]}"; do
       small_gemm='*GemmShapes*/M8_N8_K8_KxN:*GemmShapes*/M8_N1000_K1024_NxK:*GemmShapes*/M200_N8192_K72_KxN:*GemmExact*'
       small_fused='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P8_M512_N8192_K32_KxN:*FusedExact*/P8_M64_N264_K32_KxN'
       small_fused+=':*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P4_M256_N1000_K64_KxN_lag0:*FusedErrors.BadCalls*'
-      # Tiles of several owners' rows: from registers at M <= 64 (1, 2, 4, 8 rows per rank spread over
-      # a warp's lanes, 32 held), staged above (32 rows per rank at P = 4), K whole and split.
+      # Tiles of several owners' rows: from registers at M <= 64 (1, 2, 4 rows per rank spread over a
+      # warp's lanes, 8 and 32 held), staged above (32 rows per rank at P = 4), K whole and split.
       small_fused+=':*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P4_M8_N264_K64_KxN:*FusedExact*/P2_M8_N520_K128_NxK:*FusedExact*/P4_M128_N1000_K64_KxN:*FusedExact*/P2_M64_N520_K128_KxN_split2:*FusedExact*/P4_M128_N520_K128_KxN_split2'
       small_fused+=':*FusedExact*/P4_M32_N520_K128_KxN_split2:*RegisterEpilogueBitIdenticalToStaged*'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"

@@ -313,8 +313,8 @@ TEST(FusedSharedTiles, BitIdenticalToTilesOfOneOwner) {
 }
 
 // The two epilogues of shared tiles, staged and from registers, each forced at 1 to 32 rows a
-// rank (the register epilogue spreads up to 8 rows over a warp's lanes, adds 32 where they are
-// held), with K whole and split: bit-identical on random inputs (the same partials, added
+// rank (the register epilogue spreads 1, 2 and 4 rows over a warp's lanes, adds 8 and 32 where
+// they are held), with K whole and split: bit-identical on random inputs (the same partials, added
 // in the same order). With K whole each takes its config's tiles (the register epilogue's one-consumer
 // tiles are another width); split, both take 64 x 128 tiles, whose splits fit the emulated ranks'
 // CTAs alike (where they do not, a launch splits less).

@@ -21,10 +21,7 @@
 //             (bounded, polling again) until it has seen the slab's flag from every peer and
 //             fences (acquire, system scope); the warp's barrier; each thread adds its own rows'
 //             partials, loaded from this rank's receive slots, to its FP32 accumulators in rank
-//             order, rounds once and stores the rows into the output (16 bytes a lane, as the push).
-//             Where a warp holds at most 8 of this rank's rows of a 64-column slab, their
-//             accumulators are first spread over its 32 lanes through shared memory (while lane 0
-//             waits), so that every lane loads, adds and stores a share
+//             order, rounds once and stores the rows into the output (16 bytes a lane, as the push)
 //
 // Every rank pushes before it waits (its first poll only looks): the ranks compute every tile at
 // the same step, so each waits for the others' pushes of the same tile. The partials and the order
@@ -43,7 +40,12 @@ class SharedTileEpilogue : public EpilogueBase {
 
   template <class Storage>
   __device__ SharedTileEpilogue(const Params& params, int consumer, Storage& smem)
-      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), epoch_(comm::call_epoch(params.calls)) {}
+      : p_(params),
+        consumer_(consumer),
+        slabs_(consumer, smem.chunks[consumer]),
+        // The chunk buffers are free in this epilogue: each warp's rows to spread take a part.
+        spread_(reinterpret_cast<float*>(smem.chunks[consumer][0]) + kSpreadFloats * (threadIdx.x % 128 / 32)),
+        epoch_(comm::call_epoch(params.calls)) {}
 
   template <class Config>
   __device__ void begin_tile(const Tile& tile, const KSlice& k_slice) {
@@ -73,7 +75,7 @@ class SharedTileEpilogue : public EpilogueBase {
 
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
-                           StorageOf<Config>& smem, StageCursor&) {
+                           StorageOf<Config>&, StageCursor&) {
     const int col = tile.col_begin + slab.col;
     // A slab past the tile's rows or its last column holds nothing: neither pushed nor awaited, in
     // any split (its counter stays 0).
@@ -100,7 +102,7 @@ class SharedTileEpilogue : public EpilogueBase {
     uint32_t seen[kMaxWorldSize];
     if (waits && threadIdx.x % 32 == 0) load_flags<Config>(tile, slab, peers(), seen);
     push<Config>(tile, slab, acc, holds_own_rows ? releasing_warp(tile, slab) : 0);
-    if (waits) reduce<Config>(tile, slab, acc, own, seen, smem);
+    if (waits) reduce<Config>(tile, slab, acc, own, seen);
   }
 
   __device__ void finish() {}
@@ -215,7 +217,7 @@ class SharedTileEpilogue : public EpilogueBase {
   // instructions (wider slabs have more accumulators to keep and spill).
   template <class Config>
   __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], const bool (&own)[2],
-                         uint32_t (&seen)[kMaxWorldSize], StorageOf<Config>& smem) {
+                         uint32_t (&seen)[kMaxWorldSize]) {
     // Its lane 0's acquire, passed on to the warp (with the spread accumulators). After a failed
     // call the sums are wrong and the call reports the timeout.
     const auto acquire = [&] {
@@ -225,20 +227,14 @@ class SharedTileEpilogue : public EpilogueBase {
     if constexpr (Config::kChunksPerSlab == 1) {
       const WarpRows rows = own_rows(own);
       if (rows.count <= kMaxSpreadRows) {
-        // The chunk buffers are free in this epilogue: each warp's spread rows take a part.
-        float* spread_rows = reinterpret_cast<float*>(smem.chunks[consumer_][0]) + kSpreadFloats * (threadIdx.x % 128 / 32);
-        spread<Config>(acc, own, rows, spread_rows);
+        spread<Config>(acc, own, rows);
         acquire();
         if (rows.count == 1) {
-          reduce_spread<Config, 1>(tile, slab, rows, spread_rows);
+          reduce_spread<Config, 1>(tile, slab, rows);
         } else if (rows.count == 2) {
-          reduce_spread<Config, 2>(tile, slab, rows, spread_rows);
+          reduce_spread<Config, 2>(tile, slab, rows);
         } else {
-          // Four rows at a time (16 bytes a lane).
-          reduce_spread<Config, 4>(tile, slab, {rows.first, min(rows.count, 4)}, spread_rows);
-          if (rows.count > 4) {
-            reduce_spread<Config, 4>(tile, slab, {rows.first + 4, rows.count - 4}, spread_rows + 4 * kChunkCols);
-          }
+          reduce_spread<Config, kMaxSpreadRows>(tile, slab, rows);
         }
         return;
       }
@@ -262,18 +258,17 @@ class SharedTileEpilogue : public EpilogueBase {
 
   // The spread rows: own row first + i's 64 columns (32 pairs) as FP32 at [64 i], in the warp's
   // part of the chunk buffers.
-  static constexpr int kMaxSpreadRows = 8;
+  static constexpr int kMaxSpreadRows = 4;
   static constexpr int kSpreadFloats = kMaxSpreadRows * kChunkCols;
 
   // The lanes holding own rows write their accumulators of them into the warp's spread rows.
   template <class Config>
-  __device__ static void spread(const float (&acc)[Config::kAccPerThread], const bool (&own)[2], WarpRows rows,
-                                float* spread_rows) {
+  __device__ void spread(const float (&acc)[Config::kAccPerThread], const bool (&own)[2], WarpRows rows) const {
     const int q = threadIdx.x % 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (!own[h]) continue;
-      float* row = spread_rows + ((threadIdx.x % 32) / 4 + 8 * h - rows.first) * kChunkCols;
+      float* row = spread_ + ((threadIdx.x % 32) / 4 + 8 * h - rows.first) * kChunkCols;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int a = pair_index(0, j, h);
@@ -282,19 +277,21 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
-  // The sums of spread rows `rows` (at spread_rows), kPairs pairs of columns a lane: lane l takes
-  // row l / (32 / kPairs) (if there is one), pairs kPairs (l % (32 / kPairs)) on. It loads them
-  // from each rank's slot at once (4 kPairs bytes each, a row's 128 bytes a warp), adds them in rank
-  // order and stores them.
+  // The spread rows' sums, kPairs pairs of columns a lane: lane l takes spread row l / (32 / kPairs)
+  // (if there is one), pairs kPairs * (l % (32 / kPairs)) on; it loads them from each rank's slot at
+  // once (4 kPairs bytes each, a row's 128 bytes a warp), adds them in rank order and stores them.
   template <class Config, int kPairs>
-  __device__ void reduce_spread(const Tile& tile, Slab<Config> slab, WarpRows rows, const float* spread_rows) const {
+  __device__ void reduce_spread(const Tile& tile, Slab<Config> slab, WarpRows rows) const {
     constexpr int kLanesPerRow = 32 / kPairs;
     const int lane = threadIdx.x % 32;
     const int i = lane / kLanesPerRow;
     const int pair = kPairs * (lane % kLanesPerRow);
     const int col = tile.col_begin + slab.col + 2 * pair;
     // A vector lies wholly before col_end or past it (n and the slab's columns are multiples of 8).
-    const bool takes = i < rows.count && col < tile.col_end;
+    if (i >= rows.count || col >= tile.col_end) return;
+    float sum[2 * kPairs];
+#pragma unroll
+    for (int e = 0; e < 2 * kPairs; ++e) sum[e] = spread_[i * kChunkCols + 2 * pair + e];
     const int tile_row = slab.row + kWarpRows * (int(threadIdx.x % 128) / 32) + rows.first + i;
     const size_t row_offset = size_t(tile.segment_row_for(tile_row, p_.rank)) * p_.n + col;
     const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
@@ -302,12 +299,8 @@ class SharedTileEpilogue : public EpilogueBase {
     uint32_t part[kMaxWorldSize][kPairs];
 #pragma unroll
     for (int s = 0; s < kMaxWorldSize; ++s) {
-      if (takes && s < p_.world_size && s != p_.rank) load_pairs<kPairs>(slots + s * source_elems, part[s]);
+      if (s < p_.world_size && s != p_.rank) load_pairs<kPairs>(slots + s * source_elems, part[s]);
     }
-    if (!takes) return;
-    float sum[2 * kPairs];
-#pragma unroll
-    for (int e = 0; e < 2 * kPairs; ++e) sum[e] = spread_rows[i * kChunkCols + 2 * pair + e];
 #pragma unroll
     for (int s = 0; s < kMaxWorldSize; ++s) {
       if (s >= p_.world_size || s == p_.rank) continue;
@@ -456,6 +449,7 @@ class SharedTileEpilogue : public EpilogueBase {
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
+  float* spread_;     // this warp's spread rows (reduce)
   uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
   KSlice k_slice_{};  // the current step's
   uint16_t* push_rows_[2];  // the current step's: where this thread's row halves are pushed (or null)
