@@ -225,8 +225,8 @@ class SharedTileEpilogue : public EpilogueBase {
       __syncwarp();
     };
     if constexpr (Config::kChunksPerSlab == 1) {
-      if (p_.rows_per_rank <= kMaxSpreadRows) {  // so a warp's own rows too (one owner's)
-        const WarpRows rows = own_rows(own);
+      const WarpRows rows = own_rows(own);
+      if (rows.count <= kMaxSpreadRows) {
         spread<Config>(acc, own, rows);
         acquire();
         if (rows.count == 1) {
