@@ -260,6 +260,8 @@ class SharedTileEpilogue : public EpilogueBase {
   // part of the chunk buffers.
   static constexpr int kMaxSpreadRows = 4;
   static constexpr int kSpreadFloats = kMaxSpreadRows * kChunkCols;
+  static_assert(kSlabRows / kWarpRows * kSpreadFloats * sizeof(float) <= kChunkElems * sizeof(uint16_t),
+                "every warp's spread rows fit in its consumer's first chunk buffer");
 
   // The lanes holding own rows write their accumulators of them into the warp's spread rows.
   template <class Config>
