@@ -91,6 +91,9 @@ __device__ __forceinline__ int flag_index(const PushReduceParams& p, int source,
   return (source * p.tiles_per_band + tile_idx) * 2 + slab;
 }
 
+// Distance in an owner's flag array between two sources' flags of the same (tile, slab).
+__device__ __forceinline__ size_t flag_source_stride(const PushReduceParams& p) { return size_t(p.tiles_per_band) * 2; }
+
 // Flag `index` of an owner's flag array, in the given parity half.
 __device__ __forceinline__ uint32_t* flag_at(const PushReduceParams& p, int owner, int index, int parity) {
   return p.flags_at[owner] + parity * p.flags_parity_words + index;
@@ -643,7 +646,7 @@ class PushReduceEpilogue : public EpilogueBase {
       }
     }
     const uint32_t* flags = flag_at(p, p.rank, flag_index<Config>(p, 0, tile, 0), epoch & 1);
-    const size_t source_stride = size_t(p.tiles_per_band) * 2;
+    const size_t source_stride = flag_source_stride(p);
     const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
     for (;;) {
       // Four loads in flight at a time (more would spill registers in the 40 the watcher has).

@@ -65,6 +65,9 @@ class SharedTileEpilogue : public EpilogueBase {
         push_rows_[h] = p_.recv[owner] + parity * p_.recv_parity_elems + (size_t(p_.rank) * p_.rows_per_rank + row) * p_.n;
       }
     }
+    // The slab's flags in this rank's array (source 0's; the others a stride on): their index
+    // chains constant-bank loads, which on the poll's path took a round trip per peer.
+    own_flag_ = int(parity * p_.flags_parity_words) + flag_index<Config>(p_, 0, tile, consumer_);
     const int last_row = tile.row_end - tile.row_begin - 1;
     const int owner = tile.owner_of_row(slab.row) + int(threadIdx.x % 32);
     flag_slot_ = nullptr;
@@ -100,7 +103,7 @@ class SharedTileEpilogue : public EpilogueBase {
     // the loads are in flight while it pushes (their values are looked at after it).
     const bool waits = __any_sync(0xffffffffu, own[0] || own[1]);
     uint32_t seen[kMaxWorldSize];
-    if (waits && threadIdx.x % 32 == 0) load_flags<Config>(tile, slab, peers(), seen);
+    if (waits && threadIdx.x % 32 == 0) load_flags(peers(), seen);
     push<Config>(tile, slab, acc, holds_own_rows ? releasing_warp(tile, slab) : 0);
     if (waits) reduce<Config>(tile, slab, acc, own, seen);
   }
@@ -415,11 +418,12 @@ class SharedTileEpilogue : public EpilogueBase {
   __device__ uint32_t peers() const { return ((1u << p_.world_size) - 1) & ~(1u << p_.rank); }
 
   // One thread: loads the slab's flag from each peer in `waiting` (relaxed, all in flight at once).
-  template <class Config>
-  __device__ void load_flags(const Tile& tile, Slab<Config> slab, uint32_t waiting, uint32_t (&seen)[kMaxWorldSize]) const {
+  __device__ void load_flags(uint32_t waiting, uint32_t (&seen)[kMaxWorldSize]) const {
+    const uint32_t* flags = p_.flags_at[p_.rank] + own_flag_;
+    const size_t stride = flag_source_stride(p_);
 #pragma unroll
     for (int s = 0; s < kMaxWorldSize; ++s) {
-      if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flag_at(p_, p_.rank, flag_index<Config>(p_, s, tile, consumer_), epoch_ & 1));
+      if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flags + s * stride);
     }
   }
 
@@ -443,7 +447,7 @@ class SharedTileEpilogue : public EpilogueBase {
         return;
       }
       __nanosleep(64);
-      load_flags<Config>(tile, slab, waiting, seen);
+      load_flags(waiting, seen);
     }
     ptx::fence_acquire_sys();  // flags seen -> partials
   }
@@ -456,6 +460,7 @@ class SharedTileEpilogue : public EpilogueBase {
   KSlice k_slice_{};  // the current step's
   uint16_t* push_rows_[2];  // the current step's: where this thread's row halves are pushed (or null)
   uint32_t* flag_slot_;     // the current step's: the flag this lane raises if its warp releases (or null)
+  int own_flag_;             // the current step's: source 0's flag of the slab in this rank's array, with parity
 };
 
 }  // namespace tpfuse::kernels
