@@ -80,9 +80,8 @@ std::vector<Column> proxy_columns(bool check, bool compare) {
 
 // Random non-zero partials in every rank's receive buffer, the same numbers in both parity halves
 // (a call's parity depends on the device's epoch: rank 0 then reduces the same partials whichever it
-// is), and rank 0's incoming flags raised and packets arrived (the same partials) for every future call.
-void preset_partials(const LocalCommunicator& comm, const Problem& problem, Gpu& gpu, uint64_t run_seed,
-                     size_t shape_index) {
+// is), and rank 0's incoming flags raised for every future call.
+void preset_partials(const LocalCommunicator& comm, Gpu& gpu, uint64_t run_seed, size_t shape_index) {
   Communicator* c = comm.get();
   const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
   for (int r = 0; r < c->world_size; ++r) {
@@ -91,11 +90,8 @@ void preset_partials(const LocalCommunicator& comm, const Problem& problem, Gpu&
       fill_random_bf16(static_cast<bf16*>(receive_buffer(*c, r, parity)), parity_elems, recv_seed, gpu.stream);
     }
   }
-  // NOTE: the communicator's own setup and the presets are not on gpu.stream: the packets are made
-  // of the filled buffers, and the timed calls wait for all of it.
-  TESTING_CHECK(cudaDeviceSynchronize());
   check_op(preset_incoming_flags(c, 0));
-  check_op(preset_incoming_packets(c, 0, problem));
+  // NOTE: the communicator's own setup and the preset are not on gpu.stream: wait for all of it.
   TESTING_CHECK(cudaDeviceSynchronize());
 }
 
@@ -143,7 +139,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   bool solo_ok = attempt(
       [&] {
         comm.create(std::vector<int>(problem.world_size, gpu.device), problem);
-        preset_partials(comm, problem, gpu, *options.seed, shape_index);
+        preset_partials(comm, gpu, *options.seed, shape_index);
       },
       &outcome.failure);
 

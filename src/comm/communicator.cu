@@ -66,21 +66,18 @@ Status set_sizes(const CommunicatorOptions& options, int world_size, const Works
   comm->parity.data_bytes = align_up(size.data_bytes);
   comm->parity.flag_words = align_up(size.flag_words * 4) / 4;
   comm->parity.count_words = align_up(size.count_words * 4) / 4;
-  comm->parity.packet_words = align_up(size.packet_words * 8) / 8;
   return Status::Ok();
 }
 
 size_t data_bytes(const Communicator& comm) { return 2 * comm.parity.data_bytes; }
 size_t flag_bytes(const Communicator& comm) { return 2 * comm.parity.flag_words * 4; }
 size_t count_bytes(const Communicator& comm) { return 2 * comm.parity.count_words * 4; }
-size_t packet_bytes(const Communicator& comm) { return 2 * comm.parity.packet_words * 8; }
 
 size_t allocation_bytes(const Communicator& comm) {
-  return data_bytes(comm) + flag_bytes(comm) + count_bytes(comm) + packet_bytes(comm) + align_up(kCounterWords * 4);
+  return data_bytes(comm) + flag_bytes(comm) + count_bytes(comm) + align_up(kCounterWords * 4);
 }
 
-// Points the rank's fields into its allocation, zeroes flags, counts, packets and counters, and maps
-// the error word.
+// Points the rank's fields into its allocation, zeroes flags and counters, and maps the error word.
 Status init_rank(Communicator& comm, RankState& rank, void* allocation) {
   rank.allocation = allocation;
   uint8_t* base = static_cast<uint8_t*>(allocation);
@@ -90,28 +87,21 @@ Status init_rank(Communicator& comm, RankState& rank, void* allocation) {
   base += flag_bytes(comm);
   rank.counts = reinterpret_cast<uint32_t*>(base);
   base += count_bytes(comm);
-  rank.packets = reinterpret_cast<uint64_t*>(base);
-  base += packet_bytes(comm);
   rank.calls = reinterpret_cast<uint64_t*>(base);  // 256-byte aligned
   rank.failed = reinterpret_cast<uint32_t*>(base) + 2;
-  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0,
-                             flag_bytes(comm) + count_bytes(comm) + packet_bytes(comm) + align_up(kCounterWords * 4)));
+  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0, flag_bytes(comm) + count_bytes(comm) + align_up(kCounterWords * 4)));
   TPFUSE_CUDA_TRY(cudaHostAlloc(&rank.error_host, sizeof(PeerError), cudaHostAllocMapped));
   std::memset(rank.error_host, 0, sizeof(PeerError));
   TPFUSE_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&rank.error_device), rank.error_host, 0));
   return Status::Ok();
 }
 
-// Offsets of the flags, counts and packets inside every rank's allocation: the same on every rank.
+// Offsets of the flags and counts inside every rank's allocation: the same on every rank.
 uint32_t* flags_in(void* allocation, const Communicator& comm) {
   return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(allocation) + data_bytes(comm));
 }
 uint32_t* counts_in(void* allocation, const Communicator& comm) {
   return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(allocation) + data_bytes(comm) + flag_bytes(comm));
-}
-uint64_t* packets_in(void* allocation, const Communicator& comm) {
-  return reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(allocation) + data_bytes(comm) + flag_bytes(comm) +
-                                     count_bytes(comm));
 }
 
 __global__ void peer_pointers_kernel(ncclWindow_t window, int world_size, void** out) {
@@ -144,7 +134,6 @@ Status attach_nccl_symmetric(Communicator& comm, RankState& rank, size_t bytes) 
     rank.data_at[r] = host[r];
     rank.flags_at[r] = flags_in(host[r], comm);
     rank.counts_at[r] = counts_in(host[r], comm);
-    rank.packets_at[r] = packets_in(host[r], comm);
   }
   return Status::Ok();
 }
@@ -173,7 +162,6 @@ Status attach_cuda_ipc(Communicator& comm, RankState& rank, size_t bytes) {
     rank.data_at[r] = peer;
     rank.flags_at[r] = flags_in(peer, comm);
     rank.counts_at[r] = counts_in(peer, comm);
-    rank.packets_at[r] = packets_in(peer, comm);
   }
   return Status::Ok();
 }
@@ -252,7 +240,6 @@ Status create_local_workspace(const int* devices, int num_ranks, const Communica
       rank.data_at[peer.rank] = peer.data;
       rank.flags_at[peer.rank] = peer.flags;
       rank.counts_at[peer.rank] = peer.counts;
-      rank.packets_at[peer.rank] = peer.packets;
     }
   }
   *out = comm.release();

@@ -26,15 +26,12 @@ enum class Transport {
 const char* to_string(Transport transport);
 
 // What the ops need of one parity half of a workspace: data bytes, 32-bit flag words (which every
-// op may write: they hold epoch values), 32-bit count words (which only their op writes: counters
-// that are 0 at creation and after every call) and 64-bit packet words (which only their op writes:
-// a 32-bit value and, in the high half, the epoch of the call that wrote it, one single-copy-atomic
-// store, so that a reader that sees the epoch has the value; 0 at creation).
+// op may write: they hold epoch values) and 32-bit count words (which only their op writes: counters
+// that are 0 at creation and after every call).
 struct WorkspaceSize {
   size_t data_bytes = 0;
   size_t flag_words = 0;
   size_t count_words = 0;
-  size_t packet_words = 0;
 };
 
 // One rank's state, owned by the process that runs the rank.
@@ -45,16 +42,14 @@ struct RankState {
   void* data = nullptr;        // [2 parities][WorkspaceSize::data_bytes]
   uint32_t* flags = nullptr;   // [2 parities][WorkspaceSize::flag_words]
   uint32_t* counts = nullptr;  // [2 parities][WorkspaceSize::count_words]
-  uint64_t* packets = nullptr;  // [2 parities][WorkspaceSize::packet_words]
   uint64_t* calls = nullptr;   // the rank's completed calls, in the high word (comm/epoch.h)
   uint32_t* failed = nullptr;  // set by the first wait of a call that times out
   PeerError* error_host = nullptr;  // pinned, mapped: written by the GPU, read by the host
   PeerError* error_device = nullptr;
-  // Every rank's data, flags, counts and packets, as addressed from this rank's device.
+  // Every rank's data, flags and counts, as addressed from this rank's device.
   std::array<void*, kMaxWorldSize> data_at{};
   std::array<uint32_t*, kMaxWorldSize> flags_at{};
   std::array<uint32_t*, kMaxWorldSize> counts_at{};
-  std::array<uint64_t*, kMaxWorldSize> packets_at{};
 };
 
 struct Communicator {
@@ -78,7 +73,7 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
 
 // Marks every flag of this rank as raised (for every future call), so that one rank can run alone:
 // the solo-rank proxies of the benchmark. Its own pushes still land in the peers' buffers. Its
-// counts and packets stay as they are (the op that reads packets presets them).
+// counts stay as they are.
 Status preset_incoming_flags(Communicator* comm, int local_rank);
 
 // Checks options against the world size (the message names the bad field).

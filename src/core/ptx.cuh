@@ -246,24 +246,6 @@ __device__ __forceinline__ uint32_t load_relaxed_sys(const uint32_t* flag) {
 // acq_rel fence does.
 __device__ __forceinline__ void fence_acquire_sys() { asm volatile("fence.acquire.sys;" ::: "memory"); }
 
-// Packets: 64-bit words that carry a 32-bit value and, in the high half, the epoch of the call that
-// wrote it. An aligned 64-bit access is single-copy atomic, so a reader that sees the epoch has the
-// value, with no fence or flag between them; each word of a vector access is one such access.
-__device__ __forceinline__ uint64_t packet(uint32_t value, uint32_t epoch) {
-  return (uint64_t(epoch) << 32) | value;
-}
-__device__ __forceinline__ void store_packets_relaxed_sys(uint64_t* to, uint64_t a, uint64_t b) {
-  asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(to), "l"(a), "l"(b) : "memory");
-}
-__device__ __forceinline__ uint64_t load_packet_relaxed_sys(const uint64_t* from) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(from));
-  return v;
-}
-__device__ __forceinline__ void load_packets_relaxed_sys(const uint64_t* from, uint64_t& a, uint64_t& b) {
-  asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(from));
-}
-
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

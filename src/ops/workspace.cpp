@@ -14,7 +14,7 @@ WorkspaceSize every_op(const CommunicatorOptions& options, int world_size) {
   const WorkspaceSize rs = gemm_rs_workspace(options, world_size);
   const WorkspaceSize ag = all_gather_workspace(options, world_size);
   return {std::max(rs.data_bytes, ag.data_bytes), std::max(rs.flag_words, ag.flag_words),
-          std::max(rs.count_words, ag.count_words), std::max(rs.packet_words, ag.packet_words)};
+          std::max(rs.count_words, ag.count_words)};
 }
 
 }  // namespace

@@ -72,8 +72,6 @@ struct PushReduceParams {
   uint16_t* out_rows;              // the output (shared_tiles.cuh)
   uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
   size_t flags_parity_words;       // distance between the two parity halves of a flag array
-  uint64_t* packets_at[kMaxWorldSize];  // each owner's packets, [parity][source][row][n / 2] (shared_tiles.cuh)
-  size_t packets_parity_words;     // distance between their two parity halves
   const uint64_t* calls;           // calls completed on this rank, in the high word; this call's epoch is one more
   uint32_t* failed;                // set by the first wait of this rank that times out
   PeerError* error;                // host-mapped
@@ -92,6 +90,9 @@ __device__ __forceinline__ int flag_index(const PushReduceParams& p, int source,
   const int tile_idx = row_tile * p.col_tiles + col_tile;
   return (source * p.tiles_per_band + tile_idx) * 2 + slab;
 }
+
+// Distance in an owner's flag array between two sources' flags of the same (tile, slab).
+__device__ __forceinline__ size_t flag_source_stride(const PushReduceParams& p) { return size_t(p.tiles_per_band) * 2; }
 
 // Flag `index` of an owner's flag array, in the given parity half.
 __device__ __forceinline__ uint32_t* flag_at(const PushReduceParams& p, int owner, int index, int parity) {
@@ -645,7 +646,7 @@ class PushReduceEpilogue : public EpilogueBase {
       }
     }
     const uint32_t* flags = flag_at(p, p.rank, flag_index<Config>(p, 0, tile, 0), epoch & 1);
-    const size_t source_stride = size_t(p.tiles_per_band) * 2;
+    const size_t source_stride = flag_source_stride(p);
     const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
     for (;;) {
       // Four loads in flight at a time (more would spill registers in the 40 the watcher has).

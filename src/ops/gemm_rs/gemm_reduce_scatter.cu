@@ -64,7 +64,6 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
     }
     e.recv[owner] = static_cast<uint16_t*>(rank.data_at[owner]);
     e.flags_at[owner] = rank.flags_at[owner];
-    e.packets_at[owner] = rank.packets_at[owner];
   }
   e.recv_parity_elems = size_t(parity_elems);
   e.out_rows = static_cast<uint16_t*>(out);
@@ -73,7 +72,6 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
         make_tensor_map_bf16(out, problem.rows_per_rank(), problem.n, problem.n, e.box_rows, kChunkCols, &e.out));
   }
   e.flags_parity_words = comm.parity.flag_words;
-  e.packets_parity_words = comm.parity.packet_words;
   e.calls = rank.calls;
   e.failed = rank.failed;
   e.error = rank.error_device;
@@ -194,35 +192,6 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
 
 void* receive_buffer(const Communicator& comm, int local_rank, int parity) {
   return static_cast<uint8_t*>(comm.ranks[local_rank].data) + size_t(parity) * comm.parity.data_bytes;
-}
-
-namespace {
-
-// packets[parity][j] = the receive buffer's column pair j of that parity, with an epoch at or past
-// every call's (as preset_incoming_flags's flags).
-__global__ void preset_packets_kernel(const uint32_t* recv, size_t recv_parity_words, uint64_t* packets,
-                                      size_t packets_parity_words, size_t words) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < 2 * words; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t parity = i / words, j = i % words;
-    packets[parity * packets_parity_words + j] = (uint64_t(0x7F7F7F7Fu) << 32) | recv[parity * recv_parity_words + j];
-  }
-}
-
-}  // namespace
-
-Status preset_incoming_packets(Communicator* comm, int local_rank, const Problem& problem) {
-  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
-  if (local_rank < 0 || local_rank >= int(comm->ranks.size())) return Status::InvalidArgument("no such local rank");
-  const size_t words = size_t(problem.world_size) * size_t(problem.rows_per_rank()) * size_t(problem.n) / 2;
-  if (problem.world_size != comm->world_size || words > comm->parity.packet_words) {
-    return Status::InvalidArgument("problem " + problem.to_string() + " does not fit the communicator's packets");
-  }
-  const RankState& rank = comm->ranks[local_rank];
-  TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
-  preset_packets_kernel<<<256, 256>>>(static_cast<const uint32_t*>(rank.data), comm->parity.data_bytes / 4,
-                                      rank.packets, comm->parity.packet_words, words);
-  TPFUSE_CUDA_TRY(cudaGetLastError());
-  return Status::Ok();
 }
 
 Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const void* a, const void* w, void* out,

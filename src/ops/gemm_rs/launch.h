@@ -22,9 +22,4 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
 // of `problem` (ops/gemm_rs/workspace.h).
 void* receive_buffer(const Communicator& comm, int local_rank, int parity);
 
-// For the solo-rank proxy, after its receive buffers are filled: rank `local_rank`'s incoming
-// packets (the register epilogue's partials) hold the same partials of `problem`, in both parity
-// halves, as arrived for every future call.
-Status preset_incoming_packets(Communicator* comm, int local_rank, const Problem& problem);
-
 }  // namespace tpfuse

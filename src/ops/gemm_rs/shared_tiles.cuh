@@ -8,25 +8,25 @@
 // producer, measured faster: here a thread loads its own rows' partials itself, and only the warps
 // holding them do (docs/EXPERIMENTS.md).
 //
-// The partials travel as packets (comm/communicator.h): each 64-bit word holds two BF16 columns and
-// the call's epoch, stored and loaded as one access, so that a word whose epoch is this call's holds
-// this call's columns. No flag, no fence and no barrier stand between a push and its reduction, and
-// an owner's wait is the load of the partials itself (twice the bytes: decode-sized slabs are small).
-//
 //   split K   the split that counts in last holds the sum of the tile's S partials, added in split
 //             order (gemm/split_k_epilogue.cuh); the others are done
-//   push      each thread stores its rows of other owners as packets straight into each owner's
-//             slot, packets[parity][this rank][row][col / 2] (ops/gemm_rs/workspace.h; where,
-//             looked up before the K loop), 32 bytes a lane (8 columns)
-//   reduce    in each warp holding this rank's rows: each thread loads its own rows' packets from
-//             every peer, loading again (bounded) those not yet of this call, adds them to its FP32
-//             accumulators in rank order, rounds once and stores the rows into the output (16 bytes
-//             a lane)
+//   poll      lane 0 of each warp holding this rank's rows loads the slab's flag from every peer
+//             once, so that the loads are in flight during the push (looked at after it)
+//   push      each thread stores its rows of other owners as BF16 straight into each owner's
+//             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout;
+//             where, looked up before the K loop), 16 bytes a lane; the warpgroup's barrier; then
+//             one warp that holds none of this rank's rows fences (release, system scope) and
+//             raises the slab's flag at each of those owners, a lane an owner
+//   reduce    in each warp holding this rank's rows, while that release runs: its lane 0 waits
+//             (bounded, polling again) until it has seen the slab's flag from every peer and
+//             fences (acquire, system scope); the warp's barrier; each thread adds its own rows'
+//             partials, loaded from this rank's receive slots, to its FP32 accumulators in rank
+//             order, rounds once and stores the rows into the output (16 bytes a lane, as the push)
 //
-// Every rank pushes before it waits: the ranks compute every tile at the same step, so each waits
-// for the others' pushes of the same tile. The partials and the order of the additions are those of
-// the staged epilogue, so a call is bit-reproducible and equal to tiles of one owner's rows with the
-// same split of K.
+// Every rank pushes before it waits (its first poll only looks): the ranks compute every tile at
+// the same step, so each waits for the others' pushes of the same tile. The partials and the order
+// of the additions are those of the staged epilogue, so a call is bit-reproducible and equal to
+// tiles of one owner's rows with the same split of K.
 #pragma once
 
 #include "gemm/split_k_epilogue.cuh"
@@ -50,18 +50,29 @@ class SharedTileEpilogue : public EpilogueBase {
   template <class Config>
   __device__ void begin_tile(const Tile& tile, const KSlice& k_slice) {
     k_slice_ = k_slice;
-    // Where this thread's pushed rows go, looked up before the K loop: each lane indexes the
-    // owners' pointers among the parameters by its own owner (constant-bank loads that diverge
-    // within the warp), which on the epilogue's path cost a round trip.
+    // Where this thread's pushed rows and this lane's flag go, looked up before the K loop: each
+    // lane indexes the owners' pointers among the parameters by its own owner (constant-bank loads
+    // that diverge within the warp), which on the epilogue's path cost a round trip.
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer_);
+    const size_t parity = epoch_ & 1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tile_row = slab.row + thread_row(h);
       const int owner = tile.owner_of_row(tile_row);
       push_rows_[h] = nullptr;
       if (tile.row_begin + tile_row < tile.row_end && owner != p_.rank) {
-        push_rows_[h] = packet_row(owner, p_.rank, tile.segment_row_for(tile_row, owner));
+        const int row = tile.segment_row_for(tile_row, owner);
+        push_rows_[h] = p_.recv[owner] + parity * p_.recv_parity_elems + (size_t(p_.rank) * p_.rows_per_rank + row) * p_.n;
       }
+    }
+    // The slab's flags in this rank's array (source 0's; the others a stride on): their index
+    // chains constant-bank loads, which on the poll's path took a round trip per peer.
+    own_flag_ = int(parity * p_.flags_parity_words) + flag_index<Config>(p_, 0, tile, consumer_);
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    const int owner = tile.owner_of_row(slab.row) + int(threadIdx.x % 32);
+    flag_slot_ = nullptr;
+    if (slab.row <= last_row && owner <= tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row)) && owner != p_.rank) {
+      flag_slot_ = flag_at(p_, owner, flag_index<Config>(p_, p_.rank, tile, consumer_), parity);
     }
   }
 
@@ -88,8 +99,13 @@ class SharedTileEpilogue : public EpilogueBase {
         own[h] = tile.row_begin + tile_row < tile.row_end && tile.owner_of_row(tile_row) == p_.rank;
       }
     }
-    push<Config>(tile, slab, acc);
-    if (__any_sync(0xffffffffu, own[0] || own[1])) reduce<Config>(tile, slab, acc, own);
+    // Lane 0 of each warp holding own rows polls the peers' flags once before the push, so that
+    // the loads are in flight while it pushes (their values are looked at after it).
+    const bool waits = __any_sync(0xffffffffu, own[0] || own[1]);
+    uint32_t seen[kMaxWorldSize];
+    if (waits && threadIdx.x % 32 == 0) load_flags(peers(), seen);
+    push<Config>(tile, slab, acc, holds_own_rows ? releasing_warp(tile, slab) : 0);
+    if (waits) reduce<Config>(tile, slab, acc, own, seen);
   }
 
   __device__ void finish() {}
@@ -103,16 +119,25 @@ class SharedTileEpilogue : public EpilogueBase {
   }
   static constexpr int kWarpRows = 16;  // a warp's rows of the slab
 
-  // Row `row` of `source`'s packets in `owner`'s workspace, this call's parity half.
-  __device__ uint64_t* packet_row(int owner, int source, int row) const {
-    return p_.packets_at[owner] + (epoch_ & 1) * p_.packets_parity_words +
-           (size_t(source) * p_.rows_per_rank + row) * (p_.n / 2);
+  // The first warp whose rows of the slab (those within the tile) include none of this rank's, so
+  // that its release fence does not hold up the reduction (this rank's rows, at most 32 of a
+  // slab's 64, leave two warps free); warp 0 where every warp holds some.
+  template <class Config>
+  __device__ int releasing_warp(const Tile& tile, Slab<Config> slab) const {
+    const int last_row = tile.row_end - tile.row_begin - 1;
+    for (int w = 0; w < kSlabRows / kWarpRows; ++w) {
+      const int first = slab.row + kWarpRows * w;
+      const int last = min(first + kWarpRows - 1, last_row);
+      if (first > last || p_.rank < tile.owner_of_row(first) || tile.owner_of_row(last) < p_.rank) return w;
+    }
+    return 0;
   }
 
   // Ranks whose pieces of a row (every chunk of the slab) a thread loads at once: 64 registers' worth
-  // of packets.
+  // (32 where the slab's 256 columns of accumulators take 128).
   template <class Config>
-  static constexpr int kSourcesInFlight = Config::kChunksPerSlab >= 4 ? 1 : 4 / Config::kChunksPerSlab;
+  static constexpr int kSourcesInFlight =
+      Config::kAccPerThread >= 128 ? 1 : kMaxWorldSize / Config::kChunksPerSlab;
 
   // The accumulator index of pair (block j of chunk c, half h): its two columns are i and i + 1.
   __device__ static constexpr int pair_index(int c, int j, int h) { return 32 * c + 4 * j + 2 * h; }
@@ -141,12 +166,12 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
-  // Rounds row half h of this thread's accumulators to BF16 and, where `store`, hands each 8 columns
-  // (the slab's from `col`, those before col_end) to store_block(block_col, v): v[m] holds columns
-  // block_col + 2 m and + 1. Every lane of the warp takes part: the quads exchange pieces.
-  template <class Config, class StoreBlock>
-  __device__ static void round_row_half(const float (&acc)[Config::kAccPerThread], int h, int col, int col_end,
-                                        bool store, StoreBlock&& store_block) {
+  // Rounds row half h of this thread's accumulators to BF16 and, where `store`, stores them into
+  // `row` (a row of n columns: the slab's from `col`, those before col_end), 16 bytes a lane. Every
+  // lane of the warp takes part: the quads exchange pieces.
+  template <class Config>
+  __device__ static void store_row_half(const float (&acc)[Config::kAccPerThread], int h, uint16_t* row, int col,
+                                        int col_end, bool store) {
     const int q = threadIdx.x % 4;
 #pragma unroll
     for (int c = 0; c < Config::kChunksPerSlab; ++c) {
@@ -162,50 +187,51 @@ class SharedTileEpilogue : public EpilogueBase {
         }
         quad_transpose(v);
         const int block_col = col + kChunkCols * c + 8 * (4 * half + q);
-        if (store && block_col < col_end) store_block(block_col, v);
+        if (store && block_col < col_end) *reinterpret_cast<uint4*>(row + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     }
   }
 
-  // Row half h into output row `row` (BF16, n columns), 16 bytes a lane.
+  // Stores this thread's rows of other owners into their receive slots; once every thread's
+  // stores are ordered before them, warp `releaser` raises the slab's flag at each of those owners.
   template <class Config>
-  __device__ static void store_row_half(const float (&acc)[Config::kAccPerThread], int h, uint16_t* row, int col,
-                                        int col_end, bool store) {
-    round_row_half<Config>(acc, h, col, col_end, store, [&](int block_col, const uint32_t (&v)[4]) {
-      *reinterpret_cast<uint4*>(row + block_col) = make_uint4(v[0], v[1], v[2], v[3]);
-    });
-  }
-
-  // Stores this thread's rows of other owners into their packet slots, 32 bytes a lane.
-  template <class Config>
-  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread]) const {
+  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int releaser) {
     const int col = tile.col_begin + slab.col;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // A row half that no lane of the warp pushes (past the tile's rows, or this rank's) is left.
       const bool pushes = push_rows_[h] != nullptr;
-      if (!__any_sync(0xffffffffu, pushes)) continue;
-      uint64_t* row = push_rows_[h];
-      round_row_half<Config>(acc, h, col, tile.col_end, pushes, [&](int block_col, const uint32_t (&v)[4]) {
-        uint64_t* to = row + block_col / 2;
-        ptx::store_packets_relaxed_sys(to, ptx::packet(v[0], epoch_), ptx::packet(v[1], epoch_));
-        ptx::store_packets_relaxed_sys(to + 2, ptx::packet(v[2], epoch_), ptx::packet(v[3], epoch_));
-      });
+      if (__any_sync(0xffffffffu, pushes)) store_row_half<Config>(acc, h, push_rows_[h], col, tile.col_end, pushes);
     }
+    // NOTE: every thread's stores, ordered by the barrier before each releasing lane's fence, then
+    // that lane's flag (a peer that sees one acquires the whole slab's rows of it). The warp's lanes
+    // fence in one instruction.
+    slabs_.sync();
+    if (int(threadIdx.x % 128) / 32 != releaser) return;
+    ptx::fence_release_sys();
+    if (flag_slot_ != nullptr) ptx::store_relaxed_sys(flag_slot_, epoch_);
   }
 
   // In a warp holding some of this rank's rows of the slab (own[h]: this thread's half h is one):
-  // adds the peers' partials of those rows, in rank order, and stores them. Where those rows are few
-  // (at most kMaxSpreadRows, on slabs of one chunk: 64 columns), their accumulators are spread over
-  // the warp's 32 lanes first: else the few lanes holding them would load, add and store alone, one
-  // long chain of the warp's instructions (wider slabs have more accumulators to keep and spill).
+  // adds the peers' partials of those rows, in rank order, and stores them. `seen`: its lane 0's
+  // first poll of the flags. Where those rows are few (at most kMaxSpreadRows, on slabs of one
+  // chunk: 64 columns), their accumulators are spread over the warp's 32 lanes first: else the
+  // few lanes holding them would load, add and store alone, one long chain of the warp's
+  // instructions (wider slabs have more accumulators to keep and spill).
   template <class Config>
-  __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], const bool (&own)[2]) {
+  __device__ void reduce(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], const bool (&own)[2],
+                         uint32_t (&seen)[kMaxWorldSize]) {
+    // Its lane 0's acquire, passed on to the warp (with the spread accumulators). After a failed
+    // call the sums are wrong and the call reports the timeout.
+    const auto acquire = [&] {
+      if (threadIdx.x % 32 == 0) wait_for_peers<Config>(tile, slab, seen);
+      __syncwarp();
+    };
     if constexpr (Config::kChunksPerSlab == 1) {
       const WarpRows rows = own_rows(own);
       if (rows.count <= kMaxSpreadRows) {
         spread<Config>(acc, own, rows);
-        __syncwarp();
+        acquire();
         if (rows.count == 1) {
           reduce_spread<Config, 1>(tile, slab, rows);
         } else if (rows.count == 2) {
@@ -216,6 +242,7 @@ class SharedTileEpilogue : public EpilogueBase {
         return;
       }
     }
+    acquire();
     reduce_held<Config>(tile, slab, acc, own);
   }
 
@@ -256,8 +283,8 @@ class SharedTileEpilogue : public EpilogueBase {
   }
 
   // The spread rows' sums, kPairs pairs of columns a lane: lane l takes spread row l / (32 / kPairs)
-  // (if there is one), pairs kPairs * (l % (32 / kPairs)) on; it loads them from each peer's packets
-  // at once (8 kPairs bytes each, a row's 256 bytes a warp), adds them in rank order and stores them.
+  // (if there is one), pairs kPairs * (l % (32 / kPairs)) on; it loads them from each rank's slot at
+  // once (4 kPairs bytes each, a row's 128 bytes a warp), adds them in rank order and stores them.
   template <class Config, int kPairs>
   __device__ void reduce_spread(const Tile& tile, Slab<Config> slab, WarpRows rows) const {
     constexpr int kLanesPerRow = 32 / kPairs;
@@ -271,84 +298,41 @@ class SharedTileEpilogue : public EpilogueBase {
 #pragma unroll
     for (int e = 0; e < 2 * kPairs; ++e) sum[e] = spread_[i * kChunkCols + 2 * pair + e];
     const int tile_row = slab.row + kWarpRows * (int(threadIdx.x % 128) / 32) + rows.first + i;
-    const int row = tile.segment_row_for(tile_row, p_.rank);
-    const uint64_t* first = packet_row(p_.rank, 0, row) + col / 2;
-    const size_t source_words = size_t(p_.rows_per_rank) * (p_.n / 2);
-    uint64_t part[kMaxWorldSize][kPairs];
-    load_until_arrived(
-        [&] {
+    const size_t row_offset = size_t(tile.segment_row_for(tile_row, p_.rank)) * p_.n + col;
+    const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
+    const uint16_t* slots = p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems + row_offset;
+    uint32_t part[kMaxWorldSize][kPairs];
 #pragma unroll
-          for (int s = 0; s < kMaxWorldSize; ++s) {
-            if (s < p_.world_size && s != p_.rank) load_packets(first + s * source_words, part[s]);
-          }
-        },
-        [&] {
-          uint32_t late = 0;
-#pragma unroll
-          for (int s = 0; s < kMaxWorldSize; ++s) {
-            if (s < p_.world_size && s != p_.rank && !arrived(part[s])) late |= 1u << s;
-          }
-          return late;
-        },
-        tile, slab);
+    for (int s = 0; s < kMaxWorldSize; ++s) {
+      if (s < p_.world_size && s != p_.rank) load_pairs<kPairs>(slots + s * source_elems, part[s]);
+    }
 #pragma unroll
     for (int s = 0; s < kMaxWorldSize; ++s) {
       if (s >= p_.world_size || s == p_.rank) continue;
 #pragma unroll
       for (int m = 0; m < kPairs; ++m) {
         // A BF16 is the top half of the FP32 of the same value.
-        const uint32_t pair = uint32_t(part[s][m]);
-        sum[2 * m] += __uint_as_float(pair << 16);
-        sum[2 * m + 1] += __uint_as_float(pair & 0xffff0000u);
+        sum[2 * m] += __uint_as_float(part[s][m] << 16);
+        sum[2 * m + 1] += __uint_as_float(part[s][m] & 0xffff0000u);
       }
     }
     uint32_t out[kPairs];
 #pragma unroll
     for (int m = 0; m < kPairs; ++m) out[m] = pack_bf16x2(sum[2 * m], sum[2 * m + 1]);
-    store_pairs<kPairs>(p_.out_rows + size_t(row) * p_.n + col, out);
+    store_pairs<kPairs>(p_.out_rows + row_offset, out);
   }
 
-  // kWords packets from `from` (8 kWords bytes, aligned as much), in flight until their values are used.
-  template <int kWords>
-  __device__ static void load_packets(const uint64_t* from, uint64_t (&w)[kWords]) {
-    if constexpr (kWords == 1) {
-      w[0] = ptx::load_packet_relaxed_sys(from);
+  template <int kPairs>
+  __device__ static void load_pairs(const uint16_t* from, uint32_t (&v)[kPairs]) {
+    if constexpr (kPairs == 1) {
+      v[0] = __ldcg(reinterpret_cast<const unsigned int*>(from));
+    } else if constexpr (kPairs == 2) {
+      const uint2 w = __ldcg(reinterpret_cast<const uint2*>(from));
+      v[0] = w.x, v[1] = w.y;
     } else {
-      static_assert(kWords % 2 == 0, "1, 2 or 4 packets a lane");
-#pragma unroll
-      for (int i = 0; i < kWords; i += 2) ptx::load_packets_relaxed_sys(from + i, w[i], w[i + 1]);
-    }
-  }
-
-  // Whether packets `w` are all of this call.
-  template <int kWords>
-  __device__ bool arrived(const uint64_t (&w)[kWords]) const {
-    bool all = true;
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) all &= comm::epoch_reached(uint32_t(w[i] >> 32), epoch_);
-    return all;
-  }
-
-  // Runs load() (a thread's packets, all in flight at once) until late() (a bit per peer whose
-  // packets are not all of this call yet) is 0, boundedly. A timeout is recorded in p.failed, which
-  // ends every other wait of the call (the sums are then wrong, and the call reports it).
-  template <class Config, class Load, class Late>
-  __device__ void load_until_arrived(Load&& load, Late&& late, const Tile& tile, Slab<Config> slab) const {
-    uint64_t deadline = 0;
-    for (;;) {
-      load();
-      const uint32_t waiting = late();
-      if (waiting == 0) return;
-      if (comm::call_failed(p_.failed)) return;  // this call already failed
-      const uint64_t now = ptx::globaltimer_ns();
-      if (deadline == 0) {
-        deadline = now + p_.timeout_ns;
-      } else if (now > deadline) {
-        comm::report_timeout(p_.failed, p_.error, p_.rank, __ffs(waiting) - 1, tile.row_begin + slab.row,
-                             tile.col_begin + slab.col);
-        return;
-      }
-      __nanosleep(64);
+      static_assert(kPairs == 4, "1, 2 or 4 pairs a lane");
+      const uint4 w = __ldcg(reinterpret_cast<const uint4*>(from));
+      v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
     }
   }
 
@@ -365,18 +349,19 @@ class SharedTileEpilogue : public EpilogueBase {
 
   // The held rows' sums, where they are many: each thread adds the peers' partials of its own rows
   // to its accumulators. The warp takes part as a whole (the quads exchange pieces): its other
-  // lanes load a valid row of this rank's, do not wait for it and store nothing.
+  // lanes load a valid row of this rank's and store nothing.
   template <class Config>
   __device__ void reduce_held(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], const bool (&own)[2]) {
     const int q = threadIdx.x % 4;
     const int col = tile.col_begin + slab.col;
-    const size_t source_words = size_t(p_.rows_per_rank) * (p_.n / 2);
+    const size_t source_elems = size_t(p_.rows_per_rank) * p_.n;
+    const uint16_t* own_slots = p_.recv[p_.rank] + (epoch_ & 1) * p_.recv_parity_elems;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int tile_row = slab.row + thread_row(h);
       if (!__any_sync(0xffffffffu, own[h])) continue;
       const int row = own[h] ? tile.segment_row_for(tile_row, p_.rank) : 0;
-      const uint64_t* packets = packet_row(p_.rank, 0, row);
+      const uint16_t* slots = own_slots + size_t(row) * p_.n;
       // Lane q's 8 columns of blocks q and 4 + q of each chunk (a block past the tile's columns
       // reads the slab's first instead, and is never stored).
       int block_cols[Config::kChunksPerSlab][2];
@@ -388,51 +373,31 @@ class SharedTileEpilogue : public EpilogueBase {
           block_cols[c][half] = block_col < tile.col_end ? block_col : col;
         }
       }
-      // The peers' pieces of the row, kSourcesInFlight ranks' at once, added in rank order.
+      // The ranks' pieces of the row, kSourcesInFlight ranks' at once (this rank's own slot is read
+      // and left out of the sum), added in rank order.
 #pragma unroll 1
       for (int first = 0; first < p_.world_size; first += kSourcesInFlight<Config>) {
-        uint64_t part[kSourcesInFlight<Config>][Config::kChunksPerSlab][2][4];
-        const auto peer = [&](int g) { return first + g < p_.world_size && first + g != p_.rank; };
-        load_until_arrived(
-            [&] {
-#pragma unroll
-              for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
-                if (!peer(g)) continue;
-                const uint64_t* source_packets = packets + (first + g) * source_words;
-#pragma unroll
-                for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-#pragma unroll
-                  for (int half = 0; half < 2; ++half) {
-                    load_packets(source_packets + block_cols[c][half] / 2, part[g][c][half]);
-                  }
-                }
-              }
-            },
-            [&] {
-              uint32_t late = 0;
-#pragma unroll
-              for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
-#pragma unroll
-                for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-#pragma unroll
-                  for (int half = 0; half < 2; ++half) {
-                    if (own[h] && peer(g) && !arrived(part[g][c][half])) late |= 1u << (first + g);
-                  }
-                }
-              }
-              return late;
-            },
-            tile, slab);
+        uint4 part[kSourcesInFlight<Config>][Config::kChunksPerSlab][2];
 #pragma unroll
         for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
-          if (!peer(g)) continue;
+          if (first + g >= p_.world_size) continue;
+          const uint16_t* source_slots = slots + (first + g) * source_elems;
 #pragma unroll
           for (int c = 0; c < Config::kChunksPerSlab; ++c) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-              uint32_t v[4];
+              part[g][c][half] = __ldcg(reinterpret_cast<const uint4*>(source_slots + block_cols[c][half]));
+            }
+          }
+        }
 #pragma unroll
-              for (int m = 0; m < 4; ++m) v[m] = uint32_t(part[g][c][half][m]);
+        for (int g = 0; g < kSourcesInFlight<Config>; ++g) {
+          if (first + g >= p_.world_size || first + g == p_.rank) continue;
+#pragma unroll
+          for (int c = 0; c < Config::kChunksPerSlab; ++c) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              uint32_t v[4] = {part[g][c][half].x, part[g][c][half].y, part[g][c][half].z, part[g][c][half].w};
               quad_transpose(v);  // now pair q of blocks 4 half .. 4 half + 3, as the accumulators
 #pragma unroll
               for (int m = 0; m < 4; ++m) {
@@ -449,13 +414,53 @@ class SharedTileEpilogue : public EpilogueBase {
     }
   }
 
+  // A bit per peer of this rank.
+  __device__ uint32_t peers() const { return ((1u << p_.world_size) - 1) & ~(1u << p_.rank); }
+
+  // One thread: loads the slab's flag from each peer in `waiting` (relaxed, all in flight at once).
+  __device__ void load_flags(uint32_t waiting, uint32_t (&seen)[kMaxWorldSize]) const {
+    const uint32_t* flags = p_.flags_at[p_.rank] + own_flag_;
+    const size_t stride = flag_source_stride(p_);
+#pragma unroll
+    for (int s = 0; s < kMaxWorldSize; ++s) {
+      if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flags + s * stride);
+    }
+  }
+
+  // One thread: waits, boundedly, for the slab's flag from every peer, from the first poll `seen`
+  // on (polling again into it), then fences (acquire). A timeout is recorded in p.failed, which
+  // ends every other wait of the call.
+  template <class Config>
+  __device__ void wait_for_peers(const Tile& tile, Slab<Config> slab, uint32_t (&seen)[kMaxWorldSize]) const {
+    uint32_t waiting = peers();  // a bit per peer whose flag is not seen yet
+    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
+    for (;;) {
+#pragma unroll
+      for (int s = 0; s < kMaxWorldSize; ++s) {
+        if ((waiting & (1u << s)) && comm::epoch_reached(seen[s], epoch_)) waiting &= ~(1u << s);
+      }
+      if (waiting == 0) break;
+      if (comm::call_failed(p_.failed)) return;  // this call already failed
+      if (ptx::globaltimer_ns() > deadline) {
+        comm::report_timeout(p_.failed, p_.error, p_.rank, __ffs(waiting) - 1, tile.row_begin + slab.row,
+                             tile.col_begin + slab.col);
+        return;
+      }
+      __nanosleep(64);
+      load_flags(waiting, seen);
+    }
+    ptx::fence_acquire_sys();  // flags seen -> partials
+  }
+
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
   float* spread_;     // this warp's spread rows (reduce)
   uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
   KSlice k_slice_{};  // the current step's
-  uint64_t* push_rows_[2];  // the current step's: the packet rows this thread's row halves are pushed to (or null)
+  uint16_t* push_rows_[2];  // the current step's: where this thread's row halves are pushed (or null)
+  uint32_t* flag_slot_;     // the current step's: the flag this lane raises if its warp releases (or null)
+  int own_flag_;             // the current step's: source 0's flag of the slab in this rank's array, with parity
 };
 
 }  // namespace tpfuse::kernels

@@ -1,9 +1,7 @@
 // The reduce-scatter's layout of a rank's workspace, one parity half (comm/communicator.h), sized
 // for the largest problem the communicator serves:
-//   data:    recv[source rank][rows_per_rank][n]     BF16: each peer's partial of this rank's rows
-//   flags:   [source rank][tile of a band][slab]     u32 epoch values: that partial has landed
-//   packets: [source rank][rows_per_rank][n / 2]     the register epilogue's (shared_tiles.cuh) partials
-//                                                    instead: two BF16 columns and the call's epoch
+//   data:   recv[source rank][rows_per_rank][n]     BF16: each peer's partial of this rank's rows
+//   flags:  [source rank][tile of a band][slab]     u32 epoch values: that partial has landed
 // A call lays its own problem out in them (rows_per_rank and n of the call, tiles of its config).
 #pragma once
 
@@ -34,10 +32,6 @@ inline WorkspaceSize gemm_rs_workspace(const CommunicatorOptions& options, int w
   WorkspaceSize size;
   size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_n) * 2;
   size.flag_words = size_t(world_size) * tiles * kSlabsPerTile;
-  // Packets for any call with shared tiles, the only ones that may take the register epilogue:
-  // segments shorter than a slab that divide it, so at most half a slab's rows a rank.
-  const int64_t packet_rows = std::min(options.max_m, int64_t(kSlabRows / 2) * world_size);
-  size.packet_words = size_t(packet_rows) * size_t(options.max_n) / 2;
   return size;
 }
 
