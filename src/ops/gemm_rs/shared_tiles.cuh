@@ -68,10 +68,16 @@ class SharedTileEpilogue : public EpilogueBase {
     // The slab's flags in this rank's array (source 0's; the others a stride on): their index
     // chains constant-bank loads, which on the poll's path took a round trip per peer.
     own_flag_ = int(parity * p_.flags_parity_words) + flag_index<Config>(p_, 0, tile, consumer_);
+    // Only the releasing warp's lanes get a flag (a lane an owner of the slab's rows but this rank).
     const int last_row = tile.row_end - tile.row_begin - 1;
-    const int owner = tile.owner_of_row(slab.row) + int(threadIdx.x % 32);
     flag_slot_ = nullptr;
-    if (slab.row <= last_row && owner <= tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row)) && owner != p_.rank) {
+    if (slab.row > last_row) return;
+    const int first_owner = tile.owner_of_row(slab.row);
+    const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
+    const bool holds_own_rows = first_owner <= p_.rank && p_.rank <= last_owner;
+    const int releaser = holds_own_rows ? releasing_warp(tile, slab) : 0;
+    const int owner = first_owner + int(threadIdx.x % 32);
+    if (int(threadIdx.x % 128) / 32 == releaser && owner <= last_owner && owner != p_.rank) {
       flag_slot_ = flag_at(p_, owner, flag_index<Config>(p_, p_.rank, tile, consumer_), parity);
     }
   }
@@ -104,7 +110,7 @@ class SharedTileEpilogue : public EpilogueBase {
     const bool waits = __any_sync(0xffffffffu, own[0] || own[1]);
     uint32_t seen[kMaxWorldSize];
     if (waits && threadIdx.x % 32 == 0) load_flags(peers(), seen);
-    push<Config>(tile, slab, acc, holds_own_rows ? releasing_warp(tile, slab) : 0);
+    push<Config>(tile, slab, acc);
     if (waits) reduce<Config>(tile, slab, acc, own, seen);
   }
 
@@ -193,9 +199,10 @@ class SharedTileEpilogue : public EpilogueBase {
   }
 
   // Stores this thread's rows of other owners into their receive slots; once every thread's
-  // stores are ordered before them, warp `releaser` raises the slab's flag at each of those owners.
+  // stores are ordered before them, the releasing warp (the one whose lanes hold flags, chosen in
+  // begin_tile) raises the slab's flag at each of those owners.
   template <class Config>
-  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread], int releaser) {
+  __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread]) {
     const int col = tile.col_begin + slab.col;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -207,7 +214,7 @@ class SharedTileEpilogue : public EpilogueBase {
     // that lane's flag (a peer that sees one acquires the whole slab's rows of it). The warp's lanes
     // fence in one instruction.
     slabs_.sync();
-    if (int(threadIdx.x % 128) / 32 != releaser) return;
+    if (!__any_sync(0xffffffffu, flag_slot_ != nullptr)) return;
     ptx::fence_release_sys();
     if (flag_slot_ != nullptr) ptx::store_relaxed_sys(flag_slot_, epoch_);
   }
@@ -459,7 +466,7 @@ class SharedTileEpilogue : public EpilogueBase {
   uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
   KSlice k_slice_{};  // the current step's
   uint16_t* push_rows_[2];  // the current step's: where this thread's row halves are pushed (or null)
-  uint32_t* flag_slot_;     // the current step's: the flag this lane raises if its warp releases (or null)
+  uint32_t* flag_slot_;     // the current step's: the flag this lane raises (null but in the releasing warp)
   int own_flag_;             // the current step's: source 0's flag of the slab in this rank's array, with parity
 };
 
