@@ -42,7 +42,7 @@ def load(pattern):
     rows = {}
     for key, passes in runs.items():
         row = dict(passes[0])
-        for field, value in passes[0].items():
+        for field in passes[0]:
             values = [p.get(field) for p in passes]
             if all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
                 row[field] = geomean(values)

@@ -466,7 +466,7 @@ class SharedTileEpilogue : public EpilogueBase {
   uint32_t epoch_;    // this call's (comm/epoch.h), read at the start
   KSlice k_slice_{};  // the current step's
   uint16_t* push_rows_[2];  // the current step's: where this thread's row halves are pushed (or null)
-  uint32_t* flag_slot_;     // the current step's: the flag this lane raises (null but in the releasing warp)
+  uint32_t* flag_slot_;     // the current step's: the flag this lane raises (null outside the releasing warp)
   int own_flag_;             // the current step's: source 0's flag of the slab in this rank's array, with parity
 };
 
