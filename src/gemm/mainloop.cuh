@@ -12,9 +12,9 @@
 // multiplied, as deep as the ring, instead of after it.
 //
 // The CTAs walk a schedule (gemm/raster.h, gemm/split_k.h, or an op's) persistently, one step per
-// wave of `grid` steps (CtaSteps, gemm/tile.h; an epilogue may deal them otherwise, steps_of). A
-// schedule has num_tiles() and tile(step); a step multiplies its tile over all K blocks, or over its
-// slice of them where the schedule splits K (k_slice_of, gemm/split_k.h).
+// wave of `grid` steps (CtaSteps, gemm/tile.h). A schedule has num_tiles() and tile(step); a step
+// multiplies its tile over all K blocks, or over its slice of them where the schedule splits K
+// (k_slice_of, gemm/split_k.h).
 #pragma once
 
 #include <cuda.h>
@@ -165,12 +165,6 @@ struct EpilogueBase {
     if (tile.row_begin >= mainloop.a_last_row) return {&mainloop.a_last, tile.row_begin, 0, 0, mainloop.a_last_bytes};
     return {&mainloop.a, tile.row_begin, 0, 0, Config::kABytes};
   }
-  // The steps of the schedule that CTA `cta` of `num_ctas` takes, one a wave (an op's epilogue may
-  // deal them otherwise); every role of the CTA walks the same.
-  template <class Schedule>
-  __device__ static CtaSteps steps_of(const Schedule&, int cta, int num_ctas) {
-    return CtaSteps(cta, num_ctas);
-  }
   template <class Config, class Storage>
   __device__ static void init(Storage&) {}
   template <class Config>
@@ -182,12 +176,18 @@ struct EpilogueBase {
                                               uint32_t&) {}
 };
 
-// Calls fn(step, tile) for each of a CTA's steps (`steps`: its walk, Epilogue::steps_of), in the
-// order the producer and the consumers take them.
-template <class Schedule, class Steps, class Fn>
-__device__ __forceinline__ void for_each_step(const Schedule& schedule, Steps steps, Fn&& fn) {
+// Calls fn(step, tile) for each step of CTA `cta`, in the order the producer and the consumers take them.
+template <class Schedule, class Fn>
+__device__ __forceinline__ void for_each_step(const Schedule& schedule, int cta, int num_ctas, Fn&& fn) {
   const int num_tiles = schedule.num_tiles();
-  for (; steps.step() < num_tiles; steps.next()) fn(steps.step(), schedule.tile(steps.step()));
+  for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(steps.step(), schedule.tile(steps.step()));
+}
+
+// The same, fn(tile).
+template <class Schedule, class Fn>
+__device__ __forceinline__ void for_each_tile(const Schedule& schedule, int cta, int num_ctas, Fn&& fn) {
+  const int num_tiles = schedule.num_tiles();
+  for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(schedule.tile(steps.step()));
 }
 
 namespace gmma = cute::SM90::GMMA;
@@ -251,7 +251,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
                                         StorageOf<Config>& smem, int cta, int num_ctas) {
   StageCursor ring;
   uint32_t extra_phase = 0;  // the epilogue's, across tiles
-  for_each_step(p.schedule, Epilogue::steps_of(p.schedule, cta, num_ctas), [&](int step, const Tile& tile) {
+  for_each_step(p.schedule, cta, num_ctas, [&](int step, const Tile& tile) {
     const ALoad a = Epilogue::template a_load<Config>(epilogue, p, tile);
     const KSlice k_slice = k_slice_of(p.schedule, step, p.num_k_blocks);  // registers: the loop's asm clobbers memory
     for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
@@ -395,7 +395,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     StageCursor ring;
     const int num_tiles = mainloop.schedule.num_tiles();
     const int num_k_blocks = mainloop.num_k_blocks;  // a register: the loop's asm clobbers memory
-    for (auto steps = Epilogue::steps_of(mainloop.schedule, cta, num_ctas); steps.step() < num_tiles; steps.next()) {
+    for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
       // The ring is at the step's first K stage, which carries the step's tile.
       ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
       const Tile tile = smem.ring.stage_tile[ring.stage];

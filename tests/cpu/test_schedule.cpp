@@ -343,56 +343,6 @@ TEST(PersistentSteps, EveryStepOnceInWaves) {
     }
 }
 
-// The fused op's walk of a schedule of several bands (DealtSteps): every step once, each CTA's steps
-// grow; each CTA's foreign steps are CtaSteps' over the foreign sequence, its own tiles differ from
-// another CTA's by at most one, and a CTA takes an extra own tile only where it takes no extra foreign
-// step (where the counts leave room for that).
-TEST(DealtSteps, EveryStepOnceOwnTilesEvenly) {
-  std::vector<Case> cases;
-  for (int P : {1, 2, 4, 8})
-    for (int lag : {kOwnTilesLast, 0, 1, 17, 33})
-      for (int m : {P * 256, P * 1024, P * 4096}) cases.push_back({m, 8192, P, 128, 256, 32 / P, lag});
-  cases.push_back({512, 6144, 8, 128, 192, 4, kOwnTilesLast, 2});  // bands of two
-  cases.push_back({8 * 300, 600, 8, 128, 256, 4, 5});               // clipped row tiles
-  for (const Case& c : cases) {
-    for (int num_ctas : {132, 131, 16, 1}) {
-      for (int rank : {0, c.world_size - 1}) {
-        SCOPED_TRACE(::testing::Message() << c.name() << ", rank " << rank << ", " << num_ctas << " CTAs");
-        const TileSchedule s = schedule_of(c, rank);
-        const int foreign = s.num_foreign_steps(), own = s.num_tiles() - foreign;
-        ASSERT_EQ(own, s.tiles_per_band());
-        std::vector<int> taken(s.num_tiles(), 0);
-        int fewest_own = 1 << 30, most_own = 0;
-        for (int cta = 0; cta < num_ctas; ++cta) {
-          std::vector<int> steps;
-          for (DealtSteps walk(s, cta, num_ctas); walk.step() < s.num_tiles(); walk.next()) steps.push_back(walk.step());
-          int own_here = 0, foreign_here = 0, last = -1;
-          for (const int step : steps) {
-            ASSERT_GT(step, last) << "CTA " << cta;
-            last = step;
-            ++taken[step];
-            const bool is_own = s.tile(step).owner_rank == rank / c.segments_per_tile * c.segments_per_tile;
-            own_here += is_own;
-            foreign_here += !is_own;
-          }
-          int foreign_walk = 0;
-          for (CtaSteps walk(cta, num_ctas); walk.step() < foreign; walk.next()) ++foreign_walk;
-          EXPECT_EQ(foreign_here, foreign_walk) << "CTA " << cta;
-          const bool extra_foreign = foreign_here > foreign / num_ctas;
-          const bool extra_own = own_here > own / num_ctas;
-          if (foreign % num_ctas + own % num_ctas <= num_ctas) {
-            EXPECT_FALSE(extra_foreign && extra_own) << "CTA " << cta;
-          }
-          fewest_own = std::min(fewest_own, own_here);
-          most_own = std::max(most_own, own_here);
-        }
-        EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), s.num_tiles());
-        EXPECT_LE(most_own - fewest_own, 1);
-      }
-    }
-  }
-}
-
 // With own tiles interleaved (one per round of P steps), every CTA of the 132 takes its share of
 // them, within two tiles: a CTA that kept its place would take all of them or none at P = 2 and 4.
 TEST(PersistentSteps, OwnTilesShareOutOverTheCtas) {

@@ -39,18 +39,6 @@ struct GridCase {
   std::string name() const { return schedule.name() + " CTAs=" + std::to_string(ctas_per_rank); }
 };
 
-// CTA `cta`'s steps in the kernel's order (the epilogue's steps_of): CtaSteps for tiles of one
-// band of all segments, DealtSteps for the others.
-std::vector<int> kernel_walk(const TileSchedule& s, bool one_band, int cta, int num_ctas) {
-  std::vector<int> steps;
-  if (one_band) {
-    for (CtaSteps walk(cta, num_ctas); walk.step() < s.num_tiles(); walk.next()) steps.push_back(walk.step());
-  } else {
-    for (DealtSteps walk(s, cta, num_ctas); walk.step() < s.num_tiles(); walk.next()) steps.push_back(walk.step());
-  }
-  return steps;
-}
-
 // The actions of CTA `cta` of `rank`, step by step: a 128-row tile has two 64-row slabs stacked, a
 // 64-row tile two side by side (the kernel's two consumers). A slab past the tile's rows is empty:
 // neither pushed nor awaited.
@@ -58,18 +46,18 @@ std::vector<Action> actions_of(const GridCase& g, int rank, int cta, bool pushes
   const Case& c = g.schedule;
   const TileSchedule s = schedule_of(c, rank);
   const bool stacked = c.block_m == 128;
-  const bool one_band = c.segments_per_tile == c.world_size && c.world_size > 1;
   std::vector<Action> actions;
-  for (const int step : kernel_walk(s, one_band, cta, g.ctas_per_rank)) {
-    const Tile t = s.tile(step);
+  for (CtaSteps walk(cta, g.ctas_per_rank); walk.step() < s.num_tiles(); walk.next()) {
+    const Tile t = s.tile(walk.step());
     std::vector<Action> pushes, reductions;
     for (int slab = 0; slab < 2; ++slab) {
       const int row = stacked ? slab * 64 : 0;
       const int col = stacked ? 0 : slab * (c.block_n / 2);
       if (t.row_begin + row >= t.row_end || t.col_begin + col >= t.col_end) continue;
       const int last_row = std::min(row + 64, t.row_end - t.row_begin) - 1;
-      const int first_owner = one_band ? t.owner_of_row(row) : t.owner_of(row);
-      const int last_owner = one_band ? t.owner_of_row(last_row) : first_owner;
+      const bool shared = c.segments_per_tile == c.world_size && c.world_size > 1;
+      const int first_owner = shared ? t.owner_of_row(row) : t.owner_of(row);
+      const int last_owner = shared ? t.owner_of_row(last_row) : first_owner;
       for (int owner = first_owner; owner <= last_owner; ++owner) {
         const Action action{owner != rank, {owner, t.row_begin + row, t.col_begin + col}};
         (action.push ? pushes : reductions).push_back(action);

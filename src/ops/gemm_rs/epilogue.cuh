@@ -113,17 +113,6 @@ class PushReduceEpilogue : public EpilogueBase {
   static constexpr int kPushQueue = 1;
   static constexpr bool kHasWatcher = true;
 
-  // Tiles of one owner's rows: the own tiles dealt evenly over the CTAs (DealtSteps, schedule.h).
-  // Shared tiles keep CtaSteps: their one band's splits of a tile are steps of one wave.
-  template <class Schedule>
-  __device__ static auto steps_of(const Schedule& schedule, int cta, int num_ctas) {
-    if constexpr (kSharedTiles) {
-      return CtaSteps(cta, num_ctas);
-    } else {
-      return DealtSteps(schedule, cta, num_ctas);
-    }
-  }
-
   template <class Storage>
   __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)
       : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), chunks_(smem.chunks[consumer]),
@@ -151,7 +140,7 @@ class PushReduceEpilogue : public EpilogueBase {
     const uint32_t epoch = comm::call_epoch(p.calls);
     const int num_tiles = schedule.num_tiles();
     uint32_t handoffs[Config::kConsumers] = {};  // taken from each consumer so far
-    for (auto steps = steps_of(schedule, cta, num_ctas); steps.step() < num_tiles; steps.next()) {
+    for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
       if constexpr (kSharedTiles) {
         if (!schedule.last_split(steps.step())) continue;  // no hand-offs
       }
@@ -181,7 +170,7 @@ class PushReduceEpilogue : public EpilogueBase {
     uint32_t own_tiles = 0;
     uint32_t rounds_fed = 0;
     int step = 0;  // this CTA's steps before the current one
-    for_each_step(schedule, steps_of(schedule, cta, num_ctas), [&](int s, const Tile& tile) {
+    for_each_step(schedule, cta, num_ctas, [&](int s, const Tile& tile) {
       // Only a tile's last split reduces (shared tiles may split K).
       const uint32_t reduced = !kSharedTiles || schedule.last_split(s) ? reduced_slabs<Config>(p, tile) : 0;
       if (reduced != 0) {

@@ -111,20 +111,6 @@ class TileSchedule {
   TPFUSE_HOST_DEVICE int num_tiles() const { return bands_ * tiles_per_band_ * splits_.num_splits(); }
   TPFUSE_HOST_DEVICE int num_splits() const { return splits_.num_splits(); }
 
-  // The steps of the other bands' tiles (the foreign steps), and the global step of the f-th of them
-  // and of the i-th own tile (own tile i of the band), in the order above.
-  TPFUSE_HOST_DEVICE int num_foreign_steps() const { return (bands_ - 1) * tiles_per_band_; }
-  TPFUSE_HOST_DEVICE int foreign_step(int f) const {
-    if (f < first_own_step_) return f;
-    const int k = f - first_own_step_;
-    const int round = by_peer_bands_.div(k);
-    return first_own_step_ + round * bands_ + (k - round * (bands_ - 1));
-  }
-  TPFUSE_HOST_DEVICE int own_step(int i) const {
-    const int in_rounds = tiles_per_band_ - lag_;
-    return i < in_rounds ? first_own_step_ + i * bands_ + bands_ - 1 : tail_ + (i - in_rounds);
-  }
-
   // The part of its tile's K loop of num_k_blocks that `step` multiplies (all of it without splits).
   TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const { return splits_.k_slice(step, num_k_blocks); }
   // Whether `step` is its tile's last split (every step without splits): the one that pushes and reduces.
@@ -198,51 +184,6 @@ class TileSchedule {
   FastDivision by_bands_;
   RasterOrder order_;
   KSplits splits_;
-};
-
-// The steps that CTA `cta` of `num_ctas` takes of a rank's schedule of several bands, in the
-// schedule's order: its foreign steps as CtaSteps deals the sequence of foreign steps, and the own
-// tiles dealt one a CTA in turn, starting at the CTA that the foreign steps' last wave would take
-// next: the CTAs with an extra own tile are then not those with an extra foreign one. An own tile
-// lasts longer than a foreign one (it also loads its peers' partials); CtaSteps over all steps put
-// the rounds' one own tile in B steps on some CTAs three times as often as on others
-// (docs/EXPERIMENTS.md). Every step is taken once, and each CTA's steps grow (the deadlock argument
-// of the rounds holds as for CtaSteps).
-class DealtSteps {
- public:
-  TPFUSE_HOST_DEVICE DealtSteps(const TileSchedule& schedule, int cta, int num_ctas)
-      : schedule_(schedule), foreign_(cta, num_ctas), num_ctas_(num_ctas) {
-    // The foreign steps' last wave fills its first r places; CTA b takes place (b + wave) mod
-    // num_ctas, and own tile i goes to the CTA at place r + i (mod num_ctas) of that wave.
-    const int foreign = schedule.num_foreign_steps();
-    const int last_wave = foreign / num_ctas;
-    const int r = foreign - last_wave * num_ctas;
-    own_ = (cta + last_wave % num_ctas - r + num_ctas) % num_ctas;
-  }
-
-  TPFUSE_HOST_DEVICE int step() const {
-    const int f = foreign_.step() < schedule_.num_foreign_steps() ? schedule_.foreign_step(foreign_.step()) : kDone;
-    const int o = own_ < schedule_.tiles_per_band() ? schedule_.own_step(own_) : kDone;
-    return f < o ? f : o;
-  }
-
-  TPFUSE_HOST_DEVICE void next() {
-    const int f = foreign_.step() < schedule_.num_foreign_steps() ? schedule_.foreign_step(foreign_.step()) : kDone;
-    const int o = own_ < schedule_.tiles_per_band() ? schedule_.own_step(own_) : kDone;
-    if (f < o) {
-      foreign_.next();
-    } else {
-      own_ += num_ctas_;
-    }
-  }
-
- private:
-  static constexpr int kDone = 1 << 30;  // past every step
-
-  const TileSchedule& schedule_;
-  CtaSteps foreign_;  // over the foreign steps' sequence
-  int num_ctas_;
-  int own_;  // the next own tile of this CTA
 };
 
 // The mainloop's view of a step's K blocks (gemm/split_k.h).
