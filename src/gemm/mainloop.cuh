@@ -183,13 +183,6 @@ __device__ __forceinline__ void for_each_step(const Schedule& schedule, int cta,
   for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(steps.step(), schedule.tile(steps.step()));
 }
 
-// The same, fn(tile).
-template <class Schedule, class Fn>
-__device__ __forceinline__ void for_each_tile(const Schedule& schedule, int cta, int num_ctas, Fn&& fn) {
-  const int num_tiles = schedule.num_tiles();
-  for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(schedule.tile(steps.step()));
-}
-
 namespace gmma = cute::SM90::GMMA;
 
 // The m64nNk16 BF16 WGMMA atom with both operands in shared memory, for each N the kernels issue.
