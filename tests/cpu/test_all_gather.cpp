@@ -1,5 +1,6 @@
 // The all-gather + GEMM's schedule and config (ops/ag_gemm/): every tile of Y exactly once on every
-// rank, the own band first, then r-1, r-2, ...; tiles inside their band; configs over the table.
+// rank, the own band first, then r-1, r-2, ... (in one wave of one-row bands, down the bands for each
+// column); tiles inside their band; configs over the table.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +62,52 @@ TEST(AllGatherSchedule, EveryTileOnceOwnBandFirst) {
         area += int64_t(t.row_end - t.row_begin) * (t.col_end - t.col_begin);
       }
       EXPECT_EQ(area, int64_t(m) * n) << "the tiles cover Y exactly";
+    }
+  }
+}
+
+TEST(AllGatherSchedule, OneWaveOfOneRowBandsGoesDownTheBands) {
+  // (P, m, n, block_m, block_n, splits, G): llama qkv at M = 512 (64-row bands, split 3), bands of
+  // two 64-row blocks, 128-row bands at P = 4, a ragged last column.
+  for (const auto& [p, m, n, block_m, block_n, splits, g] : std::vector<std::tuple<int, int, int, int, int, int, int>>{
+           {8, 512, 1280, 64, 256, 3, 1}, {8, 512, 7168, 128, 256, 1, 2}, {4, 512, 2560, 128, 192, 1, 1},
+           {2, 100, 1000, 64, 256, 2, 1}}) {
+    const int bands = p / g;
+    for (int rank = 0; rank < p; ++rank) {
+      SCOPED_TRACE(::testing::Message() << "P=" << p << " m=" << m << " n=" << n << " G=" << g << " rank " << rank);
+      AllGatherShape shape = shape_of(p, rank, m, n, block_m, block_n, splits, g);
+      const AllGatherSchedule banded(shape);
+      shape.num_ctas = banded.num_tiles();
+      const AllGatherSchedule s(shape);
+      ASSERT_FALSE(banded.bands_interleaved()) << "CTAs unknown: the bands one after another";
+      ASSERT_TRUE(s.bands_interleaved());
+      ASSERT_EQ(s.num_tiles(), banded.num_tiles());
+      std::set<std::tuple<int, int>> seen;
+      for (int step = 0; step < s.num_tiles(); ++step) {
+        const Tile t = s.tile(step);
+        const int tile = step / splits, offset = tile % bands;
+        const int band = ((rank / g - offset) % bands + bands) % bands;
+        ASSERT_EQ(t.owner_rank, band * g) << "step " << step << ": down the bands, the own one first";
+        ASSERT_EQ(t.col_begin, tile / bands * block_n) << "step " << step << ": a column's bands side by side";
+        ASSERT_EQ(t.segment_row, 0);
+        ASSERT_EQ(t.row_begin, band * (m / bands));
+        ASSERT_EQ(t.row_end, (band + 1) * (m / bands));
+        ASSERT_EQ(t.col_end, std::min(n, t.col_begin + block_n));
+        if (step % splits == 0) {
+          ASSERT_TRUE(seen.insert({t.owner_rank, t.col_begin}).second) << "step " << step << " twice";
+        } else {
+          const Tile first = s.tile(step - 1);
+          ASSERT_EQ(std::tie(t.owner_rank, t.col_begin), std::tie(first.owner_rank, first.col_begin))
+              << "a tile's splits side by side";
+        }
+      }
+      EXPECT_EQ(int(seen.size()), s.num_tiles() / splits) << "every tile once";
+      // A wave short of the steps, or bands of two rows of tiles, keep the bands one after another.
+      shape.num_ctas = s.num_tiles() - 1;
+      EXPECT_FALSE(AllGatherSchedule(shape).bands_interleaved());
+      shape.num_ctas = INT32_MAX;
+      shape.m = 2 * m;
+      EXPECT_EQ(AllGatherSchedule(shape).bands_interleaved(), m / bands * 2 <= block_m);
     }
   }
 }
@@ -257,6 +304,24 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   pairs.shared_tiles = 1;
   ASSERT_TRUE(select_all_gather_config(qkv, device, pairs, &c).ok());
   EXPECT_EQ(c.sources_per_band, 2) << "forced";
+}
+
+TEST(AllGatherConfig, InterleavesTheBandsOfOneWave) {
+  const DeviceInfo device;
+  AllGatherProblem qkv;  // llama qkv, P = 8: at M = 512 40 tiles of 64 x 256 in 3 splits, one wave
+  qkv.m = 512;
+  qkv.n_per_rank = 1280;
+  qkv.k = 8192;
+  qkv.world_size = 8;
+  AllGatherConfig c;
+  ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
+  EXPECT_TRUE(AllGatherSchedule(all_gather_shape(qkv, c, 3)).bands_interleaved()) << c.to_string();
+  c.gemm.num_ctas = 16;  // eight ranks emulated on one GPU: several waves, the own band first
+  c.gemm.split_k = 1;
+  EXPECT_FALSE(AllGatherSchedule(all_gather_shape(qkv, c, 3)).bands_interleaved());
+  qkv.m = 2048;  // two rows of tiles a band
+  ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
+  EXPECT_FALSE(AllGatherSchedule(all_gather_shape(qkv, c, 3)).bands_interleaved()) << c.to_string();
 }
 
 TEST(AllGatherProblemTest, ValidationNamesItsFields) {

@@ -280,7 +280,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
                                            AllGatherCase{8, 512, 4096, 8192, WeightLayout::kNxK, 0, 1},  // bands of two
                                            AllGatherCase{8, 512, 4096, 1024, WeightLayout::kKxN, 0, 0},
                                            AllGatherCase{2, 1024, 256, 2048, WeightLayout::kNxK, 3},
-                                           AllGatherCase{2, 1024, 512, 2048, WeightLayout::kKxN, 2}),
+                                           AllGatherCase{2, 1024, 512, 2048, WeightLayout::kKxN, 2},
+                                           // One wave of one-row bands: the steps go down the bands.
+                                           AllGatherCase{4, 512, 1280, 1024, WeightLayout::kNxK},
+                                           AllGatherCase{2, 128, 1280, 2048, WeightLayout::kKxN}),
                          case_name);
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every

@@ -58,6 +58,7 @@ AllGatherShape all_gather_shape(const AllGatherProblem& problem, const AllGather
   shape.group_rows = config.gemm.group_rows;
   shape.num_splits = config.gemm.split_k;
   shape.sources_per_band = config.sources_per_band;
+  shape.num_ctas = config.gemm.num_ctas;
   return shape;
 }
 

@@ -16,6 +16,15 @@
 // (ops/ag_gemm/epilogue.cuh), so the peers' blocks land while the own band is multiplied (with
 // G > 1 the own band also waits for its partners' blocks, and for the rank's own block in its own
 // gathered buffer). A tile never spans two bands; its owner_rank is the band's first block's rank.
+// Where every band is one row of tiles and all steps fit in one wave of the rank's CTAs, every tile
+// starts at once and the band order decides nothing about waiting, only which CTAs sit side by side:
+// there the steps go down the bands (in the same order) for each column of tiles, so that the CTAs
+// reading the same columns of W are neighbours, as in the plain GEMM's raster (measured faster at
+// M = 512, P = 8: docs/EXPERIMENTS.md):
+//
+//   P = 4, one wave, rank 1    steps 0  1  2  3  4  5  6  7 ...
+//                              band  1  0  3  2  1  0  3  2
+//                              col   0  0  0  0  1  1  1  1
 // Where the tiles fill few SMs, each tile's K loop may be split over num_splits consecutive steps, as
 // the plain GEMM's (gemm/split_k.h): the band order is the tiles', each tile's splits side by side.
 #pragma once
@@ -38,6 +47,7 @@ struct AllGatherShape {
   int group_rows = 1;
   int num_splits = 1;        // of each tile's K loop (gemm/split_k.h)
   int sources_per_band = 1;  // G: blocks of X a band holds (1, 2 or world_size; divides world_size)
+  int num_ctas = 0;          // the rank's CTAs (0: unknown, the bands one after another)
 };
 
 class AllGatherSchedule {
@@ -53,7 +63,9 @@ class AllGatherSchedule {
     const int col_tiles = (n_ + block_n_ - 1) / block_n_;
     tiles_per_band_ = row_tiles * col_tiles;
     by_tiles_per_band_ = FastDivision(tiles_per_band_ > 1 ? tiles_per_band_ : 1);
+    by_bands_ = FastDivision(bands_);
     order_ = RasterOrder(row_tiles, col_tiles, shape.group_rows);
+    bands_interleaved_ = row_tiles == 1 && bands_ > 1 && num_tiles() <= shape.num_ctas;
   }
 
   // Steps, as the mainloop counts them: a tile each, or num_splits each.
@@ -61,6 +73,8 @@ class AllGatherSchedule {
   TPFUSE_HOST_DEVICE int num_bands() const { return bands_; }
   TPFUSE_HOST_DEVICE int tiles_per_band() const { return tiles_per_band_; }
   TPFUSE_HOST_DEVICE int num_splits() const { return splits_.num_splits(); }
+  // Whether the steps go down the bands for each column of tiles (one wave of one-row bands).
+  TPFUSE_HOST_DEVICE bool bands_interleaved() const { return bands_interleaved_; }
   TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const { return splits_.k_slice(step, num_k_blocks); }
 
   // The band a rank computes `offset`-th: its own, then the ones before it.
@@ -72,10 +86,14 @@ class AllGatherSchedule {
   // 0 <= step < num_tiles().
   TPFUSE_HOST_DEVICE Tile tile(int step) const {
     step = splits_.tile_of(step);
-    const int offset = by_tiles_per_band_.div(step);
-    const int t = step - offset * tiles_per_band_;
-    int row_tile = 0, col_tile = 0;
-    order_.locate(t, &row_tile, &col_tile);
+    int offset = 0, row_tile = 0, col_tile = 0;
+    if (bands_interleaved_) {
+      col_tile = by_bands_.div(step);
+      offset = step - col_tile * bands_;
+    } else {
+      offset = by_tiles_per_band_.div(step);
+      order_.locate(step - offset * tiles_per_band_, &row_tile, &col_tile);
+    }
     const int band = band_at_offset(offset);
     const int band_begin = band * rows_per_band_;
     Tile tile;
@@ -100,7 +118,9 @@ class AllGatherSchedule {
   int block_n_ = 256;
   int tiles_per_band_ = 0;
   FastDivision by_tiles_per_band_;
+  FastDivision by_bands_;
   RasterOrder order_;
+  bool bands_interleaved_ = false;
   KSplits splits_;
 };
 
