@@ -290,6 +290,12 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   EXPECT_EQ(c.sources_per_band, 2) << "64-row blocks: 128-row tiles over two";
   EXPECT_EQ(c.gemm.tile().block_m, 128);
   EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
+  AllGatherProblem w1_w3 = qkv;  // bands of one block make one wave (8 x 16 tiles of 64 x 256): kept
+  w1_w3.n_per_rank = 4096;
+  w1_w3.k = 6144;
+  ASSERT_TRUE(select_all_gather_config(w1_w3, device, {}, &c).ok());
+  EXPECT_EQ(c.sources_per_band, 1) << c.to_string();
+  EXPECT_TRUE(AllGatherSchedule(all_gather_shape(w1_w3, c, 0)).bands_interleaved());
   ConfigOverrides forced;
   forced.split_k = 2;
   ASSERT_TRUE(select_all_gather_config(qkv, device, forced, &c).ok());

@@ -11,37 +11,53 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   // The kernel's shared memory is the plain GEMM's and the copier's staging ring (its waits are on
   // flags in global memory).
   static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
-  AllGatherConfig c;
+  // The GEMM variant and splits for bands of G blocks. Where the tiles fill few SMs, their K loops
+  // may be split, as the plain GEMM's; the CTAs at work at one time are in one band (or two), the
+  // bands one after another.
+  const int64_t rows = problem.rows_per_rank();
+  const int p = problem.world_size;
+  const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
+  const auto with_bands_of = [&](int sources_per_band, AllGatherConfig* c) -> Status {
+    c->sources_per_band = sources_per_band;
+    TileGrid grid;
+    grid.bands = p / sources_per_band;
+    grid.rows_per_band = rows * sources_per_band;
+    grid.n = problem.n_per_rank;
+    TPFUSE_RETURN_IF_ERROR(
+        select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kFusedOps, &c->gemm));
+    c->gemm.group_rows = group_rows_for(1, overrides);
+    return Status::Ok();
+  };
+  AllGatherConfig one;
+  const Status one_status = with_bands_of(1, &one);
   // Blocks of 64 rows: bands of two, 128-row tiles (W read half as often as by 64-row tiles of one
   // block), where those tiles, 192 wide, make half a wave or more: with fewer, 64-row tiles of one
-  // block with their own splits of K measured faster (docs/EXPERIMENTS.md). With P = 2 a band of two
+  // block with their own splits of K measured faster (docs/EXPERIMENTS.md). Not where bands of one
+  // block make one wave: their steps then go down the bands as the plain GEMM's raster
+  // (ops/ag_gemm/schedule.h), which measured faster than bands of two. With P = 2 a band of two
   // would leave no tile to multiply before a peer's block has landed. Blocks of fewer rows: one band
   // of all blocks, so that a tile's rows are not mostly past its block's end. A tile waits for every
   // peer's block it holds.
-  const int64_t rows = problem.rows_per_rank();
-  const int p = problem.world_size;
+  int sources_per_band = 1;
   if (overrides.shared_tiles != 0 && p > 1) {
     TileGrid pairs;
     pairs.bands = p / 2;
     pairs.rows_per_band = 2 * rows;
     pairs.n = problem.n_per_rank;
+    const bool one_wave = one_status.ok() && AllGatherSchedule(all_gather_shape(problem, one, 0)).bands_interleaved();
     if (rows < kSlabRows) {
-      c.sources_per_band = p;
+      sources_per_band = p;
     } else if (rows == kSlabRows && p >= 4 && p % 2 == 0 &&
-               (overrides.shared_tiles == 1 || 2 * pairs.tiles(128, 192) >= device.num_sms)) {
-      c.sources_per_band = 2;
+               (overrides.shared_tiles == 1 || (2 * pairs.tiles(128, 192) >= device.num_sms && !one_wave))) {
+      sources_per_band = 2;
     }
   }
-  TileGrid grid;
-  grid.bands = p / c.sources_per_band;
-  grid.rows_per_band = rows * c.sources_per_band;
-  grid.n = problem.n_per_rank;
-  // Where the tiles fill few SMs, their K loops may be split, as the plain GEMM's.
-  const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
-  TPFUSE_RETURN_IF_ERROR(
-      select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kFusedOps, &c.gemm));
-  // The CTAs at work at one time are in one band (or two), the bands one after another.
-  c.gemm.group_rows = group_rows_for(1, overrides);
+  AllGatherConfig c = one;
+  if (sources_per_band == 1) {
+    TPFUSE_RETURN_IF_ERROR(one_status);
+  } else {
+    TPFUSE_RETURN_IF_ERROR(with_bands_of(sources_per_band, &c));
+  }
   c.idle_copiers = overrides.idle_copiers;
   *config = c;
   return Status::Ok();
