@@ -13,7 +13,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
   // The GEMM variant and splits for bands of G blocks. Where the tiles fill few SMs, their K loops
   // may be split, as the plain GEMM's; the CTAs at work at one time are in one band (or two), the
-  // bands one after another.
+  // bands one after another (in one wave of one-row bands, side by side: schedule.h).
   const int64_t rows = problem.rows_per_rank();
   const int p = problem.world_size;
   const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
