@@ -42,6 +42,17 @@ double relative_time(const TileGrid& grid, const DeviceInfo& device, int block_m
   return double(waves) * (block_m / 128.0) * (block_n + kFixedCols) * k_blocks;
 }
 
+// The same where only the tiles past the last full wave are cut into `splits` (one wave of them
+// after the full waves of whole tiles).
+double tail_split_time(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n, int num_k_blocks,
+                       int splits) {
+  const int64_t full_waves = grid.tiles(block_m, block_n) / device.num_sms;
+  constexpr double kFixedCols = 32;
+  const double tail_k_blocks =
+      (num_k_blocks + splits - 1) / splits + kSplitCostKBlocks + kSplitReadKBlocks * (splits - 1);
+  return (block_m / 128.0) * (block_n + kFixedCols) * (double(full_waves) * num_k_blocks + tail_k_blocks);
+}
+
 // Whether tiles of block_m x block_n may cut K in `splits`: at most one wave of steps (the
 // workspace holds a step per SM), a K block at least per split (and the schedule's 32-bit arithmetic).
 bool can_split(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n, int num_k_blocks,
@@ -69,6 +80,27 @@ int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverr
   return best;
 }
 
+// The splits of the tail past the last full wave of tiles of block_m x block_n that the model
+// gives, where they beat whole tiles (1 where none does, where there is no such tail or where the
+// splits are forced): at most one wave of the tail's steps, each split at least a few K blocks.
+int tail_splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides, int block_m,
+                    int block_n, int num_k_blocks) {
+  const int64_t tiles = grid.tiles(block_m, block_n);
+  const int64_t tail = tiles % device.num_sms;
+  if (overrides.split_k != 0 || tiles < device.num_sms || tail == 0) return 1;
+  int best = 1;
+  double best_time = relative_time(grid, device, block_m, block_n, num_k_blocks, 1);
+  for (int splits = 2; splits <= kMaxSplits && splits * kMinKBlocksPerSplit <= num_k_blocks; ++splits) {
+    if (tail * splits > device.num_sms || int64_t(splits) * num_k_blocks >= (int64_t(1) << 31)) break;
+    const double t = tail_split_time(grid, device, block_m, block_n, num_k_blocks, splits);
+    if (t < best_time) {
+      best = splits;
+      best_time = t;
+    }
+  }
+  return best;
+}
+
 Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                                 int block_m, int block_n, int num_k_blocks) {
   return Status::InvalidArgument(
@@ -81,7 +113,7 @@ Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, 
 // The common choice: num_k_blocks = 0 never splits K; `variants` are those the op takes.
 Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                      const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                     GemmConfig* config) {
+                     TailSplits tail_splits, GemmConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   if (device.cc_major != 9) {
     return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
@@ -114,6 +146,11 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   }
   int block_m = heights[0], block_n = 256, splits = 0;
   double best_time = 0;
+  // The best split tail, taken where it beats the rest by kTailMargin: the model's waves are
+  // coarse, and a close call keeps the tiles that measured well.
+  constexpr double kTailMargin = 0.95;
+  int tail_block_m = 0, tail_block_n = 0, tail_splits_best = 0;
+  double tail_time = 0;
   for (const int height : heights) {
     if (height == 0) continue;
     const int narrow = height == 128 ? 192 : 128;
@@ -140,9 +177,26 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
         splits = s;
         best_time = t;
       }
+      // Whole tiles but for a last wave that leaves SMs idle: that wave's tiles split instead.
+      if (s == 1 && !whole_only && num_k_blocks > 0 && tail_splits == TailSplits::kAllowed) {
+        const int ts = tail_splits_for(grid, device, overrides, height, width, num_k_blocks);
+        const double tt = ts > 1 ? tail_split_time(grid, device, height, width, num_k_blocks, ts) : 0;
+        if (ts > 1 && (tail_splits_best == 0 || tt < tail_time)) {
+          tail_block_m = height;
+          tail_block_n = width;
+          tail_splits_best = ts;
+          tail_time = tt;
+        }
+      }
     }
   }
   if (splits == 0) return forced_splits_do_not_fit(grid, device, overrides, block_m, block_n, num_k_blocks);
+  bool split_tail = tail_splits_best > 0 && tail_time < kTailMargin * best_time;
+  if (split_tail) {
+    block_m = tail_block_m;
+    block_n = tail_block_n;
+    splits = tail_splits_best;
+  }
   // One band of 129 .. kSmallBandRows rows streaming W, which the model gives whole 64-row tiles:
   // 128 x 128 tiles in one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth
   // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256). Not where the model
@@ -156,7 +210,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // mainloop anyway, and a fourth stage shortens the one mainloop more than staging the epilogue in
   // batches lengthens it; with more waves the batches cost more than the stage gains
   // (docs/EXPERIMENTS.md).
-  const bool want_batches = block_m == 128 && block_n == 256 && grid.tiles(128, 256) * splits <= device.num_sms;
+  const bool want_batches =
+      block_m == 128 && block_n == 256 && !split_tail && grid.tiles(128, 256) * splits <= device.num_sms;
 
   // The best variant that fits: that tile and staging, else that tile, else any; deeper first.
   int best = -1, best_rank = -1;
@@ -181,6 +236,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // Another tile than wanted (the device's shared memory): its own splits.
   const GemmVariant& chosen = kGemmVariants[best];
   if (chosen.block_m != block_m || chosen.block_n != block_n) {
+    split_tail = false;
     splits = splits_for(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks);
     if (splits == 0) {
       return forced_splits_do_not_fit(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks);
@@ -189,6 +245,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   GemmConfig c;
   c.variant = best;
   c.split_k = splits;
+  c.whole_tiles = split_tail ? int(grid.tiles(block_m, block_n) / device.num_sms * device.num_sms) : 0;
   c.num_ctas = device.num_sms;
   c.smem_bytes = smem[best];
   c.group_rows = group_rows_for(1, overrides);
@@ -203,20 +260,22 @@ std::string GemmConfig::to_string() const {
   std::ostringstream os;
   os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << kBlockK << ", stages "
      << v.stages << ", staged chunks " << (v.staged_chunks > 0 ? std::to_string(v.staged_chunks) : std::string("all"))
-     << ", split_k " << split_k << ", threads " << threads_of(v) << ", ctas " << num_ctas << ", group_rows "
+     << ", split_k " << split_k
+     << (whole_tiles > 0 ? " from tile " + std::to_string(whole_tiles) : std::string()) << ", threads " << threads_of(v) << ", ctas " << num_ctas << ", group_rows "
      << group_rows << ", smem " << smem_bytes << " B";
   return os.str();
 }
 
 Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                           const SmemByVariant& smem, GemmConfig* config) {
-  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, Variants::kFusedOps, config);
+  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, Variants::kFusedOps, TailSplits::kNo,
+                       config);
 }
 
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                                   const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                                  GemmConfig* config) {
-  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, variants, config);
+                                  TailSplits tail_splits, GemmConfig* config) {
+  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, variants, tail_splits, config);
 }
 
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
@@ -252,7 +311,8 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config);
+  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll,
+                       TailSplits::kAllowed, config);
 }
 
 }  // namespace tpfuse

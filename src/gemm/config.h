@@ -31,6 +31,8 @@ struct TileGrid {
 struct GemmConfig {
   int variant = 0;       // index into kGemmVariants
   int split_k = 1;       // splits of each tile's K loop, a step each (gemm/split_k.h); 1: a step a tile
+  int whole_tiles = 0;   // with split_k > 1: the tiles before this one whole, the rest (the tail past
+                         // the last full wave of num_ctas) split; 0: every tile split
   int num_ctas = 0;      // persistent grid size (at most one CTA per SM)
   int group_rows = 32;   // raster group (gemm/raster.h): row tiles visited together for L2 reuse
   size_t smem_bytes = 0; // dynamic shared memory of a launch (the op's storage, gemm/shared_storage.h)
@@ -55,15 +57,20 @@ Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const 
 // those and the 64-row tiles of one consumer (register_epilogue_takes), or all (the plain GEMM's).
 enum class Variants { kFusedOps, kWithOneConsumer, kAll };
 
+// Whether an op's schedule can split only the tiles past the last full wave (gemm/split_k.h).
+enum class TailSplits { kNo, kAllowed };
+
 // The same for an op that can split K (gemm/split_k.h) over num_k_blocks K blocks: where a tile's
 // steps would leave SMs idle, each tile's K loop in S splits, a step each, at most one wave of
 // steps in all (so at most device.num_sms steps: the split workspace's size), each split at least
 // a few K blocks, the tile and S the fastest by the same model of waves (or overrides.split_k:
 // 1 never splits, S >= 2 splits in S and fails where that is more steps than SMs or than K blocks),
-// over `variants`.
+// over `variants`. With TailSplits::kAllowed and no forced splits, where the tiles take more than
+// a wave and the last one leaves SMs idle, the tiles of that last wave alone may be split instead
+// (whole_tiles > 0), by the same model.
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                                   const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                                  GemmConfig* config);
+                                  TailSplits tail_splits, GemmConfig* config);
 
 // Row tiles per raster group when the CTAs at work at one time hold tiles of `segments_in_flight`
 // row segments (1 for the plain GEMM, P for the reduce-scatter's rounds), or overrides.group_rows.

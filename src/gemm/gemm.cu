@@ -1,7 +1,8 @@
 // tpfuse::gemm: one rank's partial product with the mainloop the fused ops are built on. Its
 // epilogue stores each tile into C on this GPU; its schedule is the output in raster order. Where
 // the tiles would leave most SMs idle (small M), each tile's K loop is split over several CTAs
-// instead, whose partials the last of them adds (gemm/split_k.h, gemm/split_k_epilogue.cuh). At
+// instead, whose partials the last of them adds (gemm/split_k.h, gemm/split_k_epilogue.cuh); where
+// only their last wave would, that wave's tiles alone. At
 // m <= 64 over wide outputs a kernel of its own streams W instead (gemm/swap_ab.cuh).
 #include "core/env.h"
 #include "gemm/launch.cuh"
@@ -143,7 +144,7 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
     }
     kernels::SplitKGemmParams params{};
     const int num_k_blocks = int((problem.k_per_rank + kBlockK - 1) / kBlockK);
-    const SplitKSchedule schedule(tiles, config.split_k, num_k_blocks);
+    const SplitKSchedule schedule(tiles, SplitPlan{config.whole_tiles, config.split_k}, num_k_blocks);
     TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &params.mainloop));
     SplitKWorkspace workspace;
     TPFUSE_RETURN_IF_ERROR(split_k_workspace(stream, device.num_sms, &workspace));

@@ -162,10 +162,12 @@ class SplitKEpilogue : public EpilogueBase {
     const int row = tile.row_begin + slab.row;
     const int col = tile.col_begin + slab.col;
     // A slab past the tile's last row or column has nothing to store (in any split: its counter
-    // stays 0).
+    // stays 0). A whole tile (before a split tail) is stored as it is.
     if (row >= tile.row_end || col >= tile.col_end) return;
-    const SplitPartials split(params_.partials, params_.splits_done, consumer_, k_slice_);
-    if (!split.sum_if_last<Config>(acc, tile.row_end - row, slabs_)) return;
+    if (k_slice_.num_splits > 1) {
+      const SplitPartials split(params_.partials, params_.splits_done, consumer_, k_slice_);
+      if (!split.sum_if_last<Config>(acc, tile.row_end - row, slabs_)) return;
+    }
     slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
         acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
           ptx::tma_store_2d(&params_.c, buffer, col + c * kChunkCols, row);

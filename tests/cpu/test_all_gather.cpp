@@ -143,6 +143,35 @@ TEST(AllGatherSchedule, SplitsOfATileAreConsecutiveAndCoverK) {
   EXPECT_EQ(splits_that_fit(40, 3, 16), 1);
 }
 
+// A split tail: the tiles from whole_tiles on (the last band's last tiles) in splits side by side,
+// every tile's K blocks once, the tiles in the order of the unsplit schedule.
+TEST(AllGatherSchedule, ASplitTailKeepsTheOrderOfTheTiles) {
+  const int p = 8, m = 8192, n = 1280, block_m = 128, block_n = 256, splits = 2, num_k_blocks = 128;
+  const AllGatherSchedule whole(shape_of(p, 3, m, n, block_m, block_n));
+  AllGatherShape tail_shape = shape_of(p, 3, m, n, block_m, block_n, splits);
+  tail_shape.whole_tiles = 264;
+  const AllGatherSchedule tail(tail_shape);
+  ASSERT_EQ(whole.num_tiles(), 320);
+  ASSERT_EQ(tail.whole_tiles(), 264);
+  ASSERT_EQ(tail.num_tiles(), 264 + 56 * splits);
+  std::vector<std::vector<int>> times(whole.num_tiles(), std::vector<int>(num_k_blocks, 0));
+  for (int step = 0; step < tail.num_tiles(); ++step) {
+    const int index = step < 264 ? step : 264 + (step - 264) / splits;
+    const Tile t = tail.tile(step), w = whole.tile(index);
+    ASSERT_EQ(std::tie(t.owner_rank, t.row_begin, t.col_begin), std::tie(w.owner_rank, w.row_begin, w.col_begin))
+        << "step " << step;
+    const KSlice k = tail.k_slice(step, num_k_blocks);
+    ASSERT_EQ(k.num_splits, step < 264 ? 1 : splits) << "step " << step;
+    for (int kb = k.k_block_begin; kb < k.k_block_begin + k.num_k_blocks; ++kb) ++times[index][kb];
+  }
+  for (const auto& tile : times) {
+    for (int n_times : tile) ASSERT_EQ(n_times, 1);
+  }
+  // The split tiles are the last bands': rank 3's go 3, 2, 1, 0, 7, 6, 5, 4, 40 tiles each.
+  EXPECT_EQ(tail.tile(264).owner_rank, 5);
+  EXPECT_EQ(tail.tile(tail.num_tiles() - 1).owner_rank, 4);
+}
+
 TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
   // Blocks of the sweep (P = 8: 64 .. 4096 rows, K = 8192 and 6144), of decode size, and ragged ones,
   // for a full GPU's CTAs and an emulated rank's.
@@ -262,8 +291,8 @@ TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
         EXPECT_LE(c.gemm.smem_bytes, size_t(device.max_smem_per_block));
         const int64_t band_rows = problem.rows_per_rank() * c.sources_per_band;
         EXPECT_EQ(c.gemm.tile().block_m, band_rows <= 64 ? 64 : 128) << problem.to_string();
-        EXPECT_LE(AllGatherSchedule(all_gather_shape(problem, c, 0)).num_tiles(),
-                  c.gemm.split_k == 1 ? INT32_MAX : device.num_sms)
+        const AllGatherSchedule schedule(all_gather_shape(problem, c, 0));
+        EXPECT_LE(schedule.num_tiles() - schedule.whole_tiles(), c.gemm.split_k == 1 ? INT32_MAX : device.num_sms)
             << "split steps are one wave";
         // One band of all blocks under 64 rows, else bands of one (the sizes here have no 64-row blocks).
         const int64_t rows = problem.rows_per_rank();
@@ -310,6 +339,29 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   pairs.shared_tiles = 1;
   ASSERT_TRUE(select_all_gather_config(qkv, device, pairs, &c).ok());
   EXPECT_EQ(c.sources_per_band, 2) << "forced";
+}
+
+// Where the tiles take more than a wave and the last leaves most SMs idle, the all-gather splits that
+// wave's tiles as the plain GEMM does: llama qkv at M = 8192, P = 8, 8 bands x 40 tiles of 128 x 256,
+// the 56 past two full waves in 2 splits. overrides.split_k = 1 never splits.
+TEST(AllGatherConfig, SplitsTheTailAsThePlainGemm) {
+  const DeviceInfo device;
+  AllGatherProblem qkv;
+  qkv.m = 8192;
+  qkv.n_per_rank = 1280;
+  qkv.k = 8192;
+  qkv.world_size = 8;
+  AllGatherConfig c;
+  ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
+  EXPECT_EQ(c.gemm.tile().block_n, 256) << c.to_string();
+  EXPECT_EQ(c.gemm.split_k, 2) << c.to_string();
+  EXPECT_EQ(c.gemm.whole_tiles, 264) << c.to_string();
+  EXPECT_EQ(AllGatherSchedule(all_gather_shape(qkv, c, 0)).num_tiles(), 264 + 2 * 56);
+  ConfigOverrides never;
+  never.split_k = 1;
+  ASSERT_TRUE(select_all_gather_config(qkv, device, never, &c).ok());
+  EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
+  EXPECT_EQ(c.gemm.whole_tiles, 0) << c.to_string();
 }
 
 TEST(AllGatherConfig, InterleavesTheBandsOfOneWave) {

@@ -85,14 +85,16 @@ void expect_fits(const GemmConfig& c, const DeviceInfo& device, const SmemByVari
   EXPECT_GE(c.split_k, 1) << what;
 }
 
-// A split plain GEMM config: at most one wave of steps (the workspace holds a step per SM), a few K
-// blocks at least in every split.
+// A split plain GEMM config: at most one wave of split steps (the workspace holds a step per SM), a
+// few K blocks at least in every split; a split tail starts after full waves of tiles.
 void expect_split_fits(const GemmConfig& c, const Problem& p, const DeviceInfo& device, const std::string& what) {
   if (c.split_k == 1) return;
   const GemmVariant& v = c.tile();
   const int64_t tiles = ((p.m + v.block_m - 1) / v.block_m) * ((p.n + v.block_n - 1) / v.block_n);
   const int64_t num_k_blocks = (p.k_per_rank + kBlockK - 1) / kBlockK;
-  EXPECT_LE(tiles * c.split_k, device.num_sms) << what << ": more steps than SMs";
+  EXPECT_EQ(c.whole_tiles % device.num_sms, 0) << what << ": a split tail after full waves";
+  EXPECT_LT(c.whole_tiles, tiles) << what;
+  EXPECT_LE((tiles - c.whole_tiles) * c.split_k, device.num_sms) << what << ": more split steps than SMs";
   EXPECT_GE(num_k_blocks / c.split_k, 3) << what << ": splits of under 3 K blocks";
   EXPECT_LE(c.split_k, 8) << what;
 }
@@ -536,6 +538,44 @@ TEST(Config, SplitKWhereTilesFillFewSms) {
     GemmConfig c;
     ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok()) << p.to_string();
     EXPECT_EQ(c.split_k, 1) << p.to_string() << " -> " << c.to_string();
+  }
+}
+
+// Where the tiles take more than a wave and the last one leaves most SMs idle, that wave's tiles
+// alone are split: M = 8192, N = 1280 (llama qkv's column-parallel part at P = 8), K = 8192 is 320
+// tiles of 128 x 256, two full waves and 56 tiles, those in 2 splits (112 steps) after tile 264. In
+// the model that beats 448 tiles of 128 x 192 (3 waves and 52 tiles, split too) and whole tiles
+// (three waves). Where the tail is most of a wave (2048 tiles: 15 waves and 68, which 2 splits
+// would make more steps than SMs) or the K loop short, none; overrides.split_k = 1 never splits.
+TEST(Config, SplitsTheTailWhereTheLastWaveLeavesSmsIdle) {
+  GemmConfig c;
+  const Problem qkv = make(8192, 1280, 8192, 1);
+  ASSERT_TRUE(select_plain_gemm_config(qkv, h100(), {}, &c).ok());
+  EXPECT_EQ(c.tile().block_m, 128) << c.to_string();
+  EXPECT_EQ(c.tile().block_n, 256) << c.to_string();
+  EXPECT_EQ(c.split_k, 2) << c.to_string();
+  EXPECT_EQ(c.whole_tiles, 264) << c.to_string();
+  expect_split_fits(c, qkv, h100(), qkv.to_string());
+  EXPECT_NE(c.to_string().find("from tile 264"), std::string::npos) << c.to_string();
+  ConfigOverrides never;
+  never.split_k = 1;
+  ASSERT_TRUE(select_plain_gemm_config(qkv, h100(), never, &c).ok());
+  EXPECT_EQ(c.split_k, 1) << c.to_string();
+  EXPECT_EQ(c.whole_tiles, 0) << c.to_string();
+  for (const Problem& p : {make(8192, 8192, 8192, 1), make(8192, 1280, 256, 1)}) {
+    ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok());
+    EXPECT_EQ(c.split_k, 1) << p.to_string() << " -> " << c.to_string();
+    EXPECT_EQ(c.whole_tiles, 0) << p.to_string() << " -> " << c.to_string();
+  }
+  // Every config of a sweep of shapes: its splits fit.
+  for (int64_t m : {520, 1000, 2048, 4096, 8192, 12288, 32768}) {
+    for (int64_t n : {1024, 1280, 4096, 6144, 7168, 8192}) {
+      for (int64_t k : {768, 1024, 2048, 6144, 8192}) {
+        const Problem p = make(m, n, k, 1);
+        ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok()) << p.to_string();
+        expect_split_fits(c, p, h100(), p.to_string() + " -> " + c.to_string());
+      }
+    }
   }
 }
 

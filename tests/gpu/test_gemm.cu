@@ -302,6 +302,67 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(WeightLayout::kKxN, WeightLayout::kNxK)),
     shape_name);
 
+// A split tail (the tiles past the last full wave, gemm/split_k.h): the config splits it on these
+// shapes (136 tiles of 128 x 256, the last row and column clipped or not, 4 past a wave of 132, K in
+// 80, 79 or 20 K blocks). Random inputs: within 1.1x cuBLAS's error and bit-identical run to run; small
+// integers: bit-identical to the unsplit GEMM.
+class GemmSplitTail : public ::testing::TestWithParam<GemmShape> {};
+
+TEST_P(GemmSplitTail, WithinCublasErrorAndExactAsUnsplit) {
+  const auto [m, n, k, layout] = GetParam();
+  const Problem p{m, n, k, 1, layout};
+  DeviceInfo device;
+  ASSERT_TRUE(current_device_info(&device).ok());
+  GemmConfig config;
+  ASSERT_TRUE(select_plain_gemm_config(p, device, {}, &config).ok());
+  if (device.num_sms != 132) GTEST_SKIP() << "the shapes are sized for 132 SMs; this GPU has " << device.num_sms;
+  ASSERT_GT(config.whole_tiles, 0) << p.to_string() << " -> " << config.to_string() << ": meant to split its tail";
+  DeviceArray<__nv_bfloat16> a(size_t(m) * k), w(size_t(k) * n), c(size_t(m) * n), c_cublas(size_t(m) * n);
+  DeviceArray<float> ref(size_t(m) * n);
+  fill_random(a.ptr, a.count, 31 + m);
+  fill_random(w.ptr, w.count, 37 + n);
+  reference_gemm(p, a.ptr, w.ptr, ref.ptr);
+  cublas_gemm(p, a.ptr, w.ptr, c_cublas.ptr);
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto ref_host = ref.to_host();
+  const ErrorStats theirs = error_sums(c_cublas.to_host(), ref_host).stats();
+  const std::string what = p.to_string() + " -> " + config.to_string();
+  std::vector<bf16> first_run;
+  for (int run = 0; run < 3; ++run) {
+    poison(c.ptr, c.count);
+    ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr).ok()) << what;
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<bf16> out = c.to_host();
+    if (run > 0) {
+      EXPECT_EQ(difference(out, first_run, n), "") << what << ": run " << run << " against run 0";
+      continue;
+    }
+    first_run = out;
+    const ErrorSums ours_sums = error_sums(out, ref_host);
+    EXPECT_EQ(ours_sums.num_nonfinite, 0u) << what << ": unwritten (poisoned) or non-finite outputs";
+    const ErrorStats ours = ours_sums.stats();
+    EXPECT_LE(ours.max_rel, kErrorFactor * theirs.max_rel + 1e-7) << what << ": cuBLAS max_rel " << theirs.max_rel;
+    EXPECT_LE(ours.norm_rel, kErrorFactor * theirs.norm_rel + 1e-7) << what << ": cuBLAS norm_rel " << theirs.norm_rel;
+  }
+  fill_small_ints(a.ptr, a.count, 41 + m);
+  fill_small_ints(w.ptr, w.count, 43 + n);
+  poison(c.ptr, c.count);
+  ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr, split_in(1)).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<bf16> unsplit = c.to_host();
+  poison(c.ptr, c.count);
+  ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(difference(c.to_host(), unsplit, n), "") << what << ": small integers against the unsplit GEMM";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmSplitTail,
+                         ::testing::Values(GemmShape{4352, 1024, 5120, WeightLayout::kKxN},
+                                           GemmShape{4300, 1000, 5056, WeightLayout::kNxK},
+                                           // A narrow one for the sanitizers: 136 row tiles, K 20 blocks.
+                                           GemmShape{17408, 256, 1280, WeightLayout::kKxN}),
+                         shape_name);
+
 // The calls of a split test sequence: shapes whose splits differ (and one unsplit), both layouts.
 struct SplitCall {
   Problem problem;

@@ -61,7 +61,9 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const A
   // fewer rows each) reads this rank's block from its gathered buffer too.
   e.halves_by_block = config.sources_per_band == 2 && rows == kSlabRows && Config::kBlockM == 2 * kSlabRows;
   e.copy_own = copy_own || (config.sources_per_band > 1 && !e.halves_by_block);
-  const double step_k_blocks = double(rp->mainloop.num_k_blocks) / schedule.num_splits() * Config::kBlockN / 256.0;
+  // A step's K blocks: a split's where every tile is split (a split tail is past the first wave).
+  const int step_splits = schedule.whole_tiles() > 0 ? 1 : schedule.num_splits();
+  const double step_k_blocks = double(rp->mainloop.num_k_blocks) / step_splits * Config::kBlockN / 256.0;
   e.copy = copy_plan(rows, k, config.gemm.num_ctas, schedule.num_tiles(), step_k_blocks,
                      e.copy_own ? comm.world_size : comm.world_size - 1, config.idle_copiers);
   // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
@@ -149,14 +151,16 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
 
   // A rank's CTAs as launched (emulated ranks share the grid). Split K holds a step per CTA of a rank
   // (one wave, a workspace slot each): fewer splits where the rank has fewer CTAs than the config
-  // planned.
-  AllGatherShape whole_tiles = all_gather_shape(problem, config, 0);
-  whole_tiles.num_splits = 1;
-  const int64_t tiles = AllGatherSchedule(whole_tiles).num_tiles();
+  // planned, and a split tail is the tail past the last full wave of those CTAs.
+  AllGatherShape unsplit = all_gather_shape(problem, config, 0);
+  unsplit.num_splits = 1;
+  const int64_t tiles = AllGatherSchedule(unsplit).num_tiles();
   const auto config_that_fits = [&](int ctas_per_rank) {
     AllGatherConfig c = config;
     c.gemm.num_ctas = ctas_per_rank;
-    c.gemm.split_k = splits_that_fit(tiles, config.gemm.split_k, ctas_per_rank);
+    const SplitPlan plan = split_plan(tiles, config.gemm.split_k, config.gemm.whole_tiles > 0, ctas_per_rank);
+    c.gemm.split_k = plan.splits;
+    c.gemm.whole_tiles = plan.whole_tiles;
     return c;
   };
   const Status launched =

@@ -13,7 +13,8 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
   // The GEMM variant and splits for bands of G blocks. Where the tiles fill few SMs, their K loops
   // may be split, as the plain GEMM's; the CTAs at work at one time are in one band (or two), the
-  // bands one after another (in one wave of one-row bands, side by side: schedule.h).
+  // bands one after another (in one wave of one-row bands, side by side: schedule.h). Where they take
+  // more than a wave, the last wave's tiles alone may be split (the last bands' tiles).
   const int64_t rows = problem.rows_per_rank();
   const int p = problem.world_size;
   const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
@@ -24,7 +25,8 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     grid.rows_per_band = rows * sources_per_band;
     grid.n = problem.n_per_rank;
     TPFUSE_RETURN_IF_ERROR(
-        select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kFusedOps, &c->gemm));
+        select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kFusedOps,
+                                   TailSplits::kAllowed, &c->gemm));
     c->gemm.group_rows = group_rows_for(1, overrides);
     return Status::Ok();
   };
@@ -73,6 +75,7 @@ AllGatherShape all_gather_shape(const AllGatherProblem& problem, const AllGather
   shape.block_n = config.gemm.tile().block_n;
   shape.group_rows = config.gemm.group_rows;
   shape.num_splits = config.gemm.split_k;
+  shape.whole_tiles = config.gemm.whole_tiles;
   shape.sources_per_band = config.sources_per_band;
   shape.num_ctas = config.gemm.num_ctas;
   return shape;

@@ -26,7 +26,9 @@
 //                              band  1  0  3  2  1  0  3  2
 //                              col   0  0  0  0  1  1  1  1
 // Where the tiles fill few SMs, each tile's K loop may be split over num_splits consecutive steps, as
-// the plain GEMM's (gemm/split_k.h): the band order is the tiles', each tile's splits side by side.
+// the plain GEMM's (gemm/split_k.h): the band order is the tiles', each tile's splits side by side;
+// where only the tiles past the last full wave would leave SMs idle, those alone (the last bands'
+// tiles).
 #pragma once
 
 #include "core/fast_division.h"
@@ -46,6 +48,7 @@ struct AllGatherShape {
   int block_n = 256;
   int group_rows = 1;
   int num_splits = 1;        // of each tile's K loop (gemm/split_k.h)
+  int whole_tiles = 0;       // the tiles before it whole, the rest in num_splits (gemm/split_k.h)
   int sources_per_band = 1;  // G: blocks of X a band holds (1, 2 or world_size; divides world_size)
   int num_ctas = 0;          // the rank's CTAs (0: unknown, the bands one after another)
 };
@@ -58,7 +61,7 @@ class AllGatherSchedule {
   explicit AllGatherSchedule(const AllGatherShape& shape)
       : bands_(shape.world_size / shape.sources_per_band), own_band_(shape.rank / shape.sources_per_band),
         sources_per_band_(shape.sources_per_band), rows_per_band_(shape.m / bands_), n_(shape.n),
-        block_m_(shape.block_m), block_n_(shape.block_n), splits_(shape.num_splits) {
+        block_m_(shape.block_m), block_n_(shape.block_n), splits_(shape.num_splits, shape.whole_tiles) {
     const int row_tiles = (rows_per_band_ + block_m_ - 1) / block_m_;
     const int col_tiles = (n_ + block_n_ - 1) / block_n_;
     tiles_per_band_ = row_tiles * col_tiles;
@@ -68,11 +71,12 @@ class AllGatherSchedule {
     bands_interleaved_ = row_tiles == 1 && bands_ > 1 && num_tiles() <= shape.num_ctas;
   }
 
-  // Steps, as the mainloop counts them: a tile each, or num_splits each.
-  TPFUSE_HOST_DEVICE int num_tiles() const { return bands_ * tiles_per_band_ * splits_.num_splits(); }
+  // Steps, as the mainloop counts them: a tile each, or num_splits each (the split ones).
+  TPFUSE_HOST_DEVICE int num_tiles() const { return splits_.num_steps(bands_ * tiles_per_band_); }
   TPFUSE_HOST_DEVICE int num_bands() const { return bands_; }
   TPFUSE_HOST_DEVICE int tiles_per_band() const { return tiles_per_band_; }
   TPFUSE_HOST_DEVICE int num_splits() const { return splits_.num_splits(); }
+  TPFUSE_HOST_DEVICE int whole_tiles() const { return splits_.whole_tiles(); }
   // Whether the steps go down the bands for each column of tiles (one wave of one-row bands).
   TPFUSE_HOST_DEVICE bool bands_interleaved() const { return bands_interleaved_; }
   TPFUSE_HOST_DEVICE KSlice k_slice(int step, int num_k_blocks) const { return splits_.k_slice(step, num_k_blocks); }
