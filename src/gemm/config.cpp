@@ -43,13 +43,15 @@ double relative_time(const TileGrid& grid, const DeviceInfo& device, int block_m
 }
 
 // The same where only the tiles past the last full wave are cut into `splits` (one wave of them
-// after the full waves of whole tiles).
+// after the full waves of whole tiles). Such a tail measured dearer than the model of split steps
+// gives, by about kTailSplitKBlocks more for each further split (docs/EXPERIMENTS.md).
+constexpr double kTailSplitKBlocks = 2.5;
 double tail_split_time(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n, int num_k_blocks,
                        int splits) {
   const int64_t full_waves = grid.tiles(block_m, block_n) / device.num_sms;
   constexpr double kFixedCols = 32;
-  const double tail_k_blocks =
-      (num_k_blocks + splits - 1) / splits + kSplitCostKBlocks + kSplitReadKBlocks * (splits - 1);
+  const double tail_k_blocks = (num_k_blocks + splits - 1) / splits + kSplitCostKBlocks +
+                               (kSplitReadKBlocks + kTailSplitKBlocks) * (splits - 1);
   return (block_m / 128.0) * (block_n + kFixedCols) * (double(full_waves) * num_k_blocks + tail_k_blocks);
 }
 
@@ -83,11 +85,13 @@ int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverr
 // The splits of the tail past the last full wave of tiles of block_m x block_n that the model
 // gives, where they beat whole tiles (1 where none does, where there is no such tail or where the
 // splits are forced): at most one wave of the tail's steps, each split at least a few K blocks.
+// 128-row tiles only: a split tail of 64 x 64 tiles (one consumer adding the partials alone)
+// measured 1.22-1.29x the time of whole 64 x 128 ones (M = 512, N = 1280, K = 2048).
 int tail_splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides, int block_m,
                     int block_n, int num_k_blocks) {
   const int64_t tiles = grid.tiles(block_m, block_n);
   const int64_t tail = tiles % device.num_sms;
-  if (overrides.split_k != 0 || tiles < device.num_sms || tail == 0) return 1;
+  if (overrides.split_k != 0 || block_m != 128 || tiles < device.num_sms || tail == 0) return 1;
   int best = 1;
   double best_time = relative_time(grid, device, block_m, block_n, num_k_blocks, 1);
   for (int splits = 2; splits <= kMaxSplits && splits * kMinKBlocksPerSplit <= num_k_blocks; ++splits) {

@@ -562,7 +562,10 @@ TEST(Config, SplitsTheTailWhereTheLastWaveLeavesSmsIdle) {
   ASSERT_TRUE(select_plain_gemm_config(qkv, h100(), never, &c).ok());
   EXPECT_EQ(c.split_k, 1) << c.to_string();
   EXPECT_EQ(c.whole_tiles, 0) << c.to_string();
-  for (const Problem& p : {make(8192, 8192, 8192, 1), make(8192, 1280, 256, 1)}) {
+  // Not on 64-row tiles (64 x 64 in a split tail measured 1.22-1.29x the time of whole 64 x 128), nor
+  // where the model gives under a twentieth (4 splits of 14 K blocks measured no faster).
+  for (const Problem& p : {make(8192, 8192, 8192, 1), make(8192, 1280, 256, 1), make(512, 1280, 2048, 1),
+                           make(4096, 1280, 3584, 1), make(2048, 7168, 2048, 1)}) {
     ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &c).ok());
     EXPECT_EQ(c.split_k, 1) << p.to_string() << " -> " << c.to_string();
     EXPECT_EQ(c.whole_tiles, 0) << p.to_string() << " -> " << c.to_string();
