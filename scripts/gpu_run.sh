@@ -89,6 +89,8 @@ for step in "${steps[@]}"; do
         [[ ${tool} == racecheck ]] && filter="${small_ag//:\*AllGatherExact\*\/P8_M512_N1280_K256_NxK_shared/}"
         run_step ${tool}_all_gather compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_all_gather" --gtest_filter="${filter}"
       done
+      # The all-gather on 128 x 128 tiles (its variant of its own), random inputs.
+      run_step memcheck_all_gather_128x128 compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_all_gather" --gtest_filter='*AllGatherRandom*/P8_M1024_N1024_K6144_KxN'
       # Partial rounds during the K loop: a small shape with its own tiles interleaved.
       for tool in memcheck racecheck synccheck; do
         run_step ${tool}_rounds compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/P2_M512_N512_K320_KxN_lag0'

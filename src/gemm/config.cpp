@@ -28,17 +28,27 @@ constexpr int kMaxSplits = 8;
 // docs/EXPERIMENTS.md).
 constexpr double kSplitCostKBlocks = 3;
 constexpr double kSplitReadKBlocks = 2;
+// Splits of 128-row tiles, measured where the epilogue stores the tiles: about this many K blocks
+// more a step (a wave of 128 x 256 steps writes 17 MB of FP32 partials at once; at M = 2048 and 1024,
+// N = 1024, K = 6144 splits in 2 and 4 cost 14 and 19.5 K blocks against the 5 and 9 above, and
+// 128 x 128 tiles whole or in 2 splits measured 0.84x the time of 128 x 256 in 2 or 4:
+// docs/EXPERIMENTS.md).
+constexpr double kSplit128RowKBlocks = 10;
 
 // Relative time of a tile shape whose K loop of num_k_blocks is cut into `splits`: the waves of
 // steps over the SMs times a step's cost, which grows with its columns plus a fixed part (pipeline
 // fill and epilogue) worth about 32 columns, and with its K blocks plus, split, the partials' cost.
 double relative_time(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n, int num_k_blocks,
-                     int splits) {
+                     int splits, bool stores_tiles) {
   const int64_t steps = grid.tiles(block_m, block_n) * splits;
   const int64_t waves = (steps + device.num_sms - 1) / device.num_sms;
   constexpr double kFixedCols = 32;
-  const double k_blocks =
-      (num_k_blocks + splits - 1) / splits + (splits > 1 ? kSplitCostKBlocks + kSplitReadKBlocks * (splits - 1) : 0);
+  double split_cost = 0;
+  if (splits > 1) {
+    split_cost = kSplitCostKBlocks + kSplitReadKBlocks * (splits - 1) +
+                 (block_m == 128 && stores_tiles ? kSplit128RowKBlocks : 0);
+  }
+  const double k_blocks = (num_k_blocks + splits - 1) / splits + split_cost;
   return double(waves) * (block_m / 128.0) * (block_n + kFixedCols) * k_blocks;
 }
 
@@ -66,7 +76,7 @@ bool can_split(const TileGrid& grid, const DeviceInfo& device, int block_m, int 
 // The splits for tiles of block_m x block_n: overrides.split_k's, or the fastest the config allows
 // (fewest where they tie); 1 where num_k_blocks is 0 (K never split). 0 where the forced ones cannot.
 int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides, int block_m,
-               int block_n, int num_k_blocks) {
+               int block_n, int num_k_blocks, bool stores_tiles) {
   if (num_k_blocks == 0) return 1;
   if (overrides.split_k != 0) {
     return can_split(grid, device, block_m, block_n, num_k_blocks, overrides.split_k) ? overrides.split_k : 0;
@@ -74,8 +84,8 @@ int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverr
   int best = 1;
   for (int splits = 2; splits <= kMaxSplits && splits * kMinKBlocksPerSplit <= num_k_blocks; ++splits) {
     if (!can_split(grid, device, block_m, block_n, num_k_blocks, splits)) break;  // more tiles' steps than SMs
-    if (relative_time(grid, device, block_m, block_n, num_k_blocks, splits) <
-        relative_time(grid, device, block_m, block_n, num_k_blocks, best)) {
+    if (relative_time(grid, device, block_m, block_n, num_k_blocks, splits, stores_tiles) <
+        relative_time(grid, device, block_m, block_n, num_k_blocks, best, stores_tiles)) {
       best = splits;
     }
   }
@@ -93,7 +103,7 @@ int tail_splits_for(const TileGrid& grid, const DeviceInfo& device, const Config
   const int64_t tail = tiles % device.num_sms;
   if (overrides.split_k != 0 || block_m != 128 || tiles < device.num_sms || tail == 0) return 1;
   int best = 1;
-  double best_time = relative_time(grid, device, block_m, block_n, num_k_blocks, 1);
+  double best_time = relative_time(grid, device, block_m, block_n, num_k_blocks, 1, /*stores_tiles=*/true);
   for (int splits = 2; splits <= kMaxSplits && splits * kMinKBlocksPerSplit <= num_k_blocks; ++splits) {
     if (tail * splits > device.num_sms || int64_t(splits) * num_k_blocks >= (int64_t(1) << 31)) break;
     const double t = tail_split_time(grid, device, block_m, block_n, num_k_blocks, splits);
@@ -117,7 +127,7 @@ Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, 
 // The common choice: num_k_blocks = 0 never splits K; `variants` are those the op takes.
 Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                      const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                     TailSplits tail_splits, GemmConfig* config) {
+                     GemmConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   if (device.cc_major != 9) {
     return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
@@ -125,7 +135,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   }
   TPFUSE_RETURN_IF_ERROR(validate(overrides));
   const bool plain_gemm = variants == Variants::kAll;
-  const bool one_consumer = variants != Variants::kFusedOps;  // 64 x 64 and 64 x 192
+  const bool one_consumer = variants == Variants::kWithOneConsumer || plain_gemm;  // 64 x 64 and 64 x 192
+  const bool stores_tiles = variants == Variants::kStoringOps || plain_gemm;
   if (!one_consumer && overrides.block_n == 64) {
     return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's and the register "
                                    "epilogue's only (the fused ops take 128, 192 or 256)");
@@ -138,8 +149,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   // tiles would leave SMs idle in the last wave (M = 512, N = 6144), or where their splits of K fill
   // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K; for the
   // plain GEMM also 64 and 192 (one consumer: four times the CTAs on W, or a tile 192 wide where
-  // 256-wide ones leave SMs idle), and 128 x 128 for one small band. Ties go to the first (taller,
-  // wider) shape.
+  // 256-wide ones leave SMs idle), and for the ops that store their tiles 128 x 128. Ties go to the
+  // first (taller, wider) shape.
   constexpr int kSmallBandRows = 256;
   constexpr int kPlainGemmBandRows = 512;
   int heights[2] = {128, 0};
@@ -158,9 +169,10 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   for (const int height : heights) {
     if (height == 0) continue;
     const int narrow = height == 128 ? 192 : 128;
-    // One consumer's 64 x 64 and 64 x 192 tiles; the plain GEMM's 128 x 128 for one band of at
-    // most kSmallBandRows.
-    const int narrowest = height == 64 ? (one_consumer ? 64 : 0) : plain_gemm && heights[1] == 64 ? 128 : 0;
+    // One consumer's 64 x 64 and 64 x 192 tiles; 128 x 128 where the epilogue stores the tiles
+    // (whole or split, they measured faster where they make about a wave that 128 x 256 tiles make
+    // only in splits: M = 2048, N = 1024, K = 6144).
+    const int narrowest = height == 64 ? (one_consumer ? 64 : 0) : stores_tiles ? 128 : 0;
     const int one_consumer_wide = one_consumer && height == 64 ? 192 : 0;
     for (const int width : {256, narrow, narrowest, one_consumer_wide}) {
       if (width == 0) continue;
@@ -172,9 +184,9 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
       // 64 x 192 whole only: split, its one consumer's epilogue adds the partials alone (64 x 192
       // tiles in 2 splits measured 1.31x the time of 64 x 128 whole at M = 128, N = 6144, K = 2048).
       const bool whole_only = width == one_consumer_wide && overrides.split_k == 0;
-      const int s = whole_only ? 1 : splits_for(grid, device, overrides, height, width, num_k_blocks);
+      const int s = whole_only ? 1 : splits_for(grid, device, overrides, height, width, num_k_blocks, stores_tiles);
       if (s == 0) continue;
-      const double t = relative_time(grid, device, height, width, std::max(num_k_blocks, 1), s);
+      const double t = relative_time(grid, device, height, width, std::max(num_k_blocks, 1), s, stores_tiles);
       if (splits == 0 || t < best_time) {
         block_m = height;
         block_n = width;
@@ -182,7 +194,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
         best_time = t;
       }
       // Whole tiles but for a last wave that leaves SMs idle: that wave's tiles split instead.
-      if (s == 1 && !whole_only && num_k_blocks > 0 && tail_splits == TailSplits::kAllowed) {
+      if (s == 1 && !whole_only && num_k_blocks > 0 && stores_tiles) {
         const int ts = tail_splits_for(grid, device, overrides, height, width, num_k_blocks);
         const double tt = ts > 1 ? tail_split_time(grid, device, height, width, num_k_blocks, ts) : 0;
         if (ts > 1 && (tail_splits_best == 0 || tt < tail_time)) {
@@ -221,7 +233,9 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
-    const bool taken = plain_gemm || (one_consumer ? register_epilogue_takes(v) : fused_ops_take(v));
+    const bool taken = plain_gemm || (one_consumer        ? register_epilogue_takes(v)
+                                      : stores_tiles      ? storing_ops_take(v)
+                                                          : fused_ops_take(v));
     if (smem[i] > size_t(device.max_smem_per_block) || !taken) continue;
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
@@ -241,7 +255,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   const GemmVariant& chosen = kGemmVariants[best];
   if (chosen.block_m != block_m || chosen.block_n != block_n) {
     split_tail = false;
-    splits = splits_for(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks);
+    splits = splits_for(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks, stores_tiles);
     if (splits == 0) {
       return forced_splits_do_not_fit(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks);
     }
@@ -272,14 +286,13 @@ std::string GemmConfig::to_string() const {
 
 Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                           const SmemByVariant& smem, GemmConfig* config) {
-  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, Variants::kFusedOps, TailSplits::kNo,
-                       config);
+  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, Variants::kFusedOps, config);
 }
 
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                                   const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                                  TailSplits tail_splits, GemmConfig* config) {
-  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, variants, tail_splits, config);
+                                  GemmConfig* config) {
+  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, variants, config);
 }
 
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
@@ -315,8 +328,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll,
-                       TailSplits::kAllowed, config);
+  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config);
 }
 
 }  // namespace tpfuse

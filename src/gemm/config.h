@@ -54,23 +54,25 @@ Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const 
                           const SmemByVariant& smem, GemmConfig* config);
 
 // The variants an op's kernel is compiled for (gemm/variants.h): the fused ops' (two consumers),
-// those and the 64-row tiles of one consumer (register_epilogue_takes), or all (the plain GEMM's).
-enum class Variants { kFusedOps, kWithOneConsumer, kAll };
-
-// Whether an op's schedule can split only the tiles past the last full wave (gemm/split_k.h).
-enum class TailSplits { kNo, kAllowed };
+// those and the 64-row tiles of one consumer (register_epilogue_takes), those and 128 x 128 tiles
+// (storing_ops_take: an op whose epilogue stores its tiles as the plain GEMM does, the all-gather),
+// or all (the plain GEMM's). The last two store their tiles, and only they may take a split tail
+// (gemm/split_k.h) and 128 x 128 tiles on any band, by a split model measured on them; the others
+// hand their tiles on whole (the reduce-scatter's pushes).
+enum class Variants { kFusedOps, kWithOneConsumer, kStoringOps, kAll };
 
 // The same for an op that can split K (gemm/split_k.h) over num_k_blocks K blocks: where a tile's
 // steps would leave SMs idle, each tile's K loop in S splits, a step each, at most one wave of
 // steps in all (so at most device.num_sms steps: the split workspace's size), each split at least
 // a few K blocks, the tile and S the fastest by the same model of waves (or overrides.split_k:
 // 1 never splits, S >= 2 splits in S and fails where that is more steps than SMs or than K blocks),
-// over `variants`. With TailSplits::kAllowed and no forced splits, where the tiles take more than
-// a wave and the last one leaves SMs idle, the tiles of that last wave alone may be split instead
-// (whole_tiles > 0), by the same model.
+// over `variants`. Where those store their tiles (kStoringOps, kAll) the 128-row tiles may also be
+// 128 wide on any band, and with no forced splits, where the tiles take more than a wave and the
+// last one leaves SMs idle, the tiles of that last wave alone may be split instead (whole_tiles >
+// 0), by the same model.
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
                                   const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                                  TailSplits tail_splits, GemmConfig* config);
+                                  GemmConfig* config);
 
 // Row tiles per raster group when the CTAs at work at one time hold tiles of `segments_in_flight`
 // row segments (1 for the plain GEMM, P for the reduce-scatter's rounds), or overrides.group_rows.

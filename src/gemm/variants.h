@@ -18,17 +18,19 @@ struct GemmVariant {
   int staged_chunks;  // 64 x 64 chunk buffers per consumer for the epilogue; 0: a whole slab's
   int consumers;      // consumer warpgroups: 2, or 1 holding the whole 64-row tile as its slab
   bool fused_ops;     // the fused ops take it too (else the plain GEMM's only: fused_ops_take)
+  bool storing_ops;   // the ops that store their tiles as the plain GEMM does take it (storing_ops_take)
 };
 
 inline constexpr GemmVariant kGemmVariants[] = {
-    {128, 256, 3, 0, 2, true},  // the default
-    {128, 256, 4, 2, 2, true},  // a single wave of 128 x 256 tiles: a fourth stage, the slab staged 2 chunks at a time
-    {128, 192, 4, 0, 2, true},  // where 256-wide tiles would leave SMs idle in the last wave
-    {64, 256, 4, 0, 2, true},   // segments of at most 64 rows
-    {64, 128, 8, 0, 2, true},   // at most 64 rows and few K blocks: twice the CTAs on W, a deeper ring
-    {64, 64, 12, 0, 1, false},  // at most 64 rows: four times the CTAs on W without splitting K
-    {128, 128, 6, 0, 2, false}, // one band of at most 256 rows: fewer bytes a CTA loads than 64 x 256
-    {64, 192, 6, 0, 1, false},  // at most 256 rows: as few bytes a CTA loads as 128 x 128, on a third more CTAs at N = 6144
+    {128, 256, 3, 0, 2, true, true},    // the default
+    {128, 256, 4, 2, 2, true, true},    // a single wave of 128 x 256 tiles: a fourth stage, the slab staged 2 chunks at a time
+    {128, 192, 4, 0, 2, true, true},    // where 256-wide tiles would leave SMs idle in the last wave
+    {64, 256, 4, 0, 2, true, true},     // segments of at most 64 rows
+    {64, 128, 8, 0, 2, true, true},     // at most 64 rows and few K blocks: twice the CTAs on W, a deeper ring
+    {64, 64, 12, 0, 1, false, false},   // at most 64 rows: four times the CTAs on W without splitting K
+    {128, 128, 6, 0, 2, false, false},  // about a wave of them where wider tiles need splits of K
+    {64, 192, 6, 0, 1, false, false},   // at most 256 rows: as few bytes a CTA loads as 128 x 128, on a third more CTAs at N = 6144
+    {128, 128, 5, 0, 2, false, true},   // the same for the all-gather (a stage fewer: its copier's ring)
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 
@@ -47,11 +49,15 @@ constexpr bool fused_ops_take(const GemmVariant& v) { return v.fused_ops; }
 constexpr bool register_epilogue_takes(const GemmVariant& v) {
   return fused_ops_take(v) || (v.block_m == kSlabRows && v.consumers == 1);
 }
+// The fused ops' and the 128 x 128 tiles: an op whose epilogue stores its tiles as the plain GEMM
+// does (the all-gather's; gemm/config.h, Variants::kStoringOps).
+constexpr bool storing_ops_take(const GemmVariant& v) { return v.storing_ops; }
 static_assert([] {
   for (const GemmVariant& v : kGemmVariants) {
-    if (v.fused_ops && v.consumers != kConsumers) return false;
+    if ((v.fused_ops || v.storing_ops) && v.consumers != kConsumers) return false;
+    if (v.fused_ops && !v.storing_ops) return false;
   }
   return true;
-}(), "the fused ops take variants of two consumers only");
+}(), "the fused ops take variants of two consumers only, and the ops that store their tiles take those");
 
 }  // namespace tpfuse

@@ -287,7 +287,7 @@ TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
         ASSERT_TRUE(select_all_gather_config(problem, device, {}, &c).ok()) << problem.to_string();
         ASSERT_GE(c.gemm.variant, 0);
         ASSERT_LT(c.gemm.variant, kNumGemmVariants);
-        EXPECT_TRUE(fused_ops_take(c.gemm.tile())) << problem.to_string() << " -> " << c.gemm.to_string();
+        EXPECT_TRUE(storing_ops_take(c.gemm.tile())) << problem.to_string() << " -> " << c.gemm.to_string();
         EXPECT_LE(c.gemm.smem_bytes, size_t(device.max_smem_per_block));
         const int64_t band_rows = problem.rows_per_rank() * c.sources_per_band;
         EXPECT_EQ(c.gemm.tile().block_m, band_rows <= 64 ? 64 : 128) << problem.to_string();
@@ -362,6 +362,24 @@ TEST(AllGatherConfig, SplitsTheTailAsThePlainGemm) {
   ASSERT_TRUE(select_all_gather_config(qkv, device, never, &c).ok());
   EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
   EXPECT_EQ(c.gemm.whole_tiles, 0) << c.to_string();
+}
+
+// Mixtral qkv at P = 8, M = 2048: 8 bands x 2 x 8 tiles of 128 x 128 whole, one wave, on the
+// all-gather's 5-stage variant (128 x 256 tiles would take 2 splits of K).
+TEST(AllGatherConfig, TakesOneWaveOf128x128WhereWiderTilesSplit) {
+  const DeviceInfo device;
+  AllGatherProblem qkv;
+  qkv.m = 2048;
+  qkv.n_per_rank = 1024;
+  qkv.k = 6144;
+  qkv.world_size = 8;
+  AllGatherConfig c;
+  ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
+  EXPECT_EQ(c.gemm.tile().block_m * 1000 + c.gemm.tile().block_n, 128128) << c.to_string();
+  EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
+  EXPECT_TRUE(storing_ops_take(c.gemm.tile()) && !fused_ops_take(c.gemm.tile())) << c.to_string();
+  EXPECT_LE(c.gemm.smem_bytes, size_t(device.max_smem_per_block)) << c.to_string();
+  EXPECT_EQ(AllGatherSchedule(all_gather_shape(qkv, c, 0)).num_tiles(), 128);
 }
 
 TEST(AllGatherConfig, InterleavesTheBandsOfOneWave) {

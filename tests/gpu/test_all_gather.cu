@@ -286,7 +286,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
                                            AllGatherCase{4, 512, 1280, 1024, WeightLayout::kNxK},
                                            AllGatherCase{2, 128, 1280, 2048, WeightLayout::kKxN},
                                            // A split tail: 136 tiles, 4 past a wave (of 132 and of 66).
-                                           AllGatherCase{2, 4352, 1024, 5120, WeightLayout::kNxK}),
+                                           AllGatherCase{2, 4352, 1024, 5120, WeightLayout::kNxK},
+                                           // 128 x 128 tiles (mixtral qkv at P = 8, M = 2048).
+                                           AllGatherCase{8, 2048, 1024, 6144, WeightLayout::kNxK}),
                          case_name);
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every

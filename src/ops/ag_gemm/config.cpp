@@ -25,8 +25,8 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     grid.rows_per_band = rows * sources_per_band;
     grid.n = problem.n_per_rank;
     TPFUSE_RETURN_IF_ERROR(
-        select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kFusedOps,
-                                   TailSplits::kAllowed, &c->gemm));
+        select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kStoringOps,
+                                   &c->gemm));
     c->gemm.group_rows = group_rows_for(1, overrides);
     return Status::Ok();
   };

@@ -17,7 +17,7 @@ struct CopyStages {
   alignas(128) uint8_t buffer[kCopyStages][kCopyStageBytes];
   uint64_t full[kCopyStages];  // a stage's bulk load has landed
 
-  static constexpr bool takes(const GemmVariant& v) { return fused_ops_take(v); }  // the compiled variants
+  static constexpr bool takes(const GemmVariant& v) { return storing_ops_take(v); }  // the compiled variants
 };
 
 // The deeper ring of a copier CTA without a tile, laid over the mainloop's stages (which it does

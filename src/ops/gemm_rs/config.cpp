@@ -98,7 +98,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
       const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
       TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(
           grid, int(num_k_blocks), device, overrides, gemm_rs_smem_bytes(),
-          register_epilogue ? Variants::kWithOneConsumer : Variants::kFusedOps, TailSplits::kNo, &c.gemm));
+          register_epilogue ? Variants::kWithOneConsumer : Variants::kFusedOps, &c.gemm));
     } else {
       TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides, gemm_rs_smem_bytes(), &c.gemm));
     }
