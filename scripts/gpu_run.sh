@@ -65,7 +65,7 @@ for step in "${steps[@]}"; do
       one_consumer='*GemmSplitK.SmallIntegers*/M8_N1000_K1024_NxK:*GemmSplitK.SmallIntegers*/M24_N1000_K2056_KxN'
       one_consumer+=':*GemmSplitK.SmallIntegers*/M200_N264_K1000_NxK:*GemmSwapAb*'
       # A split tail: whole tiles, then the last wave's tiles in splits.
-      run_step memcheck_gemm_split_tail compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter='*GemmSplitTail*/M17408_N256_K1280_KxN'
+      run_step memcheck_gemm_split_tail compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter='*GemmSplitTail*/M5760_N768_K1280_KxN'
       run_step memcheck_gemm_one_consumer compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       run_step racecheck_gemm compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       run_step synccheck_gemm compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"

@@ -303,8 +303,8 @@ INSTANTIATE_TEST_SUITE_P(
     shape_name);
 
 // A split tail (the tiles past the last full wave, gemm/split_k.h): the config splits it on these
-// shapes (136 tiles of 128 x 256, the last row and column clipped or not, 4 past a wave of 132, K in
-// 80, 79 or 20 K blocks). Random inputs: within 1.1x cuBLAS's error and bit-identical run to run; small
+// shapes (272 tiles of 128 x 128, the last row and column clipped or not, 8 past two waves of 132,
+// K in 80 or 79 K blocks; 180 of 128 x 192, K in 20). Random inputs: within 1.1x cuBLAS's error and bit-identical run to run; small
 // integers: bit-identical to the unsplit GEMM.
 class GemmSplitTail : public ::testing::TestWithParam<GemmShape> {};
 
@@ -359,8 +359,8 @@ TEST_P(GemmSplitTail, WithinCublasErrorAndExactAsUnsplit) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmSplitTail,
                          ::testing::Values(GemmShape{4352, 1024, 5120, WeightLayout::kKxN},
                                            GemmShape{4300, 1000, 5056, WeightLayout::kNxK},
-                                           // A narrow one for the sanitizers: 136 row tiles, K 20 blocks.
-                                           GemmShape{17408, 256, 1280, WeightLayout::kKxN}),
+                                           // A small one for the sanitizers: 180 tiles of 128 x 192, K 20 blocks.
+                                           GemmShape{5760, 768, 1280, WeightLayout::kKxN}),
                          shape_name);
 
 // The calls of a split test sequence: shapes whose splits differ (and one unsplit), both layouts.
