@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "gemm/shared_storage.h"
+#include "gemm/split_k.h"
 
 namespace tpfuse {
 
@@ -263,7 +264,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   GemmConfig c;
   c.variant = best;
   c.split_k = splits;
-  c.whole_tiles = split_tail ? int(grid.tiles(block_m, block_n) / device.num_sms * device.num_sms) : 0;
+  c.whole_tiles = split_tail ? split_plan(grid.tiles(block_m, block_n), splits, true, device.num_sms).whole_tiles : 0;
   c.num_ctas = device.num_sms;
   c.smem_bytes = smem[best];
   c.group_rows = group_rows_for(1, overrides);
@@ -278,8 +279,8 @@ std::string GemmConfig::to_string() const {
   std::ostringstream os;
   os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << kBlockK << ", stages "
      << v.stages << ", staged chunks " << (v.staged_chunks > 0 ? std::to_string(v.staged_chunks) : std::string("all"))
-     << ", split_k " << split_k
-     << (whole_tiles > 0 ? " from tile " + std::to_string(whole_tiles) : std::string()) << ", threads " << threads_of(v) << ", ctas " << num_ctas << ", group_rows "
+     << ", split_k " << split_k << (whole_tiles > 0 ? " from tile " + std::to_string(whole_tiles) : std::string())
+     << ", threads " << threads_of(v) << ", ctas " << num_ctas << ", group_rows "
      << group_rows << ", smem " << smem_bytes << " B";
   return os.str();
 }

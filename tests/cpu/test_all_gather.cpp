@@ -346,11 +346,7 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
 // the 56 past two full waves in 2 splits. overrides.split_k = 1 never splits.
 TEST(AllGatherConfig, SplitsTheTailAsThePlainGemm) {
   const DeviceInfo device;
-  AllGatherProblem qkv;
-  qkv.m = 8192;
-  qkv.n_per_rank = 1280;
-  qkv.k = 8192;
-  qkv.world_size = 8;
+  const AllGatherProblem qkv{8192, 1280, 8192, 8};
   AllGatherConfig c;
   ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
   EXPECT_EQ(c.gemm.tile().block_n, 256) << c.to_string();
@@ -368,11 +364,7 @@ TEST(AllGatherConfig, SplitsTheTailAsThePlainGemm) {
 // all-gather's 5-stage variant (128 x 256 tiles would take 2 splits of K).
 TEST(AllGatherConfig, TakesOneWaveOf128x128WhereWiderTilesSplit) {
   const DeviceInfo device;
-  AllGatherProblem qkv;
-  qkv.m = 2048;
-  qkv.n_per_rank = 1024;
-  qkv.k = 6144;
-  qkv.world_size = 8;
+  const AllGatherProblem qkv{2048, 1024, 6144, 8};
   AllGatherConfig c;
   ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
   EXPECT_EQ(c.gemm.tile().block_m * 1000 + c.gemm.tile().block_n, 128128) << c.to_string();

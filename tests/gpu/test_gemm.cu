@@ -226,6 +226,32 @@ std::vector<ConfigOverrides> split_overrides(const Problem& p) {
   return out;
 }
 
+// Three calls of `p` with overrides `o` into the poisoned `c`: the first within 1.1x cuBLAS's error
+// (`theirs`) against the FP32 reference, every output written; the others bit-identical to it.
+void expect_within_cublas_error_run_to_run(const Problem& p, const DeviceArray<__nv_bfloat16>& a,
+                                           const DeviceArray<__nv_bfloat16>& w, DeviceArray<__nv_bfloat16>& c,
+                                           const std::vector<float>& ref_host, const ErrorStats& theirs,
+                                           const ConfigOverrides& o, const std::string& what) {
+  std::vector<bf16> first_run;
+  for (int run = 0; run < 3; ++run) {
+    poison(c.ptr, c.count);
+    const Status s = gemm(p, a.ptr, w.ptr, c.ptr, nullptr, o);
+    ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<bf16> out = c.to_host();
+    if (run > 0) {
+      EXPECT_EQ(difference(out, first_run, p.n), "") << what << ": run " << run << " against run 0";
+      continue;
+    }
+    first_run = out;
+    const ErrorSums ours_sums = error_sums(out, ref_host);
+    EXPECT_EQ(ours_sums.num_nonfinite, 0u) << what << ": unwritten (poisoned) or non-finite outputs";
+    const ErrorStats ours = ours_sums.stats();
+    EXPECT_LE(ours.max_rel, kErrorFactor * theirs.max_rel + 1e-7) << what << ": cuBLAS max_rel " << theirs.max_rel;
+    EXPECT_LE(ours.norm_rel, kErrorFactor * theirs.norm_rel + 1e-7) << what << ": cuBLAS norm_rel " << theirs.norm_rel;
+  }
+}
+
 class GemmSplitK : public ::testing::TestWithParam<GemmShape> {};
 
 // Random inputs: every split within 1.1x cuBLAS's error, and bit-identical run to run.
@@ -247,25 +273,7 @@ TEST_P(GemmSplitK, WithinCublasErrorRunToRun) {
   const auto ref_host = ref.to_host();
   const ErrorStats theirs = error_sums(c_cublas.to_host(), ref_host).stats();
   for (const ConfigOverrides& o : overrides) {
-    const std::string what = p.to_string() + ", " + kernel_of(p, o);
-    std::vector<bf16> first_run;
-    for (int run = 0; run < 3; ++run) {
-      poison(c.ptr, c.count);
-      const Status s = gemm(p, a.ptr, w.ptr, c.ptr, nullptr, o);
-      ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
-      ASSERT_CUDA(cudaDeviceSynchronize());
-      const std::vector<bf16> out = c.to_host();
-      if (run > 0) {
-        EXPECT_EQ(difference(out, first_run, n), "") << what << ": run " << run << " against run 0";
-        continue;
-      }
-      first_run = out;
-      const ErrorSums ours_sums = error_sums(out, ref_host);
-      EXPECT_EQ(ours_sums.num_nonfinite, 0u) << what << ": unwritten (poisoned) or non-finite outputs";
-      const ErrorStats ours = ours_sums.stats();
-      EXPECT_LE(ours.max_rel, kErrorFactor * theirs.max_rel + 1e-7) << what << ": cuBLAS max_rel " << theirs.max_rel;
-      EXPECT_LE(ours.norm_rel, kErrorFactor * theirs.norm_rel + 1e-7) << what << ": cuBLAS norm_rel " << theirs.norm_rel;
-    }
+    expect_within_cublas_error_run_to_run(p, a, w, c, ref_host, theirs, o, p.to_string() + ", " + kernel_of(p, o));
   }
 }
 
@@ -304,8 +312,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A split tail (the tiles past the last full wave, gemm/split_k.h): the config splits it on these
 // shapes (272 tiles of 128 x 128, the last row and column clipped or not, 8 past two waves of 132,
-// K in 80 or 79 K blocks; 180 of 128 x 192, K in 20). Random inputs: within 1.1x cuBLAS's error and bit-identical run to run; small
-// integers: bit-identical to the unsplit GEMM.
+// K in 80 or 79 K blocks; 180 of 128 x 192, K in 20). Random inputs: within 1.1x cuBLAS's error
+// and bit-identical run to run; small integers: bit-identical to the unsplit GEMM.
 class GemmSplitTail : public ::testing::TestWithParam<GemmShape> {};
 
 TEST_P(GemmSplitTail, WithinCublasErrorAndExactAsUnsplit) {
@@ -327,23 +335,7 @@ TEST_P(GemmSplitTail, WithinCublasErrorAndExactAsUnsplit) {
   const auto ref_host = ref.to_host();
   const ErrorStats theirs = error_sums(c_cublas.to_host(), ref_host).stats();
   const std::string what = p.to_string() + " -> " + config.to_string();
-  std::vector<bf16> first_run;
-  for (int run = 0; run < 3; ++run) {
-    poison(c.ptr, c.count);
-    ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr).ok()) << what;
-    ASSERT_CUDA(cudaDeviceSynchronize());
-    const std::vector<bf16> out = c.to_host();
-    if (run > 0) {
-      EXPECT_EQ(difference(out, first_run, n), "") << what << ": run " << run << " against run 0";
-      continue;
-    }
-    first_run = out;
-    const ErrorSums ours_sums = error_sums(out, ref_host);
-    EXPECT_EQ(ours_sums.num_nonfinite, 0u) << what << ": unwritten (poisoned) or non-finite outputs";
-    const ErrorStats ours = ours_sums.stats();
-    EXPECT_LE(ours.max_rel, kErrorFactor * theirs.max_rel + 1e-7) << what << ": cuBLAS max_rel " << theirs.max_rel;
-    EXPECT_LE(ours.norm_rel, kErrorFactor * theirs.norm_rel + 1e-7) << what << ": cuBLAS norm_rel " << theirs.norm_rel;
-  }
+  expect_within_cublas_error_run_to_run(p, a, w, c, ref_host, theirs, {}, what);
   fill_small_ints(a.ptr, a.count, 41 + m);
   fill_small_ints(w.ptr, w.count, 43 + n);
   poison(c.ptr, c.count);
