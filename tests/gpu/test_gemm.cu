@@ -198,6 +198,85 @@ std::string difference(const std::vector<bf16>& a, const std::vector<bf16>& b, i
          std::to_string(__bfloat162float(b[first]));
 }
 
+// ---- CTA pairs (gemm/mainloop.cuh) --------------------------------------------------------------
+
+// A shape and the overrides it runs with, in pairs and without.
+struct PairCase {
+  const char* name;
+  Problem problem;
+  int block_n;
+  int group_rows;
+};
+
+std::string pair_case_name(const ::testing::TestParamInfo<PairCase>& info) {
+  return std::string(info.param.name) + "_" + to_string(info.param.problem.weight_layout);
+}
+
+class GemmCtaPairs : public ::testing::TestWithParam<PairCase> {};
+
+// The same tiles in CTA pairs sharing W's loads give the same bits as without, on random inputs,
+// run after run, and on small integers the FP32 reference's.
+TEST_P(GemmCtaPairs, BitIdenticalToUnpaired) {
+  const PairCase& t = GetParam();
+  const Problem& p = t.problem;
+  ConfigOverrides paired, alone;
+  paired.block_n = alone.block_n = t.block_n;
+  paired.group_rows = alone.group_rows = t.group_rows;
+  paired.split_k = alone.split_k = 1;  // whole tiles: pairs take no splits
+  paired.swap_ab = alone.swap_ab = 0;
+  paired.cta_pairs = 1;
+  alone.cta_pairs = 0;
+  const std::string what = p.to_string() + ", " + config_of(p, paired).to_string();
+  ASSERT_TRUE(config_of(p, paired).cta_pairs) << what;
+  ASSERT_FALSE(config_of(p, alone).cta_pairs) << what;
+  DeviceArray<__nv_bfloat16> a(size_t(p.m) * p.k_per_rank), w(size_t(p.k_per_rank) * p.n), c(size_t(p.m) * p.n);
+  for (const bool small_ints : {false, true}) {
+    if (small_ints) {
+      fill_small_ints(a.ptr, a.count, 31 + p.m);
+      fill_small_ints(w.ptr, w.count, 37 + p.n);
+    } else {
+      fill_random(a.ptr, a.count, 41 + p.m);
+      fill_random(w.ptr, w.count, 43 + p.n);
+    }
+    poison(c.ptr, c.count);
+    ASSERT_TRUE(gemm(p, a.ptr, w.ptr, c.ptr, nullptr, alone).ok()) << what;
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<bf16> expected = c.to_host();
+    if (small_ints) {
+      DeviceArray<float> ref(size_t(p.m) * p.n);
+      reference_gemm(p, a.ptr, w.ptr, ref.ptr);
+      const int64_t bad = first_mismatch(expected, ref.to_host());
+      ASSERT_EQ(bad, -1) << what << " unpaired: first mismatch with the reference at " << element_at(bad, p.n);
+    }
+    for (int run = 0; run < 2; ++run) {
+      poison(c.ptr, c.count);
+      const Status s = gemm(p, a.ptr, w.ptr, c.ptr, nullptr, paired);
+      ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(difference(c.to_host(), expected, p.n), "")
+          << what << (small_ints ? ", small integers" : ", random") << ", run " << run;
+    }
+  }
+}
+
+// Many waves of pairs in the same columns, rings that wrap inside a tile; raster groups of 3 rows
+// (a pair across two columns at every group's end); 9 x 3 tiles (pairs across columns, and a last
+// pair whose second tile repeats the first), also 128 x 192; one row of 64-row tiles (pairs that
+// never share).
+std::vector<PairCase> pair_cases() {
+  std::vector<PairCase> out;
+  for (const WeightLayout layout : {WeightLayout::kKxN, WeightLayout::kNxK}) {
+    out.push_back({"waves", {4096, 4096, 1024, 1, layout}, 0, 0});
+    out.push_back({"groups_of_3", {4096, 4096, 1024, 1, layout}, 0, 3});
+    out.push_back({"odd_tiles", {1100, 520, 640, 1, layout}, 0, 0});
+    out.push_back({"odd_tiles_192", {1100, 520, 640, 1, layout}, 192, 0});
+    out.push_back({"one_row", {64, 8192, 512, 1, layout}, 0, 0});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GemmCtaPairs, ::testing::ValuesIn(pair_cases()), pair_case_name);
+
 // The overrides a split test runs: the config's own split, and forced splits in 2 and 3 where they
 // fit the shape (one wave of steps, a K block a split); at M <= 64 the same on tiles 64 and 128
 // wide (one consumer and two), at M <= 256 on 128 wide (128 x 128 tiles where they tie with 64 x 128)
