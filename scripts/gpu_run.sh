@@ -69,11 +69,6 @@ for step in "${steps[@]}"; do
       run_step memcheck_gemm_one_consumer compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       run_step racecheck_gemm compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
       run_step synccheck_gemm compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${one_consumer}"
-      # CTA pairs: across columns, a repeated last tile, both layouts.
-      pairs='*GemmCtaPairs*/odd_tiles_*'
-      for tool in memcheck racecheck synccheck; do
-        run_step ${tool}_gemm_pairs compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${pairs}"
-      done
       # Not the one-wave P = 8 case: with several steps per CTA racecheck reports the producer's note
       # of a later step (stage_tile) against the consumers' reads of an earlier one, which the
       # stage's empty mbarrier orders (two arrivals, one per consumer warpgroup, each after a

@@ -20,9 +20,6 @@ struct ConfigOverrides {
   // rows on its narrow one); 1 wherever m <= 64, 0 never, -1: the config's (a forced block_n or
   // split_k means the tiled kernel)
   int swap_ab = -1;
-  // gemm only, whole tiles: CTAs in clusters of two, each loading half of W's stages into both
-  // (TMA multicast); 1 yes, 0 no, -1: the config's
-  int cta_pairs = -1;
   // gemm_reduce_scatter only:
   int own_lag = -1;         // rounds from a peer's tile to the own tile of the same rows; -1: the config's
   int partial_rounds = -1;  // at most this many rounds of an own tile's partials in its K loop; -1: the config's

@@ -11,7 +11,6 @@ std::string ConfigOverrides::to_string() const {
   if (group_rows != 0) add("group_rows", group_rows);
   if (split_k != 0) add("split_k", split_k);
   if (swap_ab != -1) add("swap_ab", swap_ab);
-  if (cta_pairs != -1) add("cta_pairs", cta_pairs);
   if (own_lag != -1) add("own_lag", own_lag);
   if (partial_rounds != -1) add("partial_rounds", partial_rounds);
   if (shared_tiles != -1) add("shared_tiles", shared_tiles);
@@ -39,10 +38,6 @@ Status validate(const ConfigOverrides& o) {
   if (o.swap_ab < -1 || o.swap_ab > 1) {
     return Status::InvalidArgument("overrides.swap_ab = " + std::to_string(o.swap_ab) +
                                    " must be 1 (wherever m <= 64), 0 (never) or -1 (the config's choice)");
-  }
-  if (o.cta_pairs < -1 || o.cta_pairs > 1) {
-    return Status::InvalidArgument("overrides.cta_pairs = " + std::to_string(o.cta_pairs) +
-                                   " must be 1 (pairs), 0 (never) or -1 (the config's choice)");
   }
   if (o.own_lag < -1 || o.own_lag > kMaxRounds) {
     return Status::InvalidArgument("overrides.own_lag = " + std::to_string(o.own_lag) + " must be a number of rounds in 0.." +

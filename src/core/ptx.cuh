@@ -45,33 +45,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// Arrives on the barrier at the same shared-memory offset as `bar` in CTA `cta_rank` of this
-// cluster (a release at cluster scope: this thread's reads of the stage it hands back are done).
-__device__ __forceinline__ void mbarrier_arrive_in_cluster(uint64_t* bar, uint32_t cta_rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta_rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
-// ---- clusters ----------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t cluster_num_ctas() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
-}
-
-__device__ __forceinline__ uint32_t cluster_cta_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-
-// Every thread of every CTA of the cluster: what each wrote before is seen by all after.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
 // ---- TMA (bulk tensor copies) -------------------------------------------------------------------
 
 // Loads a 2D box at (x = inner coordinate, y) into shared memory; completion counts bytes on `bar`.
@@ -80,17 +53,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* m
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
           smem_addr(smem_dst)),
       "l"(map), "r"(smem_addr(bar)), "r"(x), "r"(y)
-      : "memory");
-}
-
-// The same, into the same shared-memory offset of every CTA of the cluster in `cta_mask`, each
-// counting the bytes on its own barrier at `bar`'s offset.
-__device__ __forceinline__ void tma_load_2d_multicast(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(
-          smem_addr(smem_dst)),
-      "l"(map), "r"(smem_addr(bar)), "r"(x), "r"(y), "h"(cta_mask)
       : "memory");
 }
 

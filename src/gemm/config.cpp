@@ -280,7 +280,7 @@ std::string GemmConfig::to_string() const {
   os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << kBlockK << ", stages "
      << v.stages << ", staged chunks " << (v.staged_chunks > 0 ? std::to_string(v.staged_chunks) : std::string("all"))
      << ", split_k " << split_k << (whole_tiles > 0 ? " from tile " + std::to_string(whole_tiles) : std::string())
-     << ", threads " << threads_of(v) << ", ctas " << num_ctas << (cta_pairs ? " in pairs" : "") << ", group_rows "
+     << ", threads " << threads_of(v) << ", ctas " << num_ctas << ", group_rows "
      << group_rows << ", smem " << smem_bytes << " B";
   return os.str();
 }
@@ -329,10 +329,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-  TPFUSE_RETURN_IF_ERROR(
-      select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config));
-  config->cta_pairs = overrides.cta_pairs == 1 && config->split_k == 1;
-  return Status::Ok();
+  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config);
 }
 
 }  // namespace tpfuse

@@ -35,8 +35,6 @@ struct GemmConfig {
                          // the last full wave of num_ctas) split; 0: every tile split
   int num_ctas = 0;      // persistent grid size (at most one CTA per SM)
   int group_rows = 32;   // raster group (gemm/raster.h): row tiles visited together for L2 reuse
-  bool cta_pairs = false; // the plain GEMM's whole tiles: CTAs in clusters of two sharing W's loads
-                          // (gemm/mainloop.cuh)
   size_t smem_bytes = 0; // dynamic shared memory of a launch (the op's storage, gemm/shared_storage.h)
 
   const GemmVariant& tile() const { return kGemmVariants[variant]; }
@@ -86,8 +84,7 @@ int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides);
 // split_k forced; overrides.swap_ab 1 takes it wherever m <= 64, 0 never.
 int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides);
 
-// The plain GEMM's config: the whole m x n output as one band, K split where that fills the SMs;
-// whole tiles in CTA pairs where overrides.cta_pairs asks (1; 0 or -1: never).
+// The plain GEMM's config: the whole m x n output as one band, K split where that fills the SMs.
 Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides,
                                 GemmConfig* config);
 

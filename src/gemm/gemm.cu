@@ -43,23 +43,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1) split_k_gemm_kernel(const
 
 namespace {
 
-// Launches `kernel` over the steps of `params.mainloop.schedule`: no more CTAs than steps (in
-// pairs, rounded up to even), and all of them resident.
+// Launches `kernel` over the steps of `params.mainloop.schedule`: no more CTAs than steps, and all
+// of them resident.
 template <class Config, class Kernel, class Params>
 Status launch_gemm(Kernel kernel, const Params& params, const GemmConfig& config, bool debug, cudaStream_t stream) {
   size_t smem = 0;
   TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config, &smem));
   const int num_steps = params.mainloop.schedule.num_tiles();
-  const int wanted = std::min(config.num_ctas, num_steps);
   int grid = 0;
-  TPFUSE_RETURN_IF_ERROR(config.cta_pairs ? resident_pair_grid<Config>(kernel, smem, wanted, &grid)
-                                          : resident_grid<Config>(kernel, smem, wanted, &grid));
+  TPFUSE_RETURN_IF_ERROR(resident_grid<Config>(kernel, smem, std::min(config.num_ctas, num_steps), &grid));
   if (debug) {
-    std::fprintf(stderr, "tpfuse: launch grid %d x %d threads%s, %zu B smem, %d steps (split_k %d), %d k-blocks\n", grid,
-                 Config::kThreads, config.cta_pairs ? " in pairs" : "", smem, num_steps, config.split_k,
-                 params.mainloop.num_k_blocks);
+    std::fprintf(stderr, "tpfuse: launch grid %d x %d threads, %zu B smem, %d steps (split_k %d), %d k-blocks\n", grid,
+                 Config::kThreads, smem, num_steps, config.split_k, params.mainloop.num_k_blocks);
   }
-  return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream, config.cta_pairs ? 2 : 1);
+  return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream);
 }
 
 // The swap-AB kernel over A's rows rounded up to kRows.

@@ -49,35 +49,21 @@ Status kernel_smem_bytes(const GemmConfig& config, size_t* smem) {
   return Status::Ok();
 }
 
-// A launch of `grid` CTAs of a kernel of `Config`: cooperatively if asked (all CTAs resident at
-// once), in clusters of `cluster_ctas` CTAs.
-template <class Config>
-struct PersistentLaunch {
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attributes[2]{};
-
-  PersistentLaunch(int grid, size_t smem, bool cooperative, int cluster_ctas, cudaStream_t stream) {
-    cfg.gridDim = dim3(unsigned(grid));
-    cfg.blockDim = dim3(Config::kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = attributes;
-    if (cooperative) {
-      attributes[cfg.numAttrs].id = cudaLaunchAttributeCooperative;
-      attributes[cfg.numAttrs++].val.cooperative = 1;
-    }
-    if (cluster_ctas > 1) {
-      attributes[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-      attributes[cfg.numAttrs++].val.clusterDim = {unsigned(cluster_ctas), 1, 1};
-    }
-  }
-};
-
+// Launches `grid` CTAs of a kernel of `Config` (cooperatively if asked: all CTAs resident at once).
 template <class Config, class Kernel, class Params>
 Status launch_persistent(Kernel kernel, const Params& params, int grid, size_t smem, bool cooperative,
-                         cudaStream_t stream, int cluster_ctas = 1) {
-  PersistentLaunch<Config> launch(grid, smem, cooperative, cluster_ctas, stream);
-  TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&launch.cfg, kernel, params));
+                         cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(Config::kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  cfg.attrs = &attribute;
+  cfg.numAttrs = cooperative ? 1 : 0;
+  TPFUSE_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, params));
   return Status::Ok();
 }
 
@@ -91,19 +77,6 @@ Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
   TPFUSE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   *grid = std::min(wanted, per_sm * sms);
   if (*grid <= 0) return Status::Unsupported("no CTA of this kernel fits on the device");
-  return Status::Ok();
-}
-
-// The same in clusters of two: the largest even grid resident at once, at most `wanted` CTAs
-// rounded up to even.
-template <class Config, class Kernel>
-Status resident_pair_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
-  TPFUSE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  PersistentLaunch<Config> launch(2, smem, /*cooperative=*/false, /*cluster_ctas=*/2, nullptr);
-  int clusters = 0;
-  TPFUSE_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.cfg));
-  *grid = 2 * std::min((wanted + 1) / 2, clusters);
-  if (*grid <= 0) return Status::Unsupported("no cluster of two CTAs of this kernel fits on the device");
   return Status::Ok();
 }
 

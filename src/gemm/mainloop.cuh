@@ -15,12 +15,6 @@
 // wave of `grid` steps (CtaSteps, gemm/tile.h). A schedule has num_tiles() and tile(step); a step
 // multiplies its tile over all K blocks, or over its slice of them where the schedule splits K
 // (k_slice_of, gemm/split_k.h).
-//
-// CTA pairs (an epilogue with kCtaPairs, launched in clusters of two: the plain GEMM's whole tiles):
-// the two CTAs of a cluster take the two tiles of consecutive steps, which the raster puts in the
-// same W columns, and each loads half of every W stage into both (TMA multicast), so that W crosses
-// from L2 once for two tiles. Their rings move in lockstep: a stage goes back to either producer only
-// when both CTAs' consumers have released it.
 #pragma once
 
 #include <cuda.h>
@@ -159,9 +153,8 @@ struct ALoad {
 
 // What an epilogue does not define itself (it derives from this): no helper threads, A from the
 // mainloop's own map, no barriers of its own, nothing before or during a tile's K loop, no extra
-// stages, no CTA pairs.
+// stages.
 struct EpilogueBase {
-  static constexpr bool kCtaPairs = false;
   static constexpr bool kHasSender = false;
   static constexpr bool kHasWatcher = false;
   static constexpr bool kHasCopier = false;
@@ -189,43 +182,6 @@ __device__ __forceinline__ void for_each_step(const Schedule& schedule, int cta,
   const int num_tiles = schedule.num_tiles();
   for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) fn(steps.step(), schedule.tile(steps.step()));
 }
-
-// A CTA's place in a pair (see the top): none where its kernel was launched without clusters of two.
-struct CtaPair {
-  bool paired = false;
-  uint32_t rank = 0;  // in the cluster
-
-  __device__ static CtaPair of_launch() {
-    const bool paired = ptx::cluster_num_ctas() == 2;
-    return {paired, paired ? ptx::cluster_cta_rank() : 0u};
-  }
-};
-
-// The steps a CTA takes: alone, those of CtaSteps; as one of a pair, its tile of each of the pair's
-// steps (pair step q: steps 2q and 2q + 1, the CTAs of ranks 0 and 1). Past the last tile the
-// second CTA repeats the first's, which it multiplies with it and does not store (repeats()), so
-// that both take every stage of the ring.
-class StepWalk {
- public:
-  __device__ StepWalk(int num_tiles, int cta, int num_ctas, CtaPair pair)
-      : steps_(pair.paired ? cta / 2 : cta, pair.paired ? num_ctas / 2 : num_ctas), num_tiles_(num_tiles),
-        pair_(pair) {}
-
-  __device__ bool more() const { return first() < num_tiles_; }
-  __device__ int step() const { return pair_.paired ? min(first() + int(pair_.rank), num_tiles_ - 1) : first(); }
-  __device__ int partner_step() const {
-    return pair_.paired ? min(first() + 1 - int(pair_.rank), num_tiles_ - 1) : first();
-  }
-  __device__ bool repeats() const { return pair_.paired && first() + int(pair_.rank) >= num_tiles_; }
-  __device__ void next() { steps_.next(); }
-
- private:
-  __device__ int first() const { return pair_.paired ? 2 * steps_.step() : steps_.step(); }
-
-  CtaSteps steps_;
-  int num_tiles_;
-  CtaPair pair_;
-};
 
 namespace gmma = cute::SM90::GMMA;
 
@@ -283,18 +239,12 @@ struct Slab {
 
 // The producer thread: each step's K stages (its tile's, or its slice of them), then the
 // epilogue's extra stages of the tile, if any.
-// With a partner whose tile has the same columns, each W piece is loaded by one of the two CTAs
-// into both.
 template <class Config, class Epilogue, class Schedule>
 __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const typename Epilogue::Params& epilogue,
-                                        StorageOf<Config>& smem, int cta, int num_ctas, CtaPair pair) {
+                                        StorageOf<Config>& smem, int cta, int num_ctas) {
   StageCursor ring;
   uint32_t extra_phase = 0;  // the epilogue's, across tiles
-  for (StepWalk walk(p.schedule.num_tiles(), cta, num_ctas, pair); walk.more(); walk.next()) {
-    const int step = walk.step();
-    Tile tile = p.schedule.tile(step);
-    const bool multicast = pair.paired && p.schedule.tile(walk.partner_step()).col_begin == tile.col_begin;
-    if (walk.repeats()) tile.row_end = tile.row_begin;  // no rows to store
+  for_each_step(p.schedule, cta, num_ctas, [&](int step, const Tile& tile) {
     const ALoad a = Epilogue::template a_load<Config>(epilogue, p, tile);
     const KSlice k_slice = k_slice_of(p.schedule, step, p.num_k_blocks);  // registers: the loop's asm clobbers memory
     for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
@@ -318,25 +268,18 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
         uint16_t* dst = smem.w[stage] + piece * Config::kWPieceElems;
         const int x = Config::kWeightKMajor ? k : tile.col_begin + piece * 64;
         const int y = Config::kWeightKMajor ? tile.col_begin + piece * (Config::kBlockN / 2) : k;
-        if (!multicast) {
-          ptx::tma_load_2d(dst, &p.w, full, x, y);
-        } else if (piece % 2 == int(pair.rank)) {
-          ptx::tma_load_2d_multicast(dst, &p.w, full, x, y, 0b11);
-        }
+        ptx::tma_load_2d(dst, &p.w, full, x, y);
       }
       ring.advance<Config>();
     }
     Epilogue::template produce_extra_stages<Config>(epilogue, tile, k_slice, smem, ring, extra_phase);
-  }
+  });
 }
 
-// Hands a stage back to the producer (with a partner, to both CTAs' producers).
+// Hands a stage back to the producer.
 template <class Config>
-__device__ __forceinline__ void release_stage(StorageOf<Config>& smem, int stage, CtaPair pair = {}) {
-  if (threadIdx.x % 128 == 0) {
-    ptx::mbarrier_arrive(&smem.ring.empty[stage]);
-    if (pair.paired) ptx::mbarrier_arrive_in_cluster(&smem.ring.empty[stage], pair.rank ^ 1);
-  }
+__device__ __forceinline__ void release_stage(StorageOf<Config>& smem, int stage) {
+  if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.ring.empty[stage]);
 }
 
 // Accumulates one step's slab over its num_k_blocks K blocks. `ring` carries the position across
@@ -344,7 +287,7 @@ __device__ __forceinline__ void release_stage(StorageOf<Config>& smem, int stage
 template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring,
-                                             Epilogue& epilogue, CtaPair pair) {
+                                             Epilogue& epilogue) {
   using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
   constexpr uint64_t kStepA = 32 >> 4;
@@ -372,7 +315,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
     cute::warpgroup_wait<1>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    if (prev_stage >= 0) release_stage<Config>(smem, prev_stage, pair);
+    if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
     prev_stage = stage;
     ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
@@ -380,7 +323,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
   cute::warpgroup_wait<0>();
 #pragma unroll
   for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-  if (prev_stage >= 0) release_stage<Config>(smem, prev_stage, pair);
+  if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
 }
 
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
@@ -405,36 +348,28 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 //   with Epilogue::kHasCopier, warp 3 runs Epilogue::copy<Config>(params, smem, cta, num_ctas): data
 //   the op moves by bulk copies while the tiles multiply.
 // Epilogue::init<Config>(smem) initializes the op's barriers (one thread, before the CTA's barrier).
-// With Epilogue::kCtaPairs and a launch in clusters of two, the CTAs run in pairs (see the top).
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue, class Schedule>
 __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& mainloop,
                                                const typename Epilogue::Params& epilogue_params,
                                                StorageOf<Config>& smem, int cta, int num_ctas) {
   const int warpgroup = threadIdx.x / 128;
-  CtaPair pair;
-  if constexpr (Epilogue::kCtaPairs) pair = CtaPair::of_launch();
   if (threadIdx.x == 0) {
     ptx::prefetch_tensor_map(&mainloop.a);
     ptx::prefetch_tensor_map(&mainloop.a_last);
     ptx::prefetch_tensor_map(&mainloop.w);
     for (int s = 0; s < Config::kStages; ++s) {
       ptx::mbarrier_init(&smem.ring.full[s], 1);
-      ptx::mbarrier_init(&smem.ring.empty[s], Config::kConsumers * (pair.paired ? 2 : 1));
+      ptx::mbarrier_init(&smem.ring.empty[s], Config::kConsumers);
     }
     Epilogue::template init<Config>(smem);
     ptx::fence_barrier_init();
   }
-  // A partner arrives on this CTA's barriers and loads into its stages: both have initialized theirs.
-  if (pair.paired) {
-    ptx::cluster_sync();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas, pair);
+    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
     if constexpr (Epilogue::kHasSender) {
       if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
@@ -451,23 +386,22 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     Epilogue epilogue(epilogue_params, consumer, smem);
     float acc[Config::kAccPerThread];
     StageCursor ring;
+    const int num_tiles = mainloop.schedule.num_tiles();
     const int num_k_blocks = mainloop.num_k_blocks;  // a register: the loop's asm clobbers memory
-    for (StepWalk walk(mainloop.schedule.num_tiles(), cta, num_ctas, pair); walk.more(); walk.next()) {
+    for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
       // The ring is at the step's first K stage, which carries the step's tile.
       ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
       const Tile tile = smem.ring.stage_tile[ring.stage];
       // Every thread of the warpgroup has read the tile before its first thread may release the
       // stage (and the producer write the note of a later step there).
       consumer_sync(consumer);
-      const KSlice k_slice = k_slice_of(mainloop.schedule, walk.step(), num_k_blocks);
+      const KSlice k_slice = k_slice_of(mainloop.schedule, steps.step(), num_k_blocks);
       epilogue.template begin_tile<Config>(tile, k_slice);
-      consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue, pair);
+      consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
       epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);
     }
     epilogue.finish();
   }
-  // The partner's last arrivals on this CTA's barriers land before either exits.
-  if (pair.paired) ptx::cluster_sync();
 }
 
 }  // namespace tpfuse::kernels

@@ -9,10 +9,6 @@ namespace tpfuse::kernels {
 
 class StoreTileEpilogue : public EpilogueBase {
  public:
-  // Launched in clusters of two, the CTAs run in pairs (gemm/mainloop.cuh); a pair's repeated
-  // tile has no rows to store.
-  static constexpr bool kCtaPairs = true;
-
   struct Params {
     CUtensorMap c;  // m x n, row-major BF16, box 64 x 64, SWIZZLE_128B
   };

@@ -397,34 +397,13 @@ TEST(Config, OverridesApply) {
   EXPECT_EQ(ConfigOverrides{}.to_string(), "none");
 }
 
-// CTA pairs where asked, on whole tiles only; never unasked (the config's default).
-TEST(Config, CtaPairsOnWholeTilesWhereAsked) {
-  ConfigOverrides pairs, never;
-  pairs.cta_pairs = 1;
-  never.cta_pairs = 0;
-  GemmConfig c;
-  for (const ConfigOverrides& o : {ConfigOverrides{}, never}) {
-    ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), h100(), o, &c).ok());
-    EXPECT_FALSE(c.cta_pairs) << c.to_string();
-  }
-  ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), h100(), pairs, &c).ok());
-  EXPECT_TRUE(c.cta_pairs) << c.to_string();
-  EXPECT_NE(c.to_string().find("in pairs"), std::string::npos) << c.to_string();
-  // M = 512 at K = 8192 splits K: no pairs.
-  ASSERT_TRUE(select_plain_gemm_config(make(512, 1024, 8192, 1), h100(), pairs, &c).ok());
-  EXPECT_GT(c.split_k, 1) << c.to_string();
-  EXPECT_FALSE(c.cta_pairs) << c.to_string();
-  EXPECT_EQ(pairs.to_string(), "cta_pairs=1");
-}
-
 TEST(Config, BadOverridesAreErrors) {
   struct Case {
     ConfigOverrides overrides;
     const char* message;
   };
-  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k, idle_copiers, registers, pairs;
+  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k, idle_copiers, registers;
   block_n.block_n = 100;
-  pairs.cta_pairs = 2;
   idle_copiers.idle_copiers = 2;
   registers.register_epilogue = 3;
   group_rows.group_rows = -2;
@@ -434,7 +413,7 @@ TEST(Config, BadOverridesAreErrors) {
   for (const Case& t : {Case{block_n, "overrides.block_n = 100"}, Case{group_rows, "overrides.group_rows = -2"},
                         Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"},
                         Case{split_k, "overrides.split_k = -1"}, Case{idle_copiers, "overrides.idle_copiers = 2"},
-                        Case{registers, "overrides.register_epilogue = 3"}, Case{pairs, "overrides.cta_pairs = 2"}}) {
+                        Case{registers, "overrides.register_epilogue = 3"}}) {
     GemmRsConfig c;
     const Status s = select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), t.overrides, &c);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << t.message;
