@@ -304,7 +304,9 @@ TEST(AllGatherConfig, ChoicesAreCompiledVariants) {
 
 TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   const DeviceInfo device;
-  AllGatherProblem qkv;  // llama qkv at M = 512, P = 8: 8 bands x 5 tiles of 64 x 256, K = 8192
+  // Llama qkv at M = 512, P = 8, K = 8192: bands of one block would be 8 x 5 tiles of 64 x 256 in
+  // splits; bands of two take 4 x 10 tiles of 128 x 128 in splits instead.
+  AllGatherProblem qkv;
   qkv.m = 512;
   qkv.n_per_rank = 1280;
   qkv.k = 8192;
@@ -312,17 +314,32 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   AllGatherConfig c;
   ASSERT_TRUE(select_all_gather_config(qkv, device, {}, &c).ok());
   EXPECT_GT(c.gemm.split_k, 1) << c.to_string();
-  EXPECT_EQ(c.sources_per_band, 1) << "bands of two would be 28 tiles 192 wide: under half a wave";
+  EXPECT_EQ(c.sources_per_band, 2) << c.to_string();
+  EXPECT_EQ(c.gemm.tile().block_m * 1000 + c.gemm.tile().block_n, 128128) << c.to_string();
+  // Mixtral qkv (N/P = 1024, K = 6144): bands of one, 64 x 128 tiles in splits (128 x 128 in bands
+  // of two measured no faster).
+  AllGatherProblem mixtral_qkv{512, 1024, 6144, 8};
+  ASSERT_TRUE(select_all_gather_config(mixtral_qkv, device, {}, &c).ok());
+  EXPECT_EQ(c.sources_per_band, 1) << c.to_string();
+  EXPECT_EQ(c.gemm.tile().block_m * 1000 + c.gemm.tile().block_n, 64128) << c.to_string();
   AllGatherProblem gate_up = qkv;  // 4 bands of two x 28 tiles: nearly a wave already
   gate_up.n_per_rank = 7168;
   ASSERT_TRUE(select_all_gather_config(gate_up, device, {}, &c).ok());
   EXPECT_EQ(c.sources_per_band, 2) << "64-row blocks: 128-row tiles over two";
   EXPECT_EQ(c.gemm.tile().block_m, 128);
   EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
-  AllGatherProblem w1_w3 = qkv;  // bands of one block make one wave (8 x 16 tiles of 64 x 256): kept
+  // W1/w3: bands of one block would make one wave of 8 x 16 tiles of 64 x 256; bands of two make one
+  // of 4 x 32 tiles of 128 x 128.
+  AllGatherProblem w1_w3 = qkv;
   w1_w3.n_per_rank = 4096;
   w1_w3.k = 6144;
   ASSERT_TRUE(select_all_gather_config(w1_w3, device, {}, &c).ok());
+  EXPECT_EQ(c.sources_per_band, 2) << c.to_string();
+  EXPECT_EQ(c.gemm.tile().block_m * 1000 + c.gemm.tile().block_n, 128128) << c.to_string();
+  EXPECT_EQ(c.gemm.split_k, 1) << c.to_string();
+  ConfigOverrides one_block;
+  one_block.shared_tiles = 0;
+  ASSERT_TRUE(select_all_gather_config(w1_w3, device, one_block, &c).ok());
   EXPECT_EQ(c.sources_per_band, 1) << c.to_string();
   EXPECT_TRUE(AllGatherSchedule(all_gather_shape(w1_w3, c, 0)).bands_interleaved());
   ConfigOverrides forced;
@@ -337,7 +354,7 @@ TEST(AllGatherConfig, SplitsKWhereTheTilesFillFewSms) {
   EXPECT_EQ(c.gemm.tile().block_m, 64);
   ConfigOverrides pairs;
   pairs.shared_tiles = 1;
-  ASSERT_TRUE(select_all_gather_config(qkv, device, pairs, &c).ok());
+  ASSERT_TRUE(select_all_gather_config(mixtral_qkv, device, pairs, &c).ok());
   EXPECT_EQ(c.sources_per_band, 2) << "forced";
 }
 

@@ -609,6 +609,24 @@ TEST(Config, OneWaveOf128x128WhereWiderTilesSplit) {
   }
 }
 
+// One band of 257..512 rows where the model gives 64 x 256 tiles: 128 x 128 ones with their own
+// splits (M = 512: N = 4096 whole, N = 1280 in 3), where 128-row tiles hold no more rows past the
+// band than 64-row ones (not at M = 448: 64 rows past it).
+TEST(Config, OneBandOf512RowsOn128x128) {
+  GemmConfig g;
+  ASSERT_TRUE(select_plain_gemm_config(make(512, 4096, 6144, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
+  EXPECT_EQ(g.split_k, 1) << g.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(512, 1280, 8192, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128128) << g.to_string();
+  EXPECT_EQ(g.split_k, 3) << g.to_string();
+  ASSERT_TRUE(select_plain_gemm_config(make(448, 4096, 6144, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 64256) << g.to_string();
+  // Where 128-row tiles were the model's choice anyway (the sweep's o_proj at M = 512).
+  ASSERT_TRUE(select_plain_gemm_config(make(512, 8192, 1024, 1), h100(), {}, &g).ok());
+  EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128256) << g.to_string();
+}
+
 // Tiles of one consumer (64 x 64, 64 x 192) and 128 x 128 ones are the plain GEMM's: its config
 // takes the first where the time model says (M <= 64, and M <= 256 where 64 x 192 tiles make one
 // wave) and 128 x 128 for one band of 129..256 rows in one wave otherwise (not at M = 128: half the
@@ -679,12 +697,14 @@ TEST(Config, PlainGemmOnlyTiles) {
 }
 
 // The plain GEMM weighs 64-row tiles for one band of up to 512 rows: the column-parallel shapes at
-// M = 384-512 take them (in fewer splits than 128-row tiles needed); the row-parallel ones at M = 512
-// keep 128-row tiles; the fused ops weigh them up to 256 rows only.
+// M = 384-512 take them (in fewer splits than 128-row tiles needed) but where they would be 64 x 256
+// at M = 512 (128 x 128 instead, OneBandOf512RowsOn128x128); the row-parallel ones at M = 512 keep
+// 128-row tiles; the fused ops weigh them up to 256 rows only.
 TEST(Config, PlainGemm64RowTilesUpTo512Rows) {
   GemmConfig g;
   for (const int64_t m : {384, 512}) {
     for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1024, 6144}, {1280, 8192}, {4096, 6144}}) {
+      if (m == 512 && n != 1024) continue;
       ASSERT_TRUE(select_plain_gemm_config(make(m, n, k, 1), h100(), {}, &g).ok());
       EXPECT_EQ(g.tile().block_m, 64) << make(m, n, k, 1).to_string() << " -> " << g.to_string();
     }

@@ -36,7 +36,9 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   // block), where those tiles, 192 wide, make half a wave or more: with fewer, 64-row tiles of one
   // block with their own splits of K measured faster (docs/EXPERIMENTS.md). Not where bands of one
   // block make one wave: their steps then go down the bands as the plain GEMM's raster
-  // (ops/ag_gemm/schedule.h), which measured faster than bands of two. With P = 2 a band of two
+  // (ops/ag_gemm/schedule.h), which measured faster than bands of two; except where those would be
+  // 64 x 256 tiles and bands of two take 128 x 128 ones (a quarter fewer bytes a step, as the plain
+  // GEMM's one band of 512 rows: measured faster at N/P = 1280 and 4096). With P = 2 a band of two
   // would leave no tile to multiply before a peer's block has landed. Blocks of fewer rows: one band
   // of all blocks, so that a tile's rows are not mostly past its block's end. A tile waits for every
   // peer's block it holds.
@@ -49,9 +51,13 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     const bool one_wave = one_status.ok() && AllGatherSchedule(all_gather_shape(problem, one, 0)).bands_interleaved();
     if (rows < kSlabRows) {
       sources_per_band = p;
-    } else if (rows == kSlabRows && p >= 4 && p % 2 == 0 &&
-               (overrides.shared_tiles == 1 || (2 * pairs.tiles(128, 192) >= device.num_sms && !one_wave))) {
-      sources_per_band = 2;
+    } else if (rows == kSlabRows && p >= 4 && p % 2 == 0) {
+      const bool wide_pairs = 2 * pairs.tiles(128, 192) >= device.num_sms && !one_wave;
+      const bool one_wide = one_status.ok() && one.gemm.tile().block_m == 64 && one.gemm.tile().block_n == 256;
+      AllGatherConfig two;
+      const bool two_narrow = one_wide && with_bands_of(2, &two).ok() && two.gemm.tile().block_m == 128 &&
+                              two.gemm.tile().block_n == 128;
+      if (overrides.shared_tiles == 1 || wide_pairs || two_narrow) sources_per_band = 2;
     }
   }
   AllGatherConfig c = one;
