@@ -225,7 +225,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   }
   // Above kSmallBandRows, where the model gives 64 x 256 tiles (whole or split) and 128-row tiles
   // would not hold more rows past the band than they do: 128 x 128 tiles with their own splits, which
-  // load a quarter fewer bytes a step (measured 0.92-0.93x the time at M = 512, N = 1280 and 4096).
+  // load a quarter fewer bytes a step (measured faster on every such shape, docs/PERFORMANCE.md).
   const int64_t last_rows = grid.rows_per_band % 128;
   if (plain_gemm && overrides.block_n == 0 && block_m == 64 && block_n == 256 && heights[1] == 64 &&
       grid.rows_per_band > kSmallBandRows && (last_rows == 0 || last_rows > 64)) {

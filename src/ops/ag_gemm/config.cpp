@@ -38,11 +38,13 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   // block make one wave: their steps then go down the bands as the plain GEMM's raster
   // (ops/ag_gemm/schedule.h), which measured faster than bands of two; except where those would be
   // 64 x 256 tiles and bands of two take 128 x 128 ones (a quarter fewer bytes a step, as the plain
-  // GEMM's one band of 512 rows: measured faster at N/P = 1280 and 4096). With P = 2 a band of two
+  // GEMM's one band of 512 rows; measured faster, docs/EXPERIMENTS.md). With P = 2 a band of two
   // would leave no tile to multiply before a peer's block has landed. Blocks of fewer rows: one band
   // of all blocks, so that a tile's rows are not mostly past its block's end. A tile waits for every
   // peer's block it holds.
   int sources_per_band = 1;
+  AllGatherConfig two;  // bands of two, where the choice below needed them already
+  bool two_chosen = false;
   if (overrides.shared_tiles != 0 && p > 1) {
     TileGrid pairs;
     pairs.bands = p / 2;
@@ -54,15 +56,17 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     } else if (rows == kSlabRows && p >= 4 && p % 2 == 0) {
       const bool wide_pairs = 2 * pairs.tiles(128, 192) >= device.num_sms && !one_wave;
       const bool one_wide = one_status.ok() && one.gemm.tile().block_m == 64 && one.gemm.tile().block_n == 256;
-      AllGatherConfig two;
       const bool two_narrow = one_wide && with_bands_of(2, &two).ok() && two.gemm.tile().block_m == 128 &&
                               two.gemm.tile().block_n == 128;
       if (overrides.shared_tiles == 1 || wide_pairs || two_narrow) sources_per_band = 2;
+      two_chosen = two_narrow;
     }
   }
   AllGatherConfig c = one;
   if (sources_per_band == 1) {
     TPFUSE_RETURN_IF_ERROR(one_status);
+  } else if (two_chosen) {
+    c = two;
   } else {
     TPFUSE_RETURN_IF_ERROR(with_bands_of(sources_per_band, &c));
   }
