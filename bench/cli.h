@@ -35,6 +35,7 @@ struct Options {
   std::optional<uint64_t> seed;  // unset: the benchmark draws one
   bool gate = true;              // see TimingOptions::gate
   bool sensors = true;           // see TimingOptions::read_sensors
+  bool separate_loops = false;   // see TimingOptions::separate_loops
   // The library's config overrides for our calls (--overrides), and a second set timed beside them
   // in the same process (--compare; modes gemm and proxy).
   ConfigOverrides overrides;

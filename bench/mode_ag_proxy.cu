@@ -199,7 +199,7 @@ void run_ag_proxy(const Options& options, Report& report) {
   report.add_note("GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
                   " emulated ranks runs alone on the full grid, its peers' blocks of X preset as arrived; shapes "
                   "M, N/P, K; times in ms: median of " + std::to_string(options.iters) + " iterations after " +
-                  std::to_string(options.warmup) + " warm-up, the three calls interleaved");
+                  std::to_string(options.warmup) + " warm-up, the three calls " + call_order(options));
   report.add_note("T_gemm = tpfuse::gemm on the gathered X (M x K), T_fused_solo = rank 0's all_gather_gemm; "
                   "target fused/gemm <= 1.03; overrides " + options.overrides.to_string());
   report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));

@@ -52,6 +52,7 @@ void add_loop_sensor_columns(std::vector<Column>& columns, const std::string& lo
       {loop_key(loop, "power_w"), "W" + suffix, std::max(4, int(1 + suffix.size())), Format::kInteger},
       {loop_key(loop, "power_read_w"), "W_read" + suffix, 6, Format::kFixed, 1, false},
       {loop_key(loop, "energy_j"), "J" + suffix, 8, Format::kFixed, 3, false},
+      {loop_key(loop, "energy_steps"), "steps" + suffix, 5, Format::kInteger, 0, false},
       {loop_key(loop, "loop_s"), "loop_s" + suffix, 7, Format::kFixed, 3, false},
       {loop_key(loop, "sensor_readings"), "readings" + suffix, 8, Format::kInteger, 0, false},
   });
@@ -65,8 +66,13 @@ void set_loop_sensors(Row& row, const LoopSensors& sensors, const std::string& l
   set_if_read(row, loop_key(loop, "power_w"), sensors.power_w);
   set_if_read(row, loop_key(loop, "power_read_w"), sensors.power_read_w);
   set_if_read(row, loop_key(loop, "energy_j"), sensors.energy_j);
+  row[loop_key(loop, "energy_steps")] = double(sensors.energy_steps);
   row[loop_key(loop, "loop_s")] = sensors.seconds;
   row[loop_key(loop, "sensor_readings")] = double(sensors.num_readings);
+}
+
+std::string call_order(const Options& options) {
+  return options.separate_loops ? "each in a loop of its own (--separate-loops)" : "interleaved";
 }
 
 std::string timing_columns_note(const Options& options, GpuSensors& sensors, bool multi_gpu) {
@@ -77,9 +83,10 @@ std::string timing_columns_note(const Options& options, GpuSensors& sensors, boo
   note += "MHz_*: NVML's SM clock, read every " + period + " ms while that call ran, median";
   if (multi_gpu) note += " (the lowest of the GPUs' medians)";
   return note + "; W: mean power" + (multi_gpu ? " per GPU" : "") +
-         " over the timed loop (all its calls and the gaps between them), from the energy counter (else the mean of "
-         "the power readings); JSON and CSV also: the power readings' mean, the energy, the loop's seconds and "
-         "number of readings";
+         " over the timed loop (all its calls and the gaps between them), from the energy counter's increase between "
+         "its first and last step inside the loop (none on a loop shorter than two of its steps; the mean of the "
+         "power readings on a GPU without the counter); JSON and CSV also: the power readings' mean, the energy, the counter's steps, the loop's "
+         "seconds and number of readings";
 }
 
 void note_sensor_failures(Report& report, GpuSensors& sensors) {
@@ -132,6 +139,7 @@ TimingOptions timing_options(const Options& options) {
   timing.warmup = options.warmup;
   timing.iters = options.iters;
   timing.gate = options.gate;
+  timing.separate_loops = options.separate_loops;
   timing.read_sensors = options.sensors;
   return timing;
 }

@@ -1,5 +1,6 @@
 // Mode gemm: tpfuse::gemm against cuBLAS on each per-rank shape, on GPU 0, in the same run. With
 // --check, both against the FP32 reference, and SPEC's rule: each of ours' errors <= 1.1x cuBLAS's.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -11,6 +12,15 @@ namespace tpfuse::bench {
 
 namespace {
 
+// The roofline a per-rank GEMM is held to: reading W once at the HBM's rate, or the multiply at the
+// dense BF16 rate, whichever is longer (H200).
+constexpr double kHbmBytesPerSecond = 4.2e12;
+constexpr double kBf16FlopsPerSecond = 750e12;
+
+double roofline_ms(const Problem& problem) {
+  const double w_bytes = 2.0 * double(problem.n) * double(problem.k_per_rank);
+  return 1e3 * std::max(w_bytes / kHbmBytesPerSecond, problem.flops_per_rank() / kBf16FlopsPerSecond);
+}
 
 std::vector<Column> gemm_columns(bool check, bool compare) {
   std::vector<Column> columns = shape_columns();
@@ -20,6 +30,8 @@ std::vector<Column> gemm_columns(bool check, bool compare) {
       {"tflops_cublas", "TF_cublas", 9, Format::kFixed, 1},
       {"tflops_ours", "TF_ours", 8, Format::kFixed, 1},
       {"cublas_over_ours", "cublas/ours", 11, Format::kFixed, 3},
+      {"roofline_ms", "roof(ms)", 8, Format::kFixed, 4},
+      {"ours_over_roofline", "ours/roof", 9, Format::kFixed, 2},
   });
   if (compare) {
     columns.insert(columns.end(), {
@@ -81,7 +93,7 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
   if (options.compare) {
     calls.push_back([&](int i) { ours_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets), *options.compare); });
   }
-  // Timed interleaved (time_loop); cuBLAS alone where ours fails.
+  // Timed together (time_loop); cuBLAS alone where ours fails.
   LoopTiming loop;
   const bool ours_ok =
       outcome.failure.empty() && attempt([&] { loop = time_loop(gpus, timing, calls); }, &outcome.failure);
@@ -92,8 +104,10 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
   row["tflops_cublas"] = tflops(problem.flops_per_rank(), times[0].median_ms);
   row["host_cublas_us"] = times[0].host_us;
   set_if_read(row, "mhz_cublas", mhz[0]);
+  row["roofline_ms"] = roofline_ms(problem);
   if (ours_ok) {
     row["t_ours_ms"] = times[1].median_ms;
+    row["ours_over_roofline"] = times[1].median_ms / roofline_ms(problem);
     row["tflops_ours"] = tflops(problem.flops_per_rank(), times[1].median_ms);
     row["cublas_over_ours"] = times[0].median_ms / times[1].median_ms;
     row["host_ours_us"] = times[1].host_us;
@@ -117,9 +131,11 @@ void run_gemm(const Options& options, Report& report) {
   report.set_columns(gemm_columns(options.check, options.compare.has_value()));
   report.add_note("GPU 0 only; times in ms: median of " + std::to_string(options.iters) + " iterations after " +
                   std::to_string(options.warmup) +
-                  " warm-up, cuBLAS's and ours interleaved; cublas/ours = T_cublas / T_ours (above 1: ours is faster); "
+                  " warm-up, cuBLAS's and ours " + call_order(options) + "; cublas/ours = T_cublas / T_ours (above 1: ours is faster); "
                   "ours with overrides " + options.overrides.to_string() +
                   (options.compare ? ", ours_b with " + options.compare->to_string() : std::string()));
+  report.add_note("roof = max(W's bytes / 4.2 TB/s, 2MNK / 750 TFLOP/s): reading W once at the HBM's rate or the "
+                  "multiply at the dense BF16 rate of an H200");
   report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
   if (options.check) {
     report.add_note("rule: each of ours' errors (max and L2, relative to the FP32 reference) <= 1.1x cuBLAS's");

@@ -176,7 +176,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   const LaunchFn solo_call = [&](int i) {
     run_solo(comm, problem, buffers, rotation_set(i, num_sets), gpu.stream, options.overrides);
   };
-  // Timed interleaved (time_loop); cuBLAS alone where one of ours fails.
+  // Timed together (time_loop); cuBLAS alone where one of ours fails.
   std::vector<LaunchFn> calls{cublas_call, gemm_call};
   if (solo_ok) calls.push_back(solo_call);
   if (solo_ok && options.compare) {
@@ -229,7 +229,7 @@ void run_proxy(const Options& options, Report& report) {
   report.add_note("GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
                   " emulated ranks runs alone on the full grid, its incoming partials preset; times in ms: median "
                   "of " + std::to_string(options.iters) + " iterations after " + std::to_string(options.warmup) +
-                  " warm-up, the three calls interleaved; A and W rotate over the input sets, the receive buffers "
+                  " warm-up, the three calls " + call_order(options) + "; A and W rotate over the input sets, the receive buffers "
                   "do not");
   report.add_note("T_gemm = tpfuse::gemm, T_fused_solo = rank 0's fused call; target fused/gemm <= 1.05; overrides " +
                   options.overrides.to_string() +

@@ -177,13 +177,35 @@ LoopSensors summarize(const SensorLog& log) {
   }
 
   std::vector<std::optional<double>> power(num_gpus), power_read(num_gpus), energy(num_gpus);
+  std::optional<int> fewest_steps;
   for (size_t g = 0; g < num_gpus; ++g) {
     if (!log.power_w[g].empty()) power_read[g] = mean(log.power_w[g]);
-    if (log.energy_j[g] && log.seconds > 0) energy[g] = *log.energy_j[g];
-    power[g] = energy[g] ? std::optional<double>(*energy[g] / log.seconds) : power_read[g];
+    const std::vector<EnergyReading> no_counter;
+    const std::vector<EnergyReading>& counter = g < log.energy.size() ? log.energy[g] : no_counter;
+    if (counter.size() >= 2) energy[g] = counter.back().joules - counter.front().joules;
+    // Each step is dated by the reading that first saw it, at most one sampling period late at
+    // either end of the span.
+    std::optional<size_t> first_step, last_step;
+    int steps = 0;
+    for (size_t i = 1; i < counter.size(); ++i) {
+      if (counter[i].joules == counter[i - 1].joules) continue;
+      if (!first_step) first_step = i;
+      last_step = i;
+      ++steps;
+    }
+    fewest_steps = std::min(fewest_steps.value_or(steps), steps);
+    // NVML's power reading is its own average over a longer window than a short loop, so it stands
+    // in only where there is no counter.
+    if (counter.size() < 2) {
+      power[g] = power_read[g];
+    } else if (steps >= 2 && counter[*last_step].seconds > counter[*first_step].seconds) {
+      power[g] = (counter[*last_step].joules - counter[*first_step].joules) /
+                 (counter[*last_step].seconds - counter[*first_step].seconds);
+    }
   }
   out.power_w = mean_of_all(power);
   out.power_read_w = mean_of_all(power_read);
+  out.energy_steps = fewest_steps.value_or(0);
   if (const std::optional<double> mean_energy = mean_of_all(energy)) out.energy_j = *mean_energy * double(num_gpus);
   return out;
 }
@@ -195,8 +217,9 @@ SensorSampler::SensorSampler(GpuSensors& sensors, int num_launches, std::chrono:
   const int num_gpus = sensors_.size();
   log_.sm_clock_mhz.assign(num_gpus, std::vector<std::vector<double>>(num_launches));
   log_.power_w.assign(num_gpus, {});
-  for (int g = 0; g < num_gpus; ++g) energy_start_j_.push_back(sensors_.energy_j(g));
+  log_.energy.assign(num_gpus, {});
   start_ = std::chrono::steady_clock::now();
+  read_energy();
   thread_ = std::thread([this] { sample_until_stopped(); });
 }
 
@@ -215,9 +238,19 @@ void SensorSampler::sample_until_stopped() {
       }
       if (const std::optional<double> watts = sensors_.power_w(g)) log_.power_w[g].push_back(*watts);
     }
+    read_energy();
     ++log_.num_readings;
     lock.lock();
     wake_.wait_for(lock, period_, [this] { return stopping_; });
+  }
+}
+
+void SensorSampler::read_energy() {
+  for (int g = 0; g < sensors_.size(); ++g) {
+    if (const std::optional<double> joules = sensors_.energy_j(g)) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      log_.energy[g].push_back({seconds, *joules});
+    }
   }
 }
 
@@ -233,12 +266,8 @@ void SensorSampler::stop() {
 LoopSensors SensorSampler::finish() {
   stop();
   if (sensors_.available()) {
+    read_energy();
     log_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    for (int g = 0; g < sensors_.size(); ++g) {
-      const std::optional<double> end_j = sensors_.energy_j(g);
-      log_.energy_j.push_back(energy_start_j_[g] && end_j ? std::optional<double>(*end_j - *energy_start_j_[g])
-                                                          : std::nullopt);
-    }
   }
   return summarize(log_);
 }

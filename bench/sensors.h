@@ -61,6 +61,12 @@ class GpuSensors {
   std::vector<std::string> failures_;
 };
 
+// One reading of a GPU's energy counter.
+struct EnergyReading {
+  double seconds = 0;  // since the loop's start
+  double joules = 0;   // the counter (since the driver loaded)
+};
+
 // What a sampler collected over one timed loop of `num_launches` interleaved launches.
 struct SensorLog {
   int num_launches = 0;
@@ -68,8 +74,9 @@ struct SensorLog {
   std::vector<std::vector<std::vector<double>>> sm_clock_mhz;
   // [gpu]: the power readings (W) over the loop.
   std::vector<std::vector<double>> power_w;
-  // [gpu]: the energy counter's increase over the loop (J), where the counter exists.
-  std::vector<std::optional<double>> energy_j;
+  // [gpu]: the energy counter's readings in order, the first at the loop's start and the last at its
+  // end; empty where the counter does not exist.
+  std::vector<std::vector<EnergyReading>> energy;
   double seconds = 0;  // the loop's wall time
   int num_readings = 0;  // sampling rounds, all GPUs read in each
 };
@@ -79,12 +86,17 @@ struct LoopSensors {
   // Per launch: the lowest over the GPUs of each GPU's median SM clock while the launch ran (the
   // slowest GPU sets an iteration's time).
   std::vector<std::optional<double>> sm_clock_mhz;
-  // Per GPU, averaged over the GPUs: the energy counter's increase over the loop's wall time, or
-  // the mean of the power readings on a GPU without the counter.
+  // Per GPU, averaged over the GPUs: the energy counter's increase from its first step inside the
+  // loop to its last, over the time between them (the counter moves in steps tens of milliseconds
+  // apart, so its increase over a short loop's wall time is off by up to a step); the mean of the
+  // power readings on a GPU without the counter; empty where a counter stepped fewer than twice.
   std::optional<double> power_w;
+  // The fewest steps of the energy counter inside the loop on any GPU (0 without the counter).
+  int energy_steps = 0;
   // The same from the power readings alone (NVML averages them over its own window).
   std::optional<double> power_read_w;
-  std::optional<double> energy_j;  // summed over the GPUs; empty unless every GPU has the counter
+  // The counters' increase over the loop, summed over the GPUs; empty unless every GPU has the counter.
+  std::optional<double> energy_j;
   double seconds = 0;
   int num_readings = 0;
 };
@@ -108,6 +120,8 @@ class SensorSampler {
 
  private:
   void sample_until_stopped();
+  // Appends each GPU's energy counter, dated, to the log.
+  void read_energy();
   void stop();
 
   GpuSensors& sensors_;
@@ -117,7 +131,6 @@ class SensorSampler {
   std::condition_variable wake_;
   bool stopping_ = false;
   SensorLog log_;
-  std::vector<std::optional<double>> energy_start_j_;
   std::chrono::steady_clock::time_point start_;
   std::thread thread_;
 };

@@ -16,7 +16,7 @@ namespace tpfuse::bench {
 
 // How often the sensors are read during a timed loop: a few clock readings per launch even in a
 // loop of small shapes (NVML's power reading is itself an average over a longer window).
-inline constexpr std::chrono::milliseconds kSensorPeriod{10};
+inline constexpr std::chrono::milliseconds kSensorPeriod{2};
 
 struct TimingOptions {
   int warmup = 20;
@@ -26,6 +26,9 @@ struct TimingOptions {
   bool gate = true;
   // Sample the GPUs' SM clock and power during the timed iterations (see LoopTiming).
   bool read_sensors = true;
+  // Each launch's warm-up and iterations in a row, one launch after the other, instead of every
+  // iteration timing each launch in turn: each then runs at the clock its own power draw sets.
+  bool separate_loops = false;
 };
 
 // Queues one iteration of the timed work on every GPU of the set (streams of the set; NCCL calls

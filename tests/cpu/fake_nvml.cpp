@@ -12,6 +12,7 @@ constexpr int kNotSupported = 3;  // NVML_ERROR_NOT_SUPPORTED
 constexpr int kNotFound = 6;      // NVML_ERROR_NOT_FOUND
 constexpr int kClockSm = 1;
 constexpr unsigned long long kPowerMw = 700000;
+constexpr unsigned long long kEnergyStepUs = 20000;
 
 int gpus[2];
 std::atomic<unsigned> sm_clock_mhz{1500};
@@ -60,11 +61,12 @@ int nvmlDeviceGetPowerUsage(void* device, unsigned* mw) {
   return kSuccess;
 }
 
-// kPowerMw since the library loaded, in mJ.
+// kPowerMw since the library loaded, in mJ, updated every kEnergyStepUs as a GPU's counter is.
 int nvmlDeviceGetTotalEnergyConsumption(void* device, unsigned long long* mj) {
   if (index_of(device) != 0) return kNotSupported;
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - loaded);
-  *mj = (unsigned long long)(us.count()) * kPowerMw / 1000000ull;
+  const unsigned long long stepped_us = (unsigned long long)(us.count()) / kEnergyStepUs * kEnergyStepUs;
+  *mj = stepped_us * kPowerMw / 1000000ull;
   return kSuccess;
 }
 

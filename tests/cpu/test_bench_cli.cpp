@@ -20,6 +20,7 @@ TEST(BenchCli, DefaultsAreTheSpecSweep) {
   EXPECT_EQ(r.options.tp, 8);
   EXPECT_TRUE(r.options.gate);
   EXPECT_TRUE(r.options.sensors);
+  EXPECT_FALSE(r.options.separate_loops);
   ASSERT_EQ(r.options.shapes.size(), 16u);
   // M in {512, 2048, 8192, 32768} for each projection; K per rank = K_total / 8.
   int down_proj = 0;
@@ -35,7 +36,7 @@ TEST(BenchCli, DefaultsAreTheSpecSweep) {
 
 TEST(BenchCli, ExplicitShapesAndOptions) {
   const ParseResult r = parse_args({"--mode", "proxy", "--iters=50", "--warmup", "3", "--check", "--layout", "nk",
-                                    "--shapes", "1024,8192,1024;64,264,72", "--tp", "4", "--no-sensors"},
+                                    "--shapes", "1024,8192,1024;64,264,72", "--tp", "4", "--no-sensors", "--separate-loops"},
                                    kModes);
   ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
   EXPECT_EQ(r.options.mode, "proxy");
@@ -43,6 +44,7 @@ TEST(BenchCli, ExplicitShapesAndOptions) {
   EXPECT_EQ(r.options.warmup, 3);
   EXPECT_TRUE(r.options.check);
   EXPECT_FALSE(r.options.sensors);
+  EXPECT_TRUE(r.options.separate_loops);
   EXPECT_EQ(r.options.weight_layout, WeightLayout::kNxK);
   ASSERT_EQ(r.options.shapes.size(), 2u);
   EXPECT_EQ(r.options.shapes[1].m, 64);
@@ -58,6 +60,7 @@ TEST(BenchCli, BadArgumentsAreNamed) {
       {{"--shapes", "1024,8192"}, "--shapes"},
       {{"--frobnicate"}, "--frobnicate"},
       {{"--no-sensors=1"}, "--no-sensors"},
+      {{"--separate-loops=yes"}, "--separate-loops"},
   };
   for (const auto& [args, name] : bad) {
     const ParseResult r = parse_args(args, kModes);

@@ -20,7 +20,13 @@ TEST(BenchSensors, SummaryTakesEachLaunchsMedianClockOnTheSlowestGpu) {
   // GPU 0: launch 0 at 1500 (median of three), launch 1 at 1450; GPU 1 slower on launch 0 only.
   log.sm_clock_mhz = {{{1500, 1980, 1410}, {1440, 1460}}, {{1425, 1425}, {1515}}};
   log.power_w = {{690, 700}, {650, 660, 670}};
-  log.energy_j = {std::optional<double>(140.0), std::optional<double>(130.0)};
+  // Counters stepping every 50 ms (GPU 0 by 35 J, GPU 1 by 32.5 J), read every 20 ms from 0 to 0.2 s.
+  for (int gpu = 0; gpu < 2; ++gpu) {
+    log.energy.emplace_back();
+    for (int ms = 0; ms <= 200; ms += 20) {
+      log.energy[gpu].push_back({ms * 1e-3, 1000.0 + (gpu == 0 ? 35.0 : 32.5) * (ms / 50)});
+    }
+  }
   log.seconds = 0.2;
   log.num_readings = 3;
   const LoopSensors s = summarize(log);
@@ -28,13 +34,15 @@ TEST(BenchSensors, SummaryTakesEachLaunchsMedianClockOnTheSlowestGpu) {
   ASSERT_TRUE(s.sm_clock_mhz[0] && s.sm_clock_mhz[1]);
   EXPECT_DOUBLE_EQ(*s.sm_clock_mhz[0], 1425);
   EXPECT_DOUBLE_EQ(*s.sm_clock_mhz[1], 1450);
-  // Power per GPU from the energy counter: 700 W and 650 W, averaged.
+  // Power per GPU from the counter's steps (first seen at 60 ms, last at 200 ms: three steps in
+  // 0.14 s): 750 W and 696 W, averaged; the counted increase over the loop is 4 steps.
   ASSERT_TRUE(s.power_w);
-  EXPECT_DOUBLE_EQ(*s.power_w, 675);
+  EXPECT_DOUBLE_EQ(*s.power_w, (3 * 35.0 + 3 * 32.5) / 0.14 / 2);
+  EXPECT_EQ(s.energy_steps, 4);
   ASSERT_TRUE(s.power_read_w);
   EXPECT_DOUBLE_EQ(*s.power_read_w, (695.0 + 660.0) / 2);
   ASSERT_TRUE(s.energy_j);
-  EXPECT_DOUBLE_EQ(*s.energy_j, 270);
+  EXPECT_DOUBLE_EQ(*s.energy_j, 4 * 35.0 + 4 * 32.5);
   EXPECT_DOUBLE_EQ(s.seconds, 0.2);
   EXPECT_EQ(s.num_readings, 3);
 }
@@ -45,7 +53,7 @@ TEST(BenchSensors, SummaryFallsBackToPowerReadingsAndNeverGuesses) {
   // Launch 1 ran between readings on GPU 1: no clock for it. No energy counter on GPU 1.
   log.sm_clock_mhz = {{{1500}, {1450}}, {{1490}, {}}};
   log.power_w = {{700}, {600, 640}};
-  log.energy_j = {std::optional<double>(70.0), std::nullopt};
+  log.energy = {{{0.0, 10.0}, {0.05, 45.0}, {0.1, 80.0}}, {}};
   log.seconds = 0.1;
   const LoopSensors s = summarize(log);
   ASSERT_TRUE(s.sm_clock_mhz[0]);
@@ -54,11 +62,30 @@ TEST(BenchSensors, SummaryFallsBackToPowerReadingsAndNeverGuesses) {
   ASSERT_TRUE(s.power_w);
   EXPECT_DOUBLE_EQ(*s.power_w, (700.0 + 620.0) / 2);
   EXPECT_FALSE(s.energy_j);
+  EXPECT_EQ(s.energy_steps, 0);
 
   // No power readings on a GPU without the counter: no power at all.
   log.power_w[1].clear();
   EXPECT_FALSE(summarize(log).power_w);
   EXPECT_FALSE(summarize(log).power_read_w);
+}
+
+TEST(BenchSensors, ALoopShorterThanTwoStepsOfTheCounterHasNoPower) {
+  SensorLog log;
+  log.num_launches = 1;
+  log.sm_clock_mhz = {{{1500}}};
+  log.power_w = {{690, 710}};
+  // A 30 ms loop over which a counter stepping every 50 ms moved once, by 35 J: over the loop's
+  // wall time that would read 1167 W, and NVML's power reading averages a longer window.
+  log.energy = {{{0.0, 100.0}, {0.01, 100.0}, {0.02, 135.0}, {0.03, 135.0}}};
+  log.seconds = 0.03;
+  const LoopSensors s = summarize(log);
+  EXPECT_FALSE(s.power_w);
+  ASSERT_TRUE(s.power_read_w);
+  EXPECT_DOUBLE_EQ(*s.power_read_w, 700);
+  EXPECT_EQ(s.energy_steps, 1);
+  ASSERT_TRUE(s.energy_j);
+  EXPECT_DOUBLE_EQ(*s.energy_j, 35);
 }
 
 TEST(BenchSensors, EmptyLogGivesEmptyColumns) {
@@ -146,11 +173,14 @@ TEST(BenchSensors, SamplerCountsEachClockReadingForTheLaunchThatRan) {
   EXPECT_EQ(s.sm_clock_mhz[0], 1500);
   EXPECT_EQ(s.sm_clock_mhz[1], 1800);
   EXPECT_FALSE(s.sm_clock_mhz[2]);
-  // 700 W: the stand-in's energy counter over the loop, and its power reading.
+  // 700 W: the stand-in's energy counter (stepping every 20 ms) between its first and last step in
+  // the loop, each seen at most a reading late; its power reading. The counted energy is short of
+  // the loop's by less than a step.
   ASSERT_TRUE(s.power_w && s.power_read_w && s.energy_j);
-  EXPECT_NEAR(*s.power_w, 700, 10);
+  EXPECT_GE(s.energy_steps, 3);
+  EXPECT_NEAR(*s.power_w, 700, 35);
   EXPECT_EQ(*s.power_read_w, 700);
-  EXPECT_NEAR(*s.energy_j, 700 * s.seconds, 1);
+  EXPECT_NEAR(*s.energy_j, 700 * s.seconds, 700 * 0.02 + 1);
   EXPECT_GE(s.seconds, 0.08);
   EXPECT_GT(s.num_readings, 10);
   dlclose(library);
