@@ -183,8 +183,8 @@ LoopSensors summarize(const SensorLog& log) {
     const std::vector<EnergyReading> no_counter;
     const std::vector<EnergyReading>& counter = g < log.energy.size() ? log.energy[g] : no_counter;
     if (counter.size() >= 2) energy[g] = counter.back().joules - counter.front().joules;
-    // Each step is dated by the reading that first saw it, at most one sampling period late at
-    // either end of the span.
+    // Each step is dated by the reading that first saw it, at most one read late at either end of
+    // the span.
     std::optional<size_t> first_step, last_step;
     int steps = 0;
     for (size_t i = 1; i < counter.size(); ++i) {
@@ -198,7 +198,7 @@ LoopSensors summarize(const SensorLog& log) {
     // in only where there is no counter.
     if (counter.size() < 2) {
       power[g] = power_read[g];
-    } else if (steps >= 2 && counter[*last_step].seconds > counter[*first_step].seconds) {
+    } else if (steps >= kMinEnergySteps && counter[*last_step].seconds > counter[*first_step].seconds) {
       power[g] = (counter[*last_step].joules - counter[*first_step].joules) /
                  (counter[*last_step].seconds - counter[*first_step].seconds);
     }
@@ -221,6 +221,7 @@ SensorSampler::SensorSampler(GpuSensors& sensors, int num_launches, std::chrono:
   start_ = std::chrono::steady_clock::now();
   read_energy();
   thread_ = std::thread([this] { sample_until_stopped(); });
+  energy_thread_ = std::thread([this] { read_energy_until_stopped(); });
 }
 
 SensorSampler::~SensorSampler() { stop(); }
@@ -238,10 +239,19 @@ void SensorSampler::sample_until_stopped() {
       }
       if (const std::optional<double> watts = sensors_.power_w(g)) log_.power_w[g].push_back(*watts);
     }
-    read_energy();
     ++log_.num_readings;
     lock.lock();
     wake_.wait_for(lock, period_, [this] { return stopping_; });
+  }
+}
+
+void SensorSampler::read_energy_until_stopped() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    read_energy();
+    lock.lock();
+    wake_.wait_for(lock, kEnergyPause, [this] { return stopping_; });
   }
 }
 
@@ -261,6 +271,7 @@ void SensorSampler::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (energy_thread_.joinable()) energy_thread_.join();
 }
 
 LoopSensors SensorSampler::finish() {

@@ -81,15 +81,20 @@ struct SensorLog {
   int num_readings = 0;  // sampling rounds, all GPUs read in each
 };
 
+// The energy counter steps every 100 ms on an H200 and one read of it takes about 3 ms, so a loop's
+// power is taken from it only over at least this many steps (200 ms between the first and the last:
+// a few percent from the reads' dating).
+inline constexpr int kMinEnergySteps = 3;
+
 // A loop's sensors, summarized over its GPUs.
 struct LoopSensors {
   // Per launch: the lowest over the GPUs of each GPU's median SM clock while the launch ran (the
   // slowest GPU sets an iteration's time).
   std::vector<std::optional<double>> sm_clock_mhz;
   // Per GPU, averaged over the GPUs: the energy counter's increase from its first step inside the
-  // loop to its last, over the time between them (the counter moves in steps tens of milliseconds
-  // apart, so its increase over a short loop's wall time is off by up to a step); the mean of the
-  // power readings on a GPU without the counter; empty where a counter stepped fewer than twice.
+  // loop to its last, over the time between them (the counter moves in steps, so its increase over
+  // a short loop's wall time is off by up to a step); the mean of the power readings on a GPU
+  // without the counter; empty where a counter stepped fewer than kMinEnergySteps times.
   std::optional<double> power_w;
   // The fewest steps of the energy counter inside the loop on any GPU (0 without the counter).
   int energy_steps = 0;
@@ -103,8 +108,10 @@ struct LoopSensors {
 
 LoopSensors summarize(const SensorLog& log);
 
-// Reads every GPU's SM clock and power on a thread of its own, every `period`, from construction
-// to finish(). A clock reading counts for the launch set by launch_started(), until launch_done().
+// Reads every GPU's SM clock and power on a thread of its own, every `period`, and the energy
+// counters on another as often as they answer (a read takes milliseconds, a clock read a
+// microsecond), from construction to finish(). A clock reading counts for the launch set by
+// launch_started(), until launch_done().
 class SensorSampler {
  public:
   SensorSampler(GpuSensors& sensors, int num_launches, std::chrono::milliseconds period);
@@ -120,6 +127,7 @@ class SensorSampler {
 
  private:
   void sample_until_stopped();
+  void read_energy_until_stopped();
   // Appends each GPU's energy counter, dated, to the log.
   void read_energy();
   void stop();
@@ -133,6 +141,8 @@ class SensorSampler {
   SensorLog log_;
   std::chrono::steady_clock::time_point start_;
   std::thread thread_;
+  std::thread energy_thread_;
+  static constexpr std::chrono::milliseconds kEnergyPause{1};
 };
 
 }  // namespace tpfuse::bench

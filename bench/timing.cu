@@ -109,8 +109,8 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
     double gpu_ms = 0;   // the slowest GPU's
     double host_us = 0;  // queuing the launch
   };
-  // One gated iteration of launch `k`; `timed`: the sensors' readings while it runs are its.
-  auto time_iteration = [&](int k, int iteration, bool timed) {
+  // One gated iteration of launch `k`; `dated`: the sensors' readings while it runs are its.
+  auto time_iteration = [&](int k, int iteration, bool dated) {
     double host_us = 0;
     try {
       for (int g = 0; g < gpus.size(); ++g) {
@@ -135,10 +135,10 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
       throw;
     }
     // The sensors' readings from here to the end of the synchronization are launch k's.
-    if (sampler && timed) sampler->launch_started(k);
+    if (sampler && dated) sampler->launch_started(k);
     gate.release();
     gpus.synchronize();
-    if (sampler && timed) sampler->launch_done();
+    if (sampler && dated) sampler->launch_done();
     if (gate.timed_out()) {
       throw CallFailed("the start gate timed out: the queued work waited for a GPU while the GPUs were held "
                        "(run with --no-gate to time without it)");
@@ -158,18 +158,21 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
   std::vector<std::vector<double>> gpu_ms(launches.size()), host_us(launches.size());
   for (auto& times : gpu_ms) times.reserve(options.iters);
   for (auto& times : host_us) times.reserve(options.iters);
+  const int num_iterations = options.warmup + options.iters;
+  // Separate loops date each clock reading by the loop it fell in, gaps between calls included
+  // (an NVML read outlasts a short call, and the clock moves slower than the loop's calls);
+  // interleaved ones by the call that ran from before it to after it.
   auto run_iteration = [&](int k, int iteration) {
-    if (iteration == options.warmup && options.read_sensors && !sampler) {
-      sampler.emplace(gpus.sensors(), num_launches, kSensorPeriod);
-    }
     const bool timed = iteration >= options.warmup;
-    const Times times = time_iteration(k, iteration * num_launches + k, timed);
+    if (timed && options.read_sensors && !sampler) sampler.emplace(gpus.sensors(), num_launches, kSensorPeriod);
+    if (sampler && options.separate_loops && iteration == options.warmup) sampler->launch_started(k);
+    const Times times = time_iteration(k, iteration * num_launches + k, timed && !options.separate_loops);
+    if (sampler && options.separate_loops && iteration + 1 == num_iterations) sampler->launch_done();
     if (timed) {
       gpu_ms[k].push_back(times.gpu_ms);
       host_us[k].push_back(times.host_us);
     }
   };
-  const int num_iterations = options.warmup + options.iters;
   if (options.separate_loops) {
     for (int k = 0; k < num_launches; ++k) {
       for (int iteration = 0; iteration < num_iterations; ++iteration) run_iteration(k, iteration);

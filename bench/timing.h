@@ -14,9 +14,9 @@
 
 namespace tpfuse::bench {
 
-// How often the sensors are read during a timed loop: a few clock readings per launch even in a
-// loop of small shapes (NVML's power reading is itself an average over a longer window).
-inline constexpr std::chrono::milliseconds kSensorPeriod{2};
+// How often the SM clock and power are read during a timed loop (a read takes about a microsecond):
+// a few clock readings per launch even in a loop of small shapes.
+inline constexpr std::chrono::milliseconds kSensorPeriod{1};
 
 struct TimingOptions {
   int warmup = 20;

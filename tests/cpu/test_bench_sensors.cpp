@@ -53,7 +53,7 @@ TEST(BenchSensors, SummaryFallsBackToPowerReadingsAndNeverGuesses) {
   // Launch 1 ran between readings on GPU 1: no clock for it. No energy counter on GPU 1.
   log.sm_clock_mhz = {{{1500}, {1450}}, {{1490}, {}}};
   log.power_w = {{700}, {600, 640}};
-  log.energy = {{{0.0, 10.0}, {0.05, 45.0}, {0.1, 80.0}}, {}};
+  log.energy = {{{0.0, 10.0}, {0.03, 31.0}, {0.06, 52.0}, {0.09, 73.0}, {0.1, 73.0}}, {}};
   log.seconds = 0.1;
   const LoopSensors s = summarize(log);
   ASSERT_TRUE(s.sm_clock_mhz[0]);
@@ -70,7 +70,7 @@ TEST(BenchSensors, SummaryFallsBackToPowerReadingsAndNeverGuesses) {
   EXPECT_FALSE(summarize(log).power_read_w);
 }
 
-TEST(BenchSensors, ALoopShorterThanTwoStepsOfTheCounterHasNoPower) {
+TEST(BenchSensors, ALoopOfFewStepsOfTheCounterHasNoPower) {
   SensorLog log;
   log.num_launches = 1;
   log.sm_clock_mhz = {{{1500}}};
@@ -79,13 +79,26 @@ TEST(BenchSensors, ALoopShorterThanTwoStepsOfTheCounterHasNoPower) {
   // wall time that would read 1167 W, and NVML's power reading averages a longer window.
   log.energy = {{{0.0, 100.0}, {0.01, 100.0}, {0.02, 135.0}, {0.03, 135.0}}};
   log.seconds = 0.03;
-  const LoopSensors s = summarize(log);
+  LoopSensors s = summarize(log);
   EXPECT_FALSE(s.power_w);
   ASSERT_TRUE(s.power_read_w);
   EXPECT_DOUBLE_EQ(*s.power_read_w, 700);
   EXPECT_EQ(s.energy_steps, 1);
   ASSERT_TRUE(s.energy_j);
   EXPECT_DOUBLE_EQ(*s.energy_j, 35);
+
+  // One step short of kMinEnergySteps: still none; at it, the steps' power.
+  log.energy[0].clear();
+  for (int step = 0; step <= kMinEnergySteps; ++step) log.energy[0].push_back({0.05 * step, 100.0 + 35.0 * step});
+  log.energy[0].pop_back();
+  s = summarize(log);
+  EXPECT_EQ(s.energy_steps, kMinEnergySteps - 1);
+  EXPECT_FALSE(s.power_w);
+  log.energy[0].push_back({0.05 * kMinEnergySteps, 100.0 + 35.0 * kMinEnergySteps});
+  s = summarize(log);
+  EXPECT_EQ(s.energy_steps, kMinEnergySteps);
+  ASSERT_TRUE(s.power_w);
+  EXPECT_DOUBLE_EQ(*s.power_w, 700);
 }
 
 TEST(BenchSensors, EmptyLogGivesEmptyColumns) {
