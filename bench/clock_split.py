@@ -6,8 +6,8 @@
 T = cycles / f, so T_A / T_B = (C_A / C_B) * (f_B / f_A): the time ratio is the cycle ratio times the
 clock ratio. A and B name the calls as the JSON's fields do (t_A_ms, mhz_A); by default the ratio
 each mode's table reports: cublas/ours (gemm) and fused_solo/gemm (proxy, ag-proxy). Prints per shape
-the time ratio, the two clocks, the cycle ratio and f_B / f_A, then the geomeans over the shapes
-where both clocks were read.
+the time ratio, the two clocks, the cycle ratio and f_B / f_A (and each call's power where the run
+has it: --separate-loops), then the geomeans over the shapes where both clocks were read.
 """
 import argparse
 import json
@@ -61,11 +61,14 @@ def main(argv):
         print(f"# {path}: mode {mode}, --tp {options.get('tp')}, layout {options.get('layout')}; "
               f"time {a}/{b} = cycles {a}/{b} x clock MHz_{b}/MHz_{a}")
         print(f"{'proj':<26}{'M':>7}{'N':>7}{'K/P':>7}{'time':>8}{'MHz_' + a:>16}{'MHz_' + b:>12}"
-              f"{'cycles':>8}{'clock':>8}")
+              f"{'cycles':>8}{'clock':>8}{'W_' + a:>14}{'W_' + b:>10}")
         for row, time_ratio, cycle_ratio, clock in rows:
             clocks = (f"{row[f'mhz_{a}']:>16.0f}{row[f'mhz_{b}']:>12.0f}{cycle_ratio:>8.3f}{clock:>8.3f}"
                       if cycle_ratio else f"{'-':>16}{'-':>12}{'-':>8}{'-':>8}")
-            print(f"{row['proj']:<26}{row['m']:>7}{row['n']:>7}{row['k_per_rank']:>7}{time_ratio:>8.3f}{clocks}")
+            watts = "".join(f"{row[key]:>{width}.0f}" if row.get(key) else f"{'-':>{width}}"
+                            for key, width in ((f"power_{a}_w", 14), (f"power_{b}_w", 10)))
+            print(f"{row['proj']:<26}{row['m']:>7}{row['n']:>7}{row['k_per_rank']:>7}{time_ratio:>8.3f}{clocks}"
+                  f"{watts}")
         both = [r for r in rows if r[2]]
         print(f"# {len(rows)} shapes: time geomean {geomean([r[1] for r in rows]):.3f}; on the {len(both)} with "
               f"both clocks: time {geomean([r[1] for r in both]):.3f} = cycles {geomean([r[2] for r in both]):.3f}"

@@ -29,7 +29,7 @@ constexpr double kTargetRatio = 1.03;
 constexpr double kMaxRelBound = 1.0 / 128;
 constexpr double kNormRelBound = 1.0 / 256;
 
-std::vector<Column> ag_proxy_columns(bool check) {
+std::vector<Column> ag_proxy_columns(bool check, bool separate_loops) {
   std::vector<Column> columns = shape_columns();
   columns.insert(columns.end(), {
       {"t_cublas_ms", "T_cublas(ms)", 12, Format::kFixed, 4},
@@ -42,6 +42,8 @@ std::vector<Column> ag_proxy_columns(bool check) {
       {"host_fused_solo_us", "H_solo(us)", 10, Format::kFixed, 1},
       {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
       {"mhz_fused_solo", "MHz_solo", 8, Format::kInteger},
+      {"power_gemm_w", "W_gemm", 6, Format::kInteger, 0, separate_loops},
+      {"power_fused_solo_w", "W_solo", 6, Format::kInteger, 0, separate_loops},
   });
   add_loop_sensor_columns(columns);
   if (check) add_error_columns(columns, "solo", "solo");
@@ -165,18 +167,21 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
   const auto& times = loop.launches;
   const auto& mhz = loop.sensors.sm_clock_mhz;
+  const auto& watts = loop.sensors.launch_power_w;
   row["t_cublas_ms"] = times[0].median_ms;
   if (ours_ok) {
     row["t_gemm_ms"] = times[1].median_ms;
     row["tflops_gemm"] = tflops(flops, times[1].median_ms);
     row["host_gemm_us"] = times[1].host_us;
     set_if_read(row, "mhz_gemm", mhz[1]);
+    set_if_read(row, "power_gemm_w", watts[1]);
     if (solo_ok) {
       row["t_fused_solo_ms"] = times[2].median_ms;
       row["tflops_fused_solo"] = tflops(flops, times[2].median_ms);
       row["fused_over_gemm"] = times[2].median_ms / times[1].median_ms;
       row["host_fused_solo_us"] = times[2].host_us;
       set_if_read(row, "mhz_fused_solo", mhz[2]);
+      set_if_read(row, "power_fused_solo_w", watts[2]);
     }
   }
   set_loop_sensors(row, loop.sensors);
@@ -195,7 +200,7 @@ void run_ag_proxy(const Options& options, Report& report) {
     if (shapes.empty()) throw CallFailed(error);
   }
   GpuSet gpus(1, /*with_nccl=*/false);
-  report.set_columns(ag_proxy_columns(options.check));
+  report.set_columns(ag_proxy_columns(options.check, options.separate_loops));
   report.add_note("GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
                   " emulated ranks runs alone on the full grid, its peers' blocks of X preset as arrived; shapes "
                   "M, N/P, K; times in ms: median of " + std::to_string(options.iters) + " iterations after " +

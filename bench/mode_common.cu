@@ -1,6 +1,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <sstream>
 #include <utility>
 
 #include "testing/gpu_check.h"
@@ -79,14 +80,26 @@ std::string timing_columns_note(const Options& options, GpuSensors& sensors, boo
   std::string note = "H_*(us): the host's time to queue one call (no CUDA graph), median over the iterations; ";
   if (!options.sensors) return note + "MHz and W left empty: --no-sensors";
   if (!sensors.available()) return note + "MHz and W left empty: " + sensors.unavailable_reason();
-  const std::string period = std::to_string(kSensorPeriod.count());
-  note += "MHz_*: NVML's SM clock, read every " + period + " ms while that call ran, median";
+  const auto text = [](double value) {
+    std::ostringstream out;
+    out << value;
+    return out.str();
+  };
+  note += "MHz_*: NVML's SM clock, read every " + std::to_string(kSensorPeriod.count()) + " ms while " +
+          (options.separate_loops ? "that call's loop" : "that call") + " ran, median";
   if (multi_gpu) note += " (the lowest of the GPUs' medians)";
-  return note + "; W: mean power" + (multi_gpu ? " per GPU" : "") +
-         " over the timed loop (all its calls and the gaps between them), from the energy counter's increase between "
-         "its first and last step inside the loop (none on a loop shorter than two of its steps; the mean of the "
-         "power readings on a GPU without the counter); JSON and CSV also: the power readings' mean, the energy, the counter's steps, the loop's "
-         "seconds and number of readings";
+  const std::string over_steps = "from the energy counter's increase between its first and last step inside them (none "
+                                 "over fewer than " + std::to_string(kMinEnergySteps) + " steps)";
+  note += "; W: mean power" + std::string(multi_gpu ? " per GPU" : "") +
+          " over the timed loop (all its calls and the gaps between them), " + over_steps +
+          ", or the mean of the power readings on a GPU without the counter; JSON and CSV also: the power readings' "
+          "mean, the energy, the counter's steps, the loop's seconds and number of readings";
+  if (options.separate_loops) {
+    note += "; W_*: a call's own mean power over its timed iterations, " + over_steps + "; each call's loop is "
+            "warmed up for at least " + text(kSettleSeconds) + " s and timed for at least " +
+            text(kSeparateTimedSeconds) + " s";
+  }
+  return note;
 }
 
 void note_sensor_failures(Report& report, GpuSensors& sensors) {

@@ -22,7 +22,7 @@ double roofline_ms(const Problem& problem) {
   return 1e3 * std::max(w_bytes / kHbmBytesPerSecond, problem.flops_per_rank() / kBf16FlopsPerSecond);
 }
 
-std::vector<Column> gemm_columns(bool check, bool compare) {
+std::vector<Column> gemm_columns(bool check, bool compare, bool separate_loops) {
   std::vector<Column> columns = shape_columns();
   columns.insert(columns.end(), {
       {"t_cublas_ms", "T_cublas(ms)", 12, Format::kFixed, 4},
@@ -44,11 +44,14 @@ std::vector<Column> gemm_columns(bool check, bool compare) {
       {"host_ours_us", "H_our(us)", 9, Format::kFixed, 1},
       {"mhz_cublas", "MHz_cub", 7, Format::kInteger},
       {"mhz_ours", "MHz_our", 7, Format::kInteger},
+      {"power_cublas_w", "W_cub", 5, Format::kInteger, 0, separate_loops},
+      {"power_ours_w", "W_our", 5, Format::kInteger, 0, separate_loops},
   });
   if (compare) {
     columns.insert(columns.end(), {
         {"host_ours_b_us", "H_our_b(us)", 11, Format::kFixed, 1, false},
         {"mhz_ours_b", "MHz_our_b", 9, Format::kInteger, 0, false},
+        {"power_ours_b_w", "W_our_b", 7, Format::kInteger, 0, false},
     });
   }
   add_loop_sensor_columns(columns);
@@ -100,10 +103,12 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
   if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
   const auto& times = loop.launches;
   const auto& mhz = loop.sensors.sm_clock_mhz;
+  const auto& watts = loop.sensors.launch_power_w;
   row["t_cublas_ms"] = times[0].median_ms;
   row["tflops_cublas"] = tflops(problem.flops_per_rank(), times[0].median_ms);
   row["host_cublas_us"] = times[0].host_us;
   set_if_read(row, "mhz_cublas", mhz[0]);
+  set_if_read(row, "power_cublas_w", watts[0]);
   row["roofline_ms"] = roofline_ms(problem);
   if (ours_ok) {
     row["t_ours_ms"] = times[1].median_ms;
@@ -112,11 +117,13 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
     row["cublas_over_ours"] = times[0].median_ms / times[1].median_ms;
     row["host_ours_us"] = times[1].host_us;
     set_if_read(row, "mhz_ours", mhz[1]);
+    set_if_read(row, "power_ours_w", watts[1]);
     if (options.compare) {
       row["t_ours_b_ms"] = times[2].median_ms;
       row["b_over_ours"] = times[2].median_ms / times[1].median_ms;
       row["host_ours_b_us"] = times[2].host_us;
       set_if_read(row, "mhz_ours_b", mhz[2]);
+      set_if_read(row, "power_ours_b_w", watts[2]);
     }
   }
   set_loop_sensors(row, loop.sensors);
@@ -128,7 +135,7 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
 
 void run_gemm(const Options& options, Report& report) {
   GpuSet gpus(1, /*with_nccl=*/false);
-  report.set_columns(gemm_columns(options.check, options.compare.has_value()));
+  report.set_columns(gemm_columns(options.check, options.compare.has_value(), options.separate_loops));
   report.add_note("GPU 0 only; times in ms: median of " + std::to_string(options.iters) + " iterations after " +
                   std::to_string(options.warmup) +
                   " warm-up, cuBLAS's and ours " + call_order(options) + "; cublas/ours = T_cublas / T_ours (above 1: ours is faster); "

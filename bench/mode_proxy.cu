@@ -41,7 +41,7 @@ struct Buffers {
   std::vector<DeviceBuffer> out;
 };
 
-std::vector<Column> proxy_columns(bool check, bool compare) {
+std::vector<Column> proxy_columns(bool check, bool compare, bool separate_loops) {
   std::vector<Column> columns = shape_columns();
   columns.insert(columns.end(), {
       {"t_cublas_ms", "T_cublas(ms)", 12, Format::kFixed, 4},
@@ -65,11 +65,15 @@ std::vector<Column> proxy_columns(bool check, bool compare) {
       {"mhz_cublas", "MHz_cub", 7, Format::kInteger},
       {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
       {"mhz_fused_solo", "MHz_solo", 8, Format::kInteger},
+      {"power_cublas_w", "W_cub", 5, Format::kInteger, 0, separate_loops},
+      {"power_gemm_w", "W_gemm", 6, Format::kInteger, 0, separate_loops},
+      {"power_fused_solo_w", "W_solo", 6, Format::kInteger, 0, separate_loops},
   });
   if (compare) {
     columns.insert(columns.end(), {
         {"host_fused_solo_b_us", "H_solo_b(us)", 12, Format::kFixed, 1, false},
         {"mhz_fused_solo_b", "MHz_solo_b", 10, Format::kInteger, 0, false},
+        {"power_fused_solo_b_w", "W_solo_b", 8, Format::kInteger, 0, false},
     });
   }
   add_loop_sensor_columns(columns);
@@ -192,26 +196,31 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
   const auto& times = loop.launches;
   const auto& mhz = loop.sensors.sm_clock_mhz;
+  const auto& watts = loop.sensors.launch_power_w;
   row["t_cublas_ms"] = times[0].median_ms;
   row["tflops_cublas"] = tflops(flops, times[0].median_ms);
   row["host_cublas_us"] = times[0].host_us;
   set_if_read(row, "mhz_cublas", mhz[0]);
+  set_if_read(row, "power_cublas_w", watts[0]);
   if (ours_ok) {
     row["t_gemm_ms"] = times[1].median_ms;
     row["tflops_gemm"] = tflops(flops, times[1].median_ms);
     row["host_gemm_us"] = times[1].host_us;
     set_if_read(row, "mhz_gemm", mhz[1]);
+    set_if_read(row, "power_gemm_w", watts[1]);
     if (solo_ok) {
       row["t_fused_solo_ms"] = times[2].median_ms;
       row["tflops_fused_solo"] = tflops(flops, times[2].median_ms);
       row["fused_over_gemm"] = times[2].median_ms / times[1].median_ms;
       row["host_fused_solo_us"] = times[2].host_us;
       set_if_read(row, "mhz_fused_solo", mhz[2]);
+      set_if_read(row, "power_fused_solo_w", watts[2]);
       if (options.compare) {
         row["t_fused_solo_b_ms"] = times[3].median_ms;
         row["fused_b_over_gemm"] = times[3].median_ms / times[1].median_ms;
         row["host_fused_solo_b_us"] = times[3].host_us;
         set_if_read(row, "mhz_fused_solo_b", mhz[3]);
+        set_if_read(row, "power_fused_solo_b_w", watts[3]);
       }
     }
   }
@@ -225,7 +234,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
 
 void run_proxy(const Options& options, Report& report) {
   GpuSet gpus(1, /*with_nccl=*/false);
-  report.set_columns(proxy_columns(options.check, options.compare.has_value()));
+  report.set_columns(proxy_columns(options.check, options.compare.has_value(), options.separate_loops));
   report.add_note("GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
                   " emulated ranks runs alone on the full grid, its incoming partials preset; times in ms: median "
                   "of " + std::to_string(options.iters) + " iterations after " + std::to_string(options.warmup) +

@@ -36,6 +36,28 @@ std::optional<double> mean_of_all(const std::vector<std::optional<double>>& per_
   return sum / double(per_gpu.size());
 }
 
+struct StepPower {
+  int steps = 0;
+  std::optional<double> watts;  // with at least kMinEnergySteps steps
+};
+
+// The counter's steps among readings [begin, end) and its increase from the first step to the last
+// over the time between them. Each step is dated by the reading that first saw it, at most one
+// read late at either end of the span.
+StepPower power_over_steps(const std::vector<EnergyReading>& counter, size_t begin, size_t end) {
+  StepPower out;
+  size_t first = 0, last = 0;
+  for (size_t i = begin + 1; i < end; ++i) {
+    if (counter[i].joules == counter[i - 1].joules) continue;
+    if (out.steps++ == 0) first = i;
+    last = i;
+  }
+  if (out.steps >= kMinEnergySteps && counter[last].seconds > counter[first].seconds) {
+    out.watts = (counter[last].joules - counter[first].joules) / (counter[last].seconds - counter[first].seconds);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct GpuSensors::Nvml {
@@ -166,6 +188,7 @@ LoopSensors summarize(const SensorLog& log) {
   out.seconds = log.seconds;
   out.num_readings = log.num_readings;
   out.sm_clock_mhz.assign(log.num_launches, std::nullopt);
+  out.launch_power_w.assign(log.num_launches, std::nullopt);
   if (num_gpus == 0) return out;
 
   for (int k = 0; k < log.num_launches; ++k) {
@@ -177,32 +200,32 @@ LoopSensors summarize(const SensorLog& log) {
   }
 
   std::vector<std::optional<double>> power(num_gpus), power_read(num_gpus), energy(num_gpus);
+  std::vector<std::vector<std::optional<double>>> launch_power(log.num_launches,
+                                                               std::vector<std::optional<double>>(num_gpus));
   std::optional<int> fewest_steps;
   for (size_t g = 0; g < num_gpus; ++g) {
     if (!log.power_w[g].empty()) power_read[g] = mean(log.power_w[g]);
     const std::vector<EnergyReading> no_counter;
     const std::vector<EnergyReading>& counter = g < log.energy.size() ? log.energy[g] : no_counter;
     if (counter.size() >= 2) energy[g] = counter.back().joules - counter.front().joules;
-    // Each step is dated by the reading that first saw it, at most one read late at either end of
-    // the span.
-    std::optional<size_t> first_step, last_step;
-    int steps = 0;
-    for (size_t i = 1; i < counter.size(); ++i) {
-      if (counter[i].joules == counter[i - 1].joules) continue;
-      if (!first_step) first_step = i;
-      last_step = i;
-      ++steps;
-    }
-    fewest_steps = std::min(fewest_steps.value_or(steps), steps);
+    const StepPower loop = power_over_steps(counter, 0, counter.size());
+    fewest_steps = std::min(fewest_steps.value_or(loop.steps), loop.steps);
     // NVML's power reading is its own average over a longer window than a short loop, so it stands
     // in only where there is no counter.
-    if (counter.size() < 2) {
-      power[g] = power_read[g];
-    } else if (steps >= kMinEnergySteps && counter[*last_step].seconds > counter[*first_step].seconds) {
-      power[g] = (counter[*last_step].joules - counter[*first_step].joules) /
-                 (counter[*last_step].seconds - counter[*first_step].seconds);
+    power[g] = counter.size() < 2 ? power_read[g] : loop.watts;
+    // A launch's power over its longest run of readings taken while it alone ran.
+    for (int k = 0; k < log.num_launches; ++k) {
+      size_t best_begin = 0, best_end = 0;
+      for (size_t begin = 0; begin < counter.size();) {
+        size_t end = begin;
+        while (end < counter.size() && counter[end].launch == k) ++end;
+        if (end - begin > best_end - best_begin) best_begin = begin, best_end = end;
+        begin = std::max(end, begin + 1);
+      }
+      launch_power[k][g] = power_over_steps(counter, best_begin, best_end).watts;
     }
   }
+  for (int k = 0; k < log.num_launches; ++k) out.launch_power_w[k] = mean_of_all(launch_power[k]);
   out.power_w = mean_of_all(power);
   out.power_read_w = mean_of_all(power_read);
   out.energy_steps = fewest_steps.value_or(0);
@@ -257,9 +280,10 @@ void SensorSampler::read_energy_until_stopped() {
 
 void SensorSampler::read_energy() {
   for (int g = 0; g < sensors_.size(); ++g) {
+    const int launch = running_launch_.load();
     if (const std::optional<double> joules = sensors_.energy_j(g)) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      log_.energy[g].push_back({seconds, *joules});
+      log_.energy[g].push_back({seconds, *joules, running_launch_.load() == launch ? launch : -1});
     }
   }
 }

@@ -61,10 +61,16 @@ class GpuSensors {
   std::vector<std::string> failures_;
 };
 
+// The energy counter steps every 100 ms on an H200 and one read of it takes about 3 ms, so a loop's
+// power is taken from it only over at least this many steps (200 ms between the first and the last:
+// a few percent from the reads' dating).
+inline constexpr int kMinEnergySteps = 3;
+
 // One reading of a GPU's energy counter.
 struct EnergyReading {
   double seconds = 0;  // since the loop's start
   double joules = 0;   // the counter (since the driver loaded)
+  int launch = -1;     // the launch that ran from before the read to after it; -1: none, or several
 };
 
 // What a sampler collected over one timed loop of `num_launches` interleaved launches.
@@ -81,11 +87,6 @@ struct SensorLog {
   int num_readings = 0;  // sampling rounds, all GPUs read in each
 };
 
-// The energy counter steps every 100 ms on an H200 and one read of it takes about 3 ms, so a loop's
-// power is taken from it only over at least this many steps (200 ms between the first and the last:
-// a few percent from the reads' dating).
-inline constexpr int kMinEnergySteps = 3;
-
 // A loop's sensors, summarized over its GPUs.
 struct LoopSensors {
   // Per launch: the lowest over the GPUs of each GPU's median SM clock while the launch ran (the
@@ -96,6 +97,10 @@ struct LoopSensors {
   // a short loop's wall time is off by up to a step); the mean of the power readings on a GPU
   // without the counter; empty where a counter stepped fewer than kMinEnergySteps times.
   std::optional<double> power_w;
+  // Per launch, averaged over the GPUs: the same over the longest run of counter readings taken
+  // while that launch ran (SensorSampler::launch_started); so only where a launch runs long alone,
+  // as in separate loops.
+  std::vector<std::optional<double>> launch_power_w;
   // The fewest steps of the energy counter inside the loop on any GPU (0 without the counter).
   int energy_steps = 0;
   // The same from the power readings alone (NVML averages them over its own window).

@@ -158,28 +158,42 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
   std::vector<std::vector<double>> gpu_ms(launches.size()), host_us(launches.size());
   for (auto& times : gpu_ms) times.reserve(options.iters);
   for (auto& times : host_us) times.reserve(options.iters);
-  const int num_iterations = options.warmup + options.iters;
-  // Separate loops date each clock reading by the loop it fell in, gaps between calls included
-  // (an NVML read outlasts a short call, and the clock moves slower than the loop's calls);
-  // interleaved ones by the call that ran from before it to after it.
-  auto run_iteration = [&](int k, int iteration) {
-    const bool timed = iteration >= options.warmup;
-    if (timed && options.read_sensors && !sampler) sampler.emplace(gpus.sensors(), num_launches, kSensorPeriod);
-    if (sampler && options.separate_loops && iteration == options.warmup) sampler->launch_started(k);
+  // The sensors are read from the first timed iteration on.
+  auto start_sensors = [&] {
+    if (options.read_sensors && !sampler) sampler.emplace(gpus.sensors(), num_launches, kSensorPeriod);
+  };
+  // In an interleaved loop a reading counts for the launch that ran from before it to after it.
+  auto run_iteration = [&](int k, int iteration, bool timed) {
+    if (timed) start_sensors();
     const Times times = time_iteration(k, iteration * num_launches + k, timed && !options.separate_loops);
-    if (sampler && options.separate_loops && iteration + 1 == num_iterations) sampler->launch_done();
     if (timed) {
       gpu_ms[k].push_back(times.gpu_ms);
       host_us[k].push_back(times.host_us);
     }
   };
   if (options.separate_loops) {
+    using Clock = std::chrono::steady_clock;
+    const auto seconds_since = [](Clock::time_point start) {
+      return std::chrono::duration<double>(Clock::now() - start).count();
+    };
     for (int k = 0; k < num_launches; ++k) {
-      for (int iteration = 0; iteration < num_iterations; ++iteration) run_iteration(k, iteration);
+      int iteration = 0;
+      for (const auto start = Clock::now(); iteration < options.warmup || seconds_since(start) < kSettleSeconds;) {
+        run_iteration(k, iteration++, /*timed=*/false);
+      }
+      // A separate loop's readings count for its launch, the gaps between its calls included: an
+      // NVML read can outlast a short call, and the clock moves slower than the calls follow.
+      start_sensors();
+      if (sampler) sampler->launch_started(k);
+      for (const auto start = Clock::now(); int(gpu_ms[k].size()) < options.iters ||
+                                            seconds_since(start) < kSeparateTimedSeconds;) {
+        run_iteration(k, iteration++, /*timed=*/true);
+      }
+      if (sampler) sampler->launch_done();
     }
   } else {
-    for (int iteration = 0; iteration < num_iterations; ++iteration) {
-      for (int k = 0; k < num_launches; ++k) run_iteration(k, iteration);
+    for (int iteration = 0; iteration < options.warmup + options.iters; ++iteration) {
+      for (int k = 0; k < num_launches; ++k) run_iteration(k, iteration, iteration >= options.warmup);
     }
   }
   LoopTiming result;

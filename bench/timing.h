@@ -27,9 +27,16 @@ struct TimingOptions {
   // Sample the GPUs' SM clock and power during the timed iterations (see LoopTiming).
   bool read_sensors = true;
   // Each launch's warm-up and iterations in a row, one launch after the other, instead of every
-  // iteration timing each launch in turn: each then runs at the clock its own power draw sets.
+  // iteration timing each launch in turn: each then runs at the clock its own power draw sets, and
+  // has a power of its own (LoopSensors::launch_power_w).
   bool separate_loops = false;
 };
+
+// With separate loops a launch's warm-up lasts at least kSettleSeconds, so that the clock settles
+// where its own power draw sets it, and its timed iterations at least kSeparateTimedSeconds, so
+// that the energy counter steps often enough in them (kMinEnergySteps) to give its power.
+inline constexpr double kSettleSeconds = 0.3;
+inline constexpr double kSeparateTimedSeconds = 0.35;
 
 // Queues one iteration of the timed work on every GPU of the set (streams of the set; NCCL calls
 // inside ncclGroupStart/End). `iteration` counts from 0; rotation_set(iteration, num_sets) is the

@@ -101,12 +101,45 @@ TEST(BenchSensors, ALoopOfFewStepsOfTheCounterHasNoPower) {
   EXPECT_DOUBLE_EQ(*s.power_w, 700);
 }
 
+TEST(BenchSensors, EachLaunchsPowerComesFromTheReadingsTakenWhileItAloneRan) {
+  SensorLog log;
+  log.num_launches = 3;
+  log.sm_clock_mhz = {{{1500}, {1600}, {}}};
+  log.power_w = {{600}};
+  // Launch 0 for 0.4 s at 700 W, a reading during no launch, launch 1 for 0.4 s at 500 W; the
+  // counter steps every 0.1 s and is read every 0.05 s. Launch 2 never ran alone.
+  std::vector<EnergyReading>& counter = log.energy.emplace_back();
+  double joules = 0;
+  for (int i = 0; i <= 8; ++i) {
+    if (i > 0 && i % 2 == 0) joules += 70;
+    counter.push_back({0.05 * i, joules, 0});
+  }
+  counter.push_back({0.45, joules, -1});
+  for (int i = 1; i <= 8; ++i) {
+    if (i % 2 == 0) joules += 50;
+    counter.push_back({0.45 + 0.05 * i, joules, 1});
+  }
+  log.seconds = 0.85;
+  const LoopSensors s = summarize(log);
+  ASSERT_EQ(s.launch_power_w.size(), 3u);
+  ASSERT_TRUE(s.launch_power_w[0] && s.launch_power_w[1]);
+  EXPECT_DOUBLE_EQ(*s.launch_power_w[0], 700);
+  EXPECT_DOUBLE_EQ(*s.launch_power_w[1], 500);
+  EXPECT_FALSE(s.launch_power_w[2]);
+  // The loop's: 8 steps from 0.1 s to 0.85 s.
+  EXPECT_EQ(s.energy_steps, 8);
+  ASSERT_TRUE(s.power_w);
+  EXPECT_DOUBLE_EQ(*s.power_w, (3 * 70.0 + 4 * 50.0) / 0.75);
+}
+
 TEST(BenchSensors, EmptyLogGivesEmptyColumns) {
   SensorLog log;
   log.num_launches = 3;
   const LoopSensors s = summarize(log);
   ASSERT_EQ(s.sm_clock_mhz.size(), 3u);
   for (const auto& mhz : s.sm_clock_mhz) EXPECT_FALSE(mhz);
+  ASSERT_EQ(s.launch_power_w.size(), 3u);
+  for (const auto& watts : s.launch_power_w) EXPECT_FALSE(watts);
   EXPECT_FALSE(s.power_w);
   EXPECT_FALSE(s.power_read_w);
   EXPECT_FALSE(s.energy_j);
@@ -194,6 +227,9 @@ TEST(BenchSensors, SamplerCountsEachClockReadingForTheLaunchThatRan) {
   EXPECT_NEAR(*s.power_w, 700, 35);
   EXPECT_EQ(*s.power_read_w, 700);
   EXPECT_NEAR(*s.energy_j, 700 * s.seconds, 700 * 0.02 + 1);
+  // Each launch ran 30 ms alone, under two of the counter's 20 ms steps: no power of its own.
+  ASSERT_EQ(s.launch_power_w.size(), 3u);
+  EXPECT_FALSE(s.launch_power_w[0] || s.launch_power_w[1] || s.launch_power_w[2]);
   EXPECT_GE(s.seconds, 0.08);
   EXPECT_GT(s.num_readings, 10);
   dlclose(library);

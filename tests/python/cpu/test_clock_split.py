@@ -14,7 +14,7 @@ spec.loader.exec_module(clock_split)
 def test_time_ratio_is_cycles_times_clock(tmp_path, capsys):
     # The fused call 1.2x the GEMM's time at 1200 MHz against 1500: 0.96x its cycles.
     rows = [{"proj": "p", "m": 512, "n": 8192, "k_per_rank": 1024, "t_fused_solo_ms": 1.2, "t_gemm_ms": 1.0,
-             "mhz_fused_solo": 1200, "mhz_gemm": 1500},
+             "mhz_fused_solo": 1200, "mhz_gemm": 1500, "power_fused_solo_w": 690.0, "power_gemm_w": 700.0},
             {"proj": "p", "m": 8, "n": 8192, "k_per_rank": 1024, "t_fused_solo_ms": 0.02, "t_gemm_ms": 0.016,
              "mhz_gemm": 1980}]
     (row, time, cycles, clock), (_, short_time, no_cycles, no_clock) = clock_split.split(rows, "fused_solo", "gemm")
@@ -27,3 +27,4 @@ def test_time_ratio_is_cycles_times_clock(tmp_path, capsys):
     assert clock_split.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "2 shapes: time geomean 1.225" in out and "time 1.200 = cycles 0.960 x clock 1.250" in out
+    assert " 690       700" in out
