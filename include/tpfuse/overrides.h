@@ -10,7 +10,7 @@ namespace tpfuse {
 // A field left at its default keeps the config's own choice. The benchmark sets these from its
 // flags and the tests from their parameters, so that variants compare within one process.
 struct ConfigOverrides {
-  int block_n = 0;          // tile width: 192 or 256 for 128-row tiles, 128 or 256 for 64-row ones (64 and
+  int block_n = 0;          // tile width: 128, 192 or 256 for 128-row tiles, 128 or 256 for 64-row ones (64 and
                             // 192 too in the plain GEMM and the reduce-scatter's register epilogue; the other
                             // height keeps its own choice); 0: the config's
   int group_rows = 0;       // row tiles per raster group; 0: the config's choice

@@ -172,8 +172,10 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
     const int narrow = height == 128 ? 192 : 128;
     // One consumer's 64 x 64 and 64 x 192 tiles; 128 x 128 where the epilogue stores the tiles
     // (whole or split, they measured faster where they make about a wave that 128 x 256 tiles make
-    // only in splits: M = 2048, N = 1024, K = 6144).
-    const int narrowest = height == 64 ? (one_consumer ? 64 : 0) : stores_tiles ? 128 : 0;
+    // only in splits: M = 2048, N = 1024, K = 6144), and for the reduce-scatter at M <= 256, where
+    // they make one wave that wider ones leave part-idle (measured there only).
+    const bool small_m = grid.bands * grid.rows_per_band <= kSmallBandRows;
+    const int narrowest = height == 64 ? (one_consumer ? 64 : 0) : stores_tiles || small_m ? 128 : 0;
     const int one_consumer_wide = one_consumer && height == 64 ? 192 : 0;
     for (const int width : {256, narrow, narrowest, one_consumer_wide}) {
       if (width == 0) continue;
@@ -216,10 +218,12 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   }
   // One band of 129 .. kSmallBandRows rows streaming W, which the model gives whole 64-row tiles:
   // 128 x 128 tiles in one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth
-  // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256). Not where the model
-  // chose 64 x 192, which loads as few bytes a CTA on more CTAs.
-  if (plain_gemm && overrides.block_n == 0 && block_m == 64 && block_n != 192 && splits == 1 && heights[1] == 64 &&
-      grid.rows_per_band > 128 && grid.rows_per_band <= kSmallBandRows && grid.tiles(128, 128) <= device.num_sms) {
+  // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256), for the plain GEMM
+  // and the reduce-scatter's shared tiles. Not where the model chose 64 x 192, which loads as few
+  // bytes a CTA on more CTAs.
+  if (variants != Variants::kStoringOps && overrides.block_n == 0 && block_m == 64 && block_n != 192 && splits == 1 &&
+      heights[1] == 64 && grid.rows_per_band > 128 && grid.rows_per_band <= kSmallBandRows &&
+      grid.tiles(128, 128) <= device.num_sms) {
     block_m = 128;
     block_n = 128;
   }

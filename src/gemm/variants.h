@@ -30,7 +30,7 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {64, 64, 12, 0, 1, false, false},   // at most 64 rows: four times the CTAs on W without splitting K
     {128, 128, 6, 0, 2, false, false},  // one band of 129..256 rows, or about a wave where wider tiles need splits of K
     {64, 192, 6, 0, 1, false, false},   // at most 256 rows: as few bytes a CTA loads as 128 x 128, on a third more CTAs at N = 6144
-    {128, 128, 5, 0, 2, false, true},   // the same for the all-gather (a stage fewer: its copier's ring)
+    {128, 128, 5, 0, 2, true, true},    // the same for the fused ops (a stage fewer: the all-gather's copier's ring)
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 

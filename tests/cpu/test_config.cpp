@@ -231,7 +231,9 @@ TEST(Config, SmallSegments) {
         ASSERT_TRUE(select_gemm_rs_config(p, h100(), o, &f).ok());
         EXPECT_EQ(f.register_epilogue, forced == 1) << p.to_string() << " -> " << f.to_string();
       }
-      EXPECT_EQ(c.gemm.variant, g.variant) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
+      // The same tile (128 x 128 at M = 256 on the fused ops' variant, a stage fewer).
+      EXPECT_EQ(c.gemm.tile().block_m, g.tile().block_m) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
+      EXPECT_EQ(c.gemm.tile().block_n, g.tile().block_n) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
       EXPECT_EQ(c.gemm.split_k, g.split_k) << p.to_string() << " -> " << c.to_string() << " against " << g.to_string();
       ConfigOverrides never;
       never.shared_tiles = 0;
@@ -627,7 +629,33 @@ TEST(Config, OneBandOf512RowsOn128x128) {
   EXPECT_EQ(g.tile().block_m * 1000 + g.tile().block_n, 128256) << g.to_string();
 }
 
-// Tiles of one consumer (64 x 64, 64 x 192) and 128 x 128 ones are the plain GEMM's: its config
+// The reduce-scatter at M = 129..256: one wave of 128 x 128 tiles (the fused ops' 5-stage variant)
+// where wider ones leave SMs idle (P = 2, 4: bands of 128 rows, 86 tiles of 128 x 192 at N = 8192)
+// or, in one band of shared tiles, where the model gives 64-row ones (P = 8), as the plain GEMM
+// takes them; above M = 256, and on the sweep's shapes, the tiles of before.
+TEST(Config, ReduceScatterTakesOneWaveOf128x128AtSmallM) {
+  GemmRsConfig rs;
+  for (int world_size : {1, 2, 4, 8}) {
+    for (int64_t n : {8192, 6144}) {
+      const Problem p = make(256, n, n == 8192 ? 1024 : 768, world_size);
+      ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
+      EXPECT_EQ(rs.gemm.tile().block_m * 1000 + rs.gemm.tile().block_n, 128128) << p.to_string() << " -> " << rs.to_string();
+      EXPECT_TRUE(fused_ops_take(rs.gemm.tile())) << rs.to_string();
+      EXPECT_LE(rs.gemm.smem_bytes, size_t(h100().max_smem_per_block)) << rs.to_string();
+      EXPECT_EQ(rs.shared_tiles, world_size == 8) << p.to_string() << " -> " << rs.to_string();
+      EXPECT_LE(TileSchedule(schedule_shape(p, rs, 0)).num_tiles(), h100().num_sms) << rs.to_string();
+    }
+  }
+  const std::pair<Problem, int> before[] = {
+      {make(512, 8192, 1024, 8), 128256}, {make(512, 6144, 768, 8), 128192}, {make(2048, 1024, 1024, 8), 128192},
+      {make(512, 1024, 2048, 4), 128192}, {make(128, 8192, 2048, 4), 64128}};
+  for (const auto& [p, tile] : before) {
+    ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
+    EXPECT_EQ(rs.gemm.tile().block_m * 1000 + rs.gemm.tile().block_n, tile) << p.to_string() << " -> " << rs.to_string();
+  }
+}
+
+// Tiles of one consumer (64 x 64, 64 x 192) and the 6-stage 128 x 128 ones are the plain GEMM's: its config
 // takes the first where the time model says (M <= 64, and M <= 256 where 64 x 192 tiles make one
 // wave) and 128 x 128 for one band of 129..256 rows in one wave otherwise (not at M = 128: half the
 // CTAs of 64 x 128), overrides.block_n = 64 forces 64 x 64. Of the fused ops only the

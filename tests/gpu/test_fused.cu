@@ -219,7 +219,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{2, 126, 520, 128, WeightLayout::kKxN},
                                            // 64 rows per rank: 128-row tiles over two ranks' rows
                                            FusedCase{4, 256, 1000, 64, WeightLayout::kKxN},
-                                           FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, 0}),
+                                           FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, 0},
+                                           // M = 256 at P = 2: bands of 128 rows on 128 x 128 tiles
+                                           FusedCase{2, 256, 1000, 128, WeightLayout::kNxK}),
                          case_name);
 
 // Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
