@@ -109,8 +109,9 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
     double gpu_ms = 0;   // the slowest GPU's
     double host_us = 0;  // queuing the launch
   };
-  // One gated iteration of launch `k`; `dated`: the sensors' readings while it runs are its.
-  auto time_iteration = [&](int k, int iteration, bool dated) {
+  // One gated iteration of launch `k`, its call number `call` (its input set); `dated`: the
+  // sensors' readings while it runs are its.
+  auto time_iteration = [&](int k, int call, bool dated) {
     double host_us = 0;
     try {
       for (int g = 0; g < gpus.size(); ++g) {
@@ -119,7 +120,7 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
         TESTING_CHECK(cudaEventRecord(events[g]->start, gpus[g].stream));
       }
       const auto queue_start = std::chrono::steady_clock::now();
-      launches[k](iteration);
+      launches[k](call);
       host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - queue_start).count();
       for (int g = 0; g < gpus.size(); ++g) {
         TESTING_CHECK(cudaSetDevice(gpus[g].device));
@@ -153,7 +154,8 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
   };
 
   // Calls are numbered across the launches, so that two calls in a row use different input sets:
-  // one launch never finds the operands the launch before it left in L2.
+  // one launch never finds the operands the launch before it left in L2 (in separate loops each
+  // launch's own calls are in a row: numbered alone, each of them goes through every set).
   const int num_launches = int(launches.size());
   std::vector<std::vector<double>> gpu_ms(launches.size()), host_us(launches.size());
   for (auto& times : gpu_ms) times.reserve(options.iters);
@@ -165,7 +167,8 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
   // In an interleaved loop a reading counts for the launch that ran from before it to after it.
   auto run_iteration = [&](int k, int iteration, bool timed) {
     if (timed) start_sensors();
-    const Times times = time_iteration(k, iteration * num_launches + k, timed && !options.separate_loops);
+    const int call = options.separate_loops ? iteration : iteration * num_launches + k;
+    const Times times = time_iteration(k, call, timed && !options.separate_loops);
     if (timed) {
       gpu_ms[k].push_back(times.gpu_ms);
       host_us[k].push_back(times.host_us);

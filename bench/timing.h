@@ -39,9 +39,9 @@ inline constexpr double kSettleSeconds = 0.3;
 inline constexpr double kSeparateTimedSeconds = 0.35;
 
 // Queues one iteration of the timed work on every GPU of the set (streams of the set; NCCL calls
-// inside ncclGroupStart/End). `iteration` counts from 0; rotation_set(iteration, num_sets) is the
+// inside ncclGroupStart/End). `call` numbers the calls from 0; rotation_set(call, num_sets) is the
 // input set to take.
-using LaunchFn = std::function<void(int iteration)>;
+using LaunchFn = std::function<void(int call)>;
 
 // The timed loop's results for one launch.
 struct LaunchTiming {
