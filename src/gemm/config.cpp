@@ -167,6 +167,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   constexpr double kTailMargin = 0.95;
   int tail_block_m = 0, tail_block_n = 0, tail_splits_best = 0;
   double tail_time = 0;
+  const bool small_m = grid.bands * grid.rows_per_band <= kSmallBandRows;
   for (const int height : heights) {
     if (height == 0) continue;
     const int narrow = height == 128 ? 192 : 128;
@@ -174,7 +175,6 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
     // (whole or split, they measured faster where they make about a wave that 128 x 256 tiles make
     // only in splits: M = 2048, N = 1024, K = 6144), and for the reduce-scatter at M <= 256, where
     // they make one wave that wider ones leave part-idle (measured there only).
-    const bool small_m = grid.bands * grid.rows_per_band <= kSmallBandRows;
     const int narrowest = height == 64 ? (one_consumer ? 64 : 0) : stores_tiles || small_m ? 128 : 0;
     const int one_consumer_wide = one_consumer && height == 64 ? 192 : 0;
     for (const int width : {256, narrow, narrowest, one_consumer_wide}) {
