@@ -178,7 +178,7 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --warmup N       warm-up iterations per timing (default 20)\n"
          "  --iters N        timed iterations; the median is reported (default 200)\n"
          "  --check          check results against an FP32 reference on the GPU\n"
-         "  --shapes S       'sweep' (SPEC's 16 shapes, the default) or a list 'M,N,Kpr;M,N,Kpr'\n"
+         "  --shapes S       'sweep' (docs/SPEC.md's 16 shapes, the default) or a list 'M,N,Kpr;M,N,Kpr'\n"
          "                   (Kpr: K per rank)\n"
          "  --tp P           tensor-parallel degree: K per rank = K_total / P in the sweep (default 8)\n"
          "  --layout kn|nk   weight layout: kn = K/P x N row-major (default), nk = N x K/P (nn.Linear)\n"

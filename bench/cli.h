@@ -55,7 +55,7 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
 
 std::string usage(const std::vector<std::string>& mode_names);
 
-// SPEC's 16 shapes: M in {512, 2048, 8192, 32768} for each projection, K per rank = K_total / tp.
+// docs/SPEC.md's 16 shapes: M in {512, 2048, 8192, 32768} for each projection, K per rank = K_total / tp.
 // Fails (empty, with `error` set) if tp does not divide some projection's K.
 std::vector<Shape> sweep_shapes(int tp, std::string* error);
 

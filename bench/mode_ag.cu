@@ -2,11 +2,11 @@
 // GEMM of the gathered X), on the G GPUs one process drives: a local communicator of G ranks, rank g
 // on GPU g (problem.world_size = G). Per shape, in one run and on the same rotated inputs: T_gemm
 // (cuBLAS on the gathered m x k), T_comm (ncclAllGather alone), T_seq (both on one stream), T_fused
-// (all_gather_gemm_local, slowest GPU), and SPEC's
+// (all_gather_gemm_local, slowest GPU), and docs/SPEC.md's
 //   E = (T_gemm + T_comm - T_fused) / T_comm,   E_hideable = (T_gemm + T_comm - T_fused) / min(T_gemm, T_comm),
 //   speedup = T_seq / T_fused.
 // With --check, every GPU's Y (fused and unfused) against the FP32 reference of the gathered X, and
-// SPEC's rule: each fused error <= 1.1x the unfused path's. Shapes: M, n (N / G), K; the default
+// docs/SPEC.md's rule: each fused error <= 1.1x the unfused path's. Shapes: M, n (N / G), K; the default
 // sweep is the column-parallel layers' (cli.h).
 #include <algorithm>
 #include <cmath>

@@ -1,11 +1,11 @@
 // Mode fused: tpfuse's fused GEMM + reduce-scatter against the unfused path, on G >= 2 GPUs driven by
 // one process: a local communicator of G ranks, rank g on GPU g (problem.world_size = G; K per rank
 // is K_total / --tp). Per shape, in one run and on the same rotated inputs: T_gemm, T_comm and T_seq
-// as the baseline mode times them, T_fused (gemm_reduce_scatter_local, slowest GPU), and SPEC's
+// as the baseline mode times them, T_fused (gemm_reduce_scatter_local, slowest GPU), and docs/SPEC.md's
 //   E = (T_gemm + T_comm - T_fused) / T_comm,   E_hideable = (T_gemm + T_comm - T_fused) / min(T_gemm, T_comm),
 //   speedup = T_seq / T_fused.
 // With --check, every GPU's fused rows and the unfused path's against the FP32 reference
-// reduce-scatter, and SPEC's rule: each fused error <= 1.1x the unfused path's.
+// reduce-scatter, and docs/SPEC.md's rule: each fused error <= 1.1x the unfused path's.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -165,7 +165,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   return row;
 }
 
-// The closing line: SPEC's targets over the shapes the fused op ran on.
+// The closing line: docs/SPEC.md's targets over the shapes the fused op ran on.
 void summarize(const Options& options, Report& report, const std::vector<Row>& rows) {
   double min_e = std::numeric_limits<double>::infinity(), min_e_hideable = min_e;
   double log_speedup_sum = 0;

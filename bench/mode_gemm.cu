@@ -1,5 +1,5 @@
 // Mode gemm: tpfuse::gemm against cuBLAS on each per-rank shape, on GPU 0, in the same run. With
-// --check, both against the FP32 reference, and SPEC's rule: each of ours' errors <= 1.1x cuBLAS's.
+// --check, both against the FP32 reference, and docs/SPEC.md's rule: each of ours' errors <= 1.1x cuBLAS's.
 #include <algorithm>
 #include <cmath>
 #include <string>

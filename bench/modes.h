@@ -44,7 +44,7 @@ void run_p2p(const Options& options, Report& report);
 std::vector<Column> shape_columns();
 Row shape_row(const Shape& shape);
 
-// SPEC's two error measures of one path: columns "<key>_max_rel" and "<key>_norm_rel", headed
+// docs/SPEC.md's two error measures of one path: columns "<key>_max_rel" and "<key>_norm_rel", headed
 // "<label>_maxrel" and "<label>_l2rel"; set_errors fills them.
 void add_error_columns(std::vector<Column>& columns, const std::string& key, const std::string& label);
 void set_errors(Row& row, const std::string& key, const ErrorStats& stats);

@@ -9,7 +9,7 @@ proxy mode:    T_gemm (tpfuse::gemm) and T_fused_solo per shape (grouped bars, l
 baseline and fused modes:
                T_gemm, T_comm, T_seq per shape (grouped bars, log scale), and T_fused when the
                results have it; then a second panel of the overlap efficiency E (and E_hideable)
-               per shape, against SPEC's 0.9 target, when the results have it.
+               per shape, against docs/SPEC.md's 0.9 target, when the results have it.
 A missing or null number leaves its bar out.
 """
 import argparse

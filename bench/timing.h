@@ -1,4 +1,4 @@
-// Timing with CUDA events, the way SPEC asks: the median over iterations of the slowest GPU's time,
+// Timing with CUDA events, the way docs/SPEC.md asks: the median over iterations of the slowest GPU's time,
 // each iteration starting with the GPUs aligned, on inputs that are not left in L2 by the last one;
 // with it, the host's time per call and the GPUs' SM clock and power during the timed iterations.
 #pragma once

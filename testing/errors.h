@@ -1,4 +1,4 @@
-// SPEC's error measures and the 1.1x rule, written once for the CPU tests, the GPU tests and the
+// docs/SPEC.md's error measures and the 1.1x rule, written once for the CPU tests, the GPU tests and the
 // benchmark. Pure C++.
 #pragma once
 
@@ -6,7 +6,7 @@
 
 namespace tpfuse::testing {
 
-// A path passes when each of its errors is at most this factor times the baseline's (SPEC).
+// A path passes when each of its errors is at most this factor times the baseline's (docs/SPEC.md).
 constexpr double kErrorFactor = 1.1;
 
 struct ErrorStats {

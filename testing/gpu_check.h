@@ -1,5 +1,5 @@
 // Correctness on the GPU, shared by the GPU tests and the benchmark: random and small-integer
-// inputs, poisoned outputs, an FP32 reference GEMM, and SPEC's error measures (testing/errors.h).
+// inputs, poisoned outputs, an FP32 reference GEMM, and docs/SPEC.md's error measures (testing/errors.h).
 // Everything runs on the current device and the given stream (which must belong to it). A failed
 // CUDA call throws CallFailed (testing/cuda_errors.h).
 #pragma once

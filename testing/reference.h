@@ -1,4 +1,4 @@
-// A scalar CPU reference for GEMM + reduce-scatter on tiny shapes, SPEC's error measures over
+// A scalar CPU reference for GEMM + reduce-scatter on tiny shapes, docs/SPEC.md's error measures over
 // host vectors, and the exact mode's inputs. Pure C++ (no CUDA headers): BF16 values are their raw bits in a uint16_t.
 //
 // Buffers are row-major and flat: A_r is m x k_per_rank; W_r is k_per_rank x n (kKxN) or
@@ -47,7 +47,7 @@ std::vector<std::vector<double>> reference_reduce_scatter(const Problem& problem
 std::vector<std::vector<uint16_t>> unfused_reduce_scatter(const Problem& problem,
                                                           const std::vector<std::vector<double>>& partials);
 
-// ---- Error measures (SPEC "Correctness") ----
+// ---- Error measures (docs/SPEC.md, "Correctness") ----
 
 // Over a whole output. If ref is all zero, a measure is 0 when out == ref and +inf otherwise.
 ErrorStats error_stats(const std::vector<double>& out, const std::vector<double>& ref);

@@ -1,4 +1,4 @@
-"""python -m tpfuse.bench: SPEC.md's sweep through PyTorch, one process per GPU under torchrun.
+"""python -m tpfuse.bench: docs/SPEC.md's sweep through PyTorch, one process per GPU under torchrun.
 
     torchrun --nproc-per-node=P -m tpfuse.bench [--json results.json]
 
@@ -7,11 +7,11 @@ Per shape, in one run and on the same rotated inputs: T_gemm (torch.mm), T_comm
 torch's async-TP (torch.ops.symm_mem.fused_matmul_reduce_scatter), and for each fused op
     E = (T_gemm + T_comm - T_fused) / T_comm,  E_hideable = the same over min(T_gemm, T_comm),
     speedup = T_seq / T_fused,
-and, with checking on, SPEC's rule: each of its errors at most 1.1x the unfused path's. Times are
+and, with checking on, docs/SPEC.md's rule: each of its errors at most 1.1x the unfused path's. Times are
 medians of --iters iterations after --warmup, each iteration's time the slowest rank's; ranks are
 aligned before each iteration, and a gate (a GPU sleep) holds the stream until the launches are
 queued, so host launch time is not in the GPU times: it is reported on its own (host_*_us, the
-slowest rank's median time to queue one call). K per rank is K / --tp (SPEC: P = 8) at every world
+slowest rank's median time to queue one call). K per rank is K / --tp (docs/SPEC.md: P = 8) at every world
 size. The JSON has tpfuse_bench's schema plus the async-TP and host-time columns. Progress goes to
 stderr, the table to stdout.
 """
@@ -74,8 +74,8 @@ def parse_shapes(text: str, tp: int) -> list:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m tpfuse.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="", help="'M,N,K_per_rank;...' (default: SPEC's 16 shapes)")
-    parser.add_argument("--tp", type=int, default=8, help="P of SPEC's K per rank = K / P (default 8)")
+    parser.add_argument("--shapes", default="", help="'M,N,K_per_rank;...' (default: docs/SPEC.md's 16 shapes)")
+    parser.add_argument("--tp", type=int, default=8, help="P of docs/SPEC.md's K per rank = K / P (default 8)")
     parser.add_argument("--layout", choices=["kn", "nk"], default="kn", help="the weight's layout (default kn)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iters", type=int, default=200)

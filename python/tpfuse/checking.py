@@ -1,5 +1,5 @@
 """One reference, one unfused path and one set of error measures, shared by the GPU tests and the
-benchmark (SPEC.md's rule: each of the fused op's errors at most 1.1x the unfused path's)."""
+benchmark (docs/SPEC.md's rule: each of the fused op's errors at most 1.1x the unfused path's)."""
 
 from dataclasses import dataclass
 

@@ -1,4 +1,4 @@
-// The benchmark's command line: defaults, the SPEC sweep, explicit shapes, and errors that name the
+// The benchmark's command line: defaults, the docs/SPEC.md sweep, explicit shapes, and errors that name the
 // bad option instead of running.
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 namespace tpfuse {
 namespace {
 
-// The SPEC's 16 shapes: M x (N, K total), K split over P ranks.
+// The docs/SPEC.md's 16 shapes: M x (N, K total), K split over P ranks.
 std::vector<Problem> sweep(int world_size) {
   const int64_t ms[] = {512, 2048, 8192, 32768};
   const int64_t nk[][2] = {{8192, 8192}, {8192, 28672}, {6144, 6144}, {6144, 16384}};

@@ -1,4 +1,4 @@
-// The CPU reference: BF16 rounding, GEMM in both weight layouts, reduce-scatter, the SPEC's error
+// The CPU reference: BF16 rounding, GEMM in both weight layouts, reduce-scatter, docs/SPEC.md's error
 // measures and the 1.1x rule, and the exact mode.
 #include <gtest/gtest.h>
 

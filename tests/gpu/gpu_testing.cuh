@@ -1,5 +1,5 @@
 // Helpers for the GPU tests on top of the shared test support (testing/): typed device arrays, the
-// fills and the reference on the default stream, SPEC's error measures of host copies, and the
+// fills and the reference on the default stream, docs/SPEC.md's error measures of host copies, and the
 // first bit-for-bit mismatch.
 #pragma once
 
@@ -45,7 +45,7 @@ inline void reference_gemm(const Problem& problem, const bf16* a, const bf16* w,
   reference_gemm(problem, a, w, ref, nullptr);
 }
 
-// SPEC's measures of a BF16 output against its FP32 reference, from host copies.
+// docs/SPEC.md's measures of a BF16 output against its FP32 reference, from host copies.
 ErrorSums error_sums(const std::vector<bf16>& out, const std::vector<float>& ref);
 
 // The first element where out != ref bit for bit (as BF16 of the exact reference), or -1.

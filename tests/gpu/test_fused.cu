@@ -232,7 +232,7 @@ void expect_within_unfused_error_and_deterministic(LocalRanks& ranks, const Prob
   ASSERT_TRUE(ranks.run(problem, overrides).ok());
   ASSERT_CUDA(ranks.synchronize());
   const auto partials = ranks.partials(problem);
-  // SPEC's errors are over the whole output: every rank's rows together.
+  // docs/SPEC.md's errors are over the whole output: every rank's rows together.
   std::vector<std::vector<__nv_bfloat16>> first;
   ErrorSums fused, unfused;
   for (int d = 0; d < p; ++d) {

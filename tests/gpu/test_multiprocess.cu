@@ -67,7 +67,7 @@ std::vector<float> reference_rows(const Rank& r, const Problem& p, bool exact, u
   return sum;
 }
 
-// SPEC's measures over the whole output: this rank's error sums merged with every other rank's.
+// docs/SPEC.md's measures over the whole output: this rank's error sums merged with every other rank's.
 ErrorStats whole_output(Rank& r, const std::vector<__nv_bfloat16>& out, const std::vector<float>& ref) {
   const ErrorSums mine = error_sums(out, ref);
   double stats[4] = {mine.max_abs_diff, mine.max_abs_ref, mine.sum_sq_diff, mine.sum_sq_ref};

@@ -1,4 +1,4 @@
-"""The benchmark's pure parts: SPEC's sweep, shape parsing, the summary's counts, JSON without NaN."""
+"""The benchmark's pure parts: docs/SPEC.md's sweep, shape parsing, the summary's counts, JSON without NaN."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""tpfuse.all_gather_gemm on GPUs, at any world size: against the unfused path (SPEC.md's 1.1x rule
+"""tpfuse.all_gather_gemm on GPUs, at any world size: against the unfused path (docs/SPEC.md's 1.1x rule
 and an exact mode), the gathered X it returns, reruns, and calls alternating with the reduce-scatter
 on the communicator both share."""
 

@@ -1,4 +1,4 @@
-"""tpfuse.gemm_reduce_scatter on GPUs, at any world size: against the unfused path (SPEC.md's 1.1x rule
+"""tpfuse.gemm_reduce_scatter on GPUs, at any world size: against the unfused path (docs/SPEC.md's 1.1x rule
 and an exact mode), the drop-in, CUDA graph replay, torch.compile, 1000 back-to-back calls of varying
 M, bad tensors, and tpfuse's own NCCL communicator."""
 

@@ -1,4 +1,4 @@
-"""At world size 2 or more (torchrun --nproc-per-node=N): SPEC's shapes against the unfused path,
+"""At world size 2 or more (torchrun --nproc-per-node=N): docs/SPEC.md's shapes against the unfused path,
 bit-identical reruns, and a peer that never arrives."""
 
 import pytest
