@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Prints the tables of docs/PERFORMANCE.md from the JSON of the runs it cites (bench/results/).
+
+    python3 bench/tables.py                 print every table as markdown
+    python3 bench/tables.py headline gemm   print only these tables
+    python3 bench/tables.py --update docs/PERFORMANCE.md
+                                            rewrite the doc's marked blocks in place
+
+A block in the doc starts with the line `<!-- tables.py NAME -->` and ends with `<!-- /tables.py -->`;
+--update replaces what lies between them with the table NAME and leaves the rest of the file as it is.
+Every figure comes from the JSON (the tables the benchmark printed are the *.txt beside it). Python 3,
+standard library only; the JSON readers are bench/compare.py's (a glob of passes is their geomean)
+and bench/clock_split.py's (a time ratio split into cycles and clock).
+"""
+import argparse
+import pathlib
+import re
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import clock_split  # noqa: E402
+import compare  # noqa: E402
+
+RESULTS = HERE / "results"
+
+# The runs the doc cites, relative to bench/results/.
+TWO_GPU = "2026-11-29-h200x2-f4e35d3"
+TARGETS = "2026-12-03-h200-6d5939c/run131"      # interleaved: the metric
+SEPARATE = "2026-12-03-h200-6d5939c/run132"     # --separate-loops: each call's own clock
+M256 = "2026-12-03-h200-8995433/run135"         # M = 256 on one wave of 128 x 128 tiles
+
+geomean = clock_split.geomean
+
+
+def load(results, name):
+    """(meta, rows by (proj, m, n, k_per_rank)) of results/name.json (a glob: its passes' geomean)."""
+    pattern = str(results / f"{name}.json")
+    if not list(results.glob(f"{name}.json")):
+        return None, {}
+    return compare.load(pattern)
+
+
+def ratio(row, a, b):
+    """t_a / t_b of a row, or None."""
+    found = clock_split.split([row], a, b) if row else []
+    return found[0][1] if found else None
+
+
+def cycles_clock(row, a, b):
+    """(cycle ratio a/b, clock factor f_b / f_a), or (None, None) where a clock is missing."""
+    if not row:
+        return None, None
+    found = clock_split.split([row], a, b)
+    return (found[0][2], found[0][3]) if found else (None, None)
+
+
+def fmt(value, digits=3):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def short(proj):
+    return proj.replace("llama3-70b.", "llama ").replace("mixtral-8x22b.", "mixtral ")
+
+
+def machine(meta):
+    if not meta:
+        return "(no run)"
+    return (f"{meta.get('gpu_count', 1)} x {meta.get('gpu')}, commit {meta.get('git_commit')}, "
+            f"{str(meta.get('date', ''))[:10]}, CUDA {meta.get('cuda_runtime')}, cuBLAS {meta.get('cublas')}, "
+            f"NCCL {meta.get('nccl')}")
+
+
+def counted(values, test):
+    return sum(1 for v in values if v is not None and test(v))
+
+
+def span(values):
+    values = [v for v in values if v is not None]
+    return f"{min(values):.3f}-{max(values):.3f}" if values else "-"
+
+
+# ---- the tables ----
+
+def headline(results):
+    """E, E_hideable and speedup of the fused op on two GPUs, per shape, both layouts."""
+    meta, kn = load(results, f"{TWO_GPU}/fused_tp8")
+    _, nk = load(results, f"{TWO_GPU}/fused_tp8_nk")
+    out = [f"Measured on {machine(meta)} (`{TWO_GPU}/fused_tp8.json`, `fused_tp8_nk.json`); the per-rank "
+           "shapes of P = 8 (K/P = K/8), reduce-scattered over the 2 GPUs.", "",
+           "| projection | M | T_gemm (ms) | T_comm (ms) | T_seq (ms) | T_fused (ms) | E | E_hideable | speedup "
+           "| N x K: E | E_hideable | speedup | rule |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for key, r in kn.items():
+        o = nk.get(key, {})
+        rule = "pass" if r.get("rule") == "pass" and o.get("rule", "pass") == "pass" else "FAIL"
+        out.append(f"| {short(key[0])} | {key[1]} | {r['t_gemm_ms']:.4f} | {r['t_comm_ms']:.4f} | "
+                   f"{r['t_seq_ms']:.4f} | {r['t_fused_ms']:.4f} | {fmt(r.get('E'))} | {fmt(r.get('E_hideable'))} | "
+                   f"{fmt(r.get('speedup'))} | {fmt(o.get('E'))} | {fmt(o.get('E_hideable'))} | "
+                   f"{fmt(o.get('speedup'))} | {rule} |")
+    out.append("")
+    for name, table in (("K x N", kn), ("N x K", nk)):
+        rows = list(table.values())
+        bound = [r for r in rows if r["t_comm_ms"] <= r["t_gemm_ms"]]
+        out.append(f"{name}: speedup geomean {geomean([r['speedup'] for r in rows]):.3f} "
+                   f"({span(r['speedup'] for r in rows)}); E >= 0.90 on {counted([r['E'] for r in bound], lambda v: v >= 0.9)} "
+                   f"of the {len(bound)} shapes with T_comm <= T_gemm (E there {span(r['E'] for r in bound)}); "
+                   f"E_hideable >= 0.90 on {counted([r['E_hideable'] for r in rows], lambda v: v >= 0.9)} of {len(rows)}; "
+                   f"{sum(r.get('rule') == 'pass' for r in rows)} of {len(rows)} pass the 1.1x rule.")
+        out.append("")
+    return out[:-1]
+
+
+def headline_p2(results):
+    """The sweep's shapes at P = 2 (K/P = K/2) on two GPUs."""
+    meta, table = load(results, f"{TWO_GPU}/fused_tp2")
+    out = [f"Measured on {machine(meta)} (`{TWO_GPU}/fused_tp2.json`), K x N.", "",
+           "| projection | M | K/P | T_gemm (ms) | T_comm (ms) | T_fused (ms) | E | speedup |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, r in table.items():
+        out.append(f"| {short(key[0])} | {key[1]} | {key[3]} | {r['t_gemm_ms']:.4f} | {r['t_comm_ms']:.4f} | "
+                   f"{r['t_fused_ms']:.4f} | {fmt(r.get('E'))} | {fmt(r.get('speedup'))} |")
+    rows = list(table.values())
+    if rows:
+        out += ["", f"speedup geomean {geomean([r['speedup'] for r in rows]):.3f} ({span(r['speedup'] for r in rows)}); "
+                f"E {span(r['E'] for r in rows)}; {sum(r.get('rule') == 'pass' for r in rows)} of {len(rows)} pass the 1.1x rule."]
+    return out
+
+
+def gemm(results):
+    """The per-rank GEMM against cuBLAS on the sweep (P = 8), both layouts, and the split into cycles and clock."""
+    meta, nk = load(results, f"{TARGETS}/gemm_sweep_nk")
+    _, kn = load(results, f"{TARGETS}/gemm_sweep_kn")
+    _, sep = load(results, f"{SEPARATE}/gemm_sweep_nk")
+    out = [f"Measured on {machine(meta)} (`{TARGETS}/gemm_sweep_*.json`; split: `{SEPARATE}`).", "",
+           "| projection | M | cuBLAS (ms) | ours (ms) | cuBLAS/ours N x K | K x N | separate loops N x K: cycles x clock |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for key, r in nk.items():
+        c, f = cycles_clock(sep.get(key), "cublas", "ours")
+        out.append(f"| {short(key[0])} | {key[1]} | {r['t_cublas_ms']:.4f} | {r['t_ours_ms']:.4f} | "
+                   f"{fmt(ratio(r, 'cublas', 'ours'))} | {fmt(ratio(kn.get(key), 'cublas', 'ours'))} | {fmt(c)} x {fmt(f)} |")
+    out.append("")
+    for name, table in (("N x K", nk), ("K x N", kn)):
+        values = [ratio(r, "cublas", "ours") for r in table.values()]
+        if values:
+            out.append(f"{name}: cuBLAS/ours geomean {geomean(values):.3f} ({span(values)}), "
+                       f"{counted(values, lambda v: v >= 1.0)} of {len(values)} at or above 1.00.")
+    return out
+
+
+def gemm_small(results):
+    """The per-rank GEMM against cuBLAS at M = 1..512 (P = 8 shapes), geomean over the four projections by M."""
+    meta, nk = load(results, f"{TARGETS}/gemm_small_nk")
+    _, kn = load(results, f"{TARGETS}/gemm_small_kn")
+    out = [f"Measured on {machine(meta)} (`{TARGETS}/gemm_small_*.json`).", "",
+           "| projection | " + " | ".join(f"M = {m}" if i == 0 else str(m)
+                                         for i, m in enumerate(sorted({k[1] for k in nk}))) + " | K x N, all M |",
+           "|---|" + "---:|" * (len({k[1] for k in nk}) + 1)]
+    for proj in dict.fromkeys(k[0] for k in nk):
+        keys = sorted((k for k in nk if k[0] == proj), key=lambda k: k[1])
+        cells = " | ".join(fmt(ratio(nk[k], "cublas", "ours")) for k in keys)
+        kn_values = [ratio(kn.get(k), "cublas", "ours") for k in keys if kn.get(k)]
+        out.append(f"| {short(proj)} | {cells} | {fmt(geomean(kn_values)) if kn_values else '-'} |")
+    out.append("")
+    for name, table in (("N x K", nk), ("K x N", kn)):
+        values = [ratio(r, "cublas", "ours") for r in table.values()]
+        roof = [r.get("ours_over_roofline") for r in table.values()]
+        if values:
+            out.append(f"{name}: cuBLAS/ours geomean {geomean(values):.3f} ({span(values)}), "
+                       f"{counted(values, lambda v: v >= 1.0)} of {len(values)} at or above 1.00; ours/roofline "
+                       f"{span(roof)}.")
+    return out
+
+
+def proxy(results):
+    """The fused op's own cost (solo-rank proxy, P = 8): fused/GEMM on the sweep, both layouts."""
+    meta, nk = load(results, f"{TARGETS}/proxy_sweep_nk")
+    _, kn = load(results, f"{TARGETS}/proxy_sweep_kn")
+    _, sep = load(results, f"{SEPARATE}/proxy_sweep_nk")
+    out = [f"Measured on {machine(meta)} (`{TARGETS}/proxy_sweep_*.json`; split: `{SEPARATE}`).", "",
+           "| projection | M | T_gemm (ms) | T_fused_solo (ms) | fused/GEMM N x K | K x N | "
+           "separate loops N x K: cycles x clock | MHz GEMM, fused |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, r in nk.items():
+        s = sep.get(key)
+        c, f = cycles_clock(s, "fused_solo", "gemm")
+        mhz = ", ".join(f"{s[k]:.0f}" if s and s.get(k) else "-" for k in ("mhz_gemm", "mhz_fused_solo"))
+        out.append(f"| {short(key[0])} | {key[1]} | {r['t_gemm_ms']:.4f} | {r['t_fused_solo_ms']:.4f} | "
+                   f"{fmt(ratio(r, 'fused_solo', 'gemm'))} | {fmt(ratio(kn.get(key), 'fused_solo', 'gemm'))} | "
+                   f"{fmt(c)} x {fmt(f)} | {mhz} |")
+    out.append("")
+    for name, table in (("N x K", nk), ("K x N", kn)):
+        values = [ratio(r, "fused_solo", "gemm") for r in table.values()]
+        if values:
+            out.append(f"{name}: fused/GEMM geomean {geomean(values):.3f} ({span(values)}), "
+                       f"{counted(values, lambda v: v <= 1.05)} of {len(values)} within 1.05.")
+    return out
+
+
+def down_proj(results):
+    """The fused op on the deep down_proj shapes against cuBLAS's GEMM alone (T_fused_solo / T_cublas)."""
+    meta, nk = load(results, f"{TARGETS}/proxy_sweep_nk")
+    _, kn = load(results, f"{TARGETS}/proxy_sweep_kn")
+    out = [f"Measured on {machine(meta)} (`{TARGETS}/proxy_sweep_*.json`, the calls interleaved in one loop).", "",
+           "| projection | M | K/P | T_cublas (ms) | T_fused_solo (ms) | fused/cuBLAS N x K | K x N |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    values = {"N x K": [], "K x N": []}
+    for key, r in nk.items():
+        if "down_proj" not in key[0]:
+            continue
+        a, b = ratio(r, "fused_solo", "cublas"), ratio(kn.get(key), "fused_solo", "cublas")
+        values["N x K"].append(a)
+        values["K x N"].append(b)
+        out.append(f"| {short(key[0])} | {key[1]} | {key[3]} | {r['t_cublas_ms']:.4f} | {r['t_fused_solo_ms']:.4f} | "
+                   f"{fmt(a)} | {fmt(b)} |")
+    out.append("")
+    for name, vs in values.items():
+        vs = [v for v in vs if v is not None]
+        if vs:
+            out.append(f"{name}: fused/cuBLAS geomean {geomean(vs):.3f} ({span(vs)}).")
+    return out
+
+
+def small_m(results):
+    """The fused op at M = 8..512 (proxy, P = 8, 4, 2): fused/GEMM by M, geomean over the four projections."""
+    meta, _ = load(results, f"{TARGETS}/proxy_small_p8_nk")
+    out = [f"Measured on {machine(meta)} (`{TARGETS}/proxy_small_p*.json`).", ""]
+    header = None
+    for p, layout in ((8, "nk"), (8, "kn"), (4, "nk"), (2, "nk")):
+        _, table = load(results, f"{TARGETS}/proxy_small_p{p}_{layout}")
+        if not table:
+            continue
+        by_m = {}
+        for key, r in table.items():
+            by_m.setdefault(key[1], []).append(ratio(r, "fused_solo", "gemm"))
+        if header is None:
+            ms = sorted(by_m)
+            header = ms
+            out += ["| P | layout | " + " | ".join(f"M = {m}" if i == 0 else str(m) for i, m in enumerate(ms)) +
+                    " | geomean | within 1.10 |", "|---:|---|" + "---:|" * (len(ms) + 2)]
+        values = [v for vs in by_m.values() for v in vs]
+        cells = " | ".join(fmt(geomean(by_m[m])) if m in by_m else "-" for m in header)
+        out.append(f"| {p} | {'N x K' if layout == 'nk' else 'K x N'} | {cells} | {geomean(values):.3f} | "
+                   f"{counted(values, lambda v: v <= 1.10)} of {len(values)} |")
+    return out
+
+
+def m256(results):
+    """M = 256 on one wave of 128 x 128 tiles (8995433) against the tiles of before, in one process."""
+    meta, _ = load(results, f"{M256}/p8_nk_1")
+    out = [f"Measured on {machine(meta)} (`{M256}/*.json`; `T_solo_b` is the old tiles' call, "
+           "geomean of the passes).", "",
+           "| P | layout | fused/GEMM old | new | new/old fused time |",
+           "|---:|---|---:|---:|---:|"]
+    for p, layout in ((8, "nk"), (8, "kn"), (4, "nk"), (2, "nk")):
+        _, table = load(results, f"{M256}/p{p}_{layout}_*")
+        if not table:
+            continue
+        old = [ratio(r, "fused_solo_b", "gemm") for r in table.values()]
+        new = [ratio(r, "fused_solo", "gemm") for r in table.values()]
+        gain = [ratio(r, "fused_solo", "fused_solo_b") for r in table.values()]
+        out.append(f"| {p} | {'N x K' if layout == 'nk' else 'K x N'} | {geomean(old):.3f} | {geomean(new):.3f} | "
+                   f"{geomean(gain):.3f} |")
+    return out
+
+
+def all_gather(results):
+    """The all-gather + GEMM (solo-rank proxy, P = 8): fused/GEMM, both layouts."""
+    meta, nk = load(results, f"{TARGETS}/ag_p8_nk")
+    _, kn = load(results, f"{TARGETS}/ag_p8_kn")
+    _, sep = load(results, f"{SEPARATE}/ag_p8_nk")
+    out = [f"Measured on {machine(meta)} (`{TARGETS}/ag_p8_*.json`; split: `{SEPARATE}`); shapes M, N/P, K.", "",
+           "| projection | M | N/P | K | fused/GEMM N x K | K x N | fused/cuBLAS N x K | separate loops N x K: cycles x clock |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, r in nk.items():
+        c, f = cycles_clock(sep.get(key), "fused_solo", "gemm")
+        out.append(f"| {short(key[0])} | {key[1]} | {key[2]} | {key[3]} | {fmt(ratio(r, 'fused_solo', 'gemm'))} | "
+                   f"{fmt(ratio(kn.get(key), 'fused_solo', 'gemm'))} | {fmt(ratio(r, 'fused_solo', 'cublas'))} | "
+                   f"{fmt(c)} x {fmt(f)} |")
+    out.append("")
+    for name, table in (("N x K", nk), ("K x N", kn)):
+        values = [ratio(r, "fused_solo", "gemm") for r in table.values()]
+        if values:
+            out.append(f"{name}: fused/GEMM geomean {geomean(values):.3f} ({span(values)}), "
+                       f"{counted(values, lambda v: v <= 1.03)} of {len(values)} within 1.03.")
+    return out
+
+
+TABLES = {
+    "headline": headline,
+    "headline_p2": headline_p2,
+    "gemm": gemm,
+    "gemm_small": gemm_small,
+    "proxy": proxy,
+    "down_proj": down_proj,
+    "small_m": small_m,
+    "m256": m256,
+    "all_gather": all_gather,
+}
+
+BLOCK = re.compile(r"(<!-- tables\.py (\w+) -->\n)(.*?)(<!-- /tables\.py -->)", re.S)
+
+
+def update(doc, results):
+    """Rewrites every marked block of the file doc; returns the names of the blocks rewritten."""
+    text = pathlib.Path(doc).read_text()
+    names = []
+
+    def fill(match):
+        name = match.group(2)
+        if name not in TABLES:
+            raise SystemExit(f"tables.py: {doc} names an unknown table {name!r}")
+        names.append(name)
+        return match.group(1) + "\n".join(TABLES[name](results)) + "\n" + match.group(4)
+
+    pathlib.Path(doc).write_text(BLOCK.sub(fill, text))
+    return names
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tables", nargs="*", help=f"tables to print (default: all): {', '.join(TABLES)}")
+    parser.add_argument("--results", default=str(RESULTS), help="the results folder (default: bench/results)")
+    parser.add_argument("--update", metavar="DOC", help="rewrite DOC's marked blocks instead of printing")
+    args = parser.parse_args(argv)
+    results = pathlib.Path(args.results)
+    unknown = [name for name in args.tables if name not in TABLES]
+    if unknown:
+        parser.error(f"unknown tables {', '.join(unknown)}; known: {', '.join(TABLES)}")
+    if args.update:
+        names = update(args.update, results)
+        print(f"{args.update}: {len(names)} tables rewritten ({', '.join(names)})")
+        return 0
+    for name in args.tables or TABLES:
+        print(f"### {name}\n")
+        print("\n".join(TABLES[name](results)))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
