@@ -86,7 +86,7 @@ def headline(results):
     """E, E_hideable and speedup of the fused op on two GPUs, per shape, both layouts."""
     meta, kn = load(results, f"{TWO_GPU}/fused_tp8")
     _, nk = load(results, f"{TWO_GPU}/fused_tp8_nk")
-    out = [f"Measured on {machine(meta)} (`{TWO_GPU}/fused_tp8.json`, `fused_tp8_nk.json`); the per-rank "
+    out = [f"Measured on {machine(meta)} (`bench/results/{TWO_GPU}/fused_tp8.json`, `fused_tp8_nk.json`); the per-rank "
            "shapes of P = 8 (K/P = K/8), reduce-scattered over the 2 GPUs.", "",
            "| projection | M | T_gemm (ms) | T_comm (ms) | T_seq (ms) | T_fused (ms) | E | E_hideable | speedup "
            "| N x K: E | E_hideable | speedup | rule |",
@@ -112,14 +112,15 @@ def headline(results):
 
 
 def headline_p2(results):
-    """The sweep's shapes at P = 2 (K/P = K/2) on two GPUs."""
+    """The sweep's shapes at P = 2 (K/P = K/2) on two GPUs: E / speedup by projection and M."""
     meta, table = load(results, f"{TWO_GPU}/fused_tp2")
-    out = [f"Measured on {machine(meta)} (`{TWO_GPU}/fused_tp2.json`), K x N.", "",
-           "| projection | M | K/P | T_gemm (ms) | T_comm (ms) | T_fused (ms) | E | speedup |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for key, r in table.items():
-        out.append(f"| {short(key[0])} | {key[1]} | {key[3]} | {r['t_gemm_ms']:.4f} | {r['t_comm_ms']:.4f} | "
-                   f"{r['t_fused_ms']:.4f} | {fmt(r.get('E'))} | {fmt(r.get('speedup'))} |")
+    ms = sorted({k[1] for k in table})
+    out = [f"Measured on {machine(meta)} (`bench/results/{TWO_GPU}/fused_tp2.json`), K x N; each cell E / speedup.", "",
+           "| projection | K/P | " + " | ".join(f"M = {m}" for m in ms) + " |", "|---|---:|" + "---:|" * len(ms)]
+    for proj in dict.fromkeys(k[0] for k in table):
+        keys = sorted((k for k in table if k[0] == proj), key=lambda k: k[1])
+        cells = " | ".join(f"{fmt(table[k].get('E'))} / {fmt(table[k].get('speedup'))}" for k in keys)
+        out.append(f"| {short(proj)} | {keys[0][3]} | {cells} |")
     rows = list(table.values())
     if rows:
         out += ["", f"speedup geomean {geomean([r['speedup'] for r in rows]):.3f} ({span(r['speedup'] for r in rows)}); "
@@ -132,7 +133,7 @@ def gemm(results):
     meta, nk = load(results, f"{TARGETS}/gemm_sweep_nk")
     _, kn = load(results, f"{TARGETS}/gemm_sweep_kn")
     _, sep = load(results, f"{SEPARATE}/gemm_sweep_nk")
-    out = [f"Measured on {machine(meta)} (`{TARGETS}/gemm_sweep_*.json`; split: `{SEPARATE}`).", "",
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/gemm_sweep_*.json`; split: `{SEPARATE}`).", "",
            "| projection | M | cuBLAS (ms) | ours (ms) | cuBLAS/ours N x K | K x N | separate loops N x K: cycles x clock |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for key, r in nk.items():
@@ -152,7 +153,7 @@ def gemm_small(results):
     """The per-rank GEMM against cuBLAS at M = 1..512 (P = 8 shapes), geomean over the four projections by M."""
     meta, nk = load(results, f"{TARGETS}/gemm_small_nk")
     _, kn = load(results, f"{TARGETS}/gemm_small_kn")
-    out = [f"Measured on {machine(meta)} (`{TARGETS}/gemm_small_*.json`).", "",
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/gemm_small_*.json`).", "",
            "| projection | " + " | ".join(f"M = {m}" if i == 0 else str(m)
                                          for i, m in enumerate(sorted({k[1] for k in nk}))) + " | K x N, all M |",
            "|---|" + "---:|" * (len({k[1] for k in nk}) + 1)]
@@ -177,7 +178,7 @@ def proxy(results):
     meta, nk = load(results, f"{TARGETS}/proxy_sweep_nk")
     _, kn = load(results, f"{TARGETS}/proxy_sweep_kn")
     _, sep = load(results, f"{SEPARATE}/proxy_sweep_nk")
-    out = [f"Measured on {machine(meta)} (`{TARGETS}/proxy_sweep_*.json`; split: `{SEPARATE}`).", "",
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_sweep_*.json`; split: `{SEPARATE}`).", "",
            "| projection | M | T_gemm (ms) | T_fused_solo (ms) | fused/GEMM N x K | K x N | "
            "separate loops N x K: cycles x clock | MHz GEMM, fused |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -201,7 +202,7 @@ def down_proj(results):
     """The fused op on the deep down_proj shapes against cuBLAS's GEMM alone (T_fused_solo / T_cublas)."""
     meta, nk = load(results, f"{TARGETS}/proxy_sweep_nk")
     _, kn = load(results, f"{TARGETS}/proxy_sweep_kn")
-    out = [f"Measured on {machine(meta)} (`{TARGETS}/proxy_sweep_*.json`, the calls interleaved in one loop).", "",
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_sweep_*.json`, the calls interleaved in one loop).", "",
            "| projection | M | K/P | T_cublas (ms) | T_fused_solo (ms) | fused/cuBLAS N x K | K x N |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     values = {"N x K": [], "K x N": []}
@@ -224,7 +225,7 @@ def down_proj(results):
 def small_m(results):
     """The fused op at M = 8..512 (proxy, P = 8, 4, 2): fused/GEMM by M, geomean over the four projections."""
     meta, _ = load(results, f"{TARGETS}/proxy_small_p8_nk")
-    out = [f"Measured on {machine(meta)} (`{TARGETS}/proxy_small_p*.json`).", ""]
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_small_p*.json`).", ""]
     header = None
     for p, layout in ((8, "nk"), (8, "kn"), (4, "nk"), (2, "nk")):
         _, table = load(results, f"{TARGETS}/proxy_small_p{p}_{layout}")
@@ -248,7 +249,7 @@ def small_m(results):
 def m256(results):
     """M = 256 on one wave of 128 x 128 tiles (8995433) against the tiles of before, in one process."""
     meta, _ = load(results, f"{M256}/p8_nk_1")
-    out = [f"Measured on {machine(meta)} (`{M256}/*.json`; `T_solo_b` is the old tiles' call, "
+    out = [f"Measured on {machine(meta)} (`bench/results/{M256}/*.json`; `T_solo_b` is the old tiles' call, "
            "geomean of the passes).", "",
            "| P | layout | fused/GEMM old | new | new/old fused time |",
            "|---:|---|---:|---:|---:|"]
@@ -269,7 +270,7 @@ def all_gather(results):
     meta, nk = load(results, f"{TARGETS}/ag_p8_nk")
     _, kn = load(results, f"{TARGETS}/ag_p8_kn")
     _, sep = load(results, f"{SEPARATE}/ag_p8_nk")
-    out = [f"Measured on {machine(meta)} (`{TARGETS}/ag_p8_*.json`; split: `{SEPARATE}`); shapes M, N/P, K.", "",
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/ag_p8_*.json`; split: `{SEPARATE}`); shapes M, N/P, K.", "",
            "| projection | M | N/P | K | fused/GEMM N x K | K x N | fused/cuBLAS N x K | separate loops N x K: cycles x clock |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in nk.items():
