@@ -80,6 +80,27 @@ def span(values):
     return f"{min(values):.3f}-{max(values):.3f}" if values else "-"
 
 
+def grid(table_a, table_b, a, b):
+    """Rows by projection, columns by M; each cell t_a/t_b of table_a / of table_b."""
+    ms = sorted({k[1] for k in table_a})
+    out = ["| projection | " + " | ".join(f"M = {m}" for m in ms) + " |", "|---|" + "---:|" * len(ms)]
+    for proj in dict.fromkeys(k[0] for k in table_a):
+        keys = sorted((k for k in table_a if k[0] == proj), key=lambda k: k[1])
+        cells = " | ".join(f"{fmt(ratio(table_a[k], a, b))} / {fmt(ratio(table_b.get(k), a, b))}" for k in keys)
+        out.append(f"| {short(proj)} | {cells} |")
+    return out
+
+
+def split_summary(table, a, b, name):
+    """The geomean split of t_a/t_b into cycles and clock over the rows with both clocks."""
+    both = [x for x in clock_split.split(list(table.values()), a, b) if x[2] is not None]
+    if not both:
+        return []
+    return [f"Separate loops, {name} (N x K, the {len(both)} shapes with both clocks): "
+            f"{geomean([x[1] for x in both]):.3f} = cycles {geomean([x[2] for x in both]):.3f} x clock "
+            f"{geomean([x[3] for x in both]):.3f}."]
+
+
 # ---- the tables ----
 
 def headline(results):
@@ -129,24 +150,18 @@ def headline_p2(results):
 
 
 def gemm(results):
-    """The per-rank GEMM against cuBLAS on the sweep (P = 8), both layouts, and the split into cycles and clock."""
+    """The per-rank GEMM against cuBLAS on the sweep (P = 8): cuBLAS/ours N x K / K x N by projection and M."""
     meta, nk = load(results, f"{TARGETS}/gemm_sweep_nk")
     _, kn = load(results, f"{TARGETS}/gemm_sweep_kn")
     _, sep = load(results, f"{SEPARATE}/gemm_sweep_nk")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/gemm_sweep_*.json`; split: `{SEPARATE}`).", "",
-           "| projection | M | cuBLAS (ms) | ours (ms) | cuBLAS/ours N x K | K x N | separate loops N x K: cycles x clock |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
-    for key, r in nk.items():
-        c, f = cycles_clock(sep.get(key), "cublas", "ours")
-        out.append(f"| {short(key[0])} | {key[1]} | {r['t_cublas_ms']:.4f} | {r['t_ours_ms']:.4f} | "
-                   f"{fmt(ratio(r, 'cublas', 'ours'))} | {fmt(ratio(kn.get(key), 'cublas', 'ours'))} | {fmt(c)} x {fmt(f)} |")
-    out.append("")
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/gemm_sweep_*.json`; separate loops: "
+           f"`bench/results/{SEPARATE}`); each cell cuBLAS/ours N x K / K x N.", ""] + grid(nk, kn, "cublas", "ours") + [""]
     for name, table in (("N x K", nk), ("K x N", kn)):
         values = [ratio(r, "cublas", "ours") for r in table.values()]
         if values:
             out.append(f"{name}: cuBLAS/ours geomean {geomean(values):.3f} ({span(values)}), "
                        f"{counted(values, lambda v: v >= 1.0)} of {len(values)} at or above 1.00.")
-    return out
+    return out + split_summary(sep, "cublas", "ours", "cuBLAS/ours")
 
 
 def gemm_small(results):
@@ -178,7 +193,7 @@ def proxy(results):
     meta, nk = load(results, f"{TARGETS}/proxy_sweep_nk")
     _, kn = load(results, f"{TARGETS}/proxy_sweep_kn")
     _, sep = load(results, f"{SEPARATE}/proxy_sweep_nk")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_sweep_*.json`; split: `{SEPARATE}`).", "",
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_sweep_*.json`; split: `bench/results/{SEPARATE}`).", "",
            "| projection | M | T_gemm (ms) | T_fused_solo (ms) | fused/GEMM N x K | K x N | "
            "separate loops N x K: cycles x clock | MHz GEMM, fused |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -266,25 +281,20 @@ def m256(results):
 
 
 def all_gather(results):
-    """The all-gather + GEMM (solo-rank proxy, P = 8): fused/GEMM, both layouts."""
+    """The all-gather + GEMM (solo-rank proxy, P = 8): fused/GEMM N x K / K x N by projection and M."""
     meta, nk = load(results, f"{TARGETS}/ag_p8_nk")
     _, kn = load(results, f"{TARGETS}/ag_p8_kn")
     _, sep = load(results, f"{SEPARATE}/ag_p8_nk")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/ag_p8_*.json`; split: `{SEPARATE}`); shapes M, N/P, K.", "",
-           "| projection | M | N/P | K | fused/GEMM N x K | K x N | fused/cuBLAS N x K | separate loops N x K: cycles x clock |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for key, r in nk.items():
-        c, f = cycles_clock(sep.get(key), "fused_solo", "gemm")
-        out.append(f"| {short(key[0])} | {key[1]} | {key[2]} | {key[3]} | {fmt(ratio(r, 'fused_solo', 'gemm'))} | "
-                   f"{fmt(ratio(kn.get(key), 'fused_solo', 'gemm'))} | {fmt(ratio(r, 'fused_solo', 'cublas'))} | "
-                   f"{fmt(c)} x {fmt(f)} |")
-    out.append("")
+    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/ag_p8_*.json`; separate loops: `bench/results/{SEPARATE}`); "
+           "each cell fused/GEMM N x K / K x N.", ""] + grid(nk, kn, "fused_solo", "gemm") + [""]
     for name, table in (("N x K", nk), ("K x N", kn)):
         values = [ratio(r, "fused_solo", "gemm") for r in table.values()]
         if values:
+            over_cublas = [ratio(r, "fused_solo", "cublas") for r in table.values()]
             out.append(f"{name}: fused/GEMM geomean {geomean(values):.3f} ({span(values)}), "
-                       f"{counted(values, lambda v: v <= 1.03)} of {len(values)} within 1.03.")
-    return out
+                       f"{counted(values, lambda v: v <= 1.03)} of {len(values)} within 1.03; "
+                       f"fused/cuBLAS's GEMM alone {span(over_cublas)}.")
+    return out + split_summary(sep, "fused_solo", "gemm", "fused/GEMM")
 
 
 TABLES = {

@@ -66,3 +66,16 @@ def test_update_rewrites_only_the_marked_block(tmp_path, capsys):
     assert text.startswith("# Title\n\nkept text\n<!-- tables.py headline -->\nMeasured on 2 x NVIDIA H200")
     assert "old table" not in text and text.endswith("<!-- /tables.py -->\nafter\n")
     assert "1 tables rewritten (headline)" in capsys.readouterr().out
+
+
+def test_gemm_grid_and_split(tmp_path):
+    rows = [{"proj": "llama3-70b.o_proj", "m": m, "n": 8192, "k_per_rank": 1024, "t_cublas_ms": 1.0,
+             "t_ours_ms": t} for m, t in ((512, 1.0), (2048, 0.8))]
+    write(tmp_path / tables.TARGETS, "gemm_sweep_nk", rows)
+    write(tmp_path / tables.TARGETS, "gemm_sweep_kn", rows[:1])
+    write(tmp_path / tables.SEPARATE, "gemm_sweep_nk", [dict(rows[1], mhz_cublas=1500, mhz_ours=1200)])
+    out = "\n".join(tables.gemm(tmp_path))
+    assert "| llama o_proj | 1.000 / 1.000 | 1.250 / - |" in out
+    assert "N x K: cuBLAS/ours geomean 1.118 (1.000-1.250), 2 of 2 at or above 1.00." in out
+    # 1.25x at 1500 against 1200 MHz: 1.5625x the cycles, clock factor 0.8.
+    assert "(N x K, the 1 shapes with both clocks): 1.250 = cycles 1.562 x clock 0.800." in out
