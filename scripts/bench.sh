@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the benchmark and runs the shape sweep on the visible GPUs. Results (the printed table,
-# JSON, CSV and the environment) go to bench/results/<date>-<GPUs>/.
+# JSON, CSV and the environment) go to $TPFUSE_BUILD_DIR/runs/<date>-<GPUs>/, outside git: bench/results/
+# keeps only the runs the docs cite, copied there by hand.
 #
 #   bash scripts/bench.sh [tpfuse_bench arguments]      e.g. --mode fused --iters 200 --check
 #
@@ -37,7 +38,7 @@ if command -v nvidia-smi >/dev/null && names="$(nvidia-smi --query-gpu=name --fo
   model="$(head -n1 <<< "${names}" | tr '[:upper:]' '[:lower:]' | sed -e 's/^nvidia //' -e 's/[^a-z0-9]\+/-/g' -e 's/^-//;s/-$//')"
   gpus="${count}x${model}"
 fi
-out_dir="bench/results/$(date +%Y-%m-%d)-${gpus}"
+out_dir="${BUILD_DIR}/runs/$(date +%Y-%m-%d)-${gpus}"
 [[ -e "${out_dir}" ]] && out_dir="${out_dir}-$(date +%H%M%S)"
 mkdir -p "${out_dir}"
 
