@@ -190,6 +190,9 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --separate-loops time each call in a loop of its own (its warm-up, then its iterations) instead of\n"
          "                   interleaving the calls, so that each runs at the clock its own power draw sets\n"
          "                   (then MHz_* split a ratio of times into cycles and clock: bench/clock_split.py)\n"
+         "  --timeline       mode proxy: after the timed loop, record one more fused call's pushes (issue time,\n"
+         "                   bytes, owner; %globaltimer) and report their timeline: the share of the pushed\n"
+         "                   bytes issued by 25/50/75% of the call, and in JSON the inputs of bench/projection.py\n"
          "  --overrides O    the library's config overrides for our calls, e.g. 'own_lag=0,partial_rounds=2'\n"
          "                   (fields block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds,\n"
          "                   shared_tiles, idle_copiers, register_epilogue; default none)\n"
@@ -280,6 +283,9 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     } else if (flag == "--separate-loops") {
       if (!no_value()) return fail(result.error);
       options.separate_loops = true;
+    } else if (flag == "--timeline") {
+      if (!no_value()) return fail(result.error);
+      options.timeline = true;
     } else if (flag == "--json" || flag == "--csv") {
       const std::optional<std::string> text = value();
       if (!text || text->empty()) return fail(flag + ": missing file name");

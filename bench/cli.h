@@ -36,6 +36,7 @@ struct Options {
   bool gate = true;              // see TimingOptions::gate
   bool sensors = true;           // see TimingOptions::read_sensors
   bool separate_loops = false;   // see TimingOptions::separate_loops
+  bool timeline = false;         // mode proxy: record one more call's pushes (bench/timeline.h)
   // The library's config overrides for our calls (--overrides), and a second set timed beside them
   // in the same process (--compare; modes gemm and proxy).
   ConfigOverrides overrides;

@@ -18,6 +18,7 @@
 #include "local_comm.h"
 #include "modes.h"
 #include "ops/gemm_rs/launch.h"
+#include "timeline.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::bench {
@@ -41,7 +42,7 @@ struct Buffers {
   std::vector<DeviceBuffer> out;
 };
 
-std::vector<Column> proxy_columns(bool check, bool compare, bool separate_loops) {
+std::vector<Column> proxy_columns(bool check, bool compare, bool separate_loops, bool timeline) {
   std::vector<Column> columns = shape_columns();
   columns.insert(columns.end(), {
       {"t_cublas_ms", "T_cublas(ms)", 12, Format::kFixed, 4},
@@ -76,6 +77,21 @@ std::vector<Column> proxy_columns(bool check, bool compare, bool separate_loops)
         {"power_fused_solo_b_w", "W_solo_b", 8, Format::kInteger, 0, false},
     });
   }
+  if (timeline) {
+    columns.insert(columns.end(), {
+        {"tl_share_25", "push@25%", 8, Format::kFixed, 3},
+        {"tl_share_50", "push@50%", 8, Format::kFixed, 3},
+        {"tl_share_75", "push@75%", 8, Format::kFixed, 3},
+        {"tl_last_push", "last_push", 9, Format::kFixed, 3},
+        {"tl_call_us", "tl_call_us", 10, Format::kFixed, 1, false},
+        {"tl_pushes", "tl_pushes", 9, Format::kInteger, 0, false},
+        {"tl_pushed_bytes", "tl_bytes", 12, Format::kInteger, 0, false},
+        {"tl_dropped", "tl_dropped", 10, Format::kInteger, 0, false},
+        {"tl_first_push", "first_push", 10, Format::kFixed, 4, false},
+        {"tl_last_own", "last_own", 8, Format::kFixed, 4, false},
+        {"tl_bins", "tl_bins", 0, Format::kText, 0, false},
+    });
+  }
   add_loop_sensor_columns(columns);
   if (check) add_error_columns(columns, "solo", "solo");
   add_outcome_columns(columns, check);
@@ -99,13 +115,45 @@ void preset_partials(const LocalCommunicator& comm, Gpu& gpu, uint64_t run_seed,
   TESTING_CHECK(cudaDeviceSynchronize());
 }
 
-// Rank 0 alone on input set `set`.
+// Rank 0 alone on input set `set`; its pushes recorded into `timeline` where one is given.
 void run_solo(const LocalCommunicator& comm, const Problem& problem, Buffers& buffers, int set, cudaStream_t stream,
-              const ConfigOverrides& overrides) {
+              const ConfigOverrides& overrides, PushTimeline* timeline = nullptr) {
   const void* a = buffers.sets.a[set].get();
   const void* w = buffers.sets.w[set].get();
   void* out = buffers.out[set].get();
-  check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, &out, &stream, overrides));
+  check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, &out, &stream, overrides, timeline));
+}
+
+// Events a recorded call may store: 16 MB of them, more than the largest sweep shape's hand-offs.
+constexpr uint32_t kTimelineCapacity = 1u << 20;
+
+// One more call of rank 0 on input set 0, its pushes recorded (after the timed loop: the timed
+// calls record nothing), summed up into the row's tl_* columns.
+void record_timeline(Gpu& gpu, const LocalCommunicator& comm, const Problem& problem, Buffers& buffers,
+                     const ConfigOverrides& overrides, Row& row) {
+  DeviceBuffer events(gpu.device, size_t(kTimelineCapacity) * sizeof(PushEvent));
+  DeviceBuffer header(gpu.device, sizeof(PushTimeline));
+  PushTimeline timeline{~0ull, 0, 0, kTimelineCapacity, events.as<PushEvent>()};
+  TESTING_CHECK(cudaMemcpyAsync(header.get(), &timeline, sizeof(timeline), cudaMemcpyHostToDevice, gpu.stream));
+  run_solo(comm, problem, buffers, 0, gpu.stream, overrides, header.as<PushTimeline>());
+  TESTING_CHECK(cudaMemcpyAsync(&timeline, header.get(), sizeof(timeline), cudaMemcpyDeviceToHost, gpu.stream));
+  TESTING_CHECK(cudaStreamSynchronize(gpu.stream));
+  std::vector<PushEvent> recorded(std::min(timeline.count, kTimelineCapacity));
+  TESTING_CHECK(cudaMemcpy(recorded.data(), events.get(), recorded.size() * sizeof(PushEvent), cudaMemcpyDeviceToHost));
+  comm.check_status();
+
+  const TimelineSummary s = summarize_timeline(timeline.start_ns, timeline.end_ns, recorded, timeline.count, 0);
+  row["tl_call_us"] = s.call_us;
+  row["tl_pushes"] = double(s.pushes);
+  row["tl_pushed_bytes"] = s.pushed_bytes;
+  row["tl_dropped"] = double(s.dropped);
+  row["tl_share_25"] = s.share[0];
+  row["tl_share_50"] = s.share[1];
+  row["tl_share_75"] = s.share[2];
+  row["tl_first_push"] = s.first_push;
+  row["tl_last_push"] = s.last_push;
+  if (s.last_own >= 0) row["tl_last_own"] = s.last_own;
+  row["tl_bins"] = bins_text(s.bins);
 }
 
 // Runs rank 0 once on input set 0 into a poisoned output and measures it against the FP32
@@ -225,6 +273,9 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     }
   }
   set_loop_sensors(row, loop.sensors);
+  if (options.timeline && solo_ok && ours_ok) {
+    attempt([&] { record_timeline(gpu, comm, problem, buffers, options.overrides, row); }, &outcome.failure);
+  }
   if (comm.get() != nullptr) attempt([&] { comm.destroy(); }, &outcome.failure);
   finish_row(row, report, options, outcome, out_count, num_sets);
   return row;
@@ -234,7 +285,8 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
 
 void run_proxy(const Options& options, Report& report) {
   GpuSet gpus(1, /*with_nccl=*/false);
-  report.set_columns(proxy_columns(options.check, options.compare.has_value(), options.separate_loops));
+  report.set_columns(
+      proxy_columns(options.check, options.compare.has_value(), options.separate_loops, options.timeline));
   report.add_note("GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
                   " emulated ranks runs alone on the full grid, its incoming partials preset; times in ms: median "
                   "of " + std::to_string(options.iters) + " iterations after " + std::to_string(options.warmup) +
@@ -244,6 +296,13 @@ void run_proxy(const Options& options, Report& report) {
                   options.overrides.to_string() +
                   (options.compare ? "; T_solo_b: rank 0's fused call with " + options.compare->to_string() : ""));
   report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
+  if (options.timeline) {
+    report.add_note("push timeline (--timeline): one more call of rank 0 after the timed loop, each push's issue "
+                    "recorded by the sending thread (%globaltimer); push@25/50/75%: the share of the pushed bytes "
+                    "issued by 25/50/75% of that call (first CTA's start to last CTA's end), last_push: the last "
+                    "push's issue as a fraction of it; JSON: tl_bins, the pushed bytes' shares over 100 equal "
+                    "parts of [start, last push], the input of bench/projection.py");
+  }
   if (options.check) {
     report.add_note("rule: rank 0's rows against their FP32 reference (its rows of A_0 @ W_0 plus the preset "
                     "partials): max_rel <= 1/128 and L2 rel <= 1/256 (one BF16 rounding is at most 1/256)");
