@@ -22,7 +22,6 @@ The model, per shape (times in ms; bytes = M x N x 2, a rank's BF16 output befor
 
 import argparse
 import json
-import math
 import pathlib
 import sys
 
@@ -109,6 +108,12 @@ def project(row, world_size, t_gemm, gbps, latency_ms, link_gbps):
     }
 
 
+def summary_line(what, projected):
+    return "%s; E %.3f-%.3f; E_hideable >= 0.90 on %d" % (
+        what, min(p["E"] for p in projected), max(p["E"] for p in projected),
+        sum(p["E_hideable"] >= 0.90 for p in projected))
+
+
 def cublas_times(gemm_doc, layout):
     """t_cublas_ms by shape from a mode gemm JSON of the same layout."""
     options = gemm_doc.get("meta", {}).get("options", {})
@@ -125,6 +130,7 @@ def main(argv=None):
     parser.add_argument("--comm-key", default="t_comm_ms", help="its column of NCCL's time (default t_comm_ms)")
     parser.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS, help="a GPU's push rate")
     parser.add_argument("--bus-gbps", type=float, help="NCCL's bus bandwidth at P (default: the fitted one)")
+    parser.add_argument("--highlight", default="512,2048", help="M values marked '*' and summed up apart")
     parser.add_argument("--json", help="also write the projection here")
     args = parser.parse_args(argv)
 
@@ -143,9 +149,10 @@ def main(argv=None):
           (world_size, bus, " (given)" if args.bus_gbps else " (fitted)", latency, args.link_gbps))
     cublas = cublas_times(load(args.gemm), layout) if args.gemm else {}
 
+    highlight = {int(m) for m in args.highlight.split(",") if m}
     header = ("proj", "M", "N", "K/P", "@25%", "@50%", "@75%", "T_gemm", "T_solo", "T_link", "T_land", "tail",
               "T_fused_P", "T_comm_P", "E", "E_hide")
-    print("%-24s %6s %6s %6s %5s %5s %5s %8s %8s %8s %8s %7s %9s %8s %6s %6s" % header)
+    print("  %-24s %6s %6s %6s %5s %5s %5s %8s %8s %8s %8s %7s %9s %8s %6s %6s" % header)
     projected = []
     for row in proxy["results"]:
         t_gemm = cublas.get(shape_key(row), row.get("t_cublas_ms"))
@@ -153,17 +160,17 @@ def main(argv=None):
         if p is None:
             continue
         projected.append(dict(proj=row.get("proj", "?"), m=row["m"], n=row["n"], k_per_rank=row["k_per_rank"], **p))
-        print("%-24s %6d %6d %6d %5.2f %5.2f %5.2f %8.4f %8.4f %8.4f %8.4f %7.4f %9.4f %8.4f %6.3f %6.3f" %
-              (row.get("proj", "?"), row["m"], row["n"], row["k_per_rank"], row["tl_share_25"], row["tl_share_50"],
+        print("%s %-24s %6d %6d %6d %5.2f %5.2f %5.2f %8.4f %8.4f %8.4f %8.4f %7.4f %9.4f %8.4f %6.3f %6.3f" %
+              ("*" if row["m"] in highlight else " ", row.get("proj", "?"), row["m"], row["n"], row["k_per_rank"], row["tl_share_25"], row["tl_share_50"],
                row["tl_share_75"], t_gemm, p["t_solo_ms"], p["t_link_ms"], p["t_land_ms"], p["tail_ms"],
                p["t_fused_ms"], p["t_comm_ms"], p["E"], p["E_hideable"]))
     if not projected:
         print("no rows with a timeline (run mode proxy with --timeline)")
         return 1
-    geomean = math.exp(sum(math.log(max(p["t_fused_ms"], 1e-12)) for p in projected) / len(projected))
-    print("%d shapes; E %.3f-%.3f; E_hideable >= 0.90 on %d; T_fused_P geomean %.4f ms" %
-          (len(projected), min(p["E"] for p in projected), max(p["E"] for p in projected),
-           sum(p["E_hideable"] >= 0.90 for p in projected), geomean))
+    print(summary_line("%d shapes" % len(projected), projected))
+    marked = [p for p in projected if p["m"] in highlight]
+    if marked:
+        print(summary_line("* M in {%s}: %d shapes" % (args.highlight, len(marked)), marked))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"world_size": world_size, "layout": layout, "link_gbps": args.link_gbps,

@@ -65,6 +65,6 @@ def test_main_prints_the_table(tmp_path, capsys):
     out_json = tmp_path / "projection.json"
     assert projection.main([str(proxy), "--gemm", str(gemm), "--comm", str(comm), "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "200.0 GB/s + 0.0300 ms" in out and "1 shapes" in out
+    assert "200.0 GB/s + 0.0300 ms" in out and "1 shapes" in out and "* M in {512,2048}: 1 shapes" in out
     result = json.loads(out_json.read_text())["results"][0]
     assert result["t_gemm_ms"] == 0.08 and result["t_fused_ms"] >= 0.1
