@@ -100,7 +100,10 @@ SymmetricBuffers::SymmetricBuffers(GpuSet& gpus, const UnfusedBuffers& ring)
 
 // Errors are ignored here: a destructor cannot report them.
 SymmetricBuffers::~SymmetricBuffers() {
-  gpus_.synchronize();
+  for (int g = 0; g < gpus_.size(); ++g) {
+    cudaSetDevice(gpus_[g].device);
+    cudaStreamSynchronize(gpus_[g].stream);
+  }
   ncclGroupStart();
   for (int g = 0; g < gpus_.size(); ++g) {
     if (windows_[g] != nullptr) ncclCommWindowDeregister(gpus_[g].comm, windows_[g]);

@@ -634,12 +634,13 @@ class PushReduceEpilogue : public EpilogueBase {
   }
 
   // Sender thread: a hand-off's stores in the push timeline, one event (its boxes to every other
-  // owner of the slab, or this rank's rows into its output).
+  // owner of the slab, the first of them named; or this rank's rows into its output).
   __device__ static void record_handoff(const Params& p, const SlabHandoff& slab) {
-    const int others = slab.last_owner - slab.first_owner + 1 - (slab.first_owner <= p.rank && p.rank <= slab.last_owner);
-    const int boxes = slab.to_output ? 1 : others;
+    const bool holds_own = slab.first_owner <= p.rank && p.rank <= slab.last_owner;
+    const int boxes = slab.to_output ? 1 : slab.last_owner - slab.first_owner + 1 - holds_own;
     const uint32_t bytes = uint32_t(slab.num_chunks) * uint32_t(boxes * p.box_rows * kChunkCols) * sizeof(uint16_t);
-    record_push(p.timeline, ptx::globaltimer_ns(), bytes, slab.to_output ? p.rank : slab.first_owner);
+    const int owner = slab.to_output ? p.rank : slab.first_owner + (slab.first_owner == p.rank);
+    record_push(p.timeline, ptx::globaltimer_ns(), bytes, owner);
   }
 
   // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).

@@ -220,7 +220,8 @@ class SharedTileEpilogue : public EpilogueBase {
     if (flag_slot_ != nullptr) ptx::store_relaxed_sys(flag_slot_, epoch_);
   }
 
-  // The slab's push in the push timeline: its rows of other owners, its columns within the tile.
+  // The slab's push in the push timeline: its rows of other owners (the first of them named), its
+  // columns within the tile.
   template <class Config>
   __device__ void record(const Tile& tile, Slab<Config> slab) const {
     const int rows = min(kSlabRows, tile.row_end - tile.row_begin - slab.row);
@@ -229,7 +230,8 @@ class SharedTileEpilogue : public EpilogueBase {
     const int own_rows = max(0, min(slab.row + rows, own_first + tile.rows_per_owner) - max(slab.row, own_first));
     const int cols = min(Config::kChunksPerSlab * kChunkCols, tile.col_end - tile.col_begin - slab.col);
     const uint32_t bytes = uint32_t(rows - own_rows) * uint32_t(cols) * sizeof(uint16_t);
-    if (bytes > 0) record_push(p_.timeline, ptx::globaltimer_ns(), bytes, tile.owner_of_row(slab.row));
+    const int first = tile.owner_of_row(slab.row);
+    if (bytes > 0) record_push(p_.timeline, ptx::globaltimer_ns(), bytes, first + (first == p_.rank));
   }
 
   // In a warp holding some of this rank's rows of the slab (own[h]: this thread's half h is one):
