@@ -7,6 +7,8 @@
 #include <limits>
 #include <sstream>
 
+#include "shapes_table.h"
+
 namespace tpfuse::bench {
 
 namespace {
@@ -17,22 +19,13 @@ struct Projection {
   int64_t k_total;
 };
 
-constexpr Projection kProjections[] = {
-    {"llama3-70b.o_proj", 8192, 8192},
-    {"llama3-70b.down_proj", 8192, 28672},
-    {"mixtral-8x22b.o_proj", 6144, 6144},
-    {"mixtral-8x22b.down_proj", 6144, 16384},
-};
+// From python/tpfuse/shapes.json, the table the Python benchmark reads too (shapes_table.h is generated).
+constexpr Projection kProjections[] = {TPFUSE_SHAPES_row_parallel};
 
 // The column-parallel layers that pair with them: X all-gathered, N split over the ranks.
-constexpr Projection kColumnProjections[] = {
-    {"llama3-70b.qkv_proj", 10240, 8192},
-    {"llama3-70b.gate_up_proj", 57344, 8192},
-    {"mixtral-8x22b.qkv_proj", 8192, 6144},
-    {"mixtral-8x22b.w1_w3", 32768, 6144},
-};
+constexpr Projection kColumnProjections[] = {TPFUSE_SHAPES_column_parallel};
 
-constexpr int64_t kSweepTokens[] = {512, 2048, 8192, 32768};
+constexpr int64_t kSweepTokens[] = {TPFUSE_SHAPES_tokens};
 constexpr int kMaxTp = 8;
 
 // A decimal integer in [min, max], or nullopt.
@@ -126,6 +119,8 @@ std::string projection_name(int64_t n, int64_t k_total) {
 
 const char* layout_flag(WeightLayout layout) { return layout == WeightLayout::kNxK ? "nk" : "kn"; }
 
+const char* op_flag(ProxyOp op) { return op == ProxyOp::kAllGather ? "ag" : "rs"; }
+
 std::vector<Shape> sweep_shapes(int tp, std::string* error) {
   std::vector<Shape> shapes;
   for (const Projection& p : kProjections) {
@@ -161,20 +156,19 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --mode " + modes + "\n"
          "                   baseline: cuBLAS GEMM, NCCL reduce-scatter and both in sequence, on every GPU\n"
          "                   gemm: tpfuse's GEMM against cuBLAS on the per-rank shapes, on GPU 0\n"
-         "                   proxy: the fused op's rank 0 alone (P ranks emulated on GPU 0, its incoming\n"
-         "                   partials preset) against tpfuse's GEMM, on GPU 0\n"
+         "                   proxy: a fused op's rank 0 alone (P ranks emulated on GPU 0, its incoming data\n"
+         "                   preset) against tpfuse's GEMM, on GPU 0; --op rs (default): the GEMM +\n"
+         "                   reduce-scatter, its partials preset; --op ag: the all-gather + GEMM, its peers'\n"
+         "                   blocks of X preset, on the column-parallel layers' sweep (M,N,K: M x N/P x K)\n"
          "                   fused: the fused op on every GPU (2 or more) against cuBLAS + NCCL: T_fused, E,\n"
          "                   E_hideable, speedup\n"
          "                   ag: the all-gather + GEMM on every GPU against ncclAllGather + cuBLAS: T_fused,\n"
          "                   E, E_hideable, speedup (the column-parallel sweep, M,N,K: M x N/P x K)\n"
-         "                   ag-proxy: the all-gather + GEMM's rank 0 alone (P ranks emulated on GPU 0, its\n"
-         "                   peers' blocks of X preset as arrived) against tpfuse's GEMM on the gathered X;\n"
-         "                   its sweep is the column-parallel layers' (M,N,K: M x N/P x K)\n"
-         "                   ag-copy-probe: tpfuse's GEMM on the gathered X beside copy-engine copies of\n"
-         "                   rank 0's block into P - 1 local slots, on GPU 0 (ag-proxy's shapes)\n"
+         "                   ag-proxy: proxy --op ag\n"
          "                   p2p: write bandwidth from GPU 0 into GPU 1 and back by SM stores, TMA stores\n"
          "                   and the copy engine (needs 2 GPUs; ignores the shapes)\n"
          "                   (default: baseline)\n"
+         "  --op rs|ag       mode proxy's op (default rs)\n"
          "  --warmup N       warm-up iterations per timing (default 20)\n"
          "  --iters N        timed iterations; the median is reported (default 200)\n"
          "  --check          check results against an FP32 reference on the GPU\n"
@@ -190,6 +184,9 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "  --separate-loops time each call in a loop of its own (its warm-up, then its iterations) instead of\n"
          "                   interleaving the calls, so that each runs at the clock its own power draw sets\n"
          "                   (then MHz_* split a ratio of times into cycles and clock: bench/clock_split.py)\n"
+         "  --timeline       mode proxy: after the timed loop, record one more fused call's pushes (issue time,\n"
+         "                   bytes, owner; %globaltimer) and report their timeline: the share of the pushed\n"
+         "                   bytes issued by 25/50/75% of the call, and in JSON the inputs of bench/projection.py\n"
          "  --overrides O    the library's config overrides for our calls, e.g. 'own_lag=0,partial_rounds=2'\n"
          "                   (fields block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds,\n"
          "                   shared_tiles, idle_copiers, register_epilogue; default none)\n"
@@ -216,6 +213,7 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     return result;
   };
 
+  std::optional<std::string> op;  // --op, resolved with --mode after the loop
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
     std::optional<std::string> inline_value;  // --flag=value
@@ -262,6 +260,11 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
         return fail("--mode: unknown mode '" + *text + "' (known: " + known + ")");
       }
       options.mode = *text;
+    } else if (flag == "--op") {
+      const std::optional<std::string> text = value();
+      if (!text) return fail("--op: missing value (rs or ag)");
+      if (*text != "rs" && *text != "ag") return fail("--op: expected rs or ag, got '" + *text + "'");
+      op = *text;
     } else if (flag == "--warmup") {
       if (!int_value(0, 1000000, &number)) return fail(result.error);
       options.warmup = int(number);
@@ -280,6 +283,9 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     } else if (flag == "--separate-loops") {
       if (!no_value()) return fail(result.error);
       options.separate_loops = true;
+    } else if (flag == "--timeline") {
+      if (!no_value()) return fail(result.error);
+      options.timeline = true;
     } else if (flag == "--json" || flag == "--csv") {
       const std::optional<std::string> text = value();
       if (!text || text->empty()) return fail(flag + ": missing file name");
@@ -323,6 +329,15 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
       return fail("unknown argument '" + args[i] + "'");
     }
   }
+
+  // --mode ag-proxy is --mode proxy --op ag.
+  if (options.mode == "ag-proxy") {
+    if (op == "rs") return fail("--op rs: --mode ag-proxy is the all-gather's proxy (--mode proxy --op ag)");
+    op = "ag";
+  } else if (op && options.mode != "proxy") {
+    return fail("--op: only mode proxy takes it");
+  }
+  if (op == "ag") options.op = ProxyOp::kAllGather;
 
   // The shapes depend on --tp, which may come after --shapes.
   std::string error;

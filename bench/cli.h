@@ -20,8 +20,12 @@ struct Shape {
   int64_t k_per_rank = 0;
 };
 
+// The op of mode proxy (--op): the GEMM + reduce-scatter or the all-gather + GEMM.
+enum class ProxyOp { kReduceScatter, kAllGather };
+
 struct Options {
   std::string mode = "baseline";
+  ProxyOp op = ProxyOp::kReduceScatter;  // mode proxy's; --mode ag-proxy is --mode proxy --op ag
   int warmup = 20;
   int iters = 200;
   bool check = false;
@@ -36,6 +40,7 @@ struct Options {
   bool gate = true;              // see TimingOptions::gate
   bool sensors = true;           // see TimingOptions::read_sensors
   bool separate_loops = false;   // see TimingOptions::separate_loops
+  bool timeline = false;         // mode proxy: record one more call's pushes (bench/timeline.h)
   // The library's config overrides for our calls (--overrides), and a second set timed beside them
   // in the same process (--compare; modes gemm and proxy).
   ConfigOverrides overrides;
@@ -73,5 +78,7 @@ bool parse_overrides(const std::string& text, ConfigOverrides* overrides, std::s
 
 // "kn" or "nk", as on the command line.
 const char* layout_flag(WeightLayout layout);
+// "rs" or "ag", as on the command line.
+const char* op_flag(ProxyOp op);
 
 }  // namespace tpfuse::bench

@@ -29,8 +29,7 @@ constexpr Mode kModes[] = {
     {"proxy", run_proxy, 1},
     {"fused", run_fused, 0},
     {"ag", run_ag, 0},
-    {"ag-proxy", run_ag_proxy, 1},
-    {"ag-copy-probe", run_ag_copy_probe, 1},
+    {"ag-proxy", run_proxy, 1},  // proxy --op ag
     {"p2p", run_p2p, 2},
 };
 

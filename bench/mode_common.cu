@@ -59,6 +59,29 @@ void add_loop_sensor_columns(std::vector<Column>& columns, const std::string& lo
   });
 }
 
+void add_call_columns(std::vector<Column>& columns, const std::vector<TimedCall>& calls, bool separate_loops) {
+  const auto add = [&](const std::string& key, const std::string& header, Format format, int precision, bool shown) {
+    columns.push_back({key, header, std::max(5, int(header.size())), format, precision, shown});
+  };
+  for (const TimedCall& c : calls) add("t_" + c.key + "_ms", "T_" + c.label + "(ms)", Format::kFixed, 4, true);
+  for (const TimedCall& c : calls) add("tflops_" + c.key, "TF_" + c.tag, Format::kFixed, 1, !c.variant);
+  for (const TimedCall& c : calls) add("host_" + c.key + "_us", "H_" + c.tag + "(us)", Format::kFixed, 1, !c.variant);
+  for (const TimedCall& c : calls) add("mhz_" + c.key, "MHz_" + c.tag, Format::kInteger, 0, !c.variant);
+  for (const TimedCall& c : calls) {
+    add("power_" + c.key + "_w", "W_" + c.tag, Format::kInteger, 0, separate_loops && !c.variant);
+  }
+}
+
+void set_call(Row& row, const TimedCall& call, const LoopTiming& loop, size_t index, double flops) {
+  const LaunchTiming& launch = loop.launches.at(index);
+  row["t_" + call.key + "_ms"] = launch.median_ms;
+  row["tflops_" + call.key] = tflops(flops, launch.median_ms);
+  row["host_" + call.key + "_us"] = launch.host_us;
+  const LoopSensors& sensors = loop.sensors;
+  if (index < sensors.sm_clock_mhz.size()) set_if_read(row, "mhz_" + call.key, sensors.sm_clock_mhz[index]);
+  if (index < sensors.launch_power_w.size()) set_if_read(row, "power_" + call.key + "_w", sensors.launch_power_w[index]);
+}
+
 void set_if_read(Row& row, const std::string& key, const std::optional<double>& value) {
   if (value) row[key] = *value;
 }

@@ -1,7 +1,8 @@
 // Mode fused: tpfuse's fused GEMM + reduce-scatter against the unfused path, on G >= 2 GPUs driven by
 // one process: a local communicator of G ranks, rank g on GPU g (problem.world_size = G; K per rank
 // is K_total / --tp). Per shape, in one run and on the same rotated inputs: T_gemm, T_comm and T_seq
-// as the baseline mode times them, T_fused (gemm_reduce_scatter_local, slowest GPU), and docs/SPEC.md's
+// as the baseline mode times them (T_comm: the faster of NCCL's ring and symmetric-window
+// reduce-scatters), T_fused (gemm_reduce_scatter_local, slowest GPU), and docs/SPEC.md's
 //   E = (T_gemm + T_comm - T_fused) / T_comm,   E_hideable = (T_gemm + T_comm - T_fused) / min(T_gemm, T_comm),
 //   speedup = T_seq / T_fused.
 // With --check, every GPU's fused rows and the unfused path's against the FP32 reference
@@ -29,8 +30,10 @@ std::vector<Column> fused_columns(bool check) {
   std::vector<Column> columns = shape_columns();
   columns.insert(columns.end(), {
       {"t_gemm_ms", "T_gemm(ms)", 10, Format::kFixed, 4},
-      {"t_comm_ms", "T_comm(ms)", 10, Format::kFixed, 4},
-      {"t_seq_ms", "T_seq(ms)", 10, Format::kFixed, 4},
+  });
+  const std::vector<Column> comm = comm_columns();
+  columns.insert(columns.end(), comm.begin(), comm.end());
+  columns.insert(columns.end(), {
       {"t_fused_ms", "T_fused(ms)", 11, Format::kFixed, 4},
       {"E", "E", 6, Format::kFixed, 3},
       {"E_hideable", "E_hide", 6, Format::kFixed, 3},
@@ -45,7 +48,9 @@ std::vector<Column> fused_columns(bool check) {
   if (check) {
     add_error_columns(columns, "unfused", "unf");
     add_error_columns(columns, "fused", "fus");
+    add_symmetric_error_columns(columns);
   }
+  columns.push_back({"note", "note", 0, Format::kText, 0, false});
   add_outcome_columns(columns, check);
   return columns;
 }
@@ -105,9 +110,11 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
 
   // An input set: the unfused path's buffers and the fused op's output rows.
   const RankCounts counts = rank_counts(problem, num_gpus, /*with_comm=*/true);
-  const size_t set_bytes = counts.bf16_bytes() + counts.out * sizeof(bf16);
+  const size_t set_bytes = counts.bf16_bytes() + counts.out * sizeof(bf16) + symmetric_bytes_per_set(counts);
   const int num_sets = rotation_sets(set_bytes, gpus[0].l2_bytes, rotation_budget_bytes(gpus[0].device));
   UnfusedBuffers unfused = make_unfused_buffers(gpus, counts, num_sets, *options.seed, shape_index);
+  const SymmetricBuffers symmetric(gpus, unfused);
+  if (!symmetric.available()) row["note"] = "no symmetric window: " + symmetric.reason();
   FusedOutputs fused_out;
   for (Gpu& gpu : gpus) fused_out.push_back(poisoned_bf16_sets(gpu, counts.out, num_sets));
   gpus.synchronize();
@@ -118,6 +125,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     const ErrorStats unfused_stats = unfused_errors.reduce_scatter.stats();
     set_errors(row, "unfused", unfused_stats);
     outcome.wrong = unfused_errors.gemm.num_nonfinite + unfused_errors.reduce_scatter.num_nonfinite;
+    outcome.wrong += check_symmetric_into(row, gpus, unfused, symmetric, refs);
     ErrorSums fused_errors;
     if (fused_ok) {
       fused_ok = attempt([&] { fused_errors = check_fused(comm, gpus, unfused, fused_out, problem, refs, options.overrides); },
@@ -134,10 +142,9 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   }
 
   const TimingOptions timing = timing_options(options);
-  const UnfusedTimes times = time_unfused(gpus, unfused, problem, timing);
+  const UnfusedTimes times = time_unfused(gpus, unfused, problem, timing, &symmetric);
   row["t_gemm_ms"] = times.gemm;
-  row["t_comm_ms"] = times.comm;
-  row["t_seq_ms"] = times.seq;
+  set_comm_times(row, times);
   row["host_gemm_us"] = times.gemm_host_us;
   set_if_read(row, "mhz_gemm", times.gemm_sensors.sm_clock_mhz[0]);
   set_loop_sensors(row, times.gemm_sensors, "gemm");
@@ -241,6 +248,7 @@ void run_fused(const Options& options, Report& report) {
   report.add_note("times in ms: median of " + std::to_string(options.iters) + " iterations after " +
                   std::to_string(options.warmup) + " warm-up, slowest GPU; E = (T_gemm + T_comm - T_fused) / T_comm, "
                   "E_hideable = the same over min(T_gemm, T_comm), speedup = T_seq / T_fused");
+  report.add_note(comm_note(options.check));
   report.add_note("*_gemm: T_gemm's loop (one call queues every GPU's cuBLAS GEMM), *_fus: T_fused's (one call of "
                   "the local fused op queues every GPU's rank); " +
                   timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/true));

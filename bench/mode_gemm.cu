@@ -22,38 +22,22 @@ double roofline_ms(const Problem& problem) {
   return 1e3 * std::max(w_bytes / kHbmBytesPerSecond, problem.flops_per_rank() / kBf16FlopsPerSecond);
 }
 
+// The timed calls, in the loop's order.
+std::vector<TimedCall> gemm_calls(bool compare) {
+  std::vector<TimedCall> calls = {{"cublas", "cublas", "cub"}, {"ours", "ours", "our"}};
+  if (compare) calls.push_back({"ours_b", "ours_b", "our_b", /*variant=*/true});
+  return calls;
+}
+
 std::vector<Column> gemm_columns(bool check, bool compare, bool separate_loops) {
   std::vector<Column> columns = shape_columns();
   columns.insert(columns.end(), {
-      {"t_cublas_ms", "T_cublas(ms)", 12, Format::kFixed, 4},
-      {"t_ours_ms", "T_ours(ms)", 10, Format::kFixed, 4},
-      {"tflops_cublas", "TF_cublas", 9, Format::kFixed, 1},
-      {"tflops_ours", "TF_ours", 8, Format::kFixed, 1},
       {"cublas_over_ours", "cublas/ours", 11, Format::kFixed, 3},
       {"roofline_ms", "roof(ms)", 8, Format::kFixed, 4},
       {"ours_over_roofline", "ours/roof", 9, Format::kFixed, 2},
   });
-  if (compare) {
-    columns.insert(columns.end(), {
-        {"t_ours_b_ms", "T_ours_b(ms)", 12, Format::kFixed, 4},
-        {"b_over_ours", "b/ours", 7, Format::kFixed, 3},
-    });
-  }
-  columns.insert(columns.end(), {
-      {"host_cublas_us", "H_cub(us)", 9, Format::kFixed, 1},
-      {"host_ours_us", "H_our(us)", 9, Format::kFixed, 1},
-      {"mhz_cublas", "MHz_cub", 7, Format::kInteger},
-      {"mhz_ours", "MHz_our", 7, Format::kInteger},
-      {"power_cublas_w", "W_cub", 5, Format::kInteger, 0, separate_loops},
-      {"power_ours_w", "W_our", 5, Format::kInteger, 0, separate_loops},
-  });
-  if (compare) {
-    columns.insert(columns.end(), {
-        {"host_ours_b_us", "H_our_b(us)", 11, Format::kFixed, 1, false},
-        {"mhz_ours_b", "MHz_our_b", 9, Format::kInteger, 0, false},
-        {"power_ours_b_w", "W_our_b", 7, Format::kInteger, 0, false},
-    });
-  }
+  if (compare) columns.push_back({"b_over_ours", "b/ours", 7, Format::kFixed, 3});
+  add_call_columns(columns, gemm_calls(compare), separate_loops);
   add_loop_sensor_columns(columns);
   if (check) {
     add_error_columns(columns, "cublas", "cub");
@@ -101,31 +85,15 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
   const bool ours_ok =
       outcome.failure.empty() && attempt([&] { loop = time_loop(gpus, timing, calls); }, &outcome.failure);
   if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
+  const std::vector<TimedCall> timed = gemm_calls(options.compare.has_value());
+  for (size_t i = 0; i < loop.launches.size(); ++i) set_call(row, timed[i], loop, i, problem.flops_per_rank());
   const auto& times = loop.launches;
-  const auto& mhz = loop.sensors.sm_clock_mhz;
-  const auto& watts = loop.sensors.launch_power_w;
-  row["t_cublas_ms"] = times[0].median_ms;
-  row["tflops_cublas"] = tflops(problem.flops_per_rank(), times[0].median_ms);
-  row["host_cublas_us"] = times[0].host_us;
-  set_if_read(row, "mhz_cublas", mhz[0]);
-  set_if_read(row, "power_cublas_w", watts[0]);
   const double roof_ms = roofline_ms(problem);
   row["roofline_ms"] = roof_ms;
   if (ours_ok) {
-    row["t_ours_ms"] = times[1].median_ms;
     row["ours_over_roofline"] = times[1].median_ms / roof_ms;
-    row["tflops_ours"] = tflops(problem.flops_per_rank(), times[1].median_ms);
     row["cublas_over_ours"] = times[0].median_ms / times[1].median_ms;
-    row["host_ours_us"] = times[1].host_us;
-    set_if_read(row, "mhz_ours", mhz[1]);
-    set_if_read(row, "power_ours_w", watts[1]);
-    if (options.compare) {
-      row["t_ours_b_ms"] = times[2].median_ms;
-      row["b_over_ours"] = times[2].median_ms / times[1].median_ms;
-      row["host_ours_b_us"] = times[2].host_us;
-      set_if_read(row, "mhz_ours_b", mhz[2]);
-      set_if_read(row, "power_ours_b_w", watts[2]);
-    }
+    if (options.compare) row["b_over_ours"] = times[2].median_ms / times[1].median_ms;
   }
   set_loop_sensors(row, loop.sensors);
   finish_row(row, report, options, outcome, c_count, sets.num_sets);

@@ -1,166 +1,268 @@
-// Mode proxy: the solo-rank proxy of the fused op, on GPU 0. P ranks of a local communicator are
-// emulated on GPU 0, rank 0's incoming partials are preset as delivered (random numbers in its
-// receive buffer, flags raised for every call), and rank 0 runs alone on the full grid: it computes
-// all of A_0 @ W_0, pushes the other owners' tiles into their receive buffers (on the same GPU) and
-// adds the P-1 preset partials to its own rows. T_fused_solo against T_gemm (tpfuse::gemm: the same
-// mainloop storing its tiles locally) is the cost of the push/reduce epilogue without NVLink; the
-// target is fused/gemm <= 1.05. T_cublas is there for reference.
+// Mode proxy: the solo-rank proxy of a fused op, on GPU 0 (--op rs, the GEMM + reduce-scatter, or
+// --op ag, the all-gather + GEMM; --mode ag-proxy is --mode proxy --op ag). P ranks of a local
+// communicator are emulated on GPU 0, rank 0's incoming data is preset as delivered (random numbers,
+// flags raised for every call), and rank 0 runs alone on the full grid. T_fused_solo against T_gemm
+// (tpfuse::gemm on the same product, its operands already in place) is the cost of the op's own work
+// without NVLink. T_cublas is there for reference.
 //
-//   rank 0   segment-step 0 .. P-2: rows of owners 1 .. P-1 -> pushed to their receive buffers
-//            segment-step P-1:      its own rows + the preset partials of ranks 1 .. P-1 -> out
+//   rs  rank 0 computes all of A_0 @ W_0: segment-steps 0 .. P-2 push the rows of owners 1 .. P-1
+//       into their receive buffers (on the same GPU); segment-step P-1 adds the P-1 preset partials
+//       to its own rows -> out (m/P x n). T_gemm: the same per-rank GEMM. Target fused/gemm <= 1.05.
+//       --timeline also records one more call's pushes (bench/timeline.h).
+//   ag  rank 0 multiplies its own block of X, pushes it into the peers' gathered buffers, and
+//       multiplies the preset blocks -> Y (m x n/P). Shapes M, N/P, K (the default sweep is the
+//       column-parallel layers'); T_gemm: the gathered X (m x k) times W_0. Target fused/gemm <= 1.03.
 //   ranks 1 .. P-1 never run
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
-#include "testing/gpu_check.h"
 #include "gemm_sets.h"
 #include "local_comm.h"
 #include "modes.h"
+#include "ops/ag_gemm/launch.h"
 #include "ops/gemm_rs/launch.h"
+#include "testing/gpu_check.h"
+#include "timeline.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::bench {
 
 namespace {
 
-enum Tensor { kRecv = 2 };  // seeds: A and W are tensors 0 and 1 (gemm_sets.h)
+enum Tensor { kPreset = 2 };  // seeds: A and W are tensors 0 and 1 (gemm_sets.h)
 
-constexpr double kTargetRatio = 1.05;
-// Rank 0 sums in FP32 and rounds once to BF16: every element is within half a BF16 ulp (at most 2^-8
-// of its value) of the FP32 reference. The check allows twice that on the largest element, and 2^-8
-// on the L2 norm (the RMS of one rounding is well below it); a missing partial exceeds the L2 bound
-// several times over.
+// Rank 0 sums (or multiplies) in FP32 and rounds once to BF16: every element is within half a BF16
+// ulp (at most 2^-8 of its value) of the FP32 reference. The check allows twice that on the largest
+// element, and 2^-8 on the L2 norm (the RMS of one rounding is well below it); a missing partial or
+// block exceeds the L2 bound several times over.
 constexpr double kMaxRelBound = 1.0 / 128;
 constexpr double kNormRelBound = 1.0 / 256;
 
-// Rank 0's operands and the plain GEMMs' outputs (sets.c_ours: tpfuse::gemm's), and its rows of the
-// sum (m/P x n, poisoned), one per input set.
-struct Buffers {
-  GemmSets sets;
-  std::vector<DeviceBuffer> out;
+// The GEMM + reduce-scatter: rank 0's rows of the sum, m/P x n.
+struct ReduceScatterOp {
+  using OpProblem = Problem;
+  static constexpr const char* kName = "rs";
+  static constexpr double kTargetRatio = 1.05;
+  static constexpr bool kHasTimeline = true;
+
+  static OpProblem problem(const Shape& shape, const Options& options) { return make_problem(shape, options); }
+  static Problem gemm(const OpProblem& p) { return p; }
+  static size_t out_count(const OpProblem& p) { return size_t(p.rows_per_rank()) * size_t(p.n); }
+
+  // Random non-zero partials in every rank's receive buffer, the same numbers in both parity halves
+  // (a call's parity depends on the device's epoch: rank 0 then reduces the same partials whichever
+  // it is), and rank 0's incoming flags raised for every future call.
+  static void preset(const LocalCommunicator& comm, const OpProblem&, Gpu& gpu, uint64_t run_seed,
+                     size_t shape_index) {
+    Communicator* c = comm.get();
+    const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
+    for (int r = 0; r < c->world_size; ++r) {
+      const uint64_t seed = tensor_seed(run_seed, shape_index, r, 0, kPreset);
+      for (int parity = 0; parity < 2; ++parity) {
+        fill_random_bf16(static_cast<bf16*>(receive_buffer(*c, r, parity)), parity_elems, seed, gpu.stream);
+      }
+    }
+    check_op(preset_incoming_flags(c, 0));
+  }
+
+  // Rank 0 on input set `set`; its pushes recorded into `timeline` where one is given.
+  static void run(const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
+                  const std::vector<DeviceBuffer>& out, int set, cudaStream_t stream, const ConfigOverrides& overrides,
+                  PushTimeline* timeline = nullptr) {
+    const void* a = sets.a[set].get();
+    const void* w = sets.w[set].get();
+    void* o = out[set].get();
+    check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, &o, &stream, overrides, timeline));
+  }
+
+  // The FP32 reference of rank 0's rows: its rows of A_0 @ W_0 plus the preset partials.
+  static void reference(Gpu& gpu, const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
+                        float* ref) {
+    const size_t count = out_count(problem);
+    Problem own_rows = problem;  // rank 0 owns rows [0, m/P): the first rows of A_0
+    own_rows.m = problem.rows_per_rank();
+    reference_gemm(own_rows, sets.a[0].as<bf16>(), sets.w[0].as<bf16>(), ref, gpu.stream);
+    // recv[parity 0][source][m/P][n]: the partials of sources 1 .. P-1 follow source 0's slot.
+    const bf16* recv = static_cast<const bf16*>(receive_buffer(*comm.get(), 0, 0));
+    for (int source = 1; source < problem.world_size; ++source) {
+      add_bf16_to_ref(ref, recv + size_t(source) * count, count, gpu.stream);
+    }
+  }
 };
 
-std::vector<Column> proxy_columns(bool check, bool compare, bool separate_loops) {
-  std::vector<Column> columns = shape_columns();
-  columns.insert(columns.end(), {
-      {"t_cublas_ms", "T_cublas(ms)", 12, Format::kFixed, 4},
-      {"t_gemm_ms", "T_gemm(ms)", 10, Format::kFixed, 4},
-      {"t_fused_solo_ms", "T_fused_solo(ms)", 16, Format::kFixed, 4},
-      {"fused_over_gemm", "fused/gemm", 10, Format::kFixed, 3},
-      {"tflops_cublas", "TF_cublas", 9, Format::kFixed, 1},
-      {"tflops_gemm", "TF_gemm", 8, Format::kFixed, 1},
-      {"tflops_fused_solo", "TF_solo", 8, Format::kFixed, 1},
-  });
-  if (compare) {
-    columns.insert(columns.end(), {
-        {"t_fused_solo_b_ms", "T_solo_b(ms)", 12, Format::kFixed, 4},
-        {"fused_b_over_gemm", "b/gemm", 7, Format::kFixed, 3},
-    });
+// The all-gather + GEMM: rank 0's Y, m x n/P.
+struct AllGatherOp {
+  using OpProblem = AllGatherProblem;
+  static constexpr const char* kName = "ag";
+  static constexpr double kTargetRatio = 1.03;
+  static constexpr bool kHasTimeline = false;
+
+  // The shape's n is this rank's columns, its k_per_rank all of K.
+  static OpProblem problem(const Shape& shape, const Options& options) {
+    return AllGatherProblem{shape.m, shape.n, shape.k_per_rank, options.tp, options.weight_layout};
   }
-  columns.insert(columns.end(), {
-      {"host_cublas_us", "H_cub(us)", 9, Format::kFixed, 1},
-      {"host_gemm_us", "H_gemm(us)", 10, Format::kFixed, 1},
-      {"host_fused_solo_us", "H_solo(us)", 10, Format::kFixed, 1},
-      {"mhz_cublas", "MHz_cub", 7, Format::kInteger},
-      {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
-      {"mhz_fused_solo", "MHz_solo", 8, Format::kInteger},
-      {"power_cublas_w", "W_cub", 5, Format::kInteger, 0, separate_loops},
-      {"power_gemm_w", "W_gemm", 6, Format::kInteger, 0, separate_loops},
-      {"power_fused_solo_w", "W_solo", 6, Format::kInteger, 0, separate_loops},
-  });
-  if (compare) {
+  // The whole product as a plain GEMM: the gathered X (m x k) times W_0.
+  static Problem gemm(const OpProblem& p) { return Problem{p.m, p.n_per_rank, p.k, 1, p.weight_layout}; }
+  static size_t out_count(const OpProblem& p) { return size_t(p.m) * size_t(p.n_per_rank); }
+
+  // Random blocks of X in rank 0's gathered buffer, the same in both parity halves, and the peers'
+  // flags raised there for every future call.
+  static void preset(const LocalCommunicator& comm, const OpProblem& problem, Gpu& gpu, uint64_t run_seed,
+                     size_t shape_index) {
+    Communicator* c = comm.get();
+    const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
+    const uint64_t seed = tensor_seed(run_seed, shape_index, 0, 0, kPreset);
+    for (int parity = 0; parity < 2; ++parity) {
+      fill_random_bf16(static_cast<bf16*>(gathered_buffer(*c, 0, parity)), parity_elems, seed, gpu.stream);
+    }
+    check_op(preset_peer_blocks(c, 0, problem));
+  }
+
+  // Rank 0 on input set `set`: its block of X is the first m/P rows of the set's A.
+  static void run(const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
+                  const std::vector<DeviceBuffer>& out, int set, cudaStream_t stream, const ConfigOverrides& overrides,
+                  PushTimeline* = nullptr) {
+    const void* x = sets.a[set].get();
+    const void* w = sets.w[set].get();
+    void* y = out[set].get();
+    void* gathered = nullptr;
+    check_op(launch_all_gather(comm.get(), problem, {0}, &x, &w, &y, &gathered, &stream, overrides));
+  }
+
+  // The FP32 reference of the gathered X rank 0 multiplied: its own rows of A, then the preset blocks.
+  static void reference(Gpu& gpu, const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
+                        float* ref) {
+    const size_t block = size_t(problem.rows_per_rank()) * size_t(problem.k);
+    const size_t total = size_t(problem.m) * size_t(problem.k);
+    DeviceBuffer gathered(gpu.device, total * sizeof(bf16));
+    TESTING_CHECK(cudaMemcpyAsync(gathered.get(), sets.a[0].get(), block * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                  gpu.stream));
+    // gathered[parity 0][source][m/P][k]: the blocks of sources 1 .. P-1 follow source 0's slot.
+    const bf16* preset = static_cast<const bf16*>(gathered_buffer(*comm.get(), 0, 0));
+    TESTING_CHECK(cudaMemcpyAsync(gathered.as<bf16>() + block, preset + block, (total - block) * sizeof(bf16),
+                                  cudaMemcpyDeviceToDevice, gpu.stream));
+    reference_gemm(gemm(problem), gathered.as<bf16>(), sets.w[0].as<bf16>(), ref, gpu.stream);
+    TESTING_CHECK(cudaStreamSynchronize(gpu.stream));  // before `gathered` is freed
+  }
+};
+
+// The timed calls, in the loop's order.
+std::vector<TimedCall> proxy_calls(bool compare) {
+  std::vector<TimedCall> calls = {
+      {"cublas", "cublas", "cub"}, {"gemm", "gemm", "gemm"}, {"fused_solo", "fused_solo", "solo"}};
+  if (compare) calls.push_back({"fused_solo_b", "solo_b", "solo_b", /*variant=*/true});
+  return calls;
+}
+
+std::vector<Column> proxy_columns(const Options& options, bool timeline) {
+  std::vector<Column> columns = shape_columns();
+  columns.push_back({"fused_over_gemm", "fused/gemm", 10, Format::kFixed, 3});
+  if (options.compare) columns.push_back({"fused_b_over_gemm", "b/gemm", 7, Format::kFixed, 3});
+  add_call_columns(columns, proxy_calls(options.compare.has_value()), options.separate_loops);
+  if (timeline) {
     columns.insert(columns.end(), {
-        {"host_fused_solo_b_us", "H_solo_b(us)", 12, Format::kFixed, 1, false},
-        {"mhz_fused_solo_b", "MHz_solo_b", 10, Format::kInteger, 0, false},
-        {"power_fused_solo_b_w", "W_solo_b", 8, Format::kInteger, 0, false},
+        {"tl_share_25", "push@25%", 8, Format::kFixed, 3},
+        {"tl_share_50", "push@50%", 8, Format::kFixed, 3},
+        {"tl_share_75", "push@75%", 8, Format::kFixed, 3},
+        {"tl_last_push", "last_push", 9, Format::kFixed, 3},
+        {"tl_call_us", "tl_call_us", 10, Format::kFixed, 1, false},
+        {"tl_pushes", "tl_pushes", 9, Format::kInteger, 0, false},
+        {"tl_pushed_bytes", "tl_bytes", 12, Format::kInteger, 0, false},
+        {"tl_dropped", "tl_dropped", 10, Format::kInteger, 0, false},
+        {"tl_first_push", "first_push", 10, Format::kFixed, 4, false},
+        {"tl_last_own", "last_own", 8, Format::kFixed, 4, false},
+        {"tl_bins", "tl_bins", 0, Format::kText, 0, false},
     });
   }
   add_loop_sensor_columns(columns);
-  if (check) add_error_columns(columns, "solo", "solo");
-  add_outcome_columns(columns, check);
+  if (options.check) add_error_columns(columns, "solo", "solo");
+  add_outcome_columns(columns, options.check);
   return columns;
 }
 
-// Random non-zero partials in every rank's receive buffer, the same numbers in both parity halves
-// (a call's parity depends on the device's epoch: rank 0 then reduces the same partials whichever it
-// is), and rank 0's incoming flags raised for every future call.
-void preset_partials(const LocalCommunicator& comm, Gpu& gpu, uint64_t run_seed, size_t shape_index) {
-  Communicator* c = comm.get();
-  const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
-  for (int r = 0; r < c->world_size; ++r) {
-    const uint64_t recv_seed = tensor_seed(run_seed, shape_index, r, 0, kRecv);
-    for (int parity = 0; parity < 2; ++parity) {
-      fill_random_bf16(static_cast<bf16*>(receive_buffer(*c, r, parity)), parity_elems, recv_seed, gpu.stream);
-    }
-  }
-  check_op(preset_incoming_flags(c, 0));
-  // NOTE: the communicator's own setup and the preset are not on gpu.stream: wait for all of it.
-  TESTING_CHECK(cudaDeviceSynchronize());
-}
-
-// Rank 0 alone on input set `set`.
-void run_solo(const LocalCommunicator& comm, const Problem& problem, Buffers& buffers, int set, cudaStream_t stream,
-              const ConfigOverrides& overrides) {
-  const void* a = buffers.sets.a[set].get();
-  const void* w = buffers.sets.w[set].get();
-  void* out = buffers.out[set].get();
-  check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, &out, &stream, overrides));
-}
-
-// Runs rank 0 once on input set 0 into a poisoned output and measures it against the FP32
-// reference: its own rows of A_0 @ W_0 plus the P-1 preset partials.
-ErrorSums check_solo(Gpu& gpu, const LocalCommunicator& comm, const Problem& problem, Buffers& buffers,
-                     const ConfigOverrides& overrides) {
-  const size_t out_count = size_t(problem.rows_per_rank()) * size_t(problem.n);
-  poison_bf16(buffers.out[0].as<bf16>(), out_count, gpu.stream);
-  run_solo(comm, problem, buffers, 0, gpu.stream, overrides);
+// Rank 0 once on input set 0 into a poisoned output, against the op's FP32 reference.
+template <class Op>
+ErrorSums check_solo(Gpu& gpu, const LocalCommunicator& comm, const typename Op::OpProblem& problem,
+                     const GemmSets& sets, const std::vector<DeviceBuffer>& out, const ConfigOverrides& overrides) {
+  const size_t count = Op::out_count(problem);
+  poison_bf16(out[0].as<bf16>(), count, gpu.stream);
+  Op::run(comm, problem, sets, out, 0, gpu.stream, overrides);
   TESTING_CHECK(cudaStreamSynchronize(gpu.stream));
   comm.check_status();
-
-  // Rank 0 owns rows [0, m/P): the first rows of A_0.
-  Problem own_rows = problem;
-  own_rows.m = problem.rows_per_rank();
-  DeviceBuffer ref(gpu.device, out_count * sizeof(float));
-  reference_gemm(own_rows, buffers.sets.a[0].as<bf16>(), buffers.sets.w[0].as<bf16>(), ref.as<float>(), gpu.stream);
-  // recv[parity 0][source][m/P][n]: the partials of sources 1 .. P-1 follow source 0's slot.
-  const bf16* recv = static_cast<const bf16*>(receive_buffer(*comm.get(), 0, 0));
-  for (int source = 1; source < problem.world_size; ++source) {
-    add_bf16_to_ref(ref.as<float>(), recv + size_t(source) * out_count, out_count, gpu.stream);
-  }
-  return measure_error(buffers.out[0].as<bf16>(), ref.as<float>(), out_count, gpu.stream);
+  DeviceBuffer ref(gpu.device, count * sizeof(float));
+  Op::reference(gpu, comm, problem, sets, ref.as<float>());
+  return measure_error(out[0].as<bf16>(), ref.as<float>(), count, gpu.stream);
 }
 
-Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& report) {
+// Events a recorded call may store: 16 MB of them, more than the largest sweep shape's hand-offs.
+constexpr uint32_t kTimelineCapacity = 1u << 20;
+
+// One more call of rank 0 on input set 0, its pushes recorded (after the timed loop: the timed
+// calls record nothing), summed up into the row's tl_* columns.
+void record_timeline(Gpu& gpu, const LocalCommunicator& comm, const Problem& problem, const GemmSets& sets,
+                     const std::vector<DeviceBuffer>& out, const ConfigOverrides& overrides, Row& row) {
+  DeviceBuffer events(gpu.device, size_t(kTimelineCapacity) * sizeof(PushEvent));
+  DeviceBuffer header(gpu.device, sizeof(PushTimeline));
+  PushTimeline timeline{~0ull, 0, 0, kTimelineCapacity, events.as<PushEvent>()};
+  TESTING_CHECK(cudaMemcpyAsync(header.get(), &timeline, sizeof(timeline), cudaMemcpyHostToDevice, gpu.stream));
+  ReduceScatterOp::run(comm, problem, sets, out, 0, gpu.stream, overrides, header.as<PushTimeline>());
+  TESTING_CHECK(cudaMemcpyAsync(&timeline, header.get(), sizeof(timeline), cudaMemcpyDeviceToHost, gpu.stream));
+  TESTING_CHECK(cudaStreamSynchronize(gpu.stream));
+  std::vector<PushEvent> recorded(std::min(timeline.count, kTimelineCapacity));
+  TESTING_CHECK(cudaMemcpy(recorded.data(), events.get(), recorded.size() * sizeof(PushEvent), cudaMemcpyDeviceToHost));
+  comm.check_status();
+
+  const TimelineSummary s = summarize_timeline(timeline.start_ns, timeline.end_ns, recorded, timeline.count, 0);
+  row["tl_call_us"] = s.call_us;
+  row["tl_pushes"] = double(s.pushes);
+  row["tl_pushed_bytes"] = s.pushed_bytes;
+  row["tl_dropped"] = double(s.dropped);
+  row["tl_share_25"] = s.share[0];
+  row["tl_share_50"] = s.share[1];
+  row["tl_share_75"] = s.share[2];
+  row["tl_first_push"] = s.first_push;
+  row["tl_last_push"] = s.last_push;
+  if (s.last_own >= 0) row["tl_last_own"] = s.last_own;
+  row["tl_bins"] = bins_text(s.bins);
+}
+
+template <class Op>
+Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t shape_index, Report& report) {
   Gpu& gpu = gpus[0];
-  const Shape& shape = options.shapes[shape_index];
-  const Problem problem = make_problem(shape, options);
+  const typename Op::OpProblem problem = Op::problem(shape, options);
+  const Problem gemm = Op::gemm(problem);
   Row row = shape_row(shape);
 
-  // The communicator first: its receive buffers (2 m n BF16 per rank) come out of the rotation's budget.
+  // The communicator first: its buffers come out of the rotation's budget.
   Outcome outcome;
   LocalCommunicator comm;
   bool solo_ok = attempt(
       [&] {
         comm.create(std::vector<int>(problem.world_size, gpu.device), problem);
-        preset_partials(comm, gpu, *options.seed, shape_index);
+        Op::preset(comm, problem, gpu, *options.seed, shape_index);
+        // NOTE: the communicator's own setup and the preset are not on gpu.stream: wait for all of it.
+        TESTING_CHECK(cudaDeviceSynchronize());
       },
       &outcome.failure);
 
-  const size_t out_count = size_t(problem.rows_per_rank()) * size_t(problem.n);
-  Buffers buffers;
-  buffers.sets = make_gemm_sets(gpu, problem, out_count * sizeof(bf16), *options.seed, shape_index);
-  const int num_sets = buffers.sets.num_sets;
-  buffers.out = poisoned_bf16_sets(gpu, out_count, num_sets);
+  // The GEMM's input sets and the solo call's outputs, rotated alike.
+  const size_t out_count = Op::out_count(problem);
+  const GemmSets sets = make_gemm_sets(gpu, gemm, out_count * sizeof(bf16), *options.seed, shape_index);
+  const int num_sets = sets.num_sets;
+  const std::vector<DeviceBuffer> out = poisoned_bf16_sets(gpu, out_count, num_sets);
   gpus.synchronize();
 
   if (options.check && solo_ok) {
     ErrorSums solo;
-    solo_ok = attempt([&] { solo = check_solo(gpu, comm, problem, buffers, options.overrides); }, &outcome.failure);
+    solo_ok = attempt([&] { solo = check_solo<Op>(gpu, comm, problem, sets, out, options.overrides); },
+                      &outcome.failure);
     if (solo_ok && options.compare) {
-      // The compared variant computes the same rows, within the same bound.
+      // The compared variant computes the same output, within the same bound.
       ErrorSums solo_b;
-      solo_ok = attempt([&] { solo_b = check_solo(gpu, comm, problem, buffers, *options.compare); }, &outcome.failure);
+      solo_ok = attempt([&] { solo_b = check_solo<Op>(gpu, comm, problem, sets, out, *options.compare); },
+                        &outcome.failure);
       solo.merge(solo_b);
     }
     if (solo_ok) {
@@ -173,19 +275,20 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
     }
   }
 
-  const TimingOptions timing = timing_options(options);
-  const double flops = problem.flops_per_rank();
-  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, buffers.sets, rotation_set(i, num_sets)); };
-  const LaunchFn gemm_call = [&](int i) { ours_on_set(gpu, problem, buffers.sets, rotation_set(i, num_sets), options.overrides); };
-  const LaunchFn solo_call = [&](int i) {
-    run_solo(comm, problem, buffers, rotation_set(i, num_sets), gpu.stream, options.overrides);
-  };
-  // Timed together (time_loop); cuBLAS alone where one of ours fails.
-  std::vector<LaunchFn> calls{cublas_call, gemm_call};
-  if (solo_ok) calls.push_back(solo_call);
-  if (solo_ok && options.compare) {
-    calls.push_back([&](int i) { run_solo(comm, problem, buffers, rotation_set(i, num_sets), gpu.stream, *options.compare); });
+  const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, gemm, sets, rotation_set(i, num_sets)); };
+  std::vector<LaunchFn> calls{cublas_call, [&](int i) {
+                                ours_on_set(gpu, gemm, sets, rotation_set(i, num_sets), options.overrides);
+                              }};
+  if (solo_ok) {
+    calls.push_back(
+        [&](int i) { Op::run(comm, problem, sets, out, rotation_set(i, num_sets), gpu.stream, options.overrides); });
+    if (options.compare) {
+      calls.push_back(
+          [&](int i) { Op::run(comm, problem, sets, out, rotation_set(i, num_sets), gpu.stream, *options.compare); });
+    }
   }
+  // Timed together (time_loop); cuBLAS alone where one of ours fails.
+  const TimingOptions timing = timing_options(options);
   LoopTiming loop;
   const bool ours_ok = attempt(
       [&] {
@@ -194,73 +297,74 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
       },
       &outcome.failure);
   if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
-  const auto& times = loop.launches;
-  const auto& mhz = loop.sensors.sm_clock_mhz;
-  const auto& watts = loop.sensors.launch_power_w;
-  row["t_cublas_ms"] = times[0].median_ms;
-  row["tflops_cublas"] = tflops(flops, times[0].median_ms);
-  row["host_cublas_us"] = times[0].host_us;
-  set_if_read(row, "mhz_cublas", mhz[0]);
-  set_if_read(row, "power_cublas_w", watts[0]);
-  if (ours_ok) {
-    row["t_gemm_ms"] = times[1].median_ms;
-    row["tflops_gemm"] = tflops(flops, times[1].median_ms);
-    row["host_gemm_us"] = times[1].host_us;
-    set_if_read(row, "mhz_gemm", mhz[1]);
-    set_if_read(row, "power_gemm_w", watts[1]);
-    if (solo_ok) {
-      row["t_fused_solo_ms"] = times[2].median_ms;
-      row["tflops_fused_solo"] = tflops(flops, times[2].median_ms);
-      row["fused_over_gemm"] = times[2].median_ms / times[1].median_ms;
-      row["host_fused_solo_us"] = times[2].host_us;
-      set_if_read(row, "mhz_fused_solo", mhz[2]);
-      set_if_read(row, "power_fused_solo_w", watts[2]);
-      if (options.compare) {
-        row["t_fused_solo_b_ms"] = times[3].median_ms;
-        row["fused_b_over_gemm"] = times[3].median_ms / times[1].median_ms;
-        row["host_fused_solo_b_us"] = times[3].host_us;
-        set_if_read(row, "mhz_fused_solo_b", mhz[3]);
-        set_if_read(row, "power_fused_solo_b_w", watts[3]);
-      }
-    }
+  const std::vector<TimedCall> timed = proxy_calls(options.compare.has_value());
+  for (size_t i = 0; i < loop.launches.size(); ++i) set_call(row, timed[i], loop, i, problem.flops_per_rank());
+  if (loop.launches.size() > 2) {
+    row["fused_over_gemm"] = loop.launches[2].median_ms / loop.launches[1].median_ms;
+    if (options.compare) row["fused_b_over_gemm"] = loop.launches[3].median_ms / loop.launches[1].median_ms;
   }
   set_loop_sensors(row, loop.sensors);
+  if constexpr (Op::kHasTimeline) {
+    if (options.timeline && solo_ok && ours_ok) {
+      attempt([&] { record_timeline(gpu, comm, problem, sets, out, options.overrides, row); }, &outcome.failure);
+    }
+  }
   if (comm.get() != nullptr) attempt([&] { comm.destroy(); }, &outcome.failure);
   finish_row(row, report, options, outcome, out_count, num_sets);
   return row;
 }
 
-}  // namespace
-
-void run_proxy(const Options& options, Report& report) {
+template <class Op>
+void run_proxy_of(const Options& options, Report& report) {
+  std::vector<Shape> shapes = options.shapes;
+  if (!Op::kHasTimeline && options.shapes_arg == "sweep") {
+    std::string error;
+    shapes = all_gather_sweep_shapes(options.tp, &error);
+    if (shapes.empty()) throw CallFailed(error);
+  }
+  const bool timeline = Op::kHasTimeline && options.timeline;
   GpuSet gpus(1, /*with_nccl=*/false);
-  report.set_columns(proxy_columns(options.check, options.compare.has_value(), options.separate_loops));
-  report.add_note("GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
-                  " emulated ranks runs alone on the full grid, its incoming partials preset; times in ms: median "
-                  "of " + std::to_string(options.iters) + " iterations after " + std::to_string(options.warmup) +
-                  " warm-up, the three calls " + call_order(options) + "; A and W rotate over the input sets, the receive buffers "
-                  "do not");
-  report.add_note("T_gemm = tpfuse::gemm, T_fused_solo = rank 0's fused call; target fused/gemm <= 1.05; overrides " +
-                  options.overrides.to_string() +
+  report.set_columns(proxy_columns(options, timeline));
+  report.add_note(std::string("op ") + Op::kName + ", GPU 0 only: rank 0 of P = " + std::to_string(options.tp) +
+                  " emulated ranks runs alone on the full grid, its incoming data preset" +
+                  (Op::kHasTimeline ? "" : "; shapes M, N/P, K") + "; times in ms: median of " +
+                  std::to_string(options.iters) + " iterations after " + std::to_string(options.warmup) +
+                  " warm-up, the calls " + call_order(options) + "; A and W rotate over the input sets, the preset "
+                  "buffers do not");
+  char target[64];
+  std::snprintf(target, sizeof(target), "target fused/gemm <= %.2f", Op::kTargetRatio);
+  report.add_note(std::string(Op::kHasTimeline ? "T_gemm = tpfuse::gemm, T_fused_solo = rank 0's fused call"
+                                               : "T_gemm = tpfuse::gemm on the gathered X (M x K), T_fused_solo = "
+                                                 "rank 0's all_gather_gemm") +
+                  "; " + target + "; overrides " + options.overrides.to_string() +
                   (options.compare ? "; T_solo_b: rank 0's fused call with " + options.compare->to_string() : ""));
   report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
+  if (timeline) {
+    report.add_note("push timeline (--timeline): one more call of rank 0 after the timed loop, each push's issue "
+                    "recorded by the sending thread (%globaltimer); push@25/50/75%: the share of the pushed bytes "
+                    "issued by 25/50/75% of that call (first CTA's start to last CTA's end), last_push: the last "
+                    "push's issue as a fraction of it; JSON: tl_bins, the pushed bytes' shares over 100 equal "
+                    "parts of [start, last push], the input of bench/projection.py");
+  } else if (options.timeline) {
+    report.add_note("--timeline: the push timeline is the reduce-scatter's only (--op rs); none recorded");
+  }
   if (options.check) {
-    report.add_note("rule: rank 0's rows against their FP32 reference (its rows of A_0 @ W_0 plus the preset "
-                    "partials): max_rel <= 1/128 and L2 rel <= 1/256 (one BF16 rounding is at most 1/256)");
+    report.add_note("rule: rank 0's output against its FP32 reference (with the preset data): max_rel <= 1/128 and "
+                    "L2 rel <= 1/256 (one BF16 rounding is at most 1/256)");
   }
   report.print_header();
 
   double max_ratio = 0, log_ratio_sum = 0, max_b = 0, log_b_sum = 0;
   int num_ratios = 0, num_meeting = 0;
   OutcomeTally tally;
-  for (size_t i = 0; i < options.shapes.size(); ++i) {
-    const Row row = run_shape(gpus, options, i, report);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Row row = run_shape<Op>(gpus, options, shapes[i], i, report);
     note_sensor_failures(report, gpus.sensors());
     if (const double* ratio = number_in(row, "fused_over_gemm")) {
       max_ratio = std::max(max_ratio, *ratio);
       log_ratio_sum += std::log(*ratio);
       ++num_ratios;
-      if (*ratio <= kTargetRatio) ++num_meeting;
+      if (*ratio <= Op::kTargetRatio) ++num_meeting;
     }
     if (const double* b = number_in(row, "fused_b_over_gemm")) {
       max_b = std::max(max_b, *b);
@@ -270,17 +374,16 @@ void run_proxy(const Options& options, Report& report) {
     report.add_row(row);
   }
 
-  const size_t num_shapes = options.shapes.size();
-  std::string line = "proxy: fused/gemm on " + std::to_string(num_ratios) + " of " + std::to_string(num_shapes) +
-                     " shapes";
-  Row summary = {{"shapes", double(num_shapes)},
+  std::string line = options.mode + ": fused/gemm on " + std::to_string(num_ratios) + " of " +
+                     std::to_string(shapes.size()) + " shapes";
+  Row summary = {{"shapes", double(shapes.size())},
                  {"fused_ran", double(num_ratios)},
                  {"meet_target", double(num_meeting)}};
   if (num_ratios > 0) {
     const double geomean = std::exp(log_ratio_sum / num_ratios);
     char text[128];
     std::snprintf(text, sizeof(text), ": max %.3f, geomean %.3f; %d meet <= %.2f", max_ratio, geomean, num_meeting,
-                  kTargetRatio);
+                  Op::kTargetRatio);
     line += text;
     summary["fused_over_gemm_max"] = max_ratio;
     summary["fused_over_gemm_geomean"] = geomean;
@@ -294,6 +397,16 @@ void run_proxy(const Options& options, Report& report) {
   }
   tally.summarize(options, line, summary);
   report.set_summary(line, summary);
+}
+
+}  // namespace
+
+void run_proxy(const Options& options, Report& report) {
+  if (options.op == ProxyOp::kAllGather) {
+    run_proxy_of<AllGatherOp>(options, report);
+  } else {
+    run_proxy_of<ReduceScatterOp>(options, report);
+  }
 }
 
 }  // namespace tpfuse::bench

@@ -25,16 +25,13 @@ using ModeFn = void (*)(const Options& options, Report& report);
 void run_baseline(const Options& options, Report& report);
 // tpfuse::gemm against cuBLAS on the per-rank shapes, on GPU 0.
 void run_gemm(const Options& options, Report& report);
-// The solo-rank proxy of the fused op on GPU 0: rank 0 of P emulated ranks alone, against tpfuse::gemm.
+// The solo-rank proxy of a fused op (options.op) on GPU 0: rank 0 of P emulated ranks alone, against
+// tpfuse::gemm.
 void run_proxy(const Options& options, Report& report);
 // The fused op on every GPU (2 or more) against the unfused path: T_fused, E, E_hideable, speedup.
 void run_fused(const Options& options, Report& report);
 // The all-gather + GEMM on every GPU against ncclAllGather + cuBLAS: T_fused, E, E_hideable, speedup.
 void run_ag(const Options& options, Report& report);
-// The solo-rank proxy of the all-gather + GEMM on GPU 0 (its sweep: the column-parallel layers).
-void run_ag_proxy(const Options& options, Report& report);
-// ag-copy-probe: the GEMM beside copy-engine copies of rank 0's block (mode_ag_copy_probe.cu).
-void run_ag_copy_probe(const Options& options, Report& report);
 // Write bandwidth from GPU 0 into GPU 1 and back: SM stores, TMA stores, copy engine (no shapes).
 void run_p2p(const Options& options, Report& report);
 
@@ -55,10 +52,25 @@ std::string call_order(const Options& options);
 // A timed loop's sensors: the column "<loop>_power_w" (headed "W_<label>"; "power_w" and "W" for an
 // empty `loop`), the mean power per GPU over the loop, in the table, and in JSON and CSV only
 // "<loop>_power_read_w", "<loop>_energy_j" (all GPUs), "<loop>_loop_s", "<loop>_sensor_readings";
-// set_loop_sensors fills them. The modes add their per-launch "host_*_us" and "mhz_*" columns.
+// set_loop_sensors fills them. A call's own columns: TimedCall below.
 void add_loop_sensor_columns(std::vector<Column>& columns, const std::string& loop = "",
                              const std::string& label = "");
 void set_loop_sensors(Row& row, const LoopSensors& sensors, const std::string& loop = "");
+// A timed call of a mode. Its columns are the driver's (add_call_columns, set_call): "t_<key>_ms"
+// (T_<label>(ms)), "tflops_<key>" (TF_<tag>), "host_<key>_us" (H_<tag>(us), the host's time to queue it),
+// "mhz_<key>" (MHz_<tag>, the SM clock while it ran), "power_<key>_w" (W_<tag>, its own power: in the
+// table with --separate-loops).
+struct TimedCall {
+  std::string key;
+  std::string label;
+  std::string tag;
+  bool variant = false;  // a compared variant (--compare): only its time in the table
+};
+
+// The columns of `calls`, by measure: every call's time, then TFLOP/s, host time, clock, power.
+void add_call_columns(std::vector<Column>& columns, const std::vector<TimedCall>& calls, bool separate_loops);
+// Fills `call`'s columns from launch `index` of `loop`; `flops`: one call's.
+void set_call(Row& row, const TimedCall& call, const LoopTiming& loop, size_t index, double flops);
 // A number, or nothing where the sensor gave none.
 void set_if_read(Row& row, const std::string& key, const std::optional<double>& value);
 // The note on how the host times, the SM clock and the power are measured, or why the sensors'

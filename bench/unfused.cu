@@ -1,5 +1,7 @@
 #include "unfused.h"
 
+#include <cmath>
+
 #include "baselines.h"
 #include "modes.h"
 
@@ -61,24 +63,86 @@ UnfusedBuffers make_unfused_buffers(GpuSet& gpus, const RankCounts& counts, int 
   return buffers;
 }
 
-void gemm_all(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, int set) {
-  for (int g = 0; g < gpus.size(); ++g) {
-    const RankBuffers& rank = buffers.ranks[g];
+size_t symmetric_bytes_per_set(const RankCounts& counts) { return (counts.partial + counts.out) * sizeof(bf16); }
+
+SymmetricBuffers::SymmetricBuffers(GpuSet& gpus, const UnfusedBuffers& ring)
+    : gpus_(gpus), counts_(ring.counts), num_sets_(ring.num_sets), memory_(gpus.size()), windows_(gpus.size()) {
+  const size_t bytes = symmetric_bytes_per_set(counts_) * size_t(num_sets_);
+  const auto refused = [&](const char* call, ncclResult_t result) {
+    reason_ = std::string(call) + ": " + ncclGetErrorString(result) + " (" + ncclGetLastError(nullptr) + ")";
+  };
+  for (int g = 0; g < gpus.size() && available(); ++g) {
     TESTING_CHECK(cudaSetDevice(gpus[g].device));
-    cublas_gemm(gpus[g].cublas, problem, rank.a[set].get(), rank.w[set].get(), rank.partial[set].get());
+    if (const ncclResult_t r = ncclMemAlloc(&memory_[g], bytes); r != ncclSuccess) refused("ncclMemAlloc", r);
+  }
+  if (!available()) return;
+  // Registration is collective: one thread registers every GPU's window in a group.
+  TESTING_CHECK(ncclGroupStart());
+  for (int g = 0; g < gpus.size(); ++g) {
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
+    if (const ncclResult_t r = ncclCommWindowRegister(gpus[g].comm, memory_[g], bytes, &windows_[g],
+                                                      NCCL_WIN_COLL_SYMMETRIC);
+        r != ncclSuccess) {
+      refused("ncclCommWindowRegister", r);
+    }
+  }
+  if (const ncclResult_t r = ncclGroupEnd(); r != ncclSuccess && available()) refused("ncclCommWindowRegister", r);
+  if (!available()) return;
+  for (int g = 0; g < gpus.size(); ++g) {
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
+    for (int set = 0; set < num_sets_; ++set) {
+      TESTING_CHECK(cudaMemcpyAsync(partial(g, set), ring.ranks[g].partial[set].get(), counts_.partial * sizeof(bf16),
+                                    cudaMemcpyDeviceToDevice, gpus[g].stream));
+      poison_bf16(static_cast<bf16*>(out(g, set)), counts_.out, gpus[g].stream);
+    }
   }
 }
 
-void reduce_scatter_all(GpuSet& gpus, UnfusedBuffers& buffers, int set) {
+// Errors are ignored here: a destructor cannot report them.
+SymmetricBuffers::~SymmetricBuffers() {
+  for (int g = 0; g < gpus_.size(); ++g) {
+    cudaSetDevice(gpus_[g].device);
+    cudaStreamSynchronize(gpus_[g].stream);
+  }
+  ncclGroupStart();
+  for (int g = 0; g < gpus_.size(); ++g) {
+    if (windows_[g] != nullptr) ncclCommWindowDeregister(gpus_[g].comm, windows_[g]);
+  }
+  ncclGroupEnd();
+  for (int g = 0; g < gpus_.size(); ++g) {
+    cudaSetDevice(gpus_[g].device);
+    if (memory_[g] != nullptr) ncclMemFree(memory_[g]);
+  }
+}
+
+// Each set's partial, then its output.
+void* SymmetricBuffers::partial(int gpu, int set) const {
+  return static_cast<bf16*>(memory_[gpu]) + size_t(set) * (counts_.partial + counts_.out);
+}
+
+void* SymmetricBuffers::out(int gpu, int set) const { return static_cast<bf16*>(partial(gpu, set)) + counts_.partial; }
+
+void gemm_all(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, int set, const SymmetricBuffers* symmetric) {
+  for (int g = 0; g < gpus.size(); ++g) {
+    const RankBuffers& rank = buffers.ranks[g];
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
+    void* partial = symmetric != nullptr ? symmetric->partial(g, set) : rank.partial[set].get();
+    cublas_gemm(gpus[g].cublas, problem, rank.a[set].get(), rank.w[set].get(), partial);
+  }
+}
+
+void reduce_scatter_all(GpuSet& gpus, UnfusedBuffers& buffers, int set, const SymmetricBuffers* symmetric) {
   TESTING_CHECK(ncclGroupStart());
   for (int g = 0; g < gpus.size(); ++g) {
-    nccl_reduce_scatter(gpus[g].comm, buffers.ranks[g].partial[set].get(), buffers.ranks[g].out[set].get(),
-                        buffers.counts.partial, gpus.size(), gpus[g].stream);
+    const void* partial = symmetric != nullptr ? symmetric->partial(g, set) : buffers.ranks[g].partial[set].get();
+    void* out = symmetric != nullptr ? symmetric->out(g, set) : buffers.ranks[g].out[set].get();
+    nccl_reduce_scatter(gpus[g].comm, partial, out, buffers.counts.partial, gpus.size(), gpus[g].stream);
   }
   TESTING_CHECK(ncclGroupEnd());
 }
 
-UnfusedTimes time_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, const TimingOptions& timing) {
+UnfusedTimes time_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& problem, const TimingOptions& timing,
+                          const SymmetricBuffers* symmetric) {
   const int num_sets = buffers.num_sets;
   UnfusedTimes times;
   const LoopTiming gemm = time_loop(gpus, timing, {[&](int i) { gemm_all(gpus, buffers, problem, rotation_set(i, num_sets)); }});
@@ -86,10 +150,19 @@ UnfusedTimes time_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem& 
   times.gemm_host_us = gemm.launches[0].host_us;
   times.gemm_sensors = gemm.sensors;
   if (!buffers.with_comm()) return times;
-  times.comm = time_median_ms(gpus, timing, [&](int i) { reduce_scatter_all(gpus, buffers, rotation_set(i, num_sets)); });
+  const auto time_comm = [&](const SymmetricBuffers* path) {
+    return time_median_ms(gpus, timing, [&](int i) { reduce_scatter_all(gpus, buffers, rotation_set(i, num_sets), path); });
+  };
+  times.comm_ring = times.comm = time_comm(nullptr);
+  if (symmetric != nullptr && symmetric->available()) {
+    times.comm_sym = time_comm(symmetric);
+    times.seq_symmetric = times.comm_sym < times.comm_ring;
+    if (times.seq_symmetric) times.comm = times.comm_sym;
+  }
+  const SymmetricBuffers* faster = times.seq_symmetric ? symmetric : nullptr;
   times.seq = time_median_ms(gpus, timing, [&](int i) {
-    gemm_all(gpus, buffers, problem, rotation_set(i, num_sets));
-    reduce_scatter_all(gpus, buffers, rotation_set(i, num_sets));
+    gemm_all(gpus, buffers, problem, rotation_set(i, num_sets), faster);
+    reduce_scatter_all(gpus, buffers, rotation_set(i, num_sets), faster);
   });
   return times;
 }
@@ -146,6 +219,74 @@ UnfusedErrors check_unfused(GpuSet& gpus, UnfusedBuffers& buffers, const Problem
     if (buffers.with_comm()) outs.push_back(buffers.ranks[g].out[0].as<bf16>());
   }
   if (buffers.with_comm()) errors.reduce_scatter = measure_outputs(gpus, outs, refs, counts.out);
+  return errors;
+}
+
+std::vector<Column> comm_columns() {
+  return {
+      {"t_comm_ring_ms", "T_ring(ms)", 10, Format::kFixed, 4},
+      {"t_comm_sym_ms", "T_sym(ms)", 10, Format::kFixed, 4},
+      {"t_comm_ms", "T_comm(ms)", 10, Format::kFixed, 4},
+      {"t_seq_ms", "T_seq(ms)", 10, Format::kFixed, 4},
+      {"seq_path", "seq", 4, Format::kText},
+  };
+}
+
+void set_comm_times(Row& row, const UnfusedTimes& times) {
+  row["t_comm_ring_ms"] = times.comm_ring;
+  if (!std::isnan(times.comm_sym)) row["t_comm_sym_ms"] = times.comm_sym;
+  row["t_comm_ms"] = times.comm;
+  row["t_seq_ms"] = times.seq;
+  row["seq_path"] = std::string(times.seq_symmetric ? "sym" : "ring");
+}
+
+std::string comm_note(bool check) {
+  return "T_ring: ncclReduceScatter on cudaMalloc'd buffers; T_sym: on buffers in NCCL symmetric windows "
+         "(ncclMemAlloc, ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC: NCCL's symmetric kernels); T_comm = "
+         "the faster, in E and E_hideable; T_seq: GEMM then reduce-scatter on the faster path (seq)" +
+         std::string(check ? "; sym/ring: the symmetric output against the ring's" : "");
+}
+
+void add_symmetric_error_columns(std::vector<Column>& columns) {
+  add_error_columns(columns, "rs_sym", "sym");
+  add_error_columns(columns, "sym_vs_ring", "sym/ring");
+}
+
+uint64_t check_symmetric_into(Row& row, GpuSet& gpus, UnfusedBuffers& buffers, const SymmetricBuffers& symmetric,
+                              const References& refs) {
+  if (!symmetric.available()) {
+    row["note"] = "no symmetric window: " + symmetric.reason();
+    return 0;
+  }
+  const SymmetricErrors errors = check_symmetric(gpus, buffers, symmetric, refs);
+  set_errors(row, "rs_sym", errors.reduce_scatter.stats());
+  set_errors(row, "sym_vs_ring", errors.against_ring.stats());
+  return errors.reduce_scatter.num_nonfinite;
+}
+
+SymmetricErrors check_symmetric(GpuSet& gpus, UnfusedBuffers& buffers, const SymmetricBuffers& symmetric,
+                                const References& refs) {
+  const RankCounts& counts = buffers.counts;
+  std::vector<DeviceBuffer> ring_outs;  // the ring path's output of set 0, as FP32
+  for (int g = 0; g < gpus.size(); ++g) {
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
+    TESTING_CHECK(cudaMemcpyAsync(symmetric.partial(g, 0), buffers.ranks[g].partial[0].get(),
+                                  counts.partial * sizeof(bf16), cudaMemcpyDeviceToDevice, gpus[g].stream));
+    poison_bf16(static_cast<bf16*>(symmetric.out(g, 0)), counts.out, gpus[g].stream);
+    ring_outs.emplace_back(gpus[g].device, counts.out * sizeof(float));
+    TESTING_CHECK(cudaMemsetAsync(ring_outs[g].get(), 0, counts.out * sizeof(float), gpus[g].stream));
+    add_bf16_to_ref(ring_outs[g].as<float>(), buffers.ranks[g].out[0].as<bf16>(), counts.out, gpus[g].stream);
+  }
+  reduce_scatter_all(gpus, buffers, 0, &symmetric);
+
+  SymmetricErrors errors;
+  std::vector<const bf16*> outs;
+  for (int g = 0; g < gpus.size(); ++g) {
+    outs.push_back(static_cast<const bf16*>(symmetric.out(g, 0)));
+    TESTING_CHECK(cudaSetDevice(gpus[g].device));
+    errors.against_ring.merge(measure_error(outs[g], ring_outs[g].as<float>(), counts.out, gpus[g].stream));
+  }
+  errors.reduce_scatter = measure_outputs(gpus, outs, refs, counts.out);
   return errors;
 }
 

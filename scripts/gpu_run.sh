@@ -4,7 +4,10 @@
 #
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
-# Steps (default: all, in this order): env tests sanitize gemm proxy ag_proxy baseline fused.
+# Steps (default: all, in this order): env tests sanitize gemm proxy timeline ag_proxy baseline fused.
+# timeline: the proxy at P = 8 with its push timeline, both layouts, then bench/projection.py's E at
+# P = 8 from it (against the gemm step's cuBLAS times where that step ran first; M = 512 and 2048
+# marked). baseline (and fused) time NCCL's reduce-scatter on plain buffers and on symmetric windows.
 # Each step's output goes to OUT_DIR/<step>.log; its last lines are echoed. Every step is bounded by
 # STEP_TIMEOUT seconds (default 300). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
@@ -13,8 +16,9 @@ build=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 shift 2
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(env tests sanitize gemm proxy ag_proxy baseline fused)
+[[ ${#steps[@]} -gt 0 ]] || steps=(env tests sanitize gemm proxy timeline ag_proxy baseline fused)
 bench="${build}/bench/tpfuse_bench"
+projection="$(cd "$(dirname "$0")/.." && pwd)/bench/projection.py"
 
 export NCCL_NVLS_ENABLE=0
 # The NCCL device API is inlined from the headers we built with (2.28.9): prefer a matching library,
@@ -107,9 +111,17 @@ for step in "${steps[@]}"; do
       run_step proxy_kn "${bench}" --mode proxy --layout kn --check --json "${out}/proxy_kn.json" --csv "${out}/proxy_kn.csv"
       run_step proxy_nk "${bench}" --mode proxy --layout nk --check --json "${out}/proxy_nk.json" --csv "${out}/proxy_nk.csv"
       ;;
+    timeline)
+      for layout in kn nk; do
+        run_step timeline_${layout} "${bench}" --mode proxy --tp 8 --layout ${layout} --timeline --json "${out}/timeline_${layout}.json" --csv "${out}/timeline_${layout}.csv"
+        gemm_json=()
+        [[ -f "${out}/gemm_${layout}.json" ]] && gemm_json=(--gemm "${out}/gemm_${layout}.json")
+        TAIL_LINES=20 run_step projection_${layout} python3 "${projection}" "${out}/timeline_${layout}.json" ${gemm_json[@]+"${gemm_json[@]}"} --json "${out}/projection_${layout}.json"
+      done
+      ;;
     ag_proxy)
-      run_step ag_proxy_kn "${bench}" --mode ag-proxy --layout kn --check --json "${out}/ag_proxy_kn.json" --csv "${out}/ag_proxy_kn.csv"
-      run_step ag_proxy_nk "${bench}" --mode ag-proxy --layout nk --check --json "${out}/ag_proxy_nk.json" --csv "${out}/ag_proxy_nk.csv"
+      run_step ag_proxy_kn "${bench}" --mode proxy --op ag --layout kn --check --json "${out}/ag_proxy_kn.json" --csv "${out}/ag_proxy_kn.csv"
+      run_step ag_proxy_nk "${bench}" --mode proxy --op ag --layout nk --check --json "${out}/ag_proxy_nk.json" --csv "${out}/ag_proxy_nk.csv"
       ;;
     baseline)
       run_step baseline "${bench}" --mode baseline --check --json "${out}/baseline.json" --csv "${out}/baseline.csv"

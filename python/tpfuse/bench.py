@@ -22,6 +22,7 @@ import datetime
 import json
 import math
 import os
+import pathlib
 import socket
 import statistics
 import subprocess
@@ -37,13 +38,10 @@ import tpfuse
 from tpfuse import _library
 from tpfuse.checking import ERROR_FACTOR, errors, random_operands, reference_rows, unfused_rows, weight_as_k_by_n
 
-PROJECTIONS = [  # name, N, K (total)
-    ("llama3-70b.o_proj", 8192, 8192),
-    ("llama3-70b.down_proj", 8192, 28672),
-    ("mixtral-8x22b.o_proj", 6144, 6144),
-    ("mixtral-8x22b.down_proj", 6144, 16384),
-]
-SWEEP_TOKENS = [512, 2048, 8192, 32768]
+# docs/SPEC.md's shapes: the table the C++ benchmark is built from too.
+_SHAPES = json.loads(pathlib.Path(__file__).with_name("shapes.json").read_text())
+PROJECTIONS = [(p["name"], p["n"], p["k"]) for p in _SHAPES["row_parallel"]]  # name, N, K (total)
+SWEEP_TOKENS = _SHAPES["tokens"]
 TARGET_E = 0.9
 MAX_INPUT_SETS = 8
 GATE_MS = 2.0  # longer than any call's host launch time

@@ -83,6 +83,40 @@ TEST(BenchCli, OverridesByName) {
   EXPECT_NE(error.find("split_k"), std::string::npos) << "the error lists the fields: " << error;
 }
 
+// One proxy mode for both ops: --op, and --mode ag-proxy as its alias; --timeline for the push timeline.
+TEST(BenchCli, ProxyOpAndTimeline) {
+  const std::vector<std::string> modes = {"proxy", "ag-proxy", "gemm"};
+  ParseResult r = parse_args({"--mode", "proxy", "--timeline"}, modes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.op, ProxyOp::kReduceScatter);
+  EXPECT_TRUE(r.options.timeline);
+  r = parse_args({"--op", "ag", "--mode", "proxy"}, modes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.op, ProxyOp::kAllGather);
+  EXPECT_FALSE(r.options.timeline);
+  r = parse_args({"--mode", "ag-proxy"}, modes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.op, ProxyOp::kAllGather);
+  EXPECT_STREQ(op_flag(r.options.op), "ag");
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--mode", "ag-proxy", "--op", "rs"}, {"--mode", "gemm", "--op", "ag"}, {"--mode", "proxy", "--op", "xy"},
+           {"--timeline=1"}}) {
+    r = parse_args(args, modes);
+    EXPECT_EQ(r.outcome, ParseOutcome::kError) << args.back();
+    EXPECT_NE(r.error.find(args.back() == "--timeline=1" ? "--timeline" : "--op"), std::string::npos) << r.error;
+  }
+}
+
+// The sweep comes from python/tpfuse/shapes.json, as the Python benchmark's does.
+TEST(BenchCli, SweepsFromTheShapeTable) {
+  std::string error;
+  const std::vector<Shape> column = all_gather_sweep_shapes(8, &error);
+  ASSERT_EQ(column.size(), 16u) << error;
+  EXPECT_EQ(column[0].projection, "llama3-70b.qkv_proj");
+  EXPECT_EQ(column[0].n, 10240 / 8);
+  EXPECT_EQ(projection_name(6144, 16384), "mixtral-8x22b.down_proj");
+}
+
 TEST(BenchCli, SweepNeedsTpToDivideK) {
   std::string error;
   EXPECT_EQ(sweep_shapes(8, &error).size(), 16u) << error;

@@ -51,6 +51,7 @@
 #include "gemm/slab_store.cuh"
 #include "gemm/split_k_epilogue.cuh"
 #include "ops/gemm_rs/partial_rounds.h"
+#include "ops/gemm_rs/push_timeline.h"
 #include "ops/gemm_rs/schedule.h"
 #include "ops/gemm_rs/shared_storage.h"
 #include "tpfuse/problem.h"
@@ -80,6 +81,7 @@ struct PushReduceParams {
   int num_k_blocks;                // a tile's K blocks (the mainloop's)
   float* split_partials;           // split K (shared tiles only): this rank's FP32 partials (gemm/split_k.h)
   uint32_t* splits_done;           // and their counters, 0 between calls
+  PushTimeline* timeline;          // the benchmark's record of the pushes; null: none
 };
 
 // Index of (source, tile, slab) in an owner's flag array: the same in every owner's.
@@ -586,6 +588,7 @@ class PushReduceEpilogue : public EpilogueBase {
           flagged[c] = {slab.first_owner, slab.last_owner};
           any_flag = true;
         }
+        if (p.timeline != nullptr && slab.num_chunks > 0) record_handoff(p, slab);
         for (int i = 0; i < slab.num_chunks; ++i) {
           const int col = slab.col + i * kChunkCols;
           if constexpr (!kSharedTiles) {
@@ -628,6 +631,16 @@ class PushReduceEpilogue : public EpilogueBase {
         if (owner != p.rank) ptx::store_relaxed_sys(flag_at(p, owner, flags[c], epoch & 1), epoch);
       }
     }
+  }
+
+  // Sender thread: a hand-off's stores in the push timeline, one event (its boxes to every other
+  // owner of the slab, the first of them named; or this rank's rows into its output).
+  __device__ static void record_handoff(const Params& p, const SlabHandoff& slab) {
+    const bool holds_own = slab.first_owner <= p.rank && p.rank <= slab.last_owner;
+    const int boxes = slab.to_output ? 1 : slab.last_owner - slab.first_owner + 1 - holds_own;
+    const uint32_t bytes = uint32_t(slab.num_chunks) * uint32_t(boxes * p.box_rows * kChunkCols) * sizeof(uint16_t);
+    const int owner = slab.to_output ? p.rank : slab.first_owner + (slab.first_owner == p.rank);
+    record_push(p.timeline, ptx::globaltimer_ns(), bytes, owner);
   }
 
   // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).

@@ -42,7 +42,7 @@ Status check_call(const Communicator& comm, const Problem& problem, const std::v
 template <class Config>
 Status make_rank_params(const Communicator& comm, const RankState& rank, const Problem& problem,
                         const GemmRsConfig& config, const void* a, const void* w, void* out,
-                        const SplitKWorkspace& split, kernels::GemmRsRankParams* rp) {
+                        const SplitKWorkspace& split, PushTimeline* timeline, kernels::GemmRsRankParams* rp) {
   const TileSchedule schedule(schedule_shape(problem, config, rank.rank));
   TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &rp->mainloop));
   kernels::PushReduceParams& e = rp->epilogue;
@@ -80,6 +80,7 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.num_k_blocks = rp->mainloop.num_k_blocks;
   e.split_partials = split.partials;
   e.splits_done = split.splits_done;
+  e.timeline = timeline;
   rp->calls = rank.calls;
   return Status::Ok();
 }
@@ -99,7 +100,7 @@ Status launch_kernel(const kernels::GemmRsLaunch<kLocalRanks>& launch, int num_r
 
 Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
                       const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams,
-                      const ConfigOverrides& overrides) {
+                      const ConfigOverrides& overrides, PushTimeline* timeline) {
   if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
   TPFUSE_RETURN_IF_ERROR(check_call(*comm, problem, local_ranks, a, w, out, streams));
   bool debug = false;
@@ -153,7 +154,7 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
         TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, rank_config,
                                                         a[i], w[i], out[i],
                                                         emulated_rank_part(split, i, launch.ctas_per_rank),
-                                                        &launch.ranks[i]));
+                                                        timeline, &launch.ranks[i]));
       }
       return launch_kernel<Config, kMaxWorldSize, Epilogue>(launch, num_ranks, smem, /*cooperative=*/true, debug,
                                                                 streams[0]);
@@ -171,7 +172,8 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
         TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
       }
       TPFUSE_RETURN_IF_ERROR(
-          make_rank_params<Config>(*comm, rank, problem, rank_config, a[i], w[i], out[i], split, &launch.ranks[0]));
+          make_rank_params<Config>(*comm, rank, problem, rank_config, a[i], w[i], out[i], split, timeline,
+                                   &launch.ranks[0]));
       TPFUSE_RETURN_IF_ERROR(
           (launch_kernel<Config, 1, Epilogue>(launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
     }

@@ -204,6 +204,7 @@ class SharedTileEpilogue : public EpilogueBase {
   template <class Config>
   __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread]) {
     const int col = tile.col_begin + slab.col;
+    if (p_.timeline != nullptr && threadIdx.x % 128 == 0) record<Config>(tile, slab);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // A row half that no lane of the warp pushes (past the tile's rows, or this rank's) is left.
@@ -217,6 +218,20 @@ class SharedTileEpilogue : public EpilogueBase {
     if (!__any_sync(0xffffffffu, flag_slot_ != nullptr)) return;
     ptx::fence_release_sys();
     if (flag_slot_ != nullptr) ptx::store_relaxed_sys(flag_slot_, epoch_);
+  }
+
+  // The slab's push in the push timeline: its rows of other owners (the first of them named), its
+  // columns within the tile.
+  template <class Config>
+  __device__ void record(const Tile& tile, Slab<Config> slab) const {
+    const int rows = min(kSlabRows, tile.row_end - tile.row_begin - slab.row);
+    // This rank's rows of the tile: [own_first, own_first + rows_per_owner) in tile rows.
+    const int own_first = (p_.rank - tile.owner_rank) * tile.rows_per_owner - tile.segment_row;
+    const int own_rows = max(0, min(slab.row + rows, own_first + tile.rows_per_owner) - max(slab.row, own_first));
+    const int cols = min(Config::kChunksPerSlab * kChunkCols, tile.col_end - tile.col_begin - slab.col);
+    const uint32_t bytes = uint32_t(rows - own_rows) * uint32_t(cols) * sizeof(uint16_t);
+    const int first = tile.owner_of_row(slab.row);
+    if (bytes > 0) record_push(p_.timeline, ptx::globaltimer_ns(), bytes, first + (first == p_.rank));
   }
 
   // In a warp holding some of this rank's rows of the slab (own[h]: this thread's half h is one):
