@@ -269,7 +269,8 @@ class RowParallelLinearFunction(torch.autograd.Function):
 def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
     if not gradient_accumulation_fusion or not weight.requires_grad:
         return None, None
-    return weight.main_grad, main_grad_mode(weight)
+    mode = main_grad_mode(weight)  # checks main_grad first
+    return weight.main_grad, mode
 
 
 def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
