@@ -19,6 +19,7 @@ no backward. The layers' functions below add a bias and Megatron's FP32 `main_gr
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ._checks import weight_of
@@ -32,17 +33,15 @@ def _group_size(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
-def gather_rows(x: torch.Tensor, group_name: str) -> torch.Tensor:
+def gather_rows(x: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
     """Every rank's rows of the matrix x, in rank order (a traceable, capturable all-gather)."""
-    gathered = torch.ops._c10d_functional.all_gather_into_tensor(x.contiguous(), _group_size(group_name),
-                                                                 group_name)
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(x.contiguous(), world_size, group_name)
     return torch.ops._c10d_functional.wait_tensor(gathered)
 
 
-def reduce_scatter_rows(x: torch.Tensor, group_name: str) -> torch.Tensor:
+def reduce_scatter_rows(x: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
     """This rank's rows of the sum over the group of the matrix x (the all-gather's transpose)."""
-    rows = torch.ops._c10d_functional.reduce_scatter_tensor(x.contiguous(), "sum", _group_size(group_name),
-                                                            group_name)
+    rows = torch.ops._c10d_functional.reduce_scatter_tensor(x.contiguous(), "sum", world_size, group_name)
     return torch.ops._c10d_functional.wait_tensor(rows)
 
 
@@ -61,24 +60,25 @@ def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --- the row-parallel op: the backward of out = RS(a @ W) ---
 
 def row_parallel_backward(grad: torch.Tensor, a: torch.Tensor, w: torch.Tensor, weight_layout: str,
-                          group_name: str, need_input_grad: bool):
+                          group_name: str, world_size: int, need_input_grad: bool):
     """(grad_a or None, G): grad (M/P x N) gathered to G (M x N); grad_a = G @ W^T (M x K/P), computed by the
     fused all-gather + GEMM, which also gives G."""
     grad = grad.contiguous()
     if need_input_grad:
         return torch.ops.tpfuse.all_gather_gemm_gathered(grad, w, SWAPPED_LAYOUT[weight_layout], group_name)
-    return None, gather_rows(grad, group_name)
+    return None, gather_rows(grad, group_name, world_size)
 
 
 def _setup_gemm_reduce_scatter(ctx, inputs, output):
     a, w, weight_layout, group_name = inputs
     ctx.save_for_backward(a, w)
-    ctx.weight_layout, ctx.group_name = weight_layout, group_name
+    ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
 
 
 def _backward_gemm_reduce_scatter(ctx, grad):
     a, w = ctx.saved_tensors
-    grad_a, gathered = row_parallel_backward(grad, a, w, ctx.weight_layout, ctx.group_name, ctx.needs_input_grad[0])
+    grad_a, gathered = row_parallel_backward(grad, a, w, ctx.weight_layout, ctx.group_name, ctx.world_size,
+                                             ctx.needs_input_grad[0])
     grad_w = _weight_grad(a, gathered, ctx.weight_layout) if ctx.needs_input_grad[1] else None
     return grad_a, grad_w, None, None
 
@@ -86,7 +86,7 @@ def _backward_gemm_reduce_scatter(ctx, grad):
 def _setup_fused_matmul_reduce_scatter(ctx, inputs, output):
     A, B, _, _, group_name = inputs
     ctx.save_for_backward(A, B)
-    ctx.group_name = group_name
+    ctx.group_name, ctx.world_size = group_name, _group_size(group_name)
 
 
 def _backward_fused_matmul_reduce_scatter(ctx, grad):
@@ -94,7 +94,7 @@ def _backward_fused_matmul_reduce_scatter(ctx, grad):
     w, weight_layout = weight_of(B, "B")  # the tensor the forward multiplied by, in place
     a = A.reshape(-1, A.shape[-1])
     grad_a, gathered = row_parallel_backward(grad.reshape(-1, grad.shape[-1]), a, w, weight_layout, ctx.group_name,
-                                             ctx.needs_input_grad[0])
+                                             ctx.world_size, ctx.needs_input_grad[0])
     grad_A = None if grad_a is None else grad_a.view(A.shape)
     grad_B = a.t() @ gathered if ctx.needs_input_grad[1] else None  # B is K/P x N whichever the layout
     return grad_A, grad_B, None, None, None
@@ -114,7 +114,7 @@ def _setup_all_gather_gemm(ctx, inputs, output):
     # all_gather_gemm saves x and gathers it again in backward; all_gather_gemm_gathered saves the gathered X.
     ctx.save_for_backward(x if gathered is None else gathered, w)
     ctx.regather = gathered is None
-    ctx.weight_layout, ctx.group_name = weight_layout, group_name
+    ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
     # The gathered X's grad is None where unused (no reduce-scatter of zeros).
     ctx.set_materialize_grads(False)
 
@@ -126,10 +126,10 @@ def _backward_all_gather_gemm(ctx, grad, grad_gathered=None):
         if grad is not None:
             grad_x = column_parallel_input_grad(grad, w, ctx.weight_layout, ctx.group_name)
         if grad_gathered is not None:
-            rows = reduce_scatter_rows(grad_gathered, ctx.group_name)
+            rows = reduce_scatter_rows(grad_gathered, ctx.group_name, ctx.world_size)
             grad_x = rows if grad_x is None else grad_x + rows
     if ctx.needs_input_grad[1] and grad is not None:
-        gathered = gather_rows(saved, ctx.group_name) if ctx.regather else saved
+        gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
         grad_w = _weight_grad(gathered, grad.contiguous(), ctx.weight_layout)
     return grad_x, grad_w, None, None
 
@@ -139,7 +139,7 @@ def _setup_fused_all_gather_matmul(ctx, inputs, keyword_only_inputs, output):
     gathered = output[0]
     ctx.regather = gathered is None
     ctx.save_for_backward(A if gathered is None else gathered, *Bs)
-    ctx.group_name = group_name
+    ctx.group_name, ctx.world_size = group_name, _group_size(group_name)
     ctx.set_materialize_grads(False)
 
 
@@ -154,15 +154,15 @@ def _backward_fused_all_gather_matmul(ctx, grad_gathered, grad_outs):
                 part = column_parallel_input_grad(grad.reshape(-1, grad.shape[-1]), w, weight_layout, ctx.group_name)
                 grad_rows = part if grad_rows is None else grad_rows + part
         if grad_gathered is not None:
-            part = reduce_scatter_rows(grad_gathered.reshape(-1, k), ctx.group_name)
+            part = reduce_scatter_rows(grad_gathered.reshape(-1, k), ctx.group_name, ctx.world_size)
             grad_rows = part if grad_rows is None else grad_rows + part
     if ctx.needs_input_grad[1]:
-        gathered = gather_rows(saved.reshape(-1, k), ctx.group_name) if ctx.regather else saved.reshape(-1, k)
+        gathered = gather_rows(saved.reshape(-1, k), ctx.group_name, ctx.world_size) if ctx.regather \
+            else saved.reshape(-1, k)
         # Each B is K x N_i as a tensor, whether stored so or a weight's transpose view.
         grad_Bs = [None if grad is None else gathered.t() @ grad.reshape(-1, grad.shape[-1]).contiguous()
                    for grad in grad_outs]
-    shard_shape = (saved.shape[0] // _group_size(ctx.group_name), *saved.shape[1:]) if not ctx.regather \
-        else saved.shape
+    shard_shape = saved.shape if ctx.regather else (saved.shape[0] // ctx.world_size, *saved.shape[1:])
     grad_A = None if grad_rows is None else grad_rows.view(shard_shape)
     return grad_A, grad_Bs, None, None
 
@@ -218,7 +218,7 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
     rank's output columns; y is M x N/P."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, save_gathered_input, mode):
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, save_gathered_input, mode):
         if save_gathered_input:
             y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x, weight, "nk", group_name)
         else:
@@ -226,7 +226,8 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
         if bias is not None:
             y = y + bias
         ctx.save_for_backward(x if gathered is None else gathered, weight, main_grad)
-        ctx.group_name, ctx.regather, ctx.mode, ctx.has_bias = group_name, gathered is None, mode, bias is not None
+        ctx.group_name, ctx.world_size, ctx.regather = group_name, world_size, gathered is None
+        ctx.mode, ctx.has_bias = mode, bias is not None
         return y
 
     @staticmethod
@@ -236,10 +237,10 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
         grad_x = column_parallel_input_grad(grad, weight, "nk", ctx.group_name) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
-            gathered = gather_rows(saved, ctx.group_name) if ctx.regather else saved
+            gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
             grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, gathered, grad)
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None
 
 
 class RowParallelLinearFunction(torch.autograd.Function):
@@ -247,23 +248,24 @@ class RowParallelLinearFunction(torch.autograd.Function):
     whole on every rank, added once after the reduce-scatter; out is this rank's M/P x N rows."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, mode):
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, mode):
         out = torch.ops.tpfuse.gemm_reduce_scatter(x, weight, "nk", group_name)
         if bias is not None:
             out = out + bias
         ctx.save_for_backward(x, weight, main_grad)
-        ctx.group_name, ctx.mode, ctx.has_bias = group_name, mode, bias is not None
+        ctx.group_name, ctx.world_size, ctx.mode, ctx.has_bias = group_name, world_size, mode, bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x, weight, main_grad = ctx.saved_tensors
-        grad_x, gathered = row_parallel_backward(grad, x, weight, "nk", ctx.group_name, ctx.needs_input_grad[0])
+        grad_x, gathered = row_parallel_backward(grad, x, weight, "nk", ctx.group_name, ctx.world_size,
+                                                 ctx.needs_input_grad[0])
         grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, x, gathered) if ctx.needs_input_grad[1] \
             else None
         # This rank's rows only: the bias's full gradient is the sum over the group (see tpfuse.nn).
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None
 
 
 def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
@@ -279,8 +281,8 @@ def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], group_name: str, *,
-                           save_gathered_input: bool = True,
+def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                           group: dist.ProcessGroup, *, save_gathered_input: bool = True,
                            gradient_accumulation_fusion: bool = False) -> torch.Tensor:
     """The column-parallel linear layer with sequence parallelism: x (S/P, ..., K), this rank's rows of the
     activations (sharded on dim 0), all-gathered and multiplied by this rank's weight (N/P x K, nn.Linear's
@@ -291,16 +293,17 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode)."""
     rows = _rows(x, "x")
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    y = ColumnParallelLinearFunction.apply(rows, weight, bias, main_grad, group_name, save_gathered_input, mode)
-    return y.view(x.shape[0] * _group_size(group_name), *x.shape[1:-1], y.shape[-1])
+    y = ColumnParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(),
+                                           save_gathered_input, mode)
+    return y.view(-1, *x.shape[1:-1], y.shape[-1])
 
 
-def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], group_name: str, *,
-                        gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        group: dist.ProcessGroup, *, gradient_accumulation_fusion: bool = False) -> torch.Tensor:
     """The row-parallel linear layer with sequence parallelism: x (S, ..., K/P), this rank's input features,
     times this rank's weight (N x K/P, nn.Linear's layout), summed over the group and scattered by rows in
     one kernel, plus the bias (N, whole on every rank): this rank's rows (S/P, ..., N)."""
     rows = _rows(x, "x")
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    out = RowParallelLinearFunction.apply(rows, weight, bias, main_grad, group_name, mode)
-    return out.view(x.shape[0] // _group_size(group_name), *x.shape[1:-1], out.shape[-1])
+    out = RowParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(), mode)
+    return out.view(-1, *x.shape[1:-1], out.shape[-1])

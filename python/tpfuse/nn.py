@@ -101,7 +101,7 @@ class ColumnParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return column_parallel_linear(x, self.weight, self.bias, self.group_name,
+        return column_parallel_linear(x, self.weight, self.bias, self.group,
                                       save_gathered_input=self.save_gathered_input,
                                       gradient_accumulation_fusion=self.gradient_accumulation_fusion)
 
@@ -139,7 +139,7 @@ class RowParallelLinear(_ParallelLinear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return row_parallel_linear(x, self.weight, self.bias, self.group_name,
+        return row_parallel_linear(x, self.weight, self.bias, self.group,
                                    gradient_accumulation_fusion=self.gradient_accumulation_fusion)
 
 

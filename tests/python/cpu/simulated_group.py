@@ -28,8 +28,8 @@ class SimulatedGroup:
         monkeypatch.setattr(_ops, "_launch_all_gather", self._launch_all_gather)
         monkeypatch.setattr(_ops, "_gemm", self._gemm)
         monkeypatch.setattr(_ops, "check_placement", lambda *named: None)  # CUDA placement: CPU tensors here
-        monkeypatch.setattr(tpfuse_autograd, "gather_rows", lambda x, group_name: self.gather(x))
-        monkeypatch.setattr(tpfuse_autograd, "reduce_scatter_rows", lambda x, group_name: self.reduce_scatter(x))
+        monkeypatch.setattr(tpfuse_autograd, "gather_rows", lambda x, group_name, world_size: self.gather(x))
+        monkeypatch.setattr(tpfuse_autograd, "reduce_scatter_rows", lambda x, group_name, world_size: self.reduce_scatter(x))
         self.launches = []  # (rank, op) of every simulated launch
 
     @property
@@ -44,6 +44,8 @@ class SimulatedGroup:
         return values
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:  # no exchange: traceable where torch.compile traces a backward calling it
+            return x
         parts = self._exchange(x)
         return torch.cat([parts[r] for r in self.rank_order])
 
@@ -69,7 +71,10 @@ class SimulatedGroup:
         out.copy_(a.double() @ weight_as_k_by_n(w, problem.weight_layout).double())
 
     def run(self, fn):
-        """[fn(0), ..., fn(P-1)], each on its own thread; the first exception is raised."""
+        """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one); the first exception is raised."""
+        if self.size == 1:
+            self._local.rank = 0
+            return [fn(0)]
         results, errors = [None] * self.size, []
 
         def body(rank):

@@ -28,7 +28,8 @@ def groups():
     """Groups of 2, 4 and 8 ranks of a fake world of 8 (this process is rank 0 of each; the simulation
     gives the threads their ranks)."""
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    yield {2: dist.new_group(ranks=[0, 1]), 4: dist.new_group(ranks=[0, 1, 2, 3]), 8: dist.group.WORLD}
+    yield {1: dist.new_group(ranks=[0]), 2: dist.new_group(ranks=[0, 1]), 4: dist.new_group(ranks=[0, 1, 2, 3]),
+           8: dist.group.WORLD}
     dist.destroy_process_group()
 
 
@@ -304,3 +305,87 @@ def test_drop_in_backwards(groups, monkeypatch, p):
         for name, ours, ref in zip(("x", "gate", "up", "down"), grads, refs):
             assert torch.equal(ours.double(), exact(ref[rank].grad)), f"rank {rank}: {name}'s grad"
 
+
+
+# --- torch.compile(fullgraph=True): forward and backward in graphs, no graph break ---
+
+@pytest.mark.parametrize("main_grad, save_gathered_input", [(False, True), (True, True), (False, False)])
+def test_compiled_mlp_equals_one_device(groups, monkeypatch, main_grad, save_gathered_input):
+    """The MLP step compiled (AOT autograd, graphs run as traced) on a simulated group of one (torch.compile
+    in several threads at once is not something torch supports): exact results, the weight gradients in
+    main_grad when asked. Forward and backward graphs at P = 4 are checked below."""
+    p = 1
+    case = MlpCase(p, seed=3)
+    sim = SimulatedGroup(groups[p], monkeypatch)
+    torch._dynamo.reset()
+
+    def step(rank):
+        column, row = case.layers(groups[p], rank, gradient_accumulation_fusion=main_grad,
+                                  save_gathered_input=save_gathered_input)
+        if main_grad:
+            for layer in (column, row):
+                layer.weight.main_grad = torch.zeros(layer.weight.shape)
+        model = torch.compile(torch.nn.Sequential(column, torch.nn.ReLU(), row), fullgraph=True, backend="aot_eager")
+        x = case.shard(case.x, rank).to(BF16).requires_grad_()
+        y = model(x)
+        (y.double() * case.shard(case.g, rank)).sum().backward()
+        return y, x.grad, column, row
+
+    results = sim.run(step)
+    weight_grads = [(c.weight.main_grad, r.weight.main_grad) for _, _, c, r in results] if main_grad else None
+    assert case.mismatches(results, weight_grads=weight_grads) == []
+
+
+class GraphsOf:
+    """An AOT-autograd backend that keeps the forward and backward graphs and runs them as they are."""
+
+    def __init__(self):
+        from torch._dynamo.backends.common import aot_autograd
+        self.forward, self.backward = [], []
+
+        def keep(graphs):
+            def compiler(graph_module, example_inputs):
+                graphs.append(graph_module)
+                return graph_module.forward
+            return compiler
+
+        self.backend = aot_autograd(fw_compiler=keep(self.forward), bw_compiler=keep(self.backward))
+
+    @staticmethod
+    def ops(graphs):
+        return sorted(str(node.target) for graph in graphs for node in graph.graph.nodes
+                      if node.op == "call_function" and "tpfuse" in str(node.target))
+
+
+@pytest.mark.parametrize("save_gathered_input", [True, False])
+def test_compile_traces_forward_and_backward_with_fused_ops(groups, save_gathered_input):
+    group = groups[4]
+    column = ColumnParallelLinear(64, 256, group, device="meta", save_gathered_input=save_gathered_input)
+    row = RowParallelLinear(256, 64, group, device="meta")
+    graphs = GraphsOf()
+    model = torch.compile(torch.nn.Sequential(column, torch.nn.GELU(), row), fullgraph=True, backend=graphs.backend)
+    x = torch.empty(8, 2, 64, dtype=BF16, device="meta", requires_grad=True)
+    y = model(x)
+    assert y.shape == (8, 2, 64)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and column.weight.grad.shape == (64, 64) and row.bias.grad.shape == (64,)
+    gathered = "tpfuse.all_gather_gemm_gathered.default" if save_gathered_input else "tpfuse.all_gather_gemm.default"
+    assert GraphsOf.ops(graphs.forward) == [gathered, "tpfuse.gemm_reduce_scatter.default"]
+    # backward: the row layer's dgrad is the all-gather + GEMM, the column layer's the GEMM + reduce-scatter
+    assert GraphsOf.ops(graphs.backward) == ["tpfuse.all_gather_gemm_gathered.default",
+                                             "tpfuse.gemm_reduce_scatter.default"]
+
+
+def test_compile_traces_the_ops_backward(groups):
+    group = groups[4]
+    graphs = GraphsOf()
+
+    def f(a, w, x, w2):
+        return tpfuse.gemm_reduce_scatter(a, w, group).float().sum() + tpfuse.all_gather_gemm(x, w2, group).float().sum()
+
+    tensors = [torch.empty(*shape, dtype=BF16, device="meta", requires_grad=True)
+               for shape in ((64, 32), (48, 32), (16, 32), (24, 32))]
+    torch.compile(f, fullgraph=True, backend=graphs.backend)(*tensors).backward()
+    assert all(t.grad.shape == t.shape for t in tensors)
+    assert GraphsOf.ops(graphs.backward) == ["tpfuse.all_gather_gemm_gathered.default",
+                                             "tpfuse.gemm_reduce_scatter.default"]
