@@ -9,8 +9,9 @@ replace all-gather + matmul and matmul + reduce-scatter with these ops; with the
 run tpfuse's kernels, in eager and in compiled graphs alike, since it is the ops' CUDA kernel that is
 replaced (the graphs, their Meta/fake implementations and their needs_fixed_stride_order tag stay torch's).
 
-A call tpfuse cannot serve goes to torch's own kernel, and the reason is logged once (logger
-"tpfuse.symm_mem", WARNING): reduce_op other than "sum", scatter_dim or gather_dim other than 0, a dtype
+reduce_op "avg" (vLLM's) is served as the sum divided by P, exact in BF16 for P = 1, 2, 4, 8. A call tpfuse
+cannot serve goes to torch's own kernel, and the reason is logged once (logger "tpfuse.symm_mem", WARNING):
+reduce_op other than "sum" or "avg", scatter_dim or gather_dim other than 0, a dtype
 other than BF16 (FP16, FP32), a GPU other than Hopper (sm_90) or tpfuse's library not loadable, a group of
 more than 8 ranks, an N or K (per rank) not a multiple of 8, rows that do not divide over the group, A not
 contiguous (torch's async-TP pass makes it so for dim 0) or a B that is neither contiguous K x N nor the
@@ -92,8 +93,8 @@ def _common_reason(A: torch.Tensor, Bs: List[torch.Tensor], dim: int, dim_name: 
 def matmul_reduce_scatter_reason(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
                                  group_name: str) -> Optional[str]:
     """Why tpfuse cannot serve this symm_mem.fused_matmul_reduce_scatter call ("kind: detail"), or None."""
-    if reduce_op != "sum":
-        return f"reduce_op: reduce_op = {reduce_op!r}; tpfuse reduces with 'sum' only"
+    if reduce_op not in ("sum", "avg"):
+        return f"reduce_op: reduce_op = {reduce_op!r}; tpfuse reduces with 'sum' (and 'avg' as the sum / P)"
     group_size = _resolve_process_group(group_name).size()
     reason = _common_reason(A, [B], scatter_dim, "scatter_dim", group_size)
     if reason is None and A.shape[0] % group_size != 0:
@@ -121,7 +122,12 @@ def _fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: st
     if reason is not None:
         _fall_back(*reason.split(": ", 1))
         return _torch_kernel("fused_matmul_reduce_scatter")(A, B, reduce_op, scatter_dim, group_name)
-    return torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+    out = torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, "sum", scatter_dim, group_name)
+    if reduce_op == "avg":
+        # vLLM's async-TP pass asks for "avg". P is 1, 2, 4 or 8: dividing the BF16 sum by it only shifts the
+        # exponent, so this is the average rounded once (short of BF16's subnormals).
+        out.div_(_resolve_process_group(group_name).size())
+    return out
 
 
 def _fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,

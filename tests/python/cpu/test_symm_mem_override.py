@@ -111,6 +111,19 @@ def test_served_by_tpfuse_with_nn_linear_weights_and_two_bs(on_cpu, group):
         assert out.shape == (4, 3, 16) and torch.equal(out.double(), full_out[4 * rank:4 * (rank + 1)])
 
 
+def test_avg_is_the_sum_over_p(on_cpu, group):
+    """vLLM's async-TP pass asks for reduce_op "avg"."""
+    sim, torch_calls = on_cpu
+    a = [ints(8, 16, seed=40 + r) for r in range(2)]
+    w = [ints(8, 16, seed=50 + r) for r in range(2)]
+    outs = sim.run(lambda r: torch.ops.symm_mem.fused_matmul_reduce_scatter(a[r], w[r].t(), "avg", 0,
+                                                                            group.group_name))
+    assert torch_calls == []
+    full = sum(a[r].double() @ w[r].double().t() for r in range(2)) / 2
+    for rank, out in enumerate(outs):
+        assert torch.equal(out.double(), full[4 * rank:4 * (rank + 1)])
+
+
 def call_reduce_scatter(group, A, B, reduce_op="sum", scatter_dim=0):
     return torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group.group_name)
 
@@ -121,7 +134,7 @@ def call_all_gather(group, A, Bs, gather_dim=0):
 
 FALLBACKS = {
     # reason: (call, what the log says)
-    "reduce_op": (lambda g: call_reduce_scatter(g, ints(8, 16), ints(16, 8), reduce_op="avg"), "reduce_op = 'avg'"),
+    "reduce_op": (lambda g: call_reduce_scatter(g, ints(8, 16), ints(16, 8), reduce_op="max"), "reduce_op = 'max'"),
     "scatter_dim": (lambda g: call_reduce_scatter(g, ints(2, 8, 16), ints(16, 8), scatter_dim=1), "scatter_dim = 1"),
     "gather_dim": (lambda g: call_all_gather(g, ints(2, 8, 16), [ints(16, 8)], gather_dim=1), "gather_dim = 1"),
     "fp16": (lambda g: call_reduce_scatter(g, ints(8, 16).half(), ints(16, 8).half()), "torch.float16"),
