@@ -28,8 +28,8 @@ class SimulatedGroup:
         monkeypatch.setattr(_ops, "_launch_all_gather", self._launch_all_gather)
         monkeypatch.setattr(_ops, "_gemm", self._gemm)
         monkeypatch.setattr(_ops, "check_placement", lambda *named: None)  # CUDA placement: CPU tensors here
-        monkeypatch.setattr(tpfuse_autograd, "gather_rows", lambda x, group_name, world_size: self.gather(x))
-        monkeypatch.setattr(tpfuse_autograd, "reduce_scatter_rows", lambda x, group_name, world_size: self.reduce_scatter(x))
+        monkeypatch.setattr(tpfuse_autograd, "gather_rows", lambda x, group_name, size: self.gather(x))
+        monkeypatch.setattr(tpfuse_autograd, "reduce_scatter_rows", lambda x, group_name, size: self.reduce_scatter(x))
         self.launches = []  # (rank, op) of every simulated launch
 
     @property

@@ -381,7 +381,8 @@ def test_compile_traces_the_ops_backward(groups):
     graphs = GraphsOf()
 
     def f(a, w, x, w2):
-        return tpfuse.gemm_reduce_scatter(a, w, group).float().sum() + tpfuse.all_gather_gemm(x, w2, group).float().sum()
+        out = tpfuse.gemm_reduce_scatter(a, w, group).float().sum()
+        return out + tpfuse.all_gather_gemm(x, w2, group).float().sum()
 
     tensors = [torch.empty(*shape, dtype=BF16, device="meta", requires_grad=True)
                for shape in ((64, 32), (48, 32), (16, 32), (24, 32))]

@@ -24,7 +24,8 @@ def full_mlp(device, seed=0):
     fc2 = torch.nn.Linear(H, D, device=device, dtype=BF16)
     with torch.no_grad():
         for parameter in (*fc1.parameters(), *fc2.parameters()):
-            parameter.copy_(torch.randn(parameter.shape, generator=generator, device=device) / parameter.shape[-1] ** 0.5)
+            scale = parameter.shape[-1] ** -0.5
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, device=device) * scale)
     return fc1, fc2, generator
 
 
@@ -58,7 +59,8 @@ class Step:
 
     def reference(self):
         """FP32 on the whole batch, from the same BF16 values: y, x.grad, and the full parameters' gradients."""
-        fc1, fc2 = (torch.nn.Linear(l.in_features, l.out_features, device=l.weight.device) for l in (self.fc1, self.fc2))
+        fc1, fc2 = (torch.nn.Linear(full.in_features, full.out_features, device=full.weight.device)
+                    for full in (self.fc1, self.fc2))
         with torch.no_grad():
             for full, ref in ((self.fc1, fc1), (self.fc2, fc2)):
                 ref.weight.copy_(full.weight.float())
@@ -158,6 +160,11 @@ def tpfuse_kernels(profile):
                    if event.device_type == torch.autograd.DeviceType.CUDA and "tpfuse" in event.name})
 
 
+def has_both_fused_kernels(kernels):
+    """tpfuse's all-gather + GEMM (tpfuse::kernels::all_gather_kernel) and GEMM + reduce-scatter (gemm_rs_kernel)."""
+    return any("all_gather" in name for name in kernels) and any("gemm_rs" in name for name in kernels)
+
+
 def test_profiler_shows_tpfuse_kernels_in_forward_and_backward(group, device):
     step = Step(group, device, seed=3)
     model, params = tpfuse_layers(step)
@@ -170,11 +177,8 @@ def test_profiler_shows_tpfuse_kernels_in_forward_and_backward(group, device):
     with torch.profiler.profile(activities=activities) as backward:
         (y.float() * step.g.float()).sum().backward()
         torch.cuda.synchronize()
-    forward_kernels, backward_kernels = tpfuse_kernels(forward), tpfuse_kernels(backward)
-    assert any("all_gather" in name for name in forward_kernels) and any("gemm_rs" in name for name in forward_kernels), \
-        forward_kernels
-    assert any("all_gather" in name for name in backward_kernels) and any("gemm_rs" in name for name in backward_kernels), \
-        backward_kernels
+    for phase, kernels in (("forward", tpfuse_kernels(forward)), ("backward", tpfuse_kernels(backward))):
+        assert has_both_fused_kernels(kernels), f"{phase}: {kernels}"
 
 
 def test_symm_mem_override_runs_tpfuse_under_async_tp(group, device, monkeypatch):
@@ -204,7 +208,7 @@ def test_symm_mem_override_runs_tpfuse_under_async_tp(group, device, monkeypatch
             torch.cuda.synchronize()
     torch._dynamo.reset()
     kernels = tpfuse_kernels(profile)
-    assert any("all_gather" in name for name in kernels) and any("gemm_rs" in name for name in kernels), kernels
+    assert has_both_fused_kernels(kernels), kernels
     X = torch.cat([t.float() for t in step.x_full.view(-1, D).chunk(p)])
     reference = torch.relu(X @ w1.float().t()) @ w2.float().t()  # this rank's partial, summed over the ranks
     dist.all_reduce(reference, group=group)
