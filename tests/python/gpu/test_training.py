@@ -1,8 +1,9 @@
 """Training on GPUs, at any world size (torchrun --nproc-per-node=N, or alone as a group of one): a two-layer
 TP + SP MLP step (ColumnParallelLinear, GELU, RowParallelLinear) eager, compiled and CUDA-graphed, its loss
 and every gradient against the unfused path (all_gather / reduce_scatter of torch's functional collectives
-+ torch.mm, with autograd) by docs/SPEC.md's 1.1x rule, bit-identical reruns, tpfuse's kernels in forward
-and backward (profiler), and the symm_mem override running tpfuse under torch.compile's async-TP pass."""
++ torch.mm, with autograd; compiled too where tpfuse's is) by docs/SPEC.md's 1.1x rule, bit-identical reruns,
+tpfuse's kernels in forward and backward (profiler), and the symm_mem override running tpfuse under
+torch.compile's async-TP pass."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import tpfuse
-from tpfuse.checking import errors
+from tpfuse.checking import Errors, errors
 from tpfuse.nn import ColumnParallelLinear, RowParallelLinear
 
 BF16 = torch.bfloat16
@@ -111,12 +112,18 @@ def results_of(step, result):
 NAMES = ["loss", "y", "x.grad", "column.weight.grad", "column.bias.grad", "row.weight.grad", "row.bias.grad"]
 
 
-def check_within_the_rule(step, fused, unfused):
+def check_within_the_rule(step, fused, *unfused_runs):
+    """Each quantity's errors within the rule of the unfused path's; given several unfused runs, of the
+    largest of their errors."""
     references = references_of(step)
-    for name, ours, theirs, reference in zip(NAMES, results_of(step, fused), results_of(step, unfused), references):
+    unfused_results = [results_of(step, run) for run in unfused_runs]
+    for index, (name, ours, reference) in enumerate(zip(NAMES, results_of(step, fused), references)):
         reference = reference.float().reshape(ours.shape)
-        fused_errors, unfused_errors = errors(ours, reference, step.group), errors(theirs, reference, step.group)
-        assert fused_errors.within(unfused_errors), f"{name}: fused {fused_errors} against unfused {unfused_errors}"
+        fused_errors = errors(ours, reference, step.group)
+        baselines = [errors(results[index], reference, step.group) for results in unfused_results]
+        baseline = Errors(max(e.max_rel for e in baselines), max(e.norm_rel for e in baselines),
+                          max(e.nonfinite for e in baselines))
+        assert fused_errors.within(baseline), f"{name}: fused {fused_errors} against unfused {baselines}"
 
 
 @pytest.mark.parametrize("save_gathered_input", [True, False])
@@ -138,7 +145,13 @@ def test_mlp_step_compiled_within_the_rule(group, device, mode):
     eager = step.run(model, params)  # sizes the communicator's buffers before any capture
     compiled = torch.compile(model, fullgraph=True, mode=mode)
     results = [step.run(compiled, params) for _ in range(3)]  # reduce-overhead: warm-up, then graph replays
-    check_within_the_rule(step, results[-1], step.run(*unfused_layers(step)))
+    # Against the unfused path both eager and compiled the same way, the larger error counting: Inductor's
+    # rounding moves the loss of both paths alike, and, in the unfused graph only, sums the column layer's
+    # bias gradient from FP32 values, where tpfuse's op boundary (its kernels take BF16) rounds them first.
+    unfused, unfused_params = unfused_layers(step)
+    eager_unfused = step.run(unfused, unfused_params)
+    unfused = torch.compile(unfused, fullgraph=True, mode=mode)
+    check_within_the_rule(step, results[-1], eager_unfused, [step.run(unfused, unfused_params) for _ in range(3)][-1])
     for name, first, last in zip(NAMES, results_of(step, results[0]), results_of(step, results[-1])):
         assert torch.equal(first, last), f"compiled: {name} differs on a rerun"
     del eager
