@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Python package on a GPU machine without network (torch, scikit-build-core, cmake, ninja and pytest
 # already installed; third_party/cutlass present, e.g. carried): installs the package into python3,
-# runs the Python tests (the CPU ones, then the GPU ones under torchrun) and `python -m tpfuse.bench`
-# under torchrun, at world size 1 unless TPFUSE_GPU_NPROC says otherwise. Logs, JUnit XML and the
-# benchmark's JSON go to OUT_DIR; a failed step does not stop the later ones; each step's exit code
+# runs the Python tests (the CPU ones, then the GPU ones under torchrun), the training example
+# (examples/tp_mlp) and `python -m tpfuse.bench` under torchrun, at world size 1 unless TPFUSE_GPU_NPROC
+# says otherwise. Logs, JUnit XML and the benchmark's JSON go to OUT_DIR; a failed step does not stop the later ones; each step's exit code
 # and time are printed last.
 #
 #   bash scripts/gpu_python.sh OUT_DIR
@@ -76,10 +76,12 @@ if [[ $? != 0 ]] && grep -qE 'Permission denied|Read-only file system' "${OUT_DI
   export PYTHONPATH="/tmp/tpfuse-site${PYTHONPATH:+:${PYTHONPATH}}"
 fi
 step nccl 60 "${PYTHON}" -c "import tpfuse; print(tpfuse.nccl_info())"
-step cpu_tests 90 "${PYTHON}" -m pytest tests/python/cpu -rs -v -p no:cacheprovider \
+# 180 s: test_symm_mem_override.py compiles with Inductor's C++ backend on the CPU.
+step cpu_tests 180 "${PYTHON}" -m pytest tests/python/cpu -rs -v -p no:cacheprovider \
   --junitxml="${OUT_DIR}/cpu_tests.xml"
 step gpu_tests 240 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m pytest tests/python/gpu \
   -rs -v -p no:cacheprovider --junitxml="${OUT_DIR}/gpu_tests.xml"
+step example 120 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" examples/tp_mlp/train.py --steps 5
 step bench 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench \
   --json "${OUT_DIR}/bench_python.json" --git-commit "${COMMIT}"
 

@@ -22,10 +22,16 @@ from ._library import NcclInfo, library
 from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, PeerTimeoutError, StatusCode,
                      TpfuseError, UnsupportedError)
 
+# Training and the compilers: the ops' backward passes (registered by importing tpfuse.autograd), the
+# parallel linear layers (tpfuse.nn), and the opt-in override of torch's symm_mem ops.
+from . import autograd, nn  # noqa: E402,F401
+from .symm_mem import SymmMemOverride, use_for_symm_mem  # noqa: E402
+
 __all__ = [
     "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "fused_all_gather_matmul", "close", "status", "nccl_info",
     "TpfuseError", "InvalidArgumentError", "UnsupportedError", "CudaError", "NcclError", "PeerTimeoutError",
     "InternalError", "StatusCode",
+    "autograd", "nn", "use_for_symm_mem", "SymmMemOverride",
 ]
 
 Group = Union[dist.ProcessGroup, str, None]

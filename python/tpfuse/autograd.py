@@ -1,0 +1,309 @@
+"""Backward passes for tpfuse's ops, and the autograd functions of the parallel linear layers.
+
+Each fused op's backward is the other fused op (the kernels take an nn.Linear weight in place):
+
+  row parallel, out = RS(a @ W) (gemm_reduce_scatter):   grad_a, G = all_gather_gemm(g, w, swapped layout,
+                                                          gathered);  grad_W = a^T @ G
+  column parallel, y = AG(x) @ W (all_gather_gemm):       grad_x = gemm_reduce_scatter(g, w, swapped layout);
+                                                          grad_W = X^T @ g, X the gathered x (saved or gathered again)
+
+Swapping the layout name is what transposes W: a row op's "nk" w (N x K/P) is, read as the all-gather's
+"kn" (K' x N'/P with K' = N, N'/P = K/P), exactly W^T; the same holds for the other three cases.
+
+register_autograd gives every functional op (gemm_reduce_scatter, fused_matmul_reduce_scatter,
+all_gather_gemm, all_gather_gemm_gathered, fused_all_gather_matmul) its backward, so that torch.compile
+traces forward and backward without a graph break. `gemm_reduce_scatter_out` writes into `out` and has
+no backward. The layers' functions below add a bias and Megatron's FP32 `main_grad` accumulation.
+"""
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+
+from ._checks import weight_of
+from .errors import InvalidArgumentError
+
+# The layout name under which the paired op reads the same w as W^T.
+SWAPPED_LAYOUT = {"nk": "kn", "kn": "nk"}
+
+
+def _group_size(group_name: str) -> int:
+    return _resolve_process_group(group_name).size()
+
+
+def gather_rows(x: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
+    """Every rank's rows of the matrix x, in rank order (a traceable, capturable all-gather)."""
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(x.contiguous(), world_size, group_name)
+    return torch.ops._c10d_functional.wait_tensor(gathered)
+
+
+def reduce_scatter_rows(x: torch.Tensor, group_name: str, world_size: int) -> torch.Tensor:
+    """This rank's rows of the sum over the group of the matrix x (the all-gather's transpose)."""
+    rows = torch.ops._c10d_functional.reduce_scatter_tensor(x.contiguous(), "sum", world_size, group_name)
+    return torch.ops._c10d_functional.wait_tensor(rows)
+
+
+def _weight_grad(operand: torch.Tensor, grad: torch.Tensor, weight_layout: str) -> torch.Tensor:
+    """dL/dw for y = operand @ W (both M-row matrices, M summed over): W^T-shaped for 'nk'."""
+    return grad.t() @ operand if weight_layout == "nk" else operand.t() @ grad
+
+
+def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b accumulated and returned in FP32 (on CUDA from BF16 without converting the operands)."""
+    if a.is_cuda and a.dtype == torch.bfloat16:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+# --- the row-parallel op: the backward of out = RS(a @ W) ---
+
+def row_parallel_backward(grad: torch.Tensor, a: torch.Tensor, w: torch.Tensor, weight_layout: str,
+                          group_name: str, world_size: int, need_input_grad: bool):
+    """(grad_a or None, G): grad (M/P x N) gathered to G (M x N); grad_a = G @ W^T (M x K/P), computed by the
+    fused all-gather + GEMM, which also gives G."""
+    grad = grad.contiguous()
+    if need_input_grad:
+        return torch.ops.tpfuse.all_gather_gemm_gathered(grad, w, SWAPPED_LAYOUT[weight_layout], group_name)
+    return None, gather_rows(grad, group_name, world_size)
+
+
+def _setup_gemm_reduce_scatter(ctx, inputs, output):
+    a, w, weight_layout, group_name = inputs
+    ctx.save_for_backward(a, w)
+    ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
+
+
+def _backward_gemm_reduce_scatter(ctx, grad):
+    a, w = ctx.saved_tensors
+    grad_a, gathered = row_parallel_backward(grad, a, w, ctx.weight_layout, ctx.group_name, ctx.world_size,
+                                             ctx.needs_input_grad[0])
+    grad_w = _weight_grad(a, gathered, ctx.weight_layout) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_w, None, None
+
+
+def _setup_fused_matmul_reduce_scatter(ctx, inputs, output):
+    A, B, _, _, group_name = inputs
+    ctx.save_for_backward(A, B)
+    ctx.group_name, ctx.world_size = group_name, _group_size(group_name)
+
+
+def _backward_fused_matmul_reduce_scatter(ctx, grad):
+    A, B = ctx.saved_tensors
+    w, weight_layout = weight_of(B, "B")  # the tensor the forward multiplied by, in place
+    a = A.reshape(-1, A.shape[-1])
+    grad_a, gathered = row_parallel_backward(grad.reshape(-1, grad.shape[-1]), a, w, weight_layout, ctx.group_name,
+                                             ctx.world_size, ctx.needs_input_grad[0])
+    grad_A = None if grad_a is None else grad_a.view(A.shape)
+    grad_B = a.t() @ gathered if ctx.needs_input_grad[1] else None  # B is K/P x N whichever the layout
+    return grad_A, grad_B, None, None, None
+
+
+# --- the column-parallel op: the backward of y = AG(x) @ W ---
+
+def column_parallel_input_grad(grad: torch.Tensor, w: torch.Tensor, weight_layout: str,
+                               group_name: str) -> torch.Tensor:
+    """grad_x (M/P x K): this rank's rows of sum_r grad_r @ W_r^T, by the fused GEMM + reduce-scatter."""
+    return torch.ops.tpfuse.gemm_reduce_scatter(grad.contiguous(), w, SWAPPED_LAYOUT[weight_layout], group_name)
+
+
+def _setup_all_gather_gemm(ctx, inputs, output):
+    x, w, weight_layout, group_name = inputs
+    gathered = output[1] if isinstance(output, (tuple, list)) else None
+    # all_gather_gemm saves x and gathers it again in backward; all_gather_gemm_gathered saves the gathered X.
+    ctx.save_for_backward(x if gathered is None else gathered, w)
+    ctx.regather = gathered is None
+    ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
+    # The gathered X's grad is None where unused (no reduce-scatter of zeros).
+    ctx.set_materialize_grads(False)
+
+
+def _backward_all_gather_gemm(ctx, grad, grad_gathered=None):
+    saved, w = ctx.saved_tensors
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0]:
+        if grad is not None:
+            grad_x = column_parallel_input_grad(grad, w, ctx.weight_layout, ctx.group_name)
+        if grad_gathered is not None:
+            rows = reduce_scatter_rows(grad_gathered, ctx.group_name, ctx.world_size)
+            grad_x = rows if grad_x is None else grad_x + rows
+    if ctx.needs_input_grad[1] and grad is not None:
+        gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
+        grad_w = _weight_grad(gathered, grad.contiguous(), ctx.weight_layout)
+    return grad_x, grad_w, None, None
+
+
+def _setup_fused_all_gather_matmul(ctx, inputs, keyword_only_inputs, output):
+    A, Bs, gather_dim, group_name = inputs
+    gathered = output[0]
+    ctx.regather = gathered is None
+    ctx.save_for_backward(A if gathered is None else gathered, *Bs)
+    ctx.group_name, ctx.world_size = group_name, _group_size(group_name)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_fused_all_gather_matmul(ctx, grad_gathered, grad_outs):
+    saved, *Bs = ctx.saved_tensors
+    k = saved.shape[-1]
+    grad_rows = grad_Bs = None
+    if ctx.needs_input_grad[0]:
+        for B, grad in zip(Bs, grad_outs):
+            if grad is not None:
+                w, weight_layout = weight_of(B, "B")
+                part = column_parallel_input_grad(grad.reshape(-1, grad.shape[-1]), w, weight_layout, ctx.group_name)
+                grad_rows = part if grad_rows is None else grad_rows + part
+        if grad_gathered is not None:
+            part = reduce_scatter_rows(grad_gathered.reshape(-1, k), ctx.group_name, ctx.world_size)
+            grad_rows = part if grad_rows is None else grad_rows + part
+    if ctx.needs_input_grad[1]:
+        gathered = gather_rows(saved.reshape(-1, k), ctx.group_name, ctx.world_size) if ctx.regather \
+            else saved.reshape(-1, k)
+        # Each B is K x N_i as a tensor, whether stored so or a weight's transpose view.
+        grad_Bs = [None if grad is None else gathered.t() @ grad.reshape(-1, grad.shape[-1]).contiguous()
+                   for grad in grad_outs]
+    shard_shape = saved.shape if ctx.regather else (saved.shape[0] // ctx.world_size, *saved.shape[1:])
+    grad_A = None if grad_rows is None else grad_rows.view(shard_shape)
+    return grad_A, grad_Bs, None, None
+
+
+torch.library.register_autograd("tpfuse::gemm_reduce_scatter", _backward_gemm_reduce_scatter,
+                                setup_context=_setup_gemm_reduce_scatter)
+torch.library.register_autograd("tpfuse::fused_matmul_reduce_scatter", _backward_fused_matmul_reduce_scatter,
+                                setup_context=_setup_fused_matmul_reduce_scatter)
+torch.library.register_autograd("tpfuse::all_gather_gemm", _backward_all_gather_gemm,
+                                setup_context=_setup_all_gather_gemm)
+torch.library.register_autograd("tpfuse::all_gather_gemm_gathered", _backward_all_gather_gemm,
+                                setup_context=_setup_all_gather_gemm)
+torch.library.register_autograd("tpfuse::fused_all_gather_matmul", _backward_fused_all_gather_matmul,
+                                setup_context=_setup_fused_all_gather_matmul)
+
+
+# --- the layers: bias and Megatron's main_grad accumulation ---
+
+def main_grad_mode(weight: torch.Tensor) -> str:
+    """How the backward treats a weight whose gradient it adds into `weight.main_grad` (Megatron's
+    gradient_accumulation_fusion), decided in forward from the weight's attributes: the FP32 product is added
+    into main_grad, and the weight's own gradient is None ("none"), or, where the weight has the attribute
+    `grad_added_to_main_grad` (Megatron's DDP, whose hooks need a gradient to run), a dummy of the weight's
+    shape: zeros if `weight.zero_out_wgrad` ("zeros"), else uninitialized ("empty"); the attribute is then set
+    to True (here, in forward: its readers run after the backward)."""
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None:
+        raise InvalidArgumentError("gradient_accumulation_fusion is on but the weight has no main_grad attribute "
+                                   "(an FP32 tensor of the weight's shape to accumulate into)")
+    if main_grad.shape != weight.shape or main_grad.dtype != torch.float32:
+        raise InvalidArgumentError(f"weight.main_grad is {main_grad.dtype} {tuple(main_grad.shape)}; it must be "
+                                   f"torch.float32 of the weight's shape {tuple(weight.shape)}")
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return "none"
+    weight.grad_added_to_main_grad = True
+    return "zeros" if getattr(weight, "zero_out_wgrad", False) else "empty"
+
+
+def _accumulate_or_return(main_grad: Optional[torch.Tensor], mode: Optional[str], weight: torch.Tensor,
+                          operand: torch.Tensor, grad: torch.Tensor) -> Optional[torch.Tensor]:
+    """The weight (N x K, nn.Linear's layout) gradient grad^T @ operand: returned (mode None), or added into
+    main_grad in FP32, returning what main_grad_mode says."""
+    if mode is None:
+        return grad.t() @ operand
+    main_grad.add_(_fp32_product(grad.t(), operand))
+    if mode == "none":
+        return None
+    return torch.zeros_like(weight) if mode == "zeros" else torch.empty_like(weight)
+
+
+class ColumnParallelLinearFunction(torch.autograd.Function):
+    """y = AG(x) @ weight^T + bias: x (M/P x K) this rank's rows, weight (N/P x K) and bias (N/P) this
+    rank's output columns; y is M x N/P."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, save_gathered_input, mode):
+        if save_gathered_input:
+            y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x, weight, "nk", group_name)
+        else:
+            y, gathered = torch.ops.tpfuse.all_gather_gemm(x, weight, "nk", group_name), None
+        if bias is not None:
+            y = y + bias
+        ctx.save_for_backward(x if gathered is None else gathered, weight, main_grad)
+        ctx.group_name, ctx.world_size, ctx.regather = group_name, world_size, gathered is None
+        ctx.mode, ctx.has_bias = mode, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved, weight, main_grad = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = column_parallel_input_grad(grad, weight, "nk", ctx.group_name) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
+            grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, gathered, grad)
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None
+
+
+class RowParallelLinearFunction(torch.autograd.Function):
+    """out = RS(x @ weight^T) + bias: x (M x K/P), weight (N x K/P) this rank's input columns, bias (N)
+    whole on every rank, added once after the reduce-scatter; out is this rank's M/P x N rows."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, mode):
+        out = torch.ops.tpfuse.gemm_reduce_scatter(x, weight, "nk", group_name)
+        if bias is not None:
+            out = out + bias
+        ctx.save_for_backward(x, weight, main_grad)
+        ctx.group_name, ctx.world_size, ctx.mode, ctx.has_bias = group_name, world_size, mode, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, main_grad = ctx.saved_tensors
+        grad_x, gathered = row_parallel_backward(grad, x, weight, "nk", ctx.group_name, ctx.world_size,
+                                                 ctx.needs_input_grad[0])
+        grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, x, gathered) if ctx.needs_input_grad[1] \
+            else None
+        # This rank's rows only: the bias's full gradient is the sum over the group (see tpfuse.nn).
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_bias, None, None, None, None
+
+
+def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
+    if not gradient_accumulation_fusion or not weight.requires_grad:
+        return None, None
+    mode = main_grad_mode(weight)  # checks main_grad first
+    return weight.main_grad, mode
+
+
+def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.dim() < 2:
+        raise InvalidArgumentError(f"{name} {tuple(x.shape)} must have 2 or more dimensions (..., features)")
+    return x.reshape(-1, x.shape[-1])
+
+
+def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                           group: dist.ProcessGroup, *, save_gathered_input: bool = True,
+                           gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+    """The column-parallel linear layer with sequence parallelism: x (S/P, ..., K), this rank's rows of the
+    activations (sharded on dim 0), all-gathered and multiplied by this rank's weight (N/P x K, nn.Linear's
+    layout) in one kernel, plus its bias (N/P): (S, ..., N/P).
+
+    save_gathered_input: keep the gathered x (S x K per rank) for the weight's gradient (memory), else
+    gather x again in backward (time: one all-gather of x, not hidden behind a GEMM).
+    gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode)."""
+    rows = _rows(x, "x")
+    main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
+    y = ColumnParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(),
+                                           save_gathered_input, mode)
+    return y.view(-1, *x.shape[1:-1], y.shape[-1])
+
+
+def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                        group: dist.ProcessGroup, *, gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+    """The row-parallel linear layer with sequence parallelism: x (S, ..., K/P), this rank's input features,
+    times this rank's weight (N x K/P, nn.Linear's layout), summed over the group and scattered by rows in
+    one kernel, plus the bias (N, whole on every rank): this rank's rows (S/P, ..., N)."""
+    rows = _rows(x, "x")
+    main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
+    out = RowParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(), mode)
+    return out.view(-1, *x.shape[1:-1], out.shape[-1])
