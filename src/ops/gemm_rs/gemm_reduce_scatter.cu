@@ -42,7 +42,8 @@ Status check_call(const Communicator& comm, const Problem& problem, const std::v
 template <class Config>
 Status make_rank_params(const Communicator& comm, const RankState& rank, const Problem& problem,
                         const GemmRsConfig& config, const void* a, const void* w, void* out,
-                        const SplitKWorkspace& split, PushTimeline* timeline, kernels::GemmRsRankParams* rp) {
+                        const SplitKWorkspace& split, float* presum_scratch, PushTimeline* timeline,
+                        kernels::GemmRsRankParams* rp) {
   const TileSchedule schedule(schedule_shape(problem, config, rank.rank));
   TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &rp->mainloop));
   kernels::PushReduceParams& e = rp->epilogue;
@@ -81,6 +82,8 @@ Status make_rank_params(const Communicator& comm, const RankState& rank, const P
   e.split_partials = split.partials;
   e.splits_done = split.splits_done;
   e.timeline = timeline;
+  e.presum = config.presum ? 1 : 0;
+  e.presum_scratch = presum_scratch;
   rp->calls = rank.calls;
   return Status::Ok();
 }
@@ -135,6 +138,8 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
     using Epilogue = typename decltype(epilogue)::type;
     size_t smem = 0;
     TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));
+    // Pre-summed partials: the presummer's staging past the storage (ops/gemm_rs/shared_storage.h).
+    if (config.presum) smem += presum_staging_bytes(Config::kWgCols);
     if (num_ranks > 1 && one_device) {
       // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
       kernels::GemmRsLaunch<kMaxWorldSize> launch{};
@@ -148,13 +153,16 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
       }
       const GemmRsConfig rank_config = config_that_fits(launch.ctas_per_rank);
       SplitKWorkspace split;
-      // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
-      if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
+      // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it). Presum
+      // (never with split K) takes a slot of its partials per CTA of the launch.
+      if (rank_config.gemm.split_k > 1 || rank_config.presum) {
+        TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
+      }
       for (int i = 0; i < num_ranks; ++i) {
         TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, comm->ranks[local_ranks[i]], problem, rank_config,
                                                         a[i], w[i], out[i],
                                                         emulated_rank_part(split, i, launch.ctas_per_rank),
-                                                        timeline, &launch.ranks[i]));
+                                                        split.partials, timeline, &launch.ranks[i]));
       }
       return launch_kernel<Config, kMaxWorldSize, Epilogue>(launch, num_ranks, smem, /*cooperative=*/true, debug,
                                                                 streams[0]);
@@ -168,12 +176,11 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
                                                     config.gemm.num_ctas, &launch.ctas_per_rank)));
       const GemmRsConfig rank_config = config_that_fits(launch.ctas_per_rank);
       SplitKWorkspace split;
-      if (rank_config.gemm.split_k > 1) {
+      if (rank_config.gemm.split_k > 1 || rank_config.presum) {
         TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
       }
-      TPFUSE_RETURN_IF_ERROR(
-          make_rank_params<Config>(*comm, rank, problem, rank_config, a[i], w[i], out[i], split, timeline,
-                                   &launch.ranks[0]));
+      TPFUSE_RETURN_IF_ERROR(make_rank_params<Config>(*comm, rank, problem, rank_config, a[i], w[i], out[i], split,
+                                                      split.partials, timeline, &launch.ranks[0]));
       TPFUSE_RETURN_IF_ERROR(
           (launch_kernel<Config, 1, Epilogue>(launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
     }
