@@ -182,13 +182,16 @@ _function_modes = torch._C._is_torch_function_mode_enabled
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
 _BF16 = torch.bfloat16
+_EAGER_DEVICE = "cuda"  # other devices (meta tensors) go through the op and its fake implementation
 
 
-def eager_allowed(*tensors) -> bool:
-    """Whether a call on these tensors may skip the custom op: plain tensors, nothing tracing or
-    intercepting the call, no gradient to record."""
-    if _current_device is None or _is_compiling() or _dispatch_modes() or _function_modes():
+def eager_allowed(first: torch.Tensor, *tensors) -> bool:
+    """Whether a call on these tensors may skip the custom op: plain tensors, the first on a CUDA
+    device, nothing tracing or intercepting the call, no gradient to record."""
+    if _current_device is None or _is_compiling() or _dispatch_modes() or _function_modes() or \
+            first.device.type != _EAGER_DEVICE:
         return False
+    tensors = (first, *tensors)
     grad = torch.is_grad_enabled()
     for tensor in tensors:
         if tensor is not None and (type(tensor) is not _Tensor or (grad and tensor.requires_grad)):
