@@ -32,7 +32,8 @@ if(TPFUSE_NCCL_DEVICE_API)
   # NCCL ships with some CUDA toolkits (2.28.x, with nccl_device.h); else libnccl-dev.
   find_path(TPFUSE_NCCL_INCLUDE_DIR nccl_device.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/include)
   find_library(TPFUSE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu /usr/local/lib)
-  if(NOT TPFUSE_NCCL_INCLUDE_DIR OR NOT TPFUSE_NCCL_LIBRARY)
+  # A cached folder (an earlier configure, or -D) is kept as it is: check that it still has the device API.
+  if(NOT TPFUSE_NCCL_INCLUDE_DIR OR NOT TPFUSE_NCCL_LIBRARY OR NOT EXISTS "${TPFUSE_NCCL_INCLUDE_DIR}/nccl_device.h")
     message(FATAL_ERROR "NCCL 2.28 or later (nccl.h, nccl_device.h and libnccl.so) not found; it ships with some "
                         "CUDA toolkits (or install libnccl-dev). Pass -DTPFUSE_NCCL_INCLUDE_DIR= and "
                         "-DTPFUSE_NCCL_LIBRARY=, or -DTPFUSE_NCCL_DEVICE_API=OFF for the library alone.")
