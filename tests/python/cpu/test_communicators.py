@@ -228,3 +228,39 @@ def test_an_eager_call_after_capture_keeps_the_captured_buffers_through_growth(g
     assert library.destroyed() == [2]                  # 2 was never captured
     tpfuse.close(group)
     assert sorted(library.destroyed()) == [1, 2, 3]
+
+
+def test_a_rank_that_never_comes_ends_the_meeting_with_peer_timeout(group, monkeypatch):
+    waited = []
+
+    class Work:
+        def wait(self, timeout):
+            waited.append(timeout.total_seconds())
+            raise RuntimeError("Work ran for 2000 milliseconds before timing out")
+
+    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None: None)
+    monkeypatch.setattr(_communicators.dist, "all_reduce", lambda tensor, group, async_op: Work())
+    with pytest.raises(tpfuse.PeerTimeoutError, match=r"making tpfuse's communicator: not every rank of group "
+                                                      r"'.*' arrived within 2 s .*2000 milliseconds"):
+        _communicators.rendezvous(group, DEVICE, 2.0, "making tpfuse's communicator")
+    assert waited == [2.0]
+
+
+def test_the_groups_timeout_is_its_backends_option(monkeypatch):
+    import datetime
+
+    class Group:
+        def _get_backend(self, device):
+            return type("Backend", (), {"options": type("Options", (), {"_timeout": datetime.timedelta(seconds=90)})})
+
+    assert _communicators.group_timeout_s(Group()) == 90.0
+    assert _communicators.group_timeout_s(object()) > 0  # no backend: torch's default for NCCL
+
+
+def test_check_is_status_and_takes_names(group, library, capturing):
+    comm = _communicators.communicator(group, DEVICE)
+    comm.reserve(8, 8)
+    tpfuse.check(group.group_name)
+    tpfuse.check()
+    assert [args[0] for name, args in library.calls if name == "tpfuse_communicator_status"] == [1, 1]
+    tpfuse.close()
