@@ -7,6 +7,12 @@
 
 #include <nccl.h>
 
+// Set by the tpfuse_nccl target (cmake/cuda.cmake) for everything that sees this struct, whose layout
+// depends on it.
+#ifndef TPFUSE_NCCL_DEVICE_API
+#error "TPFUSE_NCCL_DEVICE_API must be defined (link the tpfuse_nccl or tpfuse_internal target)"
+#endif
+
 #include <array>
 #include <cstdint>
 #include <vector>
