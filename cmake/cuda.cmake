@@ -20,16 +20,37 @@ if(NOT EXISTS "${TPFUSE_CUTLASS_DIR}/include/cute/tensor.hpp")
     "or pass -DTPFUSE_CUTLASS_DIR=<folder with include/cute>.")
 endif()
 
-# NCCL ships with the CUDA toolkit (2.28.x, with the device API header nccl_device.h).
-find_path(TPFUSE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/include)
-find_library(TPFUSE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu /usr/local/lib)
-if(NOT TPFUSE_NCCL_INCLUDE_DIR OR NOT TPFUSE_NCCL_LIBRARY)
-  message(FATAL_ERROR "NCCL (nccl.h and libnccl.so, 2.28 or later) not found; it ships with the CUDA toolkit "
-                      "(or install libnccl-dev). Pass -DTPFUSE_NCCL_INCLUDE_DIR= and -DTPFUSE_NCCL_LIBRARY=.")
-endif()
+# NCCL. With TPFUSE_NCCL_DEVICE_API (the C++ build: tests, benchmark, the installed package), the
+# kernels inline NCCL's device API (nccl_device.h, for the NCCL symmetric transport) and the library
+# links libnccl: run it with the NCCL of its headers. Without (the Python package, cmake/python.cmake),
+# no NCCL headers or library are needed: peers' addresses come from CUDA IPC, and NCCL's host functions
+# are resolved at run time from the libnccl.so.2 that PyTorch loads (src/capi/nccl_runtime.cpp), any
+# version from 2.13 on.
+option(TPFUSE_NCCL_DEVICE_API "Inline NCCL's device API and link NCCL (OFF: the Python package's build)" ON)
 add_library(tpfuse_nccl INTERFACE)
+if(TPFUSE_NCCL_DEVICE_API)
+  # NCCL ships with some CUDA toolkits (2.28.x, with nccl_device.h); else libnccl-dev.
+  find_path(TPFUSE_NCCL_INCLUDE_DIR nccl_device.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/include)
+  find_library(TPFUSE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu /usr/local/lib)
+  # A cached folder (an earlier configure, or -D) is kept as it is: check that it still has the device API.
+  if(NOT TPFUSE_NCCL_INCLUDE_DIR OR NOT TPFUSE_NCCL_LIBRARY OR NOT EXISTS "${TPFUSE_NCCL_INCLUDE_DIR}/nccl_device.h")
+    message(FATAL_ERROR "NCCL 2.28 or later (nccl.h, nccl_device.h and libnccl.so) not found; it ships with some "
+                        "CUDA toolkits (or install libnccl-dev). Pass -DTPFUSE_NCCL_INCLUDE_DIR= and "
+                        "-DTPFUSE_NCCL_LIBRARY=, or -DTPFUSE_NCCL_DEVICE_API=OFF for the library alone.")
+  endif()
+  target_link_libraries(tpfuse_nccl INTERFACE ${TPFUSE_NCCL_LIBRARY})
+  target_compile_definitions(tpfuse_nccl INTERFACE TPFUSE_NCCL_DEVICE_API=1)
+else()
+  if(TPFUSE_TESTS OR TPFUSE_BENCH)
+    message(FATAL_ERROR "TPFUSE_NCCL_DEVICE_API=OFF builds the library alone (the Python package): "
+                        "pass -DTPFUSE_TESTS=OFF -DTPFUSE_BENCH=OFF too")
+  endif()
+  set(TPFUSE_NCCL_INCLUDE_DIR "${PROJECT_SOURCE_DIR}/src/capi/nccl_host")
+  set(TPFUSE_NCCL_LIBRARY "")
+  target_link_libraries(tpfuse_nccl INTERFACE ${CMAKE_DL_LIBS})
+  target_compile_definitions(tpfuse_nccl INTERFACE TPFUSE_NCCL_DEVICE_API=0)
+endif()
 target_include_directories(tpfuse_nccl INTERFACE ${TPFUSE_NCCL_INCLUDE_DIR})
-target_link_libraries(tpfuse_nccl INTERFACE ${TPFUSE_NCCL_LIBRARY})
 
 # Compile options for every CUDA target of the project.
 function(tpfuse_cuda_target target)

@@ -1,40 +1,56 @@
 #!/usr/bin/env bash
-# The Python package's tests (scripts/test.sh runs this last; CI with it): a virtual environment with
-# the pinned torch from PyPI (tests/python/requirements.txt), the package installed as the README
-# says (pip install --no-build-isolation --no-deps .), then pytest on tests/python. Without a Hopper
-# GPU the GPU tests report "skipped" with their reason; the CPU tests need none.
+# The Python package's tests (scripts/test.sh runs this last; CI with it): the package is built once,
+# as a wheel, the way `pip install .` builds it (an isolated build environment: scikit-build-core,
+# CMake, Ninja and nvidia-cutlass from PyPI; no torch, no NCCL), then installed into two virtual
+# environments, one with the newest torch the package is tested with (tests/python/requirements.txt)
+# and one with the oldest it supports (tests/python/requirements-floor.txt, pyproject.toml's floor),
+# and pytest runs tests/python in each. Without a Hopper GPU the GPU tests report "skipped" with
+# their reason; the CPU tests need none. The output ends with the second pass's pytest summary.
 #
 #   bash scripts/test_python.sh
 #
-# Environment: TPFUSE_BUILD_DIR (default build): the environment is $TPFUSE_BUILD_DIR/python-venv,
-# the package's CMake build $TPFUSE_BUILD_DIR/pip; TPFUSE_PYTHON, the Python to make it with
-# (default python3).
+# Environment: TPFUSE_BUILD_DIR (default build): the environments are $TPFUSE_BUILD_DIR/python-venv
+# and $TPFUSE_BUILD_DIR/python-venv-floor, the wheel's CMake build $TPFUSE_BUILD_DIR/pip (kept, so a
+# rerun is incremental); TPFUSE_PYTHON, the Python to make them with (default python3);
+# TPFUSE_PYTHON_PASSES, the passes to run (default "latest floor").
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 readonly BUILD_DIR="${TPFUSE_BUILD_DIR:-build}"
-readonly VENV="${BUILD_DIR}/python-venv"
-readonly PYTHON="${VENV}/bin/python"
+readonly WHEEL_DIR="${BUILD_DIR}/python-wheel"
+readonly PASSES="${TPFUSE_PYTHON_PASSES:-latest floor}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 start=${SECONDS}
 
-if [[ ! -x "${PYTHON}" ]]; then
-  echo "[test_python] virtual environment ${VENV} ($(${TPFUSE_PYTHON:-python3} --version))"
-  "${TPFUSE_PYTHON:-python3}" -m venv "${VENV}"
-fi
-echo "[test_python] pip install -r tests/python/requirements.txt"
-"${PYTHON}" -m pip install --quiet -r tests/python/requirements.txt
-echo "[test_python] environment ready in $((SECONDS - start)) s; pip install --no-build-isolation --no-deps ."
-step=${SECONDS}
-# The venv's bin first: its cmake and ninja, if pip brought any, and its python for CMake's FindPython.
-PATH="$(cd "${VENV}/bin" && pwd):${PATH}" "${PYTHON}" -m pip install --quiet --no-build-isolation --no-deps \
+echo "[test_python] building the wheel (pip wheel ., isolated, as pip install . does)"
+rm -rf "${WHEEL_DIR}"
+"${TPFUSE_PYTHON:-python3}" -m pip wheel --quiet --no-deps --wheel-dir "${WHEEL_DIR}" \
   --config-settings=build-dir="${BUILD_DIR}/pip" .
-echo "[test_python] package built and installed in $((SECONDS - step)) s ($((SECONDS - start)) s so far); pytest"
+wheel="$(ls "${WHEEL_DIR}"/tpfuse-*.whl)"
+echo "[test_python] built $(basename "${wheel}") in $((SECONDS - start)) s"
 
-# pytest's exit code 5 (it collected no test) fails too: there are always CPU tests to run.
-set +e
-"${PYTHON}" -m pytest tests/python -rs -p no:cacheprovider
-rc=$?
-set -e
-if [[ ${rc} == 5 ]]; then echo "[test_python] ERROR: pytest collected no tests" >&2; fi
+rc=0
+for pass in ${PASSES}; do
+  case "${pass}" in
+    latest) venv="${BUILD_DIR}/python-venv" requirements=tests/python/requirements.txt ;;
+    floor) venv="${BUILD_DIR}/python-venv-floor" requirements=tests/python/requirements-floor.txt ;;
+    *) echo "[test_python] unknown pass ${pass} (latest, floor)" >&2; exit 2 ;;
+  esac
+  step=${SECONDS}
+  if [[ ! -x "${venv}/bin/python" ]]; then
+    "${TPFUSE_PYTHON:-python3}" -m venv "${venv}"
+  fi
+  echo "[test_python] ${pass}: pip install -r ${requirements}, then the wheel"
+  "${venv}/bin/python" -m pip install --quiet -r "${requirements}"
+  "${venv}/bin/python" -m pip install --quiet --no-deps --force-reinstall "${wheel}"
+  echo "[test_python] ${pass}: torch $("${venv}/bin/python" -c 'import torch; print(torch.__version__)'), ready in" \
+       "$((SECONDS - step)) s ($((SECONDS - start)) s so far); pytest"
+  # pytest's exit code 5 (it collected no test) fails too: there are always CPU tests to run.
+  set +e
+  "${venv}/bin/python" -m pytest tests/python -rs -p no:cacheprovider
+  pass_rc=$?
+  set -e
+  if [[ ${pass_rc} == 5 ]]; then echo "[test_python] ERROR: pytest collected no tests" >&2; fi
+  if [[ ${pass_rc} != 0 && ${rc} == 0 ]]; then rc=${pass_rc}; fi
+done
 exit "${rc}"

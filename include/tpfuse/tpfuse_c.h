@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 /* Raised whenever a function of this header changes its arguments or meaning. */
-#define TPFUSE_C_API_VERSION 2
+#define TPFUSE_C_API_VERSION 3
 
 enum {
   TPFUSE_OK = 0,
@@ -46,10 +46,17 @@ const char* tpfuse_last_error(void);
 
 /* ---- NCCL, as the library links it ----------------------------------------------------------------- */
 
-/* The NCCL the process runs (ncclGetVersion) and the one whose headers the library was built with
- * (NCCL_VERSION_CODE, e.g. 22809 for 2.28.9). NCCL's device API is compiled into tpfuse's kernels,
- * so the two must be the same version. */
-int tpfuse_nccl_versions(int* runtime_version, int* header_version);
+/* Which libnccl.so.2 the library calls. A build with TPFUSE_NCCL_DEVICE_API=OFF (the Python package)
+ * links no NCCL: it resolves NCCL's host functions once, from `path` (dlopen; a library already loaded
+ * is reused), or with a null path from the libnccl.so.2 already loaded in the process, at this call
+ * or at the first NCCL call. TPFUSE_UNSUPPORTED if that NCCL lacks a function or is too old. A build
+ * with the device API links NCCL: this does nothing. */
+int tpfuse_nccl_open(const char* path);
+
+/* The NCCL the process runs (ncclGetVersion, e.g. 22809 for 2.28.9) and the version this build needs:
+ * with NCCL's device API compiled into the kernels (exact = 1), that of its headers exactly; with the
+ * host API only (exact = 0), that version or later. */
+int tpfuse_nccl_versions(int* runtime_version, int* required_version, int* exact);
 
 /* ncclGetUniqueId into `id` (TPFUSE_NCCL_UNIQUE_ID_BYTES bytes). */
 int tpfuse_nccl_get_unique_id(void* id);
@@ -75,6 +82,9 @@ int tpfuse_communicator_destroy(tpfuse_communicator* comm);
 
 /* tpfuse::communicator_status: TPFUSE_PEER_TIMEOUT if a synchronized call waited in vain for a peer. */
 int tpfuse_communicator_status(const tpfuse_communicator* comm);
+
+/* The bytes of this process's workspace allocation (receive buffers, flags, counters) on its GPU. */
+int tpfuse_communicator_workspace_bytes(const tpfuse_communicator* comm, int64_t* bytes);
 
 /* tpfuse::gemm_reduce_scatter on `stream` (a cudaStream_t): out (m/world_size x n, BF16) = this rank's
  * rows of sum over ranks of a (m x k_per_rank, BF16) @ w (weight_layout). Device pointers, 16-byte

@@ -16,11 +16,11 @@ from typing import List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import _ops  # noqa: F401 -- registers the torch.ops.tpfuse custom ops
-from ._communicators import close, status
+from . import _communicators, _ops  # _ops registers the torch.ops.tpfuse custom ops
+from ._communicators import close, status, workspace_bytes
 from ._library import NcclInfo, library
 from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, PeerTimeoutError, StatusCode,
-                     TpfuseError, UnsupportedError)
+                     TpfuseError, UnsupportedError, tpfuse_error_of)
 
 # Training and the compilers: the ops' backward passes (registered by importing tpfuse.autograd), the
 # parallel linear layers (tpfuse.nn), and the opt-in override of torch's symm_mem ops.
@@ -28,13 +28,22 @@ from . import autograd, nn  # noqa: E402,F401
 from .symm_mem import SymmMemOverride, use_for_symm_mem  # noqa: E402
 
 __all__ = [
-    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "fused_all_gather_matmul", "close", "status", "nccl_info",
+    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "fused_all_gather_matmul", "close", "status", "check",
+    "reserve", "workspace_bytes", "nccl_info", "tpfuse_error_of",
     "TpfuseError", "InvalidArgumentError", "UnsupportedError", "CudaError", "NcclError", "PeerTimeoutError",
     "InternalError", "StatusCode",
     "autograd", "nn", "use_for_symm_mem", "SymmMemOverride",
 ]
 
 Group = Union[dist.ProcessGroup, str, None]
+
+
+def _resolve_group(group_name: str) -> dist.ProcessGroup:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    try:
+        return _resolve_process_group(group_name)
+    except (KeyError, ValueError, RuntimeError) as error:
+        raise InvalidArgumentError(f"group = {group_name!r} names no process group") from error
 
 
 def _group_name(group: Group) -> str:
@@ -60,6 +69,8 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *
     M must divide by P, N and K/P must be multiples of 8, and every rank calls with the same shapes.
     """
     group_name = _group_name(group)
+    if _ops.eager_allowed(a, w, out):
+        return _ops.gemm_reduce_scatter_eager(a, w, weight_layout, group_name, out)
     if out is None:
         return torch.ops.tpfuse.gemm_reduce_scatter(a, w, weight_layout, group_name)
     torch.ops.tpfuse.gemm_reduce_scatter_out(a, w, weight_layout, group_name, out)
@@ -104,6 +115,25 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim:
     place). The first B is the fused call; later ones multiply the A it gathered (tpfuse's GEMM).
     """
     return torch.ops.tpfuse.fused_all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
+
+
+def reserve(group: Group = None, max_m: int = 0, max_n: int = 0, max_k: int = 0, *,
+            timeout: Optional[float] = None, device: Optional[torch.device] = None) -> None:
+    """Makes (or grows) the group's communicator ahead of its calls: workspace for reduce-scatter calls
+    up to max_m x max_n and all-gather calls up to max_m x max_k (4 * max_m * max(max_n, max_k) bytes,
+    on this rank's GPU), and timeout (seconds; default: the process group's own) for every wait on a
+    peer. Collective: every rank of the group calls it with the same arguments, outside CUDA graph
+    capture. device: the GPU of the calls (default: the current one)."""
+    group_name = _group_name(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    _communicators.reserve(_resolve_group(group_name), device, max_m, max_n, max_k, timeout)
+
+
+def check(group: Group = None) -> None:
+    """Raises PeerTimeoutError if any call of `group` (None: all groups) so far, eager or replayed in
+    a CUDA graph, waited in vain for a peer. Cheap (it reads host memory the GPU writes, no
+    synchronization): call it once per step, since a graph replay cannot raise by itself."""
+    status(group)
 
 
 def nccl_info() -> NcclInfo:

@@ -33,6 +33,10 @@ class Problem:
     def rows_per_rank(self) -> int:
         return self.m // self.world_size
 
+    @property
+    def layout_code(self) -> int:
+        return WEIGHT_LAYOUT_CODES[self.weight_layout]
+
 
 @dataclass(frozen=True)
 class AllGatherProblem:
@@ -188,3 +192,27 @@ def check_placement(*named) -> None:
             _fail(f"{name} is on {tensor.device}; tpfuse runs on CUDA devices")
         if tensor.device != first.device:
             _fail(f"{name} is on {tensor.device}, {first_name} on {first.device}: all tensors must be on one device")
+
+
+_problems = {}  # (weight_layout, world_size, a's shape, w's shape) -> Problem, for BF16 contiguous a and w
+_MAX_CACHED = 4096
+
+
+def check_problem_cached(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
+                         out: Optional[torch.Tensor] = None) -> Problem:
+    """check_problem, remembered per shape: its outcome depends only on the shapes, dtypes,
+    contiguity, layout and world size, and the per-call part (out) is checked each time."""
+    if a.dtype is not torch.bfloat16 or w.dtype is not torch.bfloat16 or not a.is_contiguous() or \
+            not w.is_contiguous():
+        return check_problem(a, w, weight_layout, world_size, out)
+    key = (weight_layout, world_size, a.shape, w.shape)
+    problem = _problems.get(key)
+    if problem is None:
+        problem = check_problem(a, w, weight_layout, world_size)
+        if len(_problems) >= _MAX_CACHED:
+            _problems.clear()
+        _problems[key] = problem
+    if out is not None and (out.dtype is not torch.bfloat16 or out.shape != (problem.rows_per_rank, problem.n) or
+                            not out.is_contiguous()):
+        check_problem(a, w, weight_layout, world_size, out)
+    return problem

@@ -12,8 +12,8 @@ import torch
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ._checks import (AllGatherProblem, Problem, check_all_gather_problem, check_fused_all_gather_matmul,
-                      check_matmul_reduce_scatter, check_placement, check_problem)
-from ._communicators import communicator
+                      check_matmul_reduce_scatter, check_placement, check_problem, check_problem_cached)
+from ._communicators import _by_name, communicator
 from ._library import WEIGHT_LAYOUT_CODES, library
 
 
@@ -168,3 +168,65 @@ def _(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str,
       return_A: bool = True) -> Tuple[Optional[torch.Tensor], List[torch.Tensor]]:
     _, _, gathered_shape, out_shapes = _all_gather_drop_in(A, Bs, gather_dim, group_name)
     return (A.new_empty(gathered_shape) if return_A else None), [A.new_empty(shape) for shape in out_shapes]
+
+
+# The eager path: tpfuse.gemm_reduce_scatter called on plain CUDA tensors, outside tracing, autograd and
+# dispatch modes, calls the C ABI directly instead of going through the custom op's dispatch. It does
+# what the op does (the same checks, cached per shape; the same communicator and capture bookkeeping),
+# with torch's C-level look-ups of the current device and stream.
+_current_device = getattr(torch._C, "_cuda_getDevice", None)  # None: a torch without CUDA
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
+_BF16 = torch.bfloat16
+_EAGER_DEVICE = "cuda"  # other devices (meta tensors) go through the op and its fake implementation
+
+
+def eager_allowed(first: torch.Tensor, *tensors) -> bool:
+    """Whether a call on these tensors may skip the custom op: plain tensors, the first on a CUDA
+    device, nothing tracing or intercepting the call, no gradient to record."""
+    if _current_device is None or _is_compiling() or _dispatch_modes() or _function_modes() or \
+            first.device.type != _EAGER_DEVICE:
+        return False
+    tensors = (first, *tensors)
+    grad = torch.is_grad_enabled()
+    for tensor in tensors:
+        if tensor is not None and (type(tensor) is not _Tensor or (grad and tensor.requires_grad)):
+            return False
+    return True
+
+
+def gemm_reduce_scatter_eager(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
+                              out: Optional[torch.Tensor]) -> torch.Tensor:
+    """The eager path of tpfuse.gemm_reduce_scatter (eager_allowed(a, w, out) holds)."""
+    device = a.device
+    comm = _by_name.get((group_name, device.index))
+    problem = check_problem_cached(a, w, weight_layout, comm.group_size if comm else _group_size(group_name), out)
+    if out is None:
+        out = torch.empty((problem.rows_per_rank, problem.n), dtype=_BF16, device=device)
+    a_ptr, w_ptr, out_ptr = a.data_ptr(), w.data_ptr(), out.data_ptr()
+    if (a_ptr | w_ptr | out_ptr) % 16 or device.type != "cuda" or w.device != device or out.device != device:
+        check_placement(("a", a), ("w", w), ("out", out))
+    if comm is None or problem.m > comm.max_m or problem.n > comm.max_n:
+        comm = comm or communicator(_resolve_process_group(group_name), device)
+        handle = comm.reserve(problem.m, problem.n)
+    else:
+        handle = comm.handle
+        if _capturing():
+            comm.captured = True
+    index = device.index
+    lib = library()
+    function = lib.functions["tpfuse_gemm_reduce_scatter"]
+    args = (handle, problem.m, problem.n, problem.k_per_rank, problem.world_size, problem.layout_code, a_ptr, w_ptr,
+            out_ptr, _current_stream(index))
+    if _current_device() == index:
+        status = function(*args)
+    else:
+        with torch.cuda.device(index):
+            status = function(*args)
+    if status:
+        raise lib.error(status)
+    return out

@@ -20,9 +20,10 @@ class TpfuseError(RuntimeError):
 
     code = StatusCode.INTERNAL
 
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
+    # No __init__ of its own: torch.compile's tracer can then raise it as it is.
+    @property
+    def message(self) -> str:
+        return self.args[0] if self.args else ""
 
 
 class InvalidArgumentError(TpfuseError, ValueError):
@@ -67,3 +68,16 @@ def error_for(code: int, message: str) -> TpfuseError:
     except (ValueError, KeyError):
         return InternalError(f"unknown tpfuse status code {code}: {message}")
     return error(message)
+
+
+def tpfuse_error_of(error: BaseException):
+    """The TpfuseError behind `error`, or None. torch.compile reports an error of an op's fake
+    implementation (a bad argument found at trace time) as its own TorchRuntimeError, whose chain
+    (__cause__ or __context__) holds the tpfuse error: this finds it."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, TpfuseError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

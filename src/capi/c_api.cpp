@@ -9,6 +9,8 @@
 #include <exception>
 #include <string>
 
+#include "capi/nccl_runtime.h"
+#include "comm/communicator.h"
 #include "tpfuse/tpfuse.h"
 
 using tpfuse::Status;
@@ -83,12 +85,29 @@ int tpfuse_c_api_version(void) { return TPFUSE_C_API_VERSION; }
 
 const char* tpfuse_last_error(void) { return last_error.c_str(); }
 
-int tpfuse_nccl_versions(int* runtime_version, int* header_version) {
+int tpfuse_nccl_open(const char* path) {
   return guarded([&] {
-    if (runtime_version == nullptr || header_version == nullptr) {
-      return Status::InvalidArgument("runtime_version and header_version must not be null");
+#if TPFUSE_NCCL_DEVICE_API
+    (void)path;  // NCCL is linked
+    return Status::Ok();
+#else
+    return tpfuse::nccl_open(path);
+#endif
+  });
+}
+
+int tpfuse_nccl_versions(int* runtime_version, int* required_version, int* exact) {
+  return guarded([&] {
+    if (runtime_version == nullptr || required_version == nullptr || exact == nullptr) {
+      return Status::InvalidArgument("runtime_version, required_version and exact must not be null");
     }
-    *header_version = NCCL_VERSION_CODE;
+#if TPFUSE_NCCL_DEVICE_API
+    *required_version = NCCL_VERSION_CODE;  // the device API is inlined: this version exactly
+    *exact = 1;
+#else
+    *required_version = TPFUSE_NCCL_MIN_VERSION_CODE;  // the host API only: this version or later
+    *exact = 0;
+#endif
     return nccl_status(ncclGetVersion(runtime_version), "ncclGetVersion");
   });
 }
@@ -151,6 +170,14 @@ int tpfuse_communicator_destroy(tpfuse_communicator* comm) {
 
 int tpfuse_communicator_status(const tpfuse_communicator* comm) {
   return guarded([&] { return tpfuse::communicator_status(from_handle(comm)); });
+}
+
+int tpfuse_communicator_workspace_bytes(const tpfuse_communicator* comm, int64_t* bytes) {
+  return guarded([&] {
+    if (comm == nullptr || bytes == nullptr) return Status::InvalidArgument("comm and bytes must not be null");
+    *bytes = int64_t(tpfuse::workspace_bytes(*from_handle(comm)));
+    return Status::Ok();
+  });
 }
 
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,

@@ -1,7 +1,9 @@
 // Creating and destroying communicators: the symmetric workspace, peer addresses, error words.
 #include "comm/communicator.h"
 
+#if TPFUSE_NCCL_DEVICE_API
 #include <nccl_device.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -104,6 +106,7 @@ uint32_t* counts_in(void* allocation, const Communicator& comm) {
   return reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(allocation) + data_bytes(comm) + flag_bytes(comm));
 }
 
+#if TPFUSE_NCCL_DEVICE_API
 __global__ void peer_pointers_kernel(ncclWindow_t window, int world_size, void** out) {
   for (int peer = 0; peer < world_size; ++peer) out[peer] = ncclGetPeerPointer(window, 0, peer);
 }
@@ -137,6 +140,7 @@ Status attach_nccl_symmetric(Communicator& comm, RankState& rank, size_t bytes) 
   }
   return Status::Ok();
 }
+#endif  // TPFUSE_NCCL_DEVICE_API
 
 // CUDA IPC: each rank exports its allocation; the handles travel through an NCCL all-gather.
 Status attach_cuda_ipc(Communicator& comm, RankState& rank, size_t bytes) {
@@ -172,12 +176,14 @@ void release(Communicator* comm) {
     cudaSetDevice(rank.device);
     if (rank.error_host != nullptr) cudaFreeHost(rank.error_host);
     if (rank.allocation == nullptr) continue;
+#if TPFUSE_NCCL_DEVICE_API
     if (comm->transport == Transport::kNcclSymmetric) {
       if (comm->window != nullptr) ncclCommWindowDeregister(comm->nccl, comm->window);
       ncclMemFree(rank.allocation);
-    } else {
-      cudaFree(rank.allocation);
+      continue;
     }
+#endif
+    cudaFree(rank.allocation);
   }
   delete comm;
 }
@@ -266,6 +272,7 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
   comm->ranks[0].device = device;
   const size_t bytes = allocation_bytes(*comm);
 
+#if TPFUSE_NCCL_DEVICE_API
   comm->transport = Transport::kNcclSymmetric;
   Status symmetric = attach_nccl_symmetric(*comm, comm->ranks[0], bytes);
   if (!symmetric.ok()) {
@@ -282,6 +289,12 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
     comm->transport = Transport::kCudaIpc;
     TPFUSE_RETURN_IF_ERROR(attach_cuda_ipc(*comm, comm->ranks[0], bytes));
   }
+#else
+  // Built without NCCL's device API (the Python package): peers' addresses from CUDA IPC, which needs
+  // NCCL's host API only.
+  comm->transport = Transport::kCudaIpc;
+  TPFUSE_RETURN_IF_ERROR(attach_cuda_ipc(*comm, comm->ranks[0], bytes));
+#endif
   if (debug_enabled()) {
     std::fprintf(stderr, "tpfuse: communicator rank %d of %d on device %d, transport %s, %zu bytes\n", rank_id,
                  world_size, device, to_string(comm->transport), bytes);
@@ -289,6 +302,8 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
   *out = comm.release();
   return Status::Ok();
 }
+
+size_t workspace_bytes(const Communicator& comm) { return allocation_bytes(comm); }
 
 Status preset_incoming_flags(Communicator* comm, int local_rank) {
   if (comm == nullptr) return Status::InvalidArgument("comm must not be null");

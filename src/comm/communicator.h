@@ -7,6 +7,12 @@
 
 #include <nccl.h>
 
+// Set by the tpfuse_nccl target (cmake/cuda.cmake) for everything that sees this struct, whose layout
+// depends on it.
+#ifndef TPFUSE_NCCL_DEVICE_API
+#error "TPFUSE_NCCL_DEVICE_API must be defined (link the tpfuse_nccl or tpfuse_internal target)"
+#endif
+
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -19,7 +25,7 @@ namespace tpfuse {
 
 enum class Transport {
   kLocal,          // one process, plain device pointers (peer access between distinct GPUs)
-  kNcclSymmetric,  // NCCL symmetric window, peer addresses from NCCL's device API
+  kNcclSymmetric,  // NCCL symmetric window, peer addresses from NCCL's device API (TPFUSE_NCCL_DEVICE_API)
   kCudaIpc,        // CUDA IPC handles exchanged through the NCCL communicator
 };
 
@@ -61,7 +67,9 @@ struct Communicator {
   std::vector<RankState> ranks;  // the ranks this process runs
   // Transport resources, released by communicator_destroy.
   ncclComm_t nccl = nullptr;
+#if TPFUSE_NCCL_DEVICE_API
   ncclWindow_t window = nullptr;
+#endif
   std::vector<void*> ipc_opened;
 };
 
@@ -75,6 +83,9 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
 // the solo-rank proxies of the benchmark. Its own pushes still land in the peers' buffers. Its
 // counts stay as they are.
 Status preset_incoming_flags(Communicator* comm, int local_rank);
+
+// Bytes of one rank's workspace allocation (both parities, flags, counts and counters).
+size_t workspace_bytes(const Communicator& comm);
 
 // Checks options against the world size (the message names the bad field).
 Status check_options(const CommunicatorOptions& options, int world_size);

@@ -1,8 +1,10 @@
 """The communicator cache's bookkeeping, with the library replaced by a recorder: sized at the first
-call, grown (M doubling) outside capture only, buffers a CUDA graph holds kept until close, torch's
-NCCL communicator preferred."""
+call, grown (M doubling) outside capture only, buffers a CUDA graph holds kept until close (also
+through the eager path), torch's NCCL communicator preferred, the group's timeout, reserve and
+workspace_bytes, close and status by group name, and the log line of each creation."""
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -25,6 +27,16 @@ class RecordingLibrary:
         if name == "tpfuse_communicator_create":
             self.handles += 1
             args[-1]._obj.value = self.handles  # the byref(c_void_p) out-argument
+        if name == "tpfuse_communicator_workspace_bytes":
+            args[-1]._obj.value = 1000 * args[0]
+
+    @property
+    def functions(self):
+        """The C functions as the eager path calls them: each records its call and succeeds."""
+        return {"tpfuse_gemm_reduce_scatter": lambda *args: self.call("tpfuse_gemm_reduce_scatter", *args) or 0}
+
+    def launched_with(self):
+        return [args[0] for name, args in self.calls if name == "tpfuse_gemm_reduce_scatter"]
 
     def names(self):
         return [name for name, _ in self.calls]
@@ -41,9 +53,11 @@ def library(monkeypatch):
     recorder = RecordingLibrary()
     monkeypatch.setattr(_communicators, "library", lambda: recorder)
     monkeypatch.setattr(_communicators, "torch_nccl_comm", lambda group, device: TORCH_COMM)
+    monkeypatch.setattr(_communicators, "rendezvous", lambda group, device, timeout_s, what: None)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     yield recorder
     _communicators._communicators.clear()  # no stand-in handle outlives the test
+    _communicators._by_name.clear()
 
 
 @pytest.fixture
@@ -145,3 +159,108 @@ def test_all_gather_calls_grow_k_and_keep_m_and_n(group, library, capturing):
     created = [args[:4] for name, args in library.calls if name == "tpfuse_communicator_create"]
     assert created == [(TORCH_COMM, 64, 48, 0), (TORCH_COMM, 64, 48, 32)]
     comm.close()
+
+
+def test_the_timeout_is_the_groups_own_and_reaches_the_library(group, library, capturing):
+    comm = _communicators.GroupCommunicator(group, DEVICE)
+    assert comm.timeout_s == _communicators.group_timeout_s(group) > 0
+    comm.reserve(8, 8)
+    assert [args[4] for name, args in library.calls if name == "tpfuse_communicator_create"] == [comm.timeout_s]
+    comm.close()
+
+
+def test_reserve_sizes_ahead_logs_once_and_counts_bytes(group, library, capturing, caplog):
+    with caplog.at_level(logging.INFO, logger="tpfuse"):
+        comm = _communicators.reserve(group, DEVICE, 1024, 512, 256, 30.0)
+    assert library.created() == [(TORCH_COMM, 1024, 512)]
+    assert [args[3:5] for name, args in library.calls if name == "tpfuse_communicator_create"] == [(256, 30.0)]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"tpfuse: made the workspace of group {group.group_name!r} on cuda:0: 0.0 MiB for M <= 1024, N <= 512, "
+        "K <= 256 (peer timeout 30 s)"]
+    assert comm.reserve(1024, 512, 256) == 1  # no growth
+    assert tpfuse.workspace_bytes(group) == tpfuse.workspace_bytes(group.group_name) == 1000
+    _communicators.reserve(group, DEVICE, 0, 0, 0, 60.0)  # a new timeout: made again, sizes kept
+    assert library.created()[-1] == (TORCH_COMM, 1024, 512) and comm.timeout_s == 60.0
+    with pytest.raises(tpfuse.InvalidArgumentError, match="max_m = 6 must be a non-negative multiple of 4"):
+        _communicators.reserve(group, DEVICE, 6, 8, 0, None)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="timeout = -1 must be a positive"):
+        _communicators.reserve(group, DEVICE, 8, 8, 0, -1)
+    tpfuse.close(group.group_name)
+    assert tpfuse.workspace_bytes() == 0
+
+
+def test_close_and_status_take_group_names(group, library, capturing):
+    comm = _communicators.communicator(group, DEVICE)
+    comm.reserve(8, 8)
+    tpfuse.status(group.group_name)
+    assert [args[0] for name, args in library.calls if name == "tpfuse_communicator_status"] == [1]
+    with pytest.raises(tpfuse.InvalidArgumentError, match="group = 'no-such-group' names no process group"):
+        tpfuse.close("no-such-group")
+    tpfuse.close(group.group_name)
+    assert library.destroyed() == [1]
+    assert _communicators._communicators == {} and _communicators._by_name == {}
+
+
+def test_an_eager_call_after_capture_keeps_the_captured_buffers_through_growth(group, library, capturing,
+                                                                              monkeypatch):
+    """Capture, an eager call of the same size, then growth: the graph's buffers must outlive the growth
+    (freeing them would make the graph's replays write into freed memory)."""
+    from tpfuse import _ops
+    monkeypatch.setattr(_ops, "library", lambda: library)
+    monkeypatch.setattr(_ops, "check_placement", lambda *named: None)  # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(_ops, "_capturing", lambda: capturing["on"])
+    monkeypatch.setattr(_ops, "_current_stream", lambda index: 0)
+    monkeypatch.setattr(_ops, "_current_device", lambda: None)  # the CPU tensors' device index
+    monkeypatch.setattr(_ops, "_EAGER_DEVICE", "cpu")
+    a, w = torch.zeros(64, 16, dtype=torch.bfloat16), torch.zeros(48, 16, dtype=torch.bfloat16)
+    assert _ops.eager_allowed(a, w, None)
+
+    tpfuse.gemm_reduce_scatter(a, w, group)            # makes communicator 1
+    capturing["on"] = True
+    tpfuse.gemm_reduce_scatter(a, w, group)            # captured into a graph
+    capturing["on"] = False
+    tpfuse.gemm_reduce_scatter(a, w, group)            # eager, the same size
+    big = torch.zeros(256, 16, dtype=torch.bfloat16)
+    tpfuse.gemm_reduce_scatter(big, w, group)          # grows: communicator 2
+    assert library.launched_with() == [1, 1, 1, 2]
+    assert library.destroyed() == []                   # the graph may replay with communicator 1
+    tpfuse.gemm_reduce_scatter(torch.zeros(1024, 16, dtype=torch.bfloat16), w, group)
+    assert library.destroyed() == [2]                  # 2 was never captured
+    tpfuse.close(group)
+    assert sorted(library.destroyed()) == [1, 2, 3]
+
+
+def test_a_rank_that_never_comes_ends_the_meeting_with_peer_timeout(group, monkeypatch):
+    waited = []
+
+    class Work:
+        def wait(self, timeout):
+            waited.append(timeout.total_seconds())
+            raise RuntimeError("Work ran for 2000 milliseconds before timing out")
+
+    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None: None)
+    monkeypatch.setattr(_communicators.dist, "all_reduce", lambda tensor, group, async_op: Work())
+    with pytest.raises(tpfuse.PeerTimeoutError, match=r"making tpfuse's communicator: not every rank of group "
+                                                      r"'.*' arrived within 2 s .*2000 milliseconds"):
+        _communicators.rendezvous(group, DEVICE, 2.0, "making tpfuse's communicator")
+    assert waited == [2.0]
+
+
+def test_the_groups_timeout_is_its_backends_option(monkeypatch):
+    import datetime
+
+    class Group:
+        def _get_backend(self, device):
+            return type("Backend", (), {"options": type("Options", (), {"_timeout": datetime.timedelta(seconds=90)})})
+
+    assert _communicators.group_timeout_s(Group()) == 90.0
+    assert _communicators.group_timeout_s(object()) > 0  # no backend: torch's default for NCCL
+
+
+def test_check_is_status_and_takes_names(group, library, capturing):
+    comm = _communicators.communicator(group, DEVICE)
+    comm.reserve(8, 8)
+    tpfuse.check(group.group_name)
+    tpfuse.check()
+    assert [args[0] for name, args in library.calls if name == "tpfuse_communicator_status"] == [1, 1]
+    tpfuse.close()

@@ -1,10 +1,11 @@
-"""The C ABI as Python sees it: constants equal to tpfuse_c.h's, one NCCL in the process (torch's, of
-the headers' version), and the library's statuses turned into exceptions with their messages."""
+"""The C ABI as Python sees it: constants equal to tpfuse_c.h's, one NCCL in the process (torch's, at
+or past the build's floor), and the library's statuses turned into exceptions with their messages."""
 
 import ctypes
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def test_one_nccl_in_the_process_and_it_is_torchs():
     info = tpfuse.nccl_info()
     assert info.loaded_by_torch, "torch loaded no libnccl.so before tpfuse"
     assert _library.loaded_nccl_paths() == [info.path]
-    assert info.runtime_version == info.header_version
+    assert not info.exact and info.runtime_version >= info.required_version == 21300
     major, minor, patch = torch.cuda.nccl.version()
     assert info.runtime_version == major * 10000 + minor * 100 + patch == _library.torch_nccl_version()
     package_library = _library.torch_nccl_package_library()
@@ -60,11 +61,39 @@ def test_one_nccl_in_the_process_and_it_is_torchs():
         assert Path(info.path).resolve() == package_library.resolve()
 
 
-def test_an_nccl_of_another_version_than_the_headers_is_refused():
-    _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 22809, 22809, True))
-    with pytest.raises(tpfuse.UnsupportedError, match="built with NCCL 2.28.9 headers, but this process runs "
-                                                      "NCCL 2.30.7"):
-        _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 23007, 22809, True))
+def test_an_nccl_below_the_floor_or_another_than_a_device_api_builds_is_refused():
+    _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 23007, 21300, False, True))
+    _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 21300, 21300, False, True))
+    with pytest.raises(tpfuse.UnsupportedError, match=r"needs NCCL 2.13.0 or later, and this process runs NCCL "
+                                                      r"2.12.12 .*pip install -U torch"):
+        _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 21212, 21300, False, True))
+    _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 22809, 22809, True, True))
+    with pytest.raises(tpfuse.UnsupportedError, match="built with NCCL 2.28.9's device API compiled in, but this "
+                                                      "process runs NCCL 2.30.7"):
+        _library.check_nccl_versions(_library.NcclInfo("libnccl.so.2", 23007, 22809, True, True))
+
+
+def test_nccl_is_resolved_at_run_time_from_a_library_that_has_it():
+    # In a process without torch (so without NCCL): libtpfuse.so alone.
+    script = f"""
+import ctypes
+lib = ctypes.CDLL({str(_library.LIBRARY_PATH)!r})
+lib.tpfuse_last_error.restype = ctypes.c_char_p
+def show(status):
+    print(status, lib.tpfuse_last_error().decode())
+show(lib.tpfuse_nccl_get_unique_id(ctypes.create_string_buffer(128)))
+show(lib.tpfuse_nccl_open(None))
+show(lib.tpfuse_nccl_open(b"libc.so.6"))
+"""
+    lines = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                           text=True).stdout.splitlines()
+    assert lines[0].startswith(f"{StatusCode.NCCL_ERROR} ncclGetUniqueId failed: NCCL is not loaded")
+    assert lines[1].startswith(f"{StatusCode.UNSUPPORTED} no libnccl.so.2 is loaded in this process")
+    assert lines[2] == f"{StatusCode.UNSUPPORTED} libc.so.6 lacks ncclGetVersion, ncclGetUniqueId, " \
+        "ncclCommInitRank, ncclCommDestroy, ncclCommCount, ncclCommCuDevice, ncclCommUserRank, ncclAllGather, " \
+        "ncclGetErrorString, ncclGetLastError: tpfuse needs NCCL 2.13 or later"
+    # In this process: torch's NCCL, opened at load; opening it again changes nothing.
+    tpfuse._library.library().call("tpfuse_nccl_open", tpfuse.nccl_info().path.encode())
 
 
 def test_a_failed_status_raises_with_the_librarys_message():
@@ -81,17 +110,19 @@ def test_a_failed_status_raises_with_the_librarys_message():
         library.call("tpfuse_gemm", 512, 64, 64, 2, None, None, None, None)
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
         library.call("tpfuse_communicator_create", None, 512, 64, 0, 0.0, ctypes.byref(ctypes.c_void_p()))
+    with pytest.raises(tpfuse.InvalidArgumentError, match="comm and bytes must not be null"):
+        library.call("tpfuse_communicator_workspace_bytes", None, ctypes.byref(ctypes.c_int64()))
     with pytest.raises(tpfuse.InvalidArgumentError, match="rank 3 of world_size 2 is out of range"):
         library.call("tpfuse_nccl_comm_init_rank", ctypes.byref(ctypes.c_void_p()), 2,
                      bytes(_library.NCCL_UNIQUE_ID_BYTES), 3, 0)
     # The message is that of the thread's last call: gone after one that succeeded.
-    runtime, header = ctypes.c_int(), ctypes.c_int()
-    library.call("tpfuse_nccl_versions", ctypes.byref(runtime), ctypes.byref(header))
+    runtime, required, exact = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    library.call("tpfuse_nccl_versions", ctypes.byref(runtime), ctypes.byref(required), ctypes.byref(exact))
     assert library._dll.tpfuse_last_error() == b""
 
 
 @pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="needs binutils")
-def test_the_library_exports_the_c_abi_only_and_needs_no_libcudart():
+def test_the_library_exports_the_c_abi_only_and_needs_no_libcudart_and_no_libnccl():
     exported = subprocess.run(["nm", "-D", "--defined-only", str(_library.LIBRARY_PATH)], check=True,
                               capture_output=True, text=True).stdout.split()[2::3]
     assert exported and all(name.startswith("tpfuse_") for name in exported), exported
@@ -99,8 +130,7 @@ def test_the_library_exports_the_c_abi_only_and_needs_no_libcudart():
     dynamic = subprocess.run(["readelf", "-d", str(_library.LIBRARY_PATH)], check=True, capture_output=True,
                              text=True).stdout
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", dynamic)
-    assert "libnccl.so.2" in needed
-    assert not [name for name in needed if name.startswith("libcudart")], needed
+    assert not [name for name in needed if name.startswith(("libcudart", "libnccl"))], needed
 
 
 def test_without_a_process_group_the_call_says_so():

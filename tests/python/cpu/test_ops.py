@@ -115,6 +115,21 @@ def test_compile_reports_bad_shapes_at_trace_time(group):
         compiled(meta(6, 32), meta(48, 32))
 
 
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_compile_errors_carry_the_tpfuse_error(group, fullgraph):
+    """torch.compile wraps an error of the op's fake implementation in its own exception; the tpfuse
+    error stays in its chain, where tpfuse.tpfuse_error_of finds it."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, w: tpfuse.gemm_reduce_scatter(a, w, group), fullgraph=fullgraph,
+                             backend="aot_eager")
+    with pytest.raises(Exception) as caught:
+        compiled(meta(6, 32), meta(48, 32))
+    error = tpfuse.tpfuse_error_of(caught.value)
+    assert isinstance(error, tpfuse.InvalidArgumentError)
+    assert str(error) == "M = 6 rows of a do not divide over the group's 4 ranks"
+    assert tpfuse.tpfuse_error_of(RuntimeError("not tpfuse's")) is None
+
+
 def test_all_gather_ops_are_registered_with_their_schemas():
     assert str(torch.ops.tpfuse.all_gather_gemm.default._schema) == \
         "tpfuse::all_gather_gemm(Tensor x, Tensor w, str weight_layout, str group_name) -> Tensor"

@@ -27,14 +27,17 @@ def test_spec_shapes_within_the_rule(multi_gpu, device, m, n, k_total, weight_la
 def test_a_peer_that_never_arrives_is_a_peer_timeout(multi_gpu, device):
     group = multi_gpu
     a, w = random_operands(1024, 512, 64, "nk", device, 99 + group.rank())
-    tpfuse.gemm_reduce_scatter(a, w, group)  # every rank has its communicator
+    tpfuse.close(group)
+    tpfuse.reserve(group, 1024, 512, timeout=5)  # every rank has its communicator, with 5 s waits
+    assert tpfuse.workspace_bytes(group) >= 4 * 1024 * 512
+    tpfuse.gemm_reduce_scatter(a, w, group)
     torch.cuda.synchronize()
     dist.barrier(group)
     if group.rank() != group.size() - 1:  # the last rank stays away
         tpfuse.gemm_reduce_scatter(a, w, group)
-        torch.cuda.synchronize()  # the wait is bounded: about 10 s
-        with pytest.raises(tpfuse.PeerTimeoutError, match="never arrived"):
-            tpfuse.status(group)
+        torch.cuda.synchronize()  # the wait is bounded: about 5 s
+        with pytest.raises(tpfuse.PeerTimeoutError, match="waited more than 5.0+ s .*never arrived"):
+            tpfuse.check(group.group_name)
         with pytest.raises(tpfuse.PeerTimeoutError):
             tpfuse.gemm_reduce_scatter(a, w, group)
     dist.barrier(group)
@@ -42,3 +45,25 @@ def test_a_peer_that_never_arrives_is_a_peer_timeout(multi_gpu, device):
     out = tpfuse.gemm_reduce_scatter(a, w, group)
     reference = reference_rows(a, w, "nk", group)
     assert errors(out, reference, group).within(errors(unfused_rows(a, w, "nk", group), reference, group))
+
+
+def test_a_timeout_during_graph_replay_is_raised_by_check(multi_gpu, device):
+    """A replay cannot raise: tpfuse.check() (once a step) reports the peer that never arrived."""
+    group = multi_gpu
+    a, w = random_operands(1024, 512, 64, "nk", device, 7 + group.rank())
+    tpfuse.close(group)
+    tpfuse.reserve(group, 1024, 512, timeout=5)
+    out = tpfuse.gemm_reduce_scatter(a, w, group)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tpfuse.gemm_reduce_scatter(a, w, group, out=out)
+    dist.barrier(group)
+    if group.rank() != group.size() - 1:  # the last rank never replays
+        graph.replay()
+        torch.cuda.synchronize()  # the wait is bounded: about 5 s
+        with pytest.raises(tpfuse.PeerTimeoutError, match="never arrived"):
+            tpfuse.check(group)
+    dist.barrier(group)
+    del graph
+    tpfuse.close(group)
