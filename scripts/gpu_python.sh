@@ -8,7 +8,7 @@
 #
 #   bash scripts/gpu_python.sh OUT_DIR
 #
-# Environment: PYTHON (default python3); TPFUSE_GPU_NPROC, the world size of the tests and benchmark
+# Environment: PYTHON (default python3); TPFUSE_WHEEL, a wheel to install instead of building the package; TPFUSE_GPU_NPROC, the world size of the tests and benchmark
 # (default 1; at 2 or more the multi-GPU tests run too); TPFUSE_GPU_BUDGET_S, the whole run's time
 # limit in seconds (default 540: each step gets what is left of it, up to its own limit);
 # TPFUSE_GIT_COMMIT, the commit the benchmark's JSON names where the tree has no .git.
@@ -69,10 +69,13 @@ print("nvidia.nccl", list(package.__path__)[0])'
   env | grep -E '^(NCCL|TORCH|NVSHMEM)_' | sort
 } > "${OUT_DIR}/env.log" 2>&1
 
-step install 240 "${PYTHON}" -m pip install -v --no-build-isolation --no-deps .
+# TPFUSE_WHEEL: a wheel built elsewhere (pip wheel .), installed instead of building here.
+package="${TPFUSE_WHEEL:-.}"
+step install 240 "${PYTHON}" -m pip install -v --no-build-isolation --no-deps "${package}"
 if [[ $? != 0 ]] && grep -qE 'Permission denied|Read-only file system' "${OUT_DIR}/install.log"; then
   # python3's site-packages is not writable: a folder of our own on PYTHONPATH instead.
-  step install_target 240 "${PYTHON}" -m pip install -v --no-build-isolation --no-deps --target /tmp/tpfuse-site .
+  step install_target 240 "${PYTHON}" -m pip install -v --no-build-isolation --no-deps --target /tmp/tpfuse-site \
+    "${package}"
   export PYTHONPATH="/tmp/tpfuse-site${PYTHONPATH:+:${PYTHONPATH}}"
 fi
 step nccl 60 "${PYTHON}" -c "import tpfuse; print(tpfuse.nccl_info())"
