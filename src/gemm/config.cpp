@@ -254,7 +254,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
     const bool taken = plain_gemm || (one_consumer        ? register_epilogue_takes(v)
                                       : stores_tiles      ? storing_ops_take(v)
                                                           : fused_ops_take(v));
-    if (smem[i] > size_t(device.max_smem_per_block) || !taken) continue;
+    if (smem[i] > size_t(device.max_smem_per_block) || !taken || v.dtype != grid.dtype) continue;
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
     const int rank = (4 * same_tile + 2 * same_staging) * 16 + v.stages;
@@ -345,6 +345,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   TileGrid grid;
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
+  grid.dtype = problem.dtype;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
   return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config);
 }

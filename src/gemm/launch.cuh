@@ -95,7 +95,7 @@ Status make_mainloop_params(const Problem& problem, const void* a, const void* w
   const int last_rows = int((m - last_row + 7) / 8 * 8);
   TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, last_rows, Config::kBlockK, &p->a_last));
   p->a_last_row = int(last_row);
-  p->a_last_bytes = last_rows * Config::kBlockK * 2;
+  p->a_last_bytes = last_rows * Config::kBlockK * element_bytes(problem.dtype);
   // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
   if (Config::kWeightKMajor) {
     TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
