@@ -72,7 +72,7 @@ void preset_blocks(const LocalCommunicator& comm, const AllGatherProblem& proble
   const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
   const uint64_t seed = tensor_seed(run_seed, shape_index, 0, 0, kPeerBlocks);
   for (int parity = 0; parity < 2; ++parity) {
-    fill_random_bf16(static_cast<bf16*>(gathered_buffer(*c, 0, parity)), parity_elems, seed, gpu.stream);
+    fill_random_bf16(static_cast<bf16*>(parity_data(*c, 0, parity)), parity_elems, seed, gpu.stream);
   }
   check_op(preset_peer_blocks(c, 0, problem));
   // NOTE: the communicator's own setup and the preset are not on gpu.stream: wait for all of it.
@@ -104,7 +104,7 @@ ErrorSums check_solo(Gpu& gpu, const LocalCommunicator& comm, const AllGatherPro
   TESTING_CHECK(cudaMemcpyAsync(gathered.get(), sets.a[0].get(), block * sizeof(bf16), cudaMemcpyDeviceToDevice,
                                 gpu.stream));
   // gathered[parity 0][source][m/P][k]: the blocks of sources 1 .. P-1 follow source 0's slot.
-  const bf16* preset = static_cast<const bf16*>(gathered_buffer(*comm.get(), 0, 0));
+  const bf16* preset = static_cast<const bf16*>(parity_data(*comm.get(), 0, 0));
   TESTING_CHECK(cudaMemcpyAsync(gathered.as<bf16>() + block, preset + block,
                                 (size_t(problem.m) * size_t(problem.k) - block) * sizeof(bf16),
                                 cudaMemcpyDeviceToDevice, gpu.stream));

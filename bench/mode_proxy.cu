@@ -91,7 +91,7 @@ void preset_partials(const LocalCommunicator& comm, Gpu& gpu, uint64_t run_seed,
   for (int r = 0; r < c->world_size; ++r) {
     const uint64_t recv_seed = tensor_seed(run_seed, shape_index, r, 0, kRecv);
     for (int parity = 0; parity < 2; ++parity) {
-      fill_random_bf16(static_cast<bf16*>(receive_buffer(*c, r, parity)), parity_elems, recv_seed, gpu.stream);
+      fill_random_bf16(static_cast<bf16*>(parity_data(*c, r, parity)), parity_elems, recv_seed, gpu.stream);
     }
   }
   check_op(preset_incoming_flags(c, 0));
@@ -124,7 +124,7 @@ ErrorSums check_solo(Gpu& gpu, const LocalCommunicator& comm, const Problem& pro
   DeviceBuffer ref(gpu.device, out_count * sizeof(float));
   reference_gemm(own_rows, buffers.sets.a[0].as<bf16>(), buffers.sets.w[0].as<bf16>(), ref.as<float>(), gpu.stream);
   // recv[parity 0][source][m/P][n]: the partials of sources 1 .. P-1 follow source 0's slot.
-  const bf16* recv = static_cast<const bf16*>(receive_buffer(*comm.get(), 0, 0));
+  const bf16* recv = static_cast<const bf16*>(parity_data(*comm.get(), 0, 0));
   for (int source = 1; source < problem.world_size; ++source) {
     add_bf16_to_ref(ref.as<float>(), recv + size_t(source) * out_count, out_count, gpu.stream);
   }

@@ -290,6 +290,10 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
   return Status::Ok();
 }
 
+void* parity_data(const Communicator& comm, int local_rank, int parity) {
+  return static_cast<uint8_t*>(comm.ranks[local_rank].data) + size_t(parity) * comm.parity.data_bytes;
+}
+
 Status preset_incoming_flags(Communicator* comm, int local_rank) {
   if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
   if (local_rank < 0 || local_rank >= int(comm->ranks.size())) return Status::InvalidArgument("no such local rank");
