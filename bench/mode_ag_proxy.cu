@@ -16,6 +16,7 @@
 #include "modes.h"
 #include "ops/ag_gemm/launch.h"
 #include "testing/gpu_check.h"
+#include "testing/solo_rank.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::bench {

@@ -18,6 +18,7 @@
 #include "local_comm.h"
 #include "modes.h"
 #include "ops/gemm_rs/launch.h"
+#include "testing/solo_rank.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::bench {

@@ -76,11 +76,6 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
 // ops/ag_gemm/workspace.h).
 void* parity_data(const Communicator& comm, int local_rank, int parity);
 
-// Marks every flag of this rank as raised (for every future call), so that one rank can run alone:
-// the solo-rank proxies of the benchmark. Its own pushes still land in the peers' buffers. Its
-// counts stay as they are.
-Status preset_incoming_flags(Communicator* comm, int local_rank);
-
 // Checks options against the world size (the message names the bad field).
 Status check_options(const CommunicatorOptions& options, int world_size);
 

@@ -173,17 +173,6 @@ Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, co
   return launch_op<AllGatherOp>(comm, problem, local_ranks, {x, w, y, gathered_x}, streams, overrides);
 }
 
-Status preset_peer_blocks(Communicator* comm, int local_rank, const AllGatherProblem& problem) {
-  TPFUSE_RETURN_IF_ERROR(preset_incoming_flags(comm, local_rank));
-  const RankState& rank = comm->ranks[local_rank];
-  const size_t row_blocks = size_t(copy_row_blocks(problem.rows_per_rank()));
-  for (int parity = 0; parity < 2; ++parity) {
-    uint32_t* own = rank.flags + size_t(parity) * comm->parity.flag_words + size_t(rank.rank) * row_blocks;
-    TPFUSE_CUDA_TRY(cudaMemset(own, 0, row_blocks * sizeof(uint32_t)));
-  }
-  return Status::Ok();
-}
-
 Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w, void* y,
                        void* gathered_x, cudaStream_t stream, const ConfigOverrides& overrides) {
   return launch_op_on_one_rank<AllGatherOp>(comm, problem, {&x, &w, &y, &gathered_x}, &stream, overrides);
