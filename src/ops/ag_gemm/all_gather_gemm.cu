@@ -108,17 +108,19 @@ struct AllGatherOp {
                        e.copy_own ? comm.world_size : comm.world_size - 1, config.idle_copiers);
     // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
     const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;
-    const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
-    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(y, bands, band_rows, problem.n_per_rank, 1,
+    const DType dtype = problem.dtype;  // of X, gathered
+    const int64_t parity_elems = int64_t(comm.parity.data_bytes / element_bytes(dtype));
+    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(DType::kBF16, y, bands, band_rows, problem.n_per_rank, 1,
                                                    band_rows * problem.n_per_rank, kChunkRows, kChunkCols, &e.y));
-    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(x, 1, rows, k, 1, rows * k, Config::kBlockM, Config::kBlockK, &e.own_x));
-    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, bands, band_rows, k, 2, parity_elems, Config::kBlockM,
-                                                   Config::kBlockK, &e.gathered));
+    TPFUSE_RETURN_IF_ERROR(
+        make_layered_tensor_map(dtype, x, 1, rows, k, 1, rows * k, Config::kBlockM, Config::kBlockK, &e.own_x));
+    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(dtype, rank.data, bands, band_rows, k, 2, parity_elems,
+                                                   Config::kBlockM, Config::kBlockK, &e.gathered));
     if (e.halves_by_block) {
       TPFUSE_RETURN_IF_ERROR(
-          make_layered_tensor_map(x, 1, rows, k, 1, rows * k, kSlabRows, Config::kBlockK, &e.own_x_half));
-      TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data, comm.world_size, rows, k, 2, parity_elems, kSlabRows,
-                                                     Config::kBlockK, &e.gathered_half));
+          make_layered_tensor_map(dtype, x, 1, rows, k, 1, rows * k, kSlabRows, Config::kBlockK, &e.own_x_half));
+      TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(dtype, rank.data, comm.world_size, rows, k, 2, parity_elems,
+                                                     kSlabRows, Config::kBlockK, &e.gathered_half));
     }
     e.x = static_cast<const uint16_t*>(x);
     for (int r = 0; r < comm.world_size; ++r) {

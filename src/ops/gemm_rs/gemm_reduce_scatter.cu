@@ -90,12 +90,12 @@ struct GemmRsOp {
     // Shared tiles move a segment's rows as one box (ops/gemm_rs/epilogue.cuh), or from registers
     // without tensor maps (ops/gemm_rs/shared_tiles.cuh); the others a chunk.
     e.box_rows = config.shared_tiles ? int(problem.rows_per_rank()) : kChunkRows;
-    const int64_t parity_elems = int64_t(comm.parity.data_bytes / 2);
+    const int64_t parity_elems = int64_t(comm.parity.data_bytes / element_bytes(DType::kBF16));
     for (int owner = 0; owner < comm.world_size; ++owner) {
       if (!config.register_epilogue) {
-        TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(rank.data_at[owner], comm.world_size, problem.rows_per_rank(),
-                                                       problem.n, 2, parity_elems, e.box_rows, kChunkCols,
-                                                       &e.recv_at[owner]));
+        TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(DType::kBF16, rank.data_at[owner], comm.world_size,
+                                                       problem.rows_per_rank(), problem.n, 2, parity_elems,
+                                                       e.box_rows, kChunkCols, &e.recv_at[owner]));
       }
       e.recv[owner] = static_cast<uint16_t*>(rank.data_at[owner]);
       e.flags_at[owner] = rank.flags_at[owner];
@@ -103,8 +103,8 @@ struct GemmRsOp {
     e.recv_parity_elems = size_t(parity_elems);
     e.out_rows = static_cast<uint16_t*>(operands.out[i]);
     if (!config.register_epilogue) {
-      TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(operands.out[i], problem.rows_per_rank(), problem.n, problem.n,
-                                                  e.box_rows, kChunkCols, &e.out));
+      TPFUSE_RETURN_IF_ERROR(make_tensor_map(DType::kBF16, operands.out[i], problem.rows_per_rank(), problem.n,
+                                             problem.n, e.box_rows, kChunkCols, &e.out));
     }
     e.flags_parity_words = comm.parity.flag_words;
     e.calls = rank.calls;
