@@ -8,8 +8,8 @@
 //   check(comm, problem, num_ranks, operands, streams)      its own checks: capacity, operands
 //   select_config(problem, device, overrides, &config)      its config choice (pure C++)
 //   config_that_fits(problem, config, ctas_per_rank)        the config for the CTAs a rank got
-//   with_kernel(problem, config, fn)     calls fn(kernel) with a type that names the kernel:
-//                                        Config (the mainloop's), Launch<kLocalRanks> (its
+//   with_kernel(problem, config, fn)     calls fn(kernel) with a type that names the kernel (an
+//                                        OpKernel: Config, the mainloop's; Launch<kLocalRanks>, its
 //                                        parameter) and kernel<kLocalRanks>() (the __global__)
 //   make_rank_params<Config>(comm, rank, problem, config, operands, i, split, &params)
 //   after_launch(comm, problem, local_ranks, operands, streams, emulated)   what follows the kernel
@@ -61,6 +61,27 @@ inline Status check_operands(std::initializer_list<OperandArray> operands, const
   }
   return Status::Ok();
 }
+
+// What every op's epilogue params hold of the call: the rank, its call count (the epoch), and what
+// its bounded waits read (comm::wait_bounded): the failed word, the timeout record and the timeout.
+template <class EpilogueParams>
+void set_call_params(const Communicator& comm, const RankState& rank, EpilogueParams* e) {
+  e->rank = rank.rank;
+  e->world_size = comm.world_size;
+  e->calls = rank.calls;
+  e->failed = rank.failed;
+  e->error = rank.error_device;
+  e->timeout_ns = comm.timeout_ns;
+}
+
+// What an op's kernel type names besides its __global__ (kernel<kLocalRanks>()): the mainloop's
+// config and the launch parameter of kLocalRanks ranks.
+template <class MainloopConfig, template <int> class LaunchOf>
+struct OpKernel {
+  using Config = MainloopConfig;
+  template <int kLocalRanks>
+  using Launch = LaunchOf<kLocalRanks>;
+};
 
 // Launches `grid` CTAs of a kernel over num_ranks ranks of `launch`.
 template <class Kernel, int kLocalRanks>

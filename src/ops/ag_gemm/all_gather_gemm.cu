@@ -12,14 +12,9 @@ namespace {
 
 // The kernel of a mainloop config.
 template <class MainloopConfig>
-struct AllGatherKernel {
-  using Config = MainloopConfig;
+struct AllGatherKernel : OpKernel<MainloopConfig, kernels::AllGatherLaunch> {
   template <int kLocalRanks>
-  using Launch = kernels::AllGatherLaunch<kLocalRanks>;
-  template <int kLocalRanks>
-  static auto kernel() {
-    return kernels::all_gather_kernel<Config, kLocalRanks>;
-  }
+  static auto kernel() { return kernels::all_gather_kernel<MainloopConfig, kLocalRanks>; }
 };
 
 struct AllGatherOp {
@@ -92,8 +87,7 @@ struct AllGatherOp {
     gemm.dtype = problem.dtype;
     TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(gemm, x, operands.w[i], schedule, &rp->mainloop));
     kernels::AllGatherEpilogue::Params& e = rp->epilogue;
-    e.rank = rank.rank;
-    e.world_size = comm.world_size;
+    set_call_params(comm, rank, &e);
     e.rows_per_rank = int(rows);
     e.k = int(k);
     e.sources_per_band = config.sources_per_band;
@@ -131,10 +125,6 @@ struct AllGatherOp {
     e.parity_elems = size_t(parity_elems);
     e.flags_parity_words = comm.parity.flag_words;
     e.counts_parity_words = comm.parity.count_words;
-    e.calls = rank.calls;
-    e.failed = rank.failed;
-    e.error = rank.error_device;
-    e.timeout_ns = comm.timeout_ns;
     e.split_partials = split.partials;
     e.splits_done = split.splits_done;
     rp->mainloop.a = e.gathered;  // prefetched by the kernel; every load goes through a_load's maps

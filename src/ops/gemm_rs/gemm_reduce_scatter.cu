@@ -12,14 +12,9 @@ namespace {
 
 // The kernel of a mainloop config and an epilogue class.
 template <class MainloopConfig, class Epilogue>
-struct GemmRsKernel {
-  using Config = MainloopConfig;
+struct GemmRsKernel : OpKernel<MainloopConfig, kernels::GemmRsLaunch> {
   template <int kLocalRanks>
-  using Launch = kernels::GemmRsLaunch<kLocalRanks>;
-  template <int kLocalRanks>
-  static auto kernel() {
-    return kernels::gemm_rs_kernel<Config, kLocalRanks, Epilogue>;
-  }
+  static auto kernel() { return kernels::gemm_rs_kernel<MainloopConfig, kLocalRanks, Epilogue>; }
 };
 
 struct GemmRsOp {
@@ -81,8 +76,7 @@ struct GemmRsOp {
     const TileSchedule schedule(schedule_shape(problem, config, rank.rank));
     TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, operands.a[i], operands.w[i], schedule, &rp->mainloop));
     kernels::PushReduceParams& e = rp->epilogue;
-    e.rank = rank.rank;
-    e.world_size = comm.world_size;
+    set_call_params(comm, rank, &e);
     e.rows_per_rank = int(problem.rows_per_rank());
     e.n = int(problem.n);
     e.col_tiles = schedule.col_tiles();
@@ -107,10 +101,6 @@ struct GemmRsOp {
                                              problem.n, e.box_rows, kChunkCols, &e.out));
     }
     e.flags_parity_words = comm.parity.flag_words;
-    e.calls = rank.calls;
-    e.failed = rank.failed;
-    e.error = rank.error_device;
-    e.timeout_ns = comm.timeout_ns;
     e.partial_rounds = config.partial_rounds;
     e.num_k_blocks = rp->mainloop.num_k_blocks;
     e.split_partials = split.partials;
