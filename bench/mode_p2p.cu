@@ -112,7 +112,7 @@ void run_p2p(const Options& options, Report& report) {
       sm_store_kernel<<<num_sms, 512, 0, gpus[src].stream>>>(source.as<uint4>(), bytes / sizeof(uint4));
       TESTING_CHECK(cudaGetLastError());
       CUtensorMap matrix{};
-      if (const Status s = make_tensor_map_bf16(target.get(), rows, kMatrixCols, kMatrixCols, 64, 64, &matrix); !s.ok()) {
+      if (const Status s = make_tensor_map(DType::kBF16, target.get(), rows, kMatrixCols, kMatrixCols, 64, 64, &matrix); !s.ok()) {
         throw CallFailed("tensor map of the destination: " + s.to_string());
       }
       gpus.synchronize();

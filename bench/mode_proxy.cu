@@ -24,6 +24,7 @@
 #include "ops/ag_gemm/launch.h"
 #include "ops/gemm_rs/launch.h"
 #include "testing/gpu_check.h"
+#include "testing/solo_rank.h"
 #include "timeline.h"
 #include "tpfuse/tpfuse.h"
 
@@ -61,7 +62,7 @@ struct ReduceScatterOp {
     for (int r = 0; r < c->world_size; ++r) {
       const uint64_t seed = tensor_seed(run_seed, shape_index, r, 0, kPreset);
       for (int parity = 0; parity < 2; ++parity) {
-        fill_random_bf16(static_cast<bf16*>(receive_buffer(*c, r, parity)), parity_elems, seed, gpu.stream);
+        fill_random_bf16(static_cast<bf16*>(parity_data(*c, r, parity)), parity_elems, seed, gpu.stream);
       }
     }
     check_op(preset_incoming_flags(c, 0));
@@ -85,7 +86,7 @@ struct ReduceScatterOp {
     own_rows.m = problem.rows_per_rank();
     reference_gemm(own_rows, sets.a[0].as<bf16>(), sets.w[0].as<bf16>(), ref, gpu.stream);
     // recv[parity 0][source][m/P][n]: the partials of sources 1 .. P-1 follow source 0's slot.
-    const bf16* recv = static_cast<const bf16*>(receive_buffer(*comm.get(), 0, 0));
+    const bf16* recv = static_cast<const bf16*>(parity_data(*comm.get(), 0, 0));
     for (int source = 1; source < problem.world_size; ++source) {
       add_bf16_to_ref(ref, recv + size_t(source) * count, count, gpu.stream);
     }
@@ -115,7 +116,7 @@ struct AllGatherOp {
     const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
     const uint64_t seed = tensor_seed(run_seed, shape_index, 0, 0, kPreset);
     for (int parity = 0; parity < 2; ++parity) {
-      fill_random_bf16(static_cast<bf16*>(gathered_buffer(*c, 0, parity)), parity_elems, seed, gpu.stream);
+      fill_random_bf16(static_cast<bf16*>(parity_data(*c, 0, parity)), parity_elems, seed, gpu.stream);
     }
     check_op(preset_peer_blocks(c, 0, problem));
   }
@@ -140,7 +141,7 @@ struct AllGatherOp {
     TESTING_CHECK(cudaMemcpyAsync(gathered.get(), sets.a[0].get(), block * sizeof(bf16), cudaMemcpyDeviceToDevice,
                                   gpu.stream));
     // gathered[parity 0][source][m/P][k]: the blocks of sources 1 .. P-1 follow source 0's slot.
-    const bf16* preset = static_cast<const bf16*>(gathered_buffer(*comm.get(), 0, 0));
+    const bf16* preset = static_cast<const bf16*>(parity_data(*comm.get(), 0, 0));
     TESTING_CHECK(cudaMemcpyAsync(gathered.as<bf16>() + block, preset + block, (total - block) * sizeof(bf16),
                                   cudaMemcpyDeviceToDevice, gpu.stream));
     reference_gemm(gemm(problem), gathered.as<bf16>(), sets.w[0].as<bf16>(), ref, gpu.stream);

@@ -19,6 +19,18 @@ enum class WeightLayout {
 
 const char* to_string(WeightLayout layout);
 
+// The element type of the GEMM's inputs (A and W; the all-gather's X too). Accumulation is FP32 and
+// outputs are BF16 whatever the inputs. The compiled variants (src/gemm/variants.h) say which types
+// run; another type is new rows of that table and a mainloop input, not another op.
+enum class DType {
+  kBF16,
+};
+
+const char* to_string(DType dtype);
+
+// Bytes of one element of `dtype` (0 for a value that is not a DType).
+constexpr int element_bytes(DType dtype) { return dtype == DType::kBF16 ? 2 : 0; }
+
 // Rank r holds A_r (m x k_per_rank, row-major) and W_r; it computes C_r = A_r @ W_r (m x n), and the
 // partials are reduce-scattered over rows: rank d keeps rows [d*m/P, (d+1)*m/P) of sum_r C_r.
 struct Problem {
@@ -27,6 +39,7 @@ struct Problem {
   int64_t k_per_rank = 0;  // this rank's slice of the reduction dimension
   int world_size = 1;      // P, the tensor-parallel degree
   WeightLayout weight_layout = WeightLayout::kNxK;
+  DType dtype = DType::kBF16;  // of A_r and W_r
 
   int64_t rows_per_rank() const { return m / world_size; }
   double flops_per_rank() const { return 2.0 * double(m) * double(n) * double(k_per_rank); }
@@ -34,7 +47,7 @@ struct Problem {
 };
 
 // Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), n and
-// k_per_rank multiples of 8.
+// k_per_rank multiples of 8; and that the dtype is one the compiled variants take.
 // The message names the bad argument and its value.
 Status validate(const Problem& problem);
 
@@ -47,13 +60,15 @@ struct AllGatherProblem {
   int64_t k = 0;           // features of X (the whole reduction dimension)
   int world_size = 1;      // P
   WeightLayout weight_layout = WeightLayout::kNxK;  // W_r: k x n_per_rank (kKxN) or n_per_rank x k (kNxK)
+  DType dtype = DType::kBF16;                       // of X_r and W_r
 
   int64_t rows_per_rank() const { return m / world_size; }
   double flops_per_rank() const { return 2.0 * double(m) * double(n_per_rank) * double(k); }
   std::string to_string() const;
 };
 
-// P in 1..8, m divisible by P, n_per_rank and k multiples of 8; the message names the bad field.
+// P in 1..8, m divisible by P, n_per_rank and k multiples of 8, a compiled dtype; the message names
+// the bad field.
 Status validate(const AllGatherProblem& problem);
 
 // Checks that a device pointer argument is non-null and 16-byte aligned. `name` goes into the message.

@@ -305,14 +305,8 @@ Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options
 
 size_t workspace_bytes(const Communicator& comm) { return allocation_bytes(comm); }
 
-Status preset_incoming_flags(Communicator* comm, int local_rank) {
-  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
-  if (local_rank < 0 || local_rank >= int(comm->ranks.size())) return Status::InvalidArgument("no such local rank");
-  const RankState& rank = comm->ranks[local_rank];
-  TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
-  // 0x7F7F7F7F is at or past every epoch this communicator will reach (modulo-2^32 comparison).
-  TPFUSE_CUDA_TRY(cudaMemset(rank.flags, 0x7F, flag_bytes(*comm)));
-  return Status::Ok();
+void* parity_data(const Communicator& comm, int local_rank, int parity) {
+  return static_cast<uint8_t*>(comm.ranks[local_rank].data) + size_t(parity) * comm.parity.data_bytes;
 }
 
 Status communicator_destroy(Communicator* comm) {

@@ -79,10 +79,10 @@ Status create_local_workspace(const int* devices, int num_ranks, const Communica
 Status create_nccl_workspace(ncclComm_t nccl, const CommunicatorOptions& options, const WorkspaceSize& size,
                              Communicator** out);
 
-// Marks every flag of this rank as raised (for every future call), so that one rank can run alone:
-// the solo-rank proxies of the benchmark. Its own pushes still land in the peers' buffers. Its
-// counts stay as they are.
-Status preset_incoming_flags(Communicator* comm, int local_rank);
+// Rank `local_rank`'s data, parity half `parity`, laid out by the op that runs on it (the
+// reduce-scatter's receive buffer, ops/gemm_rs/workspace.h; the all-gather's gathered buffer,
+// ops/ag_gemm/workspace.h).
+void* parity_data(const Communicator& comm, int local_rank, int parity);
 
 // Bytes of one rank's workspace allocation (both parities, flags, counts and counters).
 size_t workspace_bytes(const Communicator& comm);

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <utility>
 
+#include "gemm/variants.h"
+
 namespace tpfuse {
 
 namespace {
@@ -32,7 +34,22 @@ Status check_row_bytes(const char* name, int64_t value) {
   return Status::Ok();
 }
 
+// A dtype the compiled variants take (gemm/variants.h).
+Status check_dtype(DType dtype) {
+  if (variants_take(dtype)) return Status::Ok();
+  const std::string name = to_string(dtype);
+  return Status::Unsupported("problem.dtype = " + (name == "unknown" ? std::to_string(int(dtype)) : name) +
+                             " is not supported: no compiled GEMM variant takes it (BF16 does)");
+}
+
 }  // namespace
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return "BF16";
+  }
+  return "unknown";
+}
 
 const char* to_string(WeightLayout layout) {
   switch (layout) {
@@ -45,7 +62,7 @@ const char* to_string(WeightLayout layout) {
 std::string Problem::to_string() const {
   std::ostringstream os;
   os << "m=" << m << " n=" << n << " k_per_rank=" << k_per_rank << " world_size=" << world_size
-     << " weight_layout=" << tpfuse::to_string(weight_layout);
+     << " weight_layout=" << tpfuse::to_string(weight_layout) << " dtype=" << tpfuse::to_string(dtype);
   return os.str();
 }
 
@@ -69,13 +86,14 @@ Status validate(const Problem& problem) {
     return Status::InvalidArgument("problem.weight_layout = " + std::to_string(int(problem.weight_layout)) +
                                    " is not a WeightLayout (kKxN or kNxK)");
   }
+  TPFUSE_RETURN_IF_ERROR(check_dtype(problem.dtype));
   return Status::Ok();
 }
 
 std::string AllGatherProblem::to_string() const {
   std::ostringstream os;
   os << "m=" << m << " n_per_rank=" << n_per_rank << " k=" << k << " world_size=" << world_size
-     << " weight_layout=" << tpfuse::to_string(weight_layout);
+     << " weight_layout=" << tpfuse::to_string(weight_layout) << " dtype=" << tpfuse::to_string(dtype);
   return os.str();
 }
 
@@ -87,6 +105,7 @@ Status validate(const AllGatherProblem& problem) {
   gemm.k_per_rank = problem.k;
   gemm.world_size = problem.world_size;
   gemm.weight_layout = problem.weight_layout;
+  gemm.dtype = problem.dtype;
   const Status s = validate(gemm);
   if (s.ok()) return s;
   // Name the all-gather's fields.

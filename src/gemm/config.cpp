@@ -125,48 +125,102 @@ Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, 
       std::to_string(device.num_sms) + " SMs, or than the " + std::to_string(num_k_blocks) + " K blocks");
 }
 
-// The common choice: num_k_blocks = 0 never splits K; `variants` are those the op takes.
-Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                     const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                     GemmConfig* config) {
-  if (config == nullptr) return Status::InvalidArgument("config must not be null");
-  if (device.cc_major != 9) {
-    return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
-                               std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
-  }
-  TPFUSE_RETURN_IF_ERROR(validate(overrides));
+// A tile the choice weighs: its shape, its splits of K (split_tail: only the tiles past the last
+// full wave are split), and its time by the model.
+struct Candidate {
+  int block_m = 0;
+  int block_n = 0;
+  int splits = 0;
+  bool split_tail = false;
+  double time = 0;
+};
+
+// Whether `a` beats `b`, the best so far (ties go to the earlier). A split tail beats the others
+// only by kTailMargin, and loses to them otherwise: the model's waves are coarse, and a close call
+// keeps the tiles that measured well.
+constexpr double kTailMargin = 0.95;
+bool beats(const Candidate& a, const Candidate& b) {
+  if (a.split_tail == b.split_tail) return a.time < b.time;
+  if (a.split_tail) return a.time < kTailMargin * b.time;
+  return !(b.time < kTailMargin * a.time);
+}
+
+// What an op's variants say about the choice (Variants): the plain GEMM takes every variant; the
+// register epilogue and the plain GEMM the one-consumer 64 x 64 and 64 x 192 tiles; the ops that
+// store their tiles may split a tail and take 128 x 128 tiles on any band.
+struct ChoiceRules {
+  bool plain_gemm;
+  bool one_consumer;
+  bool stores_tiles;
+  bool storing_op;  // Variants::kStoringOps itself
+};
+
+ChoiceRules rules_of(Variants variants) {
   const bool plain_gemm = variants == Variants::kAll;
-  const bool one_consumer = variants == Variants::kWithOneConsumer || plain_gemm;  // 64 x 64 and 64 x 192
-  const bool stores_tiles = variants == Variants::kStoringOps || plain_gemm;
-  if (!one_consumer && overrides.block_n == 64) {
-    return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's and the register "
-                                   "epilogue's only (the fused ops take 128, 192 or 256)");
+  return {plain_gemm, variants == Variants::kWithOneConsumer || plain_gemm,
+          variants == Variants::kStoringOps || plain_gemm, variants == Variants::kStoringOps};
+}
+
+// One band of up to kSmallBandRows rows gets 64-row tiles too (small M: more CTAs on W; the plain
+// GEMM's up to kPlainGemmBandRows, where 128-row tiles in splits of K left the column-parallel
+// shapes at 0.63-0.83x cuBLAS's speed).
+constexpr int kSmallBandRows = 256;
+constexpr int kPlainGemmBandRows = 512;
+
+// The tile heights this output may take: 64-row tiles (the two consumers splitting the columns
+// instead of the rows) for a band of at most 64 rows, which would waste most of a 128-row tile, and
+// also for one band of at most kSmallBandRows (or kPlainGemmBandRows); 128-row tiles otherwise.
+// 0: none.
+std::array<int, 2> heights_of(const TileGrid& grid, const ChoiceRules& rules) {
+  if (grid.rows_per_band <= 64) return {64, 0};
+  if (grid.bands == 1 && grid.rows_per_band <= (rules.plain_gemm ? kPlainGemmBandRows : kSmallBandRows)) {
+    return {128, 64};
   }
-  // The tile this output wants, by the time model over the compiled shapes: 64-row tiles (the two
-  // consumers splitting the columns instead of the rows) for a band of at most 64 rows, which would
-  // waste most of a 128-row tile, and also for one band of at most kSmallBandRows (small M: more
-  // CTAs on W; the plain GEMM's up to kPlainGemmBandRows, where 128-row tiles in splits of K left the
-  // column-parallel shapes at 0.63-0.83x cuBLAS's speed); 128-row tiles otherwise. 128-row tiles are 256 or 192 wide: 192 where 256-wide
-  // tiles would leave SMs idle in the last wave (M = 512, N = 6144), or where their splits of K fill
-  // the SMs better; 64-row tiles 256 or 128: 128 where twice the CTAs on W beat splits of K; for the
-  // plain GEMM also 64 and 192 (one consumer: four times the CTAs on W, or a tile 192 wide where
-  // 256-wide ones leave SMs idle), and for the ops that store their tiles 128 x 128. Ties go to the
-  // first (taller, wider) shape.
-  constexpr int kSmallBandRows = 256;
-  constexpr int kPlainGemmBandRows = 512;
-  int heights[2] = {128, 0};
-  if (grid.rows_per_band <= 64) {
-    heights[0] = 64;
-  } else if (grid.bands == 1 && grid.rows_per_band <= (plain_gemm ? kPlainGemmBandRows : kSmallBandRows)) {
-    heights[1] = 64;
+  return {128, 0};
+}
+
+// The tile a candidate of the model runs as, where tiles measured faster than the model gives:
+// - one band of 129 .. kSmallBandRows rows streaming W, given whole 64-row tiles: 128 x 128 tiles in
+//   one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth fewer than 64 x 256
+//   at M = 256; measured faster at M = 192, 200 and 256), for the plain GEMM and the reduce-scatter's
+//   shared tiles; not for 64 x 192, which loads as few bytes a CTA on more CTAs;
+// - the plain GEMM above kSmallBandRows, given 64 x 256 tiles (whole or split), where 128-row tiles
+//   would not hold more rows past the band than they do: 128 x 128 tiles with their own splits,
+//   which load a quarter fewer bytes a step (measured faster on every such shape,
+//   docs/PERFORMANCE.md).
+Candidate runs_as(const Candidate& c, const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
+                  const ConfigOverrides& overrides, const ChoiceRules& rules, bool small_band) {
+  if (overrides.block_n != 0 || c.block_m != 64 || !small_band) return c;
+  Candidate r = c;
+  if (!rules.storing_op && c.block_n != 192 && c.splits == 1 && grid.rows_per_band > 128 &&
+      grid.rows_per_band <= kSmallBandRows && grid.tiles(128, 128) <= device.num_sms) {
+    r.block_m = 128;
+    r.block_n = 128;
+    return r;
   }
-  int block_m = heights[0], block_n = 256, splits = 0;
-  double best_time = 0;
-  // The best split tail, taken where it beats the rest by kTailMargin: the model's waves are
-  // coarse, and a close call keeps the tiles that measured well.
-  constexpr double kTailMargin = 0.95;
-  int tail_block_m = 0, tail_block_n = 0, tail_splits_best = 0;
-  double tail_time = 0;
+  const int64_t last_rows = grid.rows_per_band % 128;
+  if (rules.plain_gemm && c.block_n == 256 && grid.rows_per_band > kSmallBandRows &&
+      (last_rows == 0 || last_rows > 64)) {
+    const int s = splits_for(grid, device, overrides, 128, 128, num_k_blocks, rules.stores_tiles);
+    if (s != 0) {
+      r.block_m = 128;
+      r.block_n = 128;
+      r.splits = s;
+    }
+  }
+  return r;
+}
+
+// Calls fn(candidate) for every tile the output may take, in order (taller, then wider first): for
+// each height, 256 wide or narrower (128-row tiles 192 where 256-wide ones would leave SMs idle in
+// the last wave, M = 512, N = 6144, or where their splits of K fill the SMs better; 64-row tiles
+// 128 where twice the CTAs on W beat splits of K), and where the op takes them 128 x 128, 64 x 64
+// and 64 x 192; each whole or split by the model, and with whole tiles but for a last wave that
+// leaves SMs idle, also that wave's tiles split instead.
+template <class Fn>
+void for_each_candidate(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
+                        const ConfigOverrides& overrides, const ChoiceRules& rules, Fn&& fn) {
+  const std::array<int, 2> heights = heights_of(grid, rules);
   const bool small_m = grid.bands * grid.rows_per_band <= kSmallBandRows;
   for (const int height : heights) {
     if (height == 0) continue;
@@ -175,8 +229,8 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
     // (whole or split, they measured faster where they make about a wave that 128 x 256 tiles make
     // only in splits: M = 2048, N = 1024, K = 6144), and for the reduce-scatter at M <= 256, where
     // they make one wave that wider ones leave part-idle (measured there only).
-    const int narrowest = height == 64 ? (one_consumer ? 64 : 0) : stores_tiles || small_m ? 128 : 0;
-    const int one_consumer_wide = one_consumer && height == 64 ? 192 : 0;
+    const int narrowest = height == 64 ? (rules.one_consumer ? 64 : 0) : rules.stores_tiles || small_m ? 128 : 0;
+    const int one_consumer_wide = rules.one_consumer && height == 64 ? 192 : 0;
     for (const int width : {256, narrow, narrowest, one_consumer_wide}) {
       if (width == 0) continue;
       // A forced width applies to the heights that have it.
@@ -187,59 +241,47 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
       // 64 x 192 whole only: split, its one consumer's epilogue adds the partials alone (64 x 192
       // tiles in 2 splits measured 1.31x the time of 64 x 128 whole at M = 128, N = 6144, K = 2048).
       const bool whole_only = width == one_consumer_wide && overrides.split_k == 0;
-      const int s = whole_only ? 1 : splits_for(grid, device, overrides, height, width, num_k_blocks, stores_tiles);
+      const int s = whole_only ? 1 : splits_for(grid, device, overrides, height, width, num_k_blocks,
+                                                rules.stores_tiles);
       if (s == 0) continue;
-      const double t = relative_time(grid, device, height, width, std::max(num_k_blocks, 1), s, stores_tiles);
-      if (splits == 0 || t < best_time) {
-        block_m = height;
-        block_n = width;
-        splits = s;
-        best_time = t;
-      }
-      // Whole tiles but for a last wave that leaves SMs idle: that wave's tiles split instead.
-      if (s == 1 && !whole_only && num_k_blocks > 0 && stores_tiles) {
+      Candidate c{height, width, s, false,
+                  relative_time(grid, device, height, width, std::max(num_k_blocks, 1), s, rules.stores_tiles)};
+      fn(runs_as(c, grid, num_k_blocks, device, overrides, rules, heights[1] == 64));
+      if (s == 1 && !whole_only && num_k_blocks > 0 && rules.stores_tiles) {
         const int ts = tail_splits_for(grid, device, overrides, height, width, num_k_blocks);
-        const double tt = ts > 1 ? tail_split_time(grid, device, height, width, num_k_blocks, ts) : 0;
-        if (ts > 1 && (tail_splits_best == 0 || tt < tail_time)) {
-          tail_block_m = height;
-          tail_block_n = width;
-          tail_splits_best = ts;
-          tail_time = tt;
-        }
+        if (ts > 1) fn(Candidate{height, width, ts, true, tail_split_time(grid, device, height, width, num_k_blocks, ts)});
       }
     }
   }
-  if (splits == 0) return forced_splits_do_not_fit(grid, device, overrides, block_m, block_n, num_k_blocks);
-  bool split_tail = tail_splits_best > 0 && tail_time < kTailMargin * best_time;
-  if (split_tail) {
-    block_m = tail_block_m;
-    block_n = tail_block_n;
-    splits = tail_splits_best;
+}
+
+// The common choice: num_k_blocks = 0 never splits K; `variants` are those the op takes.
+Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
+                     const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
+                     GemmConfig* config) {
+  if (config == nullptr) return Status::InvalidArgument("config must not be null");
+  if (device.cc_major != 9) {
+    return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
+                               std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
-  // One band of 129 .. kSmallBandRows rows streaming W, which the model gives whole 64-row tiles:
-  // 128 x 128 tiles in one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth
-  // fewer than 64 x 256 at M = 256; measured faster at M = 192, 200 and 256), for the plain GEMM
-  // and the reduce-scatter's shared tiles. Not where the model chose 64 x 192, which loads as few
-  // bytes a CTA on more CTAs.
-  if (variants != Variants::kStoringOps && overrides.block_n == 0 && block_m == 64 && block_n != 192 && splits == 1 &&
-      heights[1] == 64 && grid.rows_per_band > 128 && grid.rows_per_band <= kSmallBandRows &&
-      grid.tiles(128, 128) <= device.num_sms) {
-    block_m = 128;
-    block_n = 128;
+  TPFUSE_RETURN_IF_ERROR(validate(overrides));
+  const ChoiceRules rules = rules_of(variants);
+  const bool plain_gemm = rules.plain_gemm, one_consumer = rules.one_consumer, stores_tiles = rules.stores_tiles;
+  if (!one_consumer && overrides.block_n == 64) {
+    return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's and the register "
+                                   "epilogue's only (the fused ops take 128, 192 or 256)");
   }
-  // Above kSmallBandRows, where the model gives 64 x 256 tiles (whole or split) and 128-row tiles
-  // would not hold more rows past the band than they do: 128 x 128 tiles with their own splits, which
-  // load a quarter fewer bytes a step (measured faster on every such shape, docs/PERFORMANCE.md).
-  const int64_t last_rows = grid.rows_per_band % 128;
-  if (plain_gemm && overrides.block_n == 0 && block_m == 64 && block_n == 256 && heights[1] == 64 &&
-      grid.rows_per_band > kSmallBandRows && (last_rows == 0 || last_rows > 64)) {
-    const int s = splits_for(grid, device, overrides, 128, 128, num_k_blocks, stores_tiles);
-    if (s != 0) {
-      block_m = 128;
-      block_n = 128;
-      splits = s;
-    }
+  // The tile this output wants: the best candidate by the model.
+  Candidate wanted;
+  for_each_candidate(grid, num_k_blocks, device, overrides, rules, [&](const Candidate& c) {
+    if (wanted.splits == 0 || beats(c, wanted)) wanted = c;
+  });
+  if (wanted.splits == 0) {
+    return forced_splits_do_not_fit(grid, device, overrides, heights_of(grid, rules)[0], 256, num_k_blocks);
   }
+  const int block_m = wanted.block_m, block_n = wanted.block_n;
+  int splits = wanted.splits;
+  bool split_tail = wanted.split_tail;
   // A single wave of 128 x 256 tiles (or of their splits): no tile's epilogue overlaps another's
   // mainloop anyway, and a fourth stage shortens the one mainloop more than staging the epilogue in
   // batches lengthens it; with more waves the batches cost more than the stage gains
@@ -254,7 +296,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
     const bool taken = plain_gemm || (one_consumer        ? register_epilogue_takes(v)
                                       : stores_tiles      ? storing_ops_take(v)
                                                           : fused_ops_take(v));
-    if (smem[i] > size_t(device.max_smem_per_block) || !taken) continue;
+    if (smem[i] > size_t(device.max_smem_per_block) || !taken || v.dtype != grid.dtype) continue;
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
     const int rank = (4 * same_tile + 2 * same_staging) * 16 + v.stages;
@@ -345,6 +387,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   TileGrid grid;
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
+  grid.dtype = problem.dtype;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
   return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config);
 }

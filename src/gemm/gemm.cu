@@ -65,11 +65,11 @@ Status launch_swap_ab(const Problem& problem, const void* a, const void* w, void
   using Config = kernels::SwapAbConfig<kRows, kWeightKMajor>;
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
   kernels::SwapAbParams params{};
-  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, kRows, Config::kBlockK, &params.a));
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, a, m, k, k, kRows, Config::kBlockK, &params.a));
   if constexpr (kWeightKMajor) {
-    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kCols, Config::kBlockK, &params.w));
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, w, n, k, k, Config::kCols, Config::kBlockK, &params.w));
   } else {
-    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, k, n, n, Config::kBlockK, Config::kCols, &params.w));
+    TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, w, k, n, n, Config::kBlockK, Config::kCols, &params.w));
   }
   params.c = static_cast<__nv_bfloat16*>(c);
   params.m = int(m);
@@ -135,7 +135,8 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
     using Config = decltype(mainloop_config);
     const GemmSchedule tiles(int(problem.m), int(problem.n), Config::kBlockM, Config::kBlockN, config.group_rows);
     CUtensorMap c_map;
-    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(c, problem.m, problem.n, problem.n, kChunkRows, kChunkCols, &c_map));
+    TPFUSE_RETURN_IF_ERROR(
+        make_tensor_map(DType::kBF16, c, problem.m, problem.n, problem.n, kChunkRows, kChunkCols, &c_map));
     if (config.split_k == 1) {
       kernels::GemmParams params{};
       TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, tiles, &params.mainloop));

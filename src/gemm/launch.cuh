@@ -90,17 +90,19 @@ template <class Config, class Schedule>
 Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const Schedule& schedule,
                             kernels::MainloopParams<Schedule>* p) {
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
-  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));
   const int64_t last_row = (m - 1) / Config::kBlockM * Config::kBlockM;
   const int last_rows = int((m - last_row + 7) / 8 * 8);
-  TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(a, m, k, k, last_rows, Config::kBlockK, &p->a_last));
+  TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, a, m, k, k, last_rows, Config::kBlockK, &p->a_last));
   p->a_last_row = int(last_row);
-  p->a_last_bytes = last_rows * Config::kBlockK * 2;
+  p->a_last_bytes = last_rows * Config::kBlockK * element_bytes(problem.dtype);
   // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
   if (Config::kWeightKMajor) {
-    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, n, k, k, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
+    TPFUSE_RETURN_IF_ERROR(
+        make_tensor_map(problem.dtype, w, n, k, k, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
   } else {
-    TPFUSE_RETURN_IF_ERROR(make_tensor_map_bf16(w, k, n, n, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
+    TPFUSE_RETURN_IF_ERROR(
+        make_tensor_map(problem.dtype, w, k, n, n, Config::kWPieceBoxRows, Config::kWPieceBoxCols, &p->w));
   }
   p->schedule = schedule;
   p->num_k_blocks = int((k + Config::kBlockK - 1) / Config::kBlockK);

@@ -3,6 +3,8 @@
 // choice can only pick what is compiled. Pure C++.
 #pragma once
 
+#include "tpfuse/problem.h"
+
 namespace tpfuse {
 
 // Fixed for every variant: K per pipeline stage (128 bytes of BF16: one TMA swizzle row) and one
@@ -19,6 +21,7 @@ struct GemmVariant {
   int consumers;      // consumer warpgroups: 2, or 1 holding the whole 64-row tile as its slab
   bool fused_ops;     // the fused ops take it too (else the plain GEMM's only: fused_ops_take)
   bool storing_ops;   // the ops that store their tiles as the plain GEMM does take it (storing_ops_take)
+  DType dtype = DType::kBF16;  // of the mainloop's inputs (A, W): a problem of another dtype never picks it
 };
 
 inline constexpr GemmVariant kGemmVariants[] = {
@@ -33,6 +36,21 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 128, 5, 0, 2, true, true},    // the same for the fused ops (a stage fewer: the all-gather's copier's ring)
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
+
+// Whether some compiled variant takes inputs of `dtype` (problem validation asks).
+constexpr bool variants_take(DType dtype) {
+  for (const GemmVariant& v : kGemmVariants) {
+    if (v.dtype == dtype) return true;
+  }
+  return false;
+}
+
+// The widest input element of the compiled variants: what the workspaces that hold inputs are sized by.
+constexpr int max_input_element_bytes() {
+  int most = 0;
+  for (const GemmVariant& v : kGemmVariants) most = most > element_bytes(v.dtype) ? most : element_bytes(v.dtype);
+  return most;
+}
 
 // Threads of a CTA of variant v.
 constexpr int threads_of(const GemmVariant& v) { return 128 * (v.consumers + 1); }

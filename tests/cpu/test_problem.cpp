@@ -102,6 +102,18 @@ TEST(Validate, BadWeightLayout) {
   expect_invalid(Problem{64, 64, 64, 8, static_cast<WeightLayout>(7)}, "weight_layout");
 }
 
+// Only the dtypes the compiled variants take pass; the message names the field (and the
+// all-gather's problem says the same).
+TEST(Validate, UnsupportedDType) {
+  EXPECT_TRUE(validate(Problem{64, 64, 64, 8, WeightLayout::kNxK, DType::kBF16}).ok());
+  const Status s = validate(Problem{64, 64, 64, 8, WeightLayout::kNxK, static_cast<DType>(7)});
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("problem.dtype = 7"), std::string::npos) << s.message();
+  const Status g = validate(AllGatherProblem{64, 64, 64, 8, WeightLayout::kNxK, static_cast<DType>(7)});
+  EXPECT_EQ(g.code(), StatusCode::kUnsupported);
+  EXPECT_NE(g.message().find("problem.dtype = 7"), std::string::npos) << g.message();
+}
+
 TEST(ValidateOperand, NullAndMisaligned) {
   alignas(16) static unsigned char buffer[64];
   EXPECT_TRUE(validate_operand(buffer, "a").ok());
@@ -147,7 +159,7 @@ TEST(StatusTest, ReturnIfErrorPropagates) {
 
 TEST(ProblemTest, ToStringAndDerived) {
   const Problem p{8192, 6144, 2048, 8, WeightLayout::kKxN};
-  EXPECT_EQ(p.to_string(), "m=8192 n=6144 k_per_rank=2048 world_size=8 weight_layout=KxN");
+  EXPECT_EQ(p.to_string(), "m=8192 n=6144 k_per_rank=2048 world_size=8 weight_layout=KxN dtype=BF16");
   EXPECT_EQ(p.rows_per_rank(), 1024);
   EXPECT_DOUBLE_EQ(p.flops_per_rank(), 2.0 * 8192 * 6144 * 2048);
   EXPECT_STREQ(to_string(WeightLayout::kNxK), "NxK");

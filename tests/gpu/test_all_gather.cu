@@ -8,9 +8,10 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "gpu_testing.cuh"
+#include "local_ranks.cuh"
 #include "core/device_info.h"
 #include "ops/ag_gemm/config.h"
 #include "ops/ag_gemm/launch.h"
@@ -21,75 +22,37 @@ namespace {
 
 using Array = DeviceArray<__nv_bfloat16>;
 
-// P ranks' operands and outputs, rank r on devices[r] (by default all on device 0: emulated ranks).
-struct AllGatherRanks {
-  AllGatherProblem problem;
-  std::vector<int> devices;
-  Communicator* comm = nullptr;
-  std::vector<std::unique_ptr<Array>> x, w, y, gathered;
-  std::vector<cudaStream_t> streams;
+// The all-gather's ranks: X_r, W_r, Y_r and the gathered X of every rank, and its calls.
+struct AllGatherRanks : LocalRanks<AllGatherProblem> {
+  RankArrays x, w, y, gathered;
 
   explicit AllGatherRanks(const AllGatherProblem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
-      : problem(p), devices(rank_devices.empty() ? std::vector<int>(p.world_size, 0) : rank_devices) {
-    CommunicatorOptions options;
-    options.max_m = p.m;
-    options.max_n = p.n_per_rank;
-    options.max_k = p.k;
-    options.peer_timeout_s = timeout_s;
-    const Status s = communicator_create_local(devices.data(), p.world_size, options, &comm);
-    EXPECT_TRUE(s.ok()) << s.to_string();
-    for (int r = 0; r < p.world_size; ++r) {
-      cudaSetDevice(devices[r]);
-      x.emplace_back(new Array(size_t(p.rows_per_rank()) * p.k));
-      w.emplace_back(new Array(size_t(p.k) * p.n_per_rank));
-      y.emplace_back(new Array(size_t(p.m) * p.n_per_rank));
-      gathered.emplace_back(new Array(size_t(p.m) * p.k));
-    }
-    cudaSetDevice(0);
-    streams.assign(p.world_size, nullptr);
-  }
-  ~AllGatherRanks() {
-    if (comm != nullptr) communicator_destroy(comm);
-  }
+      : LocalRanks(p, timeout_s, std::move(rank_devices)),
+        x(ranks_arrays(size_t(p.rows_per_rank()) * p.k)),
+        w(ranks_arrays(size_t(p.k) * p.n_per_rank)),
+        y(ranks_arrays(size_t(p.m) * p.n_per_rank)),
+        gathered(ranks_arrays(size_t(p.m) * p.k)) {}
 
   void fill(bool exact, uint64_t seed) {
-    for (int r = 0; r < problem.world_size; ++r) {
-      cudaSetDevice(devices[r]);
+    on_each_rank([&](int r) {
       (exact ? fill_small_ints : fill_random)(x[r]->ptr, x[r]->count, seed * 1000 + 2 * r);
       (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 2 * r + 1);
-    }
+    });
     poison_outputs();
   }
 
   void poison_outputs() {
-    for (int r = 0; r < problem.world_size; ++r) {
-      cudaSetDevice(devices[r]);
+    on_each_rank([&](int r) {
       poison(y[r]->ptr, y[r]->count);
       poison(gathered[r]->ptr, gathered[r]->count);
-    }
-    cudaSetDevice(0);
-  }
-
-  cudaError_t synchronize() {
-    cudaError_t first = cudaSuccess;
-    for (int r = 0; r < problem.world_size; ++r) {
-      cudaSetDevice(devices[r]);
-      const cudaError_t err = cudaDeviceSynchronize();
-      if (first == cudaSuccess) first = err;
-    }
-    cudaSetDevice(0);
-    return first;
+    });
   }
 
   Status run(const AllGatherProblem& p, bool want_gathered = true, const ConfigOverrides& overrides = {}) {
-    std::vector<const void*> xp, wp;
-    std::vector<void*> yp, gp;
-    for (int r = 0; r < p.world_size; ++r) {
-      xp.push_back(x[r]->ptr);
-      wp.push_back(w[r]->ptr);
-      yp.push_back(y[r]->ptr);
-      gp.push_back(want_gathered ? gathered[r]->ptr : nullptr);
-    }
+    const auto xp = pointers<const void*>(x, p.world_size), wp = pointers<const void*>(w, p.world_size);
+    const auto yp = pointers<void*>(y, p.world_size);
+    std::vector<void*> gp = pointers<void*>(gathered, p.world_size);
+    if (!want_gathered) gp.assign(gp.size(), nullptr);
     return all_gather_gemm_local(comm, p, xp.data(), wp.data(), yp.data(), gp.data(), streams.data(), overrides);
   }
 
@@ -97,12 +60,10 @@ struct AllGatherRanks {
   std::vector<__nv_bfloat16> expected_gathered(const AllGatherProblem& p) {
     std::vector<__nv_bfloat16> all;
     const size_t block = size_t(p.rows_per_rank()) * p.k;
-    for (int r = 0; r < p.world_size; ++r) {
-      cudaSetDevice(devices[r]);
+    on_each_rank([&](int r) {
       std::vector<__nv_bfloat16> part = x[r]->to_host();
       all.insert(all.end(), part.begin(), part.begin() + block);
-    }
-    cudaSetDevice(0);
+    });
     return all;
   }
 };
@@ -357,15 +318,11 @@ TEST(AllGatherGraph, ReplaysStayCorrect) {
 
 // Launches ranks 0 .. P-2 of `p` only (the last never arrives).
 Status launch_all_but_the_last(AllGatherRanks& ranks, const AllGatherProblem& p, const ConfigOverrides& overrides = {}) {
-  std::vector<const void*> x, w;
-  std::vector<void*> y;
+  const int count = p.world_size - 1;
+  const auto x = pointers<const void*>(ranks.x, count), w = pointers<const void*>(ranks.w, count);
+  const auto y = pointers<void*>(ranks.y, count);
   std::vector<int> launched;
-  for (int r = 0; r + 1 < p.world_size; ++r) {
-    x.push_back(ranks.x[r]->ptr);
-    w.push_back(ranks.w[r]->ptr);
-    y.push_back(ranks.y[r]->ptr);
-    launched.push_back(r);
-  }
+  for (int r = 0; r < count; ++r) launched.push_back(r);
   return launch_all_gather(ranks.comm, p, launched, x.data(), w.data(), y.data(), nullptr, ranks.streams.data(),
                            overrides);
 }

@@ -10,8 +10,9 @@
 #include <memory>
 #include <random>
 #include <tuple>
+#include <utility>
 
-#include "gpu_testing.cuh"
+#include "local_ranks.cuh"
 #include "core/device_info.h"
 #include "ops/gemm_rs/config.h"
 #include "ops/gemm_rs/launch.h"
@@ -20,101 +21,52 @@
 namespace tpfuse::testing {
 namespace {
 
-// P ranks' operands and outputs, rank r on devices[r] (by default all on device 0: emulated ranks),
-// and the references computed from them. Leaves device 0 current.
-struct LocalRanks {
-  Problem problem;
-  std::vector<int> devices;
-  Communicator* comm = nullptr;
-  std::vector<std::unique_ptr<DeviceArray<__nv_bfloat16>>> a, w, out;
-  std::vector<cudaStream_t> streams;
+// The reduce-scatter's ranks: A_r, W_r and out_r of every rank, its calls, and the references
+// computed from them. Leaves device 0 current.
+struct ReduceScatterRanks : LocalRanks<Problem> {
+  RankArrays a, w, out;
 
-  explicit LocalRanks(const Problem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
-      : problem(p), devices(rank_devices.empty() ? std::vector<int>(p.world_size, 0) : rank_devices) {
-    CommunicatorOptions options;
-    options.max_m = p.m;
-    options.max_n = p.n;
-    options.peer_timeout_s = timeout_s;
-    const Status s = communicator_create_local(devices.data(), p.world_size, options, &comm);
-    EXPECT_TRUE(s.ok()) << s.to_string();
-    for (int r = 0; r < p.world_size; ++r) {
-      cudaSetDevice(devices[r]);
-      a.emplace_back(new DeviceArray<__nv_bfloat16>(size_t(p.m) * p.k_per_rank));
-      w.emplace_back(new DeviceArray<__nv_bfloat16>(size_t(p.k_per_rank) * p.n));
-      out.emplace_back(new DeviceArray<__nv_bfloat16>(size_t(p.rows_per_rank()) * p.n));
-    }
-    cudaSetDevice(0);
-    streams.assign(p.world_size, nullptr);
-  }
-  ~LocalRanks() {
-    if (comm != nullptr) communicator_destroy(comm);
-  }
+  explicit ReduceScatterRanks(const Problem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
+      : LocalRanks(p, timeout_s, std::move(rank_devices)),
+        a(ranks_arrays(size_t(p.m) * p.k_per_rank)),
+        w(ranks_arrays(size_t(p.k_per_rank) * p.n)),
+        out(ranks_arrays(size_t(p.rows_per_rank()) * p.n)) {}
 
   void fill(bool exact, uint64_t seed) {
-    for (int r = 0; r < problem.world_size; ++r) {
-      cudaSetDevice(devices[r]);
+    on_each_rank([&](int r) {
       (exact ? fill_small_ints : fill_random)(a[r]->ptr, a[r]->count, seed * 1000 + 2 * r);
       (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 2 * r + 1);
       poison(out[r]->ptr, out[r]->count);
-    }
-    cudaSetDevice(0);
+    });
   }
 
   void poison_outputs() {
-    for (int r = 0; r < problem.world_size; ++r) {
-      cudaSetDevice(devices[r]);
-      poison(out[r]->ptr, out[r]->count);
-    }
-    cudaSetDevice(0);
-  }
-
-  // Waits for every rank's device.
-  cudaError_t synchronize() {
-    cudaError_t first = cudaSuccess;
-    for (int r = 0; r < problem.world_size; ++r) {
-      cudaSetDevice(devices[r]);
-      const cudaError_t err = cudaDeviceSynchronize();
-      if (first == cudaSuccess) first = err;
-    }
-    cudaSetDevice(0);
-    return first;
+    on_each_rank([&](int r) { poison(out[r]->ptr, out[r]->count); });
   }
 
   Status run(const Problem& p, const ConfigOverrides& overrides = {}) {
-    std::vector<const void*> ap, wp;
-    std::vector<void*> op;
-    for (int r = 0; r < p.world_size; ++r) {
-      ap.push_back(a[r]->ptr);
-      wp.push_back(w[r]->ptr);
-      op.push_back(out[r]->ptr);
-    }
+    const auto ap = pointers<const void*>(a, p.world_size), wp = pointers<const void*>(w, p.world_size);
+    const auto op = pointers<void*>(out, p.world_size);
     return gemm_reduce_scatter_local(comm, p, ap.data(), wp.data(), op.data(), streams.data(), overrides);
   }
 
   // Launches ranks 0 .. count-1 only: the others never run (a missing peer).
   Status run_first(int count, const Problem& p, const ConfigOverrides& overrides = {}) {
-    std::vector<const void*> ap, wp;
-    std::vector<void*> op;
+    const auto ap = pointers<const void*>(a, count), wp = pointers<const void*>(w, count);
+    const auto op = pointers<void*>(out, count);
     std::vector<int> local;
-    for (int r = 0; r < count; ++r) {
-      ap.push_back(a[r]->ptr);
-      wp.push_back(w[r]->ptr);
-      op.push_back(out[r]->ptr);
-      local.push_back(r);
-    }
+    for (int r = 0; r < count; ++r) local.push_back(r);
     return launch_gemm_rs(comm, p, local, ap.data(), wp.data(), op.data(), streams.data(), overrides);
   }
 
   // Every rank's FP32 partial (m x n), computed on its device.
   std::vector<std::vector<float>> partials(const Problem& p) {
     std::vector<std::vector<float>> result;
-    for (int r = 0; r < p.world_size; ++r) {
-      cudaSetDevice(devices[r]);
+    on_each_rank([&](int r) {
       DeviceArray<float> ref(size_t(p.m) * p.n);
       reference_gemm(p, a[r]->ptr, w[r]->ptr, ref.ptr);
       result.push_back(ref.to_host());
-    }
-    cudaSetDevice(0);
+    });
     return result;
   }
 };
@@ -140,7 +92,7 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
 }
 
 // Exact mode (small integers: every partial and total exact in BF16): bit for bit.
-void expect_bit_for_bit(LocalRanks& ranks, const Problem& problem, const ConfigOverrides& overrides = {}) {
+void expect_bit_for_bit(ReduceScatterRanks& ranks, const Problem& problem, const ConfigOverrides& overrides = {}) {
   ranks.fill(/*exact=*/true, 1);
   const Status s = ranks.run(problem, overrides);
   ASSERT_TRUE(s.ok()) << s.to_string();
@@ -183,7 +135,7 @@ class FusedExact : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedExact, BitForBit) {
   const Problem problem = GetParam().problem();
-  LocalRanks ranks(problem);
+  ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_bit_for_bit(ranks, problem, GetParam().overrides());
 }
@@ -227,7 +179,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                          case_name);
 
 // Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
-void expect_within_unfused_error_and_deterministic(LocalRanks& ranks, const Problem& problem,
+void expect_within_unfused_error_and_deterministic(ReduceScatterRanks& ranks, const Problem& problem,
                                                    const ConfigOverrides& overrides = {}) {
   const int p = problem.world_size;
   ranks.fill(/*exact=*/false, 7);
@@ -261,7 +213,7 @@ class FusedRandom : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
   const Problem problem = GetParam().problem();
-  LocalRanks ranks(problem);
+  ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_within_unfused_error_and_deterministic(ranks, problem, GetParam().overrides());
 }
@@ -293,7 +245,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
 TEST(FusedSharedTiles, BitIdenticalToTilesOfOneOwner) {
   for (int p : {2, 4, 8}) {
     const Problem problem{8 * p, 2048, 512, p, WeightLayout::kNxK};
-    LocalRanks ranks(problem);
+    ReduceScatterRanks ranks(problem);
     ASSERT_NE(ranks.comm, nullptr);
     ranks.fill(/*exact=*/false, 11);
     ConfigOverrides separate;
@@ -327,7 +279,7 @@ TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
     for (int rows : {1, 2, 4, 8, 32}) {
       for (int split_k : {1, 2}) {
         const Problem problem{rows * p, 1000, 256, p, WeightLayout::kKxN};
-        LocalRanks ranks(problem);
+        ReduceScatterRanks ranks(problem);
         ASSERT_NE(ranks.comm, nullptr);
         ranks.fill(/*exact=*/false, 19);
         std::vector<std::vector<__nv_bfloat16>> outputs[2];
@@ -368,7 +320,7 @@ TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every
 // 50th is checked.
-void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, int calls,
+void expect_back_to_back_correct(ReduceScatterRanks& ranks, const Problem& max_problem, int calls,
                                  const ConfigOverrides& overrides = {}) {
   const int p = max_problem.world_size;
   ranks.fill(/*exact=*/true, 3);
@@ -399,7 +351,7 @@ void expect_back_to_back_correct(LocalRanks& ranks, const Problem& max_problem, 
 TEST(FusedSharedTiles, SplitKBackToBack) {
   for (int m : {64, 16}) {
     const Problem problem{m, 520, 128, 2, WeightLayout::kNxK};
-    LocalRanks ranks(problem);
+    ReduceScatterRanks ranks(problem);
     ASSERT_NE(ranks.comm, nullptr);
     ConfigOverrides split;
     split.split_k = 2;
@@ -411,7 +363,7 @@ TEST(FusedSharedTiles, SplitKBackToBack) {
 
 TEST(FusedStress, ThousandCallsBackToBack) {
   const Problem max_problem{2048, 1024, 32, 8, WeightLayout::kNxK};
-  LocalRanks ranks(max_problem);
+  ReduceScatterRanks ranks(max_problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_back_to_back_correct(ranks, max_problem, 1000);
 }
@@ -435,7 +387,7 @@ class FusedPresumExact : public ::testing::TestWithParam<FusedCase> {};
 TEST_P(FusedPresumExact, BitForBit) {
   const Problem problem = GetParam().problem();
   expect_presum_taken(problem, GetParam().overrides());
-  LocalRanks ranks(problem);
+  ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_bit_for_bit(ranks, problem, GetParam().overrides());
 }
@@ -462,7 +414,7 @@ class FusedPresumRandom : public ::testing::TestWithParam<FusedCase> {};
 TEST_P(FusedPresumRandom, WithinUnfusedErrorAndDeterministic) {
   const Problem problem = GetParam().problem();
   expect_presum_taken(problem, GetParam().overrides());
-  LocalRanks ranks(problem);
+  ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_within_unfused_error_and_deterministic(ranks, problem, GetParam().overrides());
 }
@@ -480,7 +432,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedPresumRandom,
 // The presummer's scratch slots and barriers across calls (both parities), no host synchronization.
 TEST(FusedPresum, ThousandCallsBackToBack) {
   const Problem max_problem{2048, 1024, 32, 8, WeightLayout::kNxK};
-  LocalRanks ranks(max_problem);
+  ReduceScatterRanks ranks(max_problem);
   ASSERT_NE(ranks.comm, nullptr);
   ConfigOverrides presum;
   presum.presum = 1;
@@ -491,7 +443,7 @@ TEST(FusedPresum, ThousandCallsBackToBack) {
 TEST(FusedPresum, MissingPeerTimesOut) {
   for (int m : {1024, 256}) {  // tiles of one owner, bands of two (rank 3 is rank 2's partner)
     const Problem problem{m, 1024, 64, 4, WeightLayout::kNxK};
-    LocalRanks ranks(problem, /*timeout_s=*/0.2);
+    ReduceScatterRanks ranks(problem, /*timeout_s=*/0.2);
     ASSERT_NE(ranks.comm, nullptr);
     ranks.fill(false, 5);
     ConfigOverrides presum;
@@ -526,7 +478,7 @@ class FusedAcrossGpus : public ::testing::Test {
 TEST_F(FusedAcrossGpus, BitForBit) {
   const int p = int(devices_.size());
   const Problem problem{512 * p, 776, 256 / p, p, WeightLayout::kKxN};
-  LocalRanks ranks(problem, 0, devices_);
+  ReduceScatterRanks ranks(problem, 0, devices_);
   ASSERT_NE(ranks.comm, nullptr);
   expect_bit_for_bit(ranks, problem);
 }
@@ -534,7 +486,7 @@ TEST_F(FusedAcrossGpus, BitForBit) {
 TEST_F(FusedAcrossGpus, WithinUnfusedErrorAndDeterministic) {
   const int p = int(devices_.size());
   const Problem problem{2048, 8192, 1024, p, WeightLayout::kNxK};
-  LocalRanks ranks(problem, 0, devices_);
+  ReduceScatterRanks ranks(problem, 0, devices_);
   ASSERT_NE(ranks.comm, nullptr);
   expect_within_unfused_error_and_deterministic(ranks, problem);
 }
@@ -542,7 +494,7 @@ TEST_F(FusedAcrossGpus, WithinUnfusedErrorAndDeterministic) {
 TEST_F(FusedAcrossGpus, BackToBack) {
   const int p = int(devices_.size());
   const Problem max_problem{2048, 1024, 32, p, WeightLayout::kKxN};
-  LocalRanks ranks(max_problem, 0, devices_);
+  ReduceScatterRanks ranks(max_problem, 0, devices_);
   ASSERT_NE(ranks.comm, nullptr);
   expect_back_to_back_correct(ranks, max_problem, 1000);
 }
@@ -550,7 +502,7 @@ TEST_F(FusedAcrossGpus, BackToBack) {
 // Calls captured once in a CUDA graph and replayed: the epoch lives on the device, not in the graph.
 TEST(FusedGraph, ReplaysStayCorrect) {
   const Problem problem{1024, 512, 32, 4, WeightLayout::kKxN};
-  LocalRanks ranks(problem);
+  ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -585,7 +537,7 @@ class FusedMissingPeer : public ::testing::TestWithParam<int> {};
 
 TEST_P(FusedMissingPeer, TimesOut) {
   const Problem problem{GetParam(), 1024, 64, 4, WeightLayout::kNxK};
-  LocalRanks ranks(problem, /*timeout_s=*/0.2);
+  ReduceScatterRanks ranks(problem, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(false, 5);
   const auto start = std::chrono::steady_clock::now();
@@ -604,7 +556,7 @@ TEST_P(FusedMissingPeer, TimesOut) {
 // GEMM that splits next on the same stream (the same workspace) is bit for bit right.
 TEST(FusedSplitK, MissingPeerLeavesTheCountersAtZero) {
   const Problem problem{32, 1024, 128, 4, WeightLayout::kNxK};
-  LocalRanks ranks(problem, /*timeout_s=*/0.2);
+  ReduceScatterRanks ranks(problem, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(/*exact=*/true, 17);
   ConfigOverrides split;
@@ -630,7 +582,7 @@ INSTANTIATE_TEST_SUITE_P(RowsPerRank, FusedMissingPeer, ::testing::Values(1024, 
 
 TEST(FusedErrors, BadCallsAreReported) {
   const Problem problem{512, 512, 64, 4, WeightLayout::kNxK};
-  LocalRanks ranks(problem);
+  ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
   Problem wrong = problem;
   wrong.world_size = 2;

@@ -24,6 +24,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     grid.bands = p / sources_per_band;
     grid.rows_per_band = rows * sources_per_band;
     grid.n = problem.n_per_rank;
+    grid.dtype = problem.dtype;
     TPFUSE_RETURN_IF_ERROR(
         select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kStoringOps,
                                    &c->gemm));
@@ -50,6 +51,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     pairs.bands = p / 2;
     pairs.rows_per_band = 2 * rows;
     pairs.n = problem.n_per_rank;
+    pairs.dtype = problem.dtype;
     const bool one_wave = one_status.ok() && AllGatherSchedule(all_gather_shape(problem, one, 0)).bands_interleaved();
     if (rows < kSlabRows) {
       sources_per_band = p;

@@ -271,7 +271,7 @@ class AllGatherEpilogue : public EpilogueBase {
       stride = p.copy.row_blocks;
     }
     const uint32_t* flags = p.flags_at[p.rank] + size_t(epoch & 1) * p.flags_parity_words + first;
-    const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
+    const uint64_t deadline = comm::wait_deadline(p.timeout_ns);
     // Two in flight at a time: the producer warpgroup's registers hold no more.
     constexpr int kInFlight = 2;
     for (int batch = 0; batch < num_flags; batch += kInFlight) {
@@ -283,16 +283,11 @@ class AllGatherEpilogue : public EpilogueBase {
 #pragma unroll
       for (int i = 0; i < kInFlight; ++i) {
         if (batch + i >= num_flags) continue;
-        while (!comm::epoch_reached(seen[i], epoch)) {
-          if (comm::call_failed(p.failed)) return false;
-          if (ptx::globaltimer_ns() > deadline) {
-            const int source = (first + (batch + i) * stride) / p.copy.row_blocks;
-            comm::report_timeout(p.failed, p.error, p.rank, source, tile.row_begin, 0);
-            return false;
-          }
-          __nanosleep(100);
-          seen[i] = ptx::load_relaxed_sys(flags + (batch + i) * stride);
-        }
+        const bool arrived = comm::wait_bounded</*kEndsOnFailure=*/true, 100>(
+            p, deadline, [&] { return comm::epoch_reached(seen[i], epoch); },
+            [&] { seen[i] = ptx::load_relaxed_sys(flags + (batch + i) * stride); },
+            [&] { return comm::Awaited{(first + (batch + i) * stride) / p.copy.row_blocks, tile.row_begin, 0}; });
+        if (!arrived) return false;
       }
     }
     return true;

@@ -1,6 +1,7 @@
-// The all-gather + GEMM's launch for a subset of a local communicator's ranks, and the solo-rank
-// proxy's preset: internal hooks for the tests and the benchmark (the public entry points are in
-// tpfuse/all_gather.h).
+// The all-gather + GEMM's launch for a subset of a local communicator's ranks: an internal hook for
+// the tests and the benchmark (the public entry points are in tpfuse/all_gather.h). Its gathered
+// buffer is the communicator's parity_data (comm/communicator.h), laid out as ops/ag_gemm/workspace.h
+// says; the solo-rank proxy fills it and presets the flags (testing/solo_rank.h).
 #pragma once
 
 #include <vector>
@@ -17,14 +18,5 @@ namespace tpfuse {
 Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, const std::vector<int>& local_ranks,
                          const void* const* x, const void* const* w, void* const* y, void* const* gathered_x,
                          const cudaStream_t* streams, const ConfigOverrides& overrides = {});
-
-// Rank `local_rank`'s gathered buffer, parity half `parity`: BF16 [source rank][rows_per_rank][k]
-// of `problem` (ops/ag_gemm/workspace.h). The proxy fills it and presets the flags.
-void* gathered_buffer(const Communicator& comm, int local_rank, int parity);
-
-// Marks the peers' blocks of `problem` as landed in rank `local_rank`'s gathered buffer for every
-// future call, so that the rank can run alone (the solo-rank proxy); its own block's flags stay
-// down, for its copier to raise (a band of several blocks waits for them).
-Status preset_peer_blocks(Communicator* comm, int local_rank, const AllGatherProblem& problem);
 
 }  // namespace tpfuse

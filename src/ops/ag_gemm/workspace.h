@@ -16,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "core/host_device.h"
+#include "gemm/variants.h"
 
 namespace tpfuse {
 
@@ -93,7 +94,8 @@ TPFUSE_HOST_DEVICE PieceRange piece_range(const CopyPlan& plan, int64_t rows_per
 inline WorkspaceSize all_gather_workspace(const CommunicatorOptions& options, int world_size) {
   const int64_t rows = options.max_m / world_size;
   WorkspaceSize size;
-  size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_k) * 2;
+  // Blocks of X, the GEMM's input: as wide as the widest dtype a call may bring.
+  size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_k) * max_input_element_bytes();
   size.flag_words = size_t(world_size) * size_t(copy_row_blocks(rows));
   size.count_words = size.flag_words;
   return size;

@@ -92,6 +92,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     grid.bands = problem.world_size / c.segments_per_tile;
     grid.rows_per_band = problem.rows_per_rank() * c.segments_per_tile;
     grid.n = problem.n;
+    grid.dtype = problem.dtype;
     // Shared tiles may split K as the plain GEMM does (their tiles fill few SMs); the others take
     // whole tiles.
     if (share_tiles) {

@@ -748,15 +748,11 @@ class PushReduceEpilogue : public EpilogueBase {
   // counters are the stream's split workspace, which later calls (the plain GEMM's too) count on.
   __device__ void wait_for_splits(const SplitPartials& split, int row, int col) const {
     const uint32_t all = uint32_t(k_slice_.num_splits);
-    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
-    while (ptx::load_relaxed_sys(split.counter_address()) != all) {
-      if (ptx::globaltimer_ns() > deadline) {
-        comm::report_timeout(p_.failed, p_.error, p_.rank, p_.rank, row, col);
-        return;
-      }
-      __nanosleep(64);
-    }
-    split.finish_count();
+    const bool counted = comm::wait_bounded</*kEndsOnFailure=*/false, 64>(
+        p_, comm::wait_deadline(p_.timeout_ns),
+        [&] { return ptx::load_relaxed_sys(split.counter_address()) == all; }, [] {},
+        [&] { return comm::Awaited{p_.rank, row, col}; });
+    if (counted) split.finish_count();
   }
 
   // Stages the slab and hands it to the sender, kStagedChunks chunks at a time: pushed to its other
@@ -888,32 +884,21 @@ class PushReduceEpilogue : public EpilogueBase {
     }
     const uint32_t* flags = flag_at(p, p.rank, flag_index<Config>(p, 0, tile, 0), epoch & 1);
     const size_t source_stride = flag_source_stride(p);
-    const uint64_t deadline = ptx::globaltimer_ns() + p.timeout_ns;
-    for (;;) {
-      // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
-      for (int first = 0; first < 2 * kMaxWorldSize; first += 4) {
-        uint32_t seen[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int f = first + i;
-          if (waiting & (1u << f)) seen[i] = ptx::load_relaxed_sys(flags + (f / 2) * source_stride + f % 2);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int f = first + i;
-          if ((waiting & (1u << f)) && comm::epoch_reached(seen[i], epoch)) waiting &= ~(1u << f);
-        }
-      }
-      if (waiting == 0) return true;
-      if (comm::call_failed(p.failed)) return false;  // this call already failed
-      if (ptx::globaltimer_ns() > deadline) {
-        const int f = __ffs(waiting) - 1;
-        comm::report_timeout(p.failed, p.error, p.rank, f / 2, tile.row_begin + Slab<Config>::of_consumer(f % 2).row,
-                       tile.col_begin + Slab<Config>::of_consumer(f % 2).col);
-        return false;
-      }
-      __nanosleep(100);
-    }
+    const uint64_t deadline = comm::wait_deadline(p.timeout_ns);
+    // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
+    return comm::wait_bounded</*kEndsOnFailure=*/true, 100>(
+        p, deadline,
+        [&] {
+          waiting = comm::poll_flags<2 * kMaxWorldSize, 4>(
+              waiting, epoch, [&](int f) { return flags + (f / 2) * source_stride + f % 2; });
+          return waiting == 0;
+        },
+        [] {},
+        [&] {
+          const int f = __ffs(waiting) - 1;
+          const Slab<Config> slab = Slab<Config>::of_consumer(f % 2);
+          return comm::Awaited{f / 2, tile.row_begin + slab.row, tile.col_begin + slab.col};
+        });
   }
 
   // Adds the current round (the next peer's partial of the slab) from the chunk buffers, and asks

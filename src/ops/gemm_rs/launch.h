@@ -1,6 +1,7 @@
-// The reduce-scatter's launch for a subset of a local communicator's ranks, and the solo-rank
-// proxy's preset: internal hooks for the tests and the benchmark (the public entry points are in
-// tpfuse/reduce_scatter.h).
+// The reduce-scatter's launch for a subset of a local communicator's ranks: an internal hook for the
+// tests and the benchmark (the public entry points are in tpfuse/reduce_scatter.h). Its receive
+// buffer is the communicator's parity_data (comm/communicator.h), laid out as ops/gemm_rs/workspace.h
+// says.
 #pragma once
 
 #include <vector>
@@ -19,9 +20,5 @@ namespace tpfuse {
 Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
                       const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams,
                       const ConfigOverrides& overrides = {}, PushTimeline* timeline = nullptr);
-
-// Rank `local_rank`'s receive buffer, parity half `parity`: BF16 [source rank][rows_per_rank][n]
-// of `problem` (ops/gemm_rs/workspace.h).
-void* receive_buffer(const Communicator& comm, int local_rank, int parity);
 
 }  // namespace tpfuse

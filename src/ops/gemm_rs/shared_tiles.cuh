@@ -443,10 +443,7 @@ class SharedTileEpilogue : public EpilogueBase {
   __device__ void load_flags(uint32_t waiting, uint32_t (&seen)[kMaxWorldSize]) const {
     const uint32_t* flags = p_.flags_at[p_.rank] + own_flag_;
     const size_t stride = flag_source_stride(p_);
-#pragma unroll
-    for (int s = 0; s < kMaxWorldSize; ++s) {
-      if (waiting & (1u << s)) seen[s] = ptx::load_relaxed_sys(flags + s * stride);
-    }
+    comm::load_flags(waiting, 0, [&](int s) { return flags + s * stride; }, seen);
   }
 
   // One thread: waits, boundedly, for the slab's flag from every peer, from the first poll `seen`
@@ -455,23 +452,15 @@ class SharedTileEpilogue : public EpilogueBase {
   template <class Config>
   __device__ void wait_for_peers(const Tile& tile, Slab<Config> slab, uint32_t (&seen)[kMaxWorldSize]) const {
     uint32_t waiting = peers();  // a bit per peer whose flag is not seen yet
-    const uint64_t deadline = ptx::globaltimer_ns() + p_.timeout_ns;
-    for (;;) {
-#pragma unroll
-      for (int s = 0; s < kMaxWorldSize; ++s) {
-        if ((waiting & (1u << s)) && comm::epoch_reached(seen[s], epoch_)) waiting &= ~(1u << s);
-      }
-      if (waiting == 0) break;
-      if (comm::call_failed(p_.failed)) return;  // this call already failed
-      if (ptx::globaltimer_ns() > deadline) {
-        comm::report_timeout(p_.failed, p_.error, p_.rank, __ffs(waiting) - 1, tile.row_begin + slab.row,
-                             tile.col_begin + slab.col);
-        return;
-      }
-      __nanosleep(64);
-      load_flags(waiting, seen);
-    }
-    ptx::fence_acquire_sys();  // flags seen -> partials
+    const bool arrived = comm::wait_bounded</*kEndsOnFailure=*/true, 64>(
+        p_, comm::wait_deadline(p_.timeout_ns),
+        [&] {
+          waiting = comm::clear_reached(waiting, 0, seen, epoch_);
+          return waiting == 0;
+        },
+        [&] { load_flags(waiting, seen); },
+        [&] { return comm::Awaited{__ffs(waiting) - 1, tile.row_begin + slab.row, tile.col_begin + slab.col}; });
+    if (arrived) ptx::fence_acquire_sys();  // flags seen -> partials
   }
 
   const Params& p_;

@@ -1,0 +1,208 @@
+// One launch path for the fused ops: the checks every call makes, the config choice, the kernel
+// variant, the grid on each rank's GPU (or one cooperative grid for ranks emulated on one GPU), the
+// per-rank parameters and the launch. An op supplies its traits, a struct `Op` with:
+//
+//   using Problem, Config, Operands;     its problem, its config (with a GemmConfig `gemm`), the
+//                                        operand arrays of a call (one entry per local rank)
+//   static constexpr const char* kName;  for the debug log (TPFUSE_DEBUG=1)
+//   check(comm, problem, num_ranks, operands, streams)      its own checks: capacity, operands
+//   select_config(problem, device, overrides, &config)      its config choice (pure C++)
+//   config_that_fits(problem, config, ctas_per_rank)        the config for the CTAs a rank got
+//   with_kernel(problem, config, fn)     calls fn(kernel) with a type that names the kernel (an
+//                                        OpKernel: Config, the mainloop's; Launch<kLocalRanks>, its
+//                                        parameter) and kernel<kLocalRanks>() (the __global__)
+//   extra_smem_bytes<Config>(config)     shared memory past the kernel's storage (0: none)
+//   needs_split_workspace(config)        whether the launch takes the stream's split workspace
+//   make_rank_params<Config>(comm, rank, problem, config, operands, i, split, launch_split, &params)
+//                                        (split: the rank's part of the workspace, launch_split: all of it)
+//   after_launch(comm, problem, local_ranks, operands, streams, emulated)   what follows the kernel
+//
+// Host code only: the kernels are the ops' own.
+#pragma once
+
+#include <cstdio>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "core/env.h"
+#include "gemm/launch.cuh"
+#include "gemm/split_k_workspace.h"
+#include "tpfuse/overrides.h"
+#include "tpfuse/problem.h"
+
+namespace tpfuse {
+
+// One operand of a call: its array of device pointers, one a local rank, and its name. An optional
+// one may be null, or any of its entries.
+struct OperandArray {
+  const void* const* pointers;
+  const char* name;
+  bool optional = false;
+};
+
+// Every op's checks of its operands: no required array (nor the streams) null, and each rank's
+// pointers non-null and 16-byte aligned (validate_operand), rank by rank.
+inline Status check_operands(std::initializer_list<OperandArray> operands, const cudaStream_t* streams,
+                             size_t num_ranks) {
+  std::string required;
+  bool missing = streams == nullptr;
+  for (const OperandArray& o : operands) {
+    if (o.optional) continue;
+    required += std::string(required.empty() ? "" : ", ") + o.name;
+    missing = missing || o.pointers == nullptr;
+  }
+  if (missing) return Status::InvalidArgument("the operand arrays " + required + " and streams must not be null");
+  for (size_t i = 0; i < num_ranks; ++i) {
+    for (const OperandArray& o : operands) {
+      if (o.optional && (o.pointers == nullptr || o.pointers[i] == nullptr)) continue;
+      TPFUSE_RETURN_IF_ERROR(validate_operand(o.pointers[i], o.name));
+    }
+  }
+  return Status::Ok();
+}
+
+// What every op's epilogue params hold of the call: the rank, its call count (the epoch), and what
+// its bounded waits read (comm::wait_bounded): the failed word, the timeout record and the timeout.
+template <class EpilogueParams>
+void set_call_params(const Communicator& comm, const RankState& rank, EpilogueParams* e) {
+  e->rank = rank.rank;
+  e->world_size = comm.world_size;
+  e->calls = rank.calls;
+  e->failed = rank.failed;
+  e->error = rank.error_device;
+  e->timeout_ns = comm.timeout_ns;
+}
+
+// What an op's kernel type names besides its __global__ (kernel<kLocalRanks>()): the mainloop's
+// config and the launch parameter of kLocalRanks ranks.
+template <class MainloopConfig, template <int> class LaunchOf>
+struct OpKernel {
+  using Config = MainloopConfig;
+  template <int kLocalRanks>
+  using Launch = LaunchOf<kLocalRanks>;
+};
+
+// Launches `grid` CTAs of a kernel over num_ranks ranks of `launch`.
+template <class Kernel, int kLocalRanks>
+Status launch_op_kernel(const char* name, const typename Kernel::template Launch<kLocalRanks>& launch, int num_ranks,
+                        size_t smem, bool cooperative, bool debug, cudaStream_t stream) {
+  using Config = typename Kernel::Config;
+  if (debug) {
+    std::fprintf(stderr, "tpfuse: %s launch %d rank(s) x %d CTAs x %d threads, %zu B smem%s\n", name, num_ranks,
+                 launch.ctas_per_rank, Config::kThreads, smem, cooperative ? ", cooperative" : "");
+  }
+  return launch_persistent<Config>(Kernel::template kernel<kLocalRanks>(), launch, launch.ctas_per_rank * num_ranks,
+                                   smem, cooperative, stream);
+}
+
+// Launches the op for the local ranks listed in `local_ranks` (indices into comm->ranks), with their
+// operands; ranks emulated on one device share one cooperative launch on the first of their streams.
+template <class Op>
+Status launch_op(Communicator* comm, const typename Op::Problem& problem, const std::vector<int>& local_ranks,
+                 const typename Op::Operands& operands, const cudaStream_t* streams,
+                 const ConfigOverrides& overrides) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  TPFUSE_RETURN_IF_ERROR(check_call_ranks(*comm, problem.world_size, local_ranks));
+  TPFUSE_RETURN_IF_ERROR(validate(problem));
+  TPFUSE_RETURN_IF_ERROR(Op::check(*comm, problem, local_ranks.size(), operands, streams));
+  bool debug = false;
+  TPFUSE_RETURN_IF_ERROR(debug_logging(&debug));
+  const int num_ranks = int(local_ranks.size());
+  const RankState& first = comm->ranks[local_ranks[0]];
+  bool one_device = true;
+  for (int i : local_ranks) one_device = one_device && comm->ranks[i].device == first.device;
+  const bool emulated = num_ranks > 1 && one_device;
+
+  TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
+  DeviceInfo device;
+  TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
+  typename Op::Config config;
+  TPFUSE_RETURN_IF_ERROR(Op::select_config(problem, device, overrides, &config));
+  if (debug) {
+    std::fprintf(stderr, "tpfuse: %s %s, overrides %s -> %s\n", Op::kName, problem.to_string().c_str(),
+                 overrides.to_string().c_str(), config.to_string().c_str());
+  }
+
+  const Status launched = Op::with_kernel(problem, config, [&](auto kernel) -> Status {
+    using Kernel = decltype(kernel);
+    using Config = typename Kernel::Config;
+    size_t smem = 0;
+    TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));
+    smem += Op::template extra_smem_bytes<Config>(config);
+    if (emulated) {
+      // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
+      typename Kernel::template Launch<kMaxWorldSize> launch{};
+      int ctas = 0;
+      TPFUSE_RETURN_IF_ERROR(
+          (resident_grid<Config>(Kernel::template kernel<kMaxWorldSize>(), smem, config.gemm.num_ctas, &ctas)));
+      launch.ctas_per_rank = ctas / num_ranks;
+      if (launch.ctas_per_rank == 0) {
+        return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
+                                       std::to_string(ctas) + " resident CTAs");
+      }
+      const typename Op::Config rank_config = Op::config_that_fits(problem, config, launch.ctas_per_rank);
+      SplitKWorkspace split;
+      // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
+      if (Op::needs_split_workspace(rank_config)) {
+        TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
+      }
+      for (int i = 0; i < num_ranks; ++i) {
+        TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(
+            *comm, comm->ranks[local_ranks[i]], problem, rank_config, operands, i,
+            emulated_rank_part(split, i, launch.ctas_per_rank), split, &launch.ranks[i]));
+      }
+      return launch_op_kernel<Kernel, kMaxWorldSize>(Op::kName, launch, num_ranks, smem, /*cooperative=*/true, debug,
+                                                      streams[0]);
+    }
+    // One rank per GPU: a persistent grid of its own on each.
+    for (int i = 0; i < num_ranks; ++i) {
+      const RankState& rank = comm->ranks[local_ranks[i]];
+      TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
+      typename Kernel::template Launch<1> launch{};
+      TPFUSE_RETURN_IF_ERROR(
+          (resident_grid<Config>(Kernel::template kernel<1>(), smem, config.gemm.num_ctas, &launch.ctas_per_rank)));
+      const typename Op::Config rank_config = Op::config_that_fits(problem, config, launch.ctas_per_rank);
+      SplitKWorkspace split;
+      if (Op::needs_split_workspace(rank_config)) {
+        TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
+      }
+      TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(*comm, rank, problem, rank_config, operands, i,
+                                                                   split, split, &launch.ranks[0]));
+      TPFUSE_RETURN_IF_ERROR(
+          (launch_op_kernel<Kernel, 1>(Op::kName, launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
+    }
+    return Status::Ok();
+  });
+  TPFUSE_RETURN_IF_ERROR(launched);
+  return Op::after_launch(*comm, problem, local_ranks, operands, streams, emulated);
+}
+
+// The public entry points of an op: a communicator of one rank (`operands` holds its one rank's), or
+// every local rank of it.
+template <class Op>
+Status launch_op_on_one_rank(Communicator* comm, const typename Op::Problem& problem,
+                             const typename Op::Operands& operands, const cudaStream_t* stream,
+                             const ConfigOverrides& overrides) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  if (comm->ranks.size() != 1) {
+    return Status::InvalidArgument("this communicator runs " + std::to_string(comm->ranks.size()) +
+                                   " local ranks: use " + Op::kName + "_local");
+  }
+  return launch_op<Op>(comm, problem, {0}, operands, stream, overrides);
+}
+
+template <class Op>
+Status launch_op_on_local_ranks(Communicator* comm, const typename Op::Problem& problem,
+                                const typename Op::Operands& operands, const cudaStream_t* streams,
+                                const ConfigOverrides& overrides) {
+  if (comm == nullptr) return Status::InvalidArgument("comm must not be null");
+  std::vector<int> all(comm->ranks.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = int(i);
+  return launch_op<Op>(comm, problem, all, operands, streams, overrides);
+}
+
+}  // namespace tpfuse
