@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/peer_error.h"
+#include "comm/workspace_size.h"
 #include "tpfuse/problem.h"
 #include "tpfuse/reduce_scatter.h"
 
@@ -30,15 +31,6 @@ enum class Transport {
 };
 
 const char* to_string(Transport transport);
-
-// What the ops need of one parity half of a workspace: data bytes, 32-bit flag words (which every
-// op may write: they hold epoch values) and 32-bit count words (which only their op writes: counters
-// that are 0 at creation and after every call).
-struct WorkspaceSize {
-  size_t data_bytes = 0;
-  size_t flag_words = 0;
-  size_t count_words = 0;
-};
 
 // One rank's state, owned by the process that runs the rank.
 struct RankState {

@@ -14,7 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "comm/communicator.h"
+#include "comm/workspace_size.h"
+#include "tpfuse/communicator.h"
 #include "core/host_device.h"
 #include "gemm/variants.h"
 

@@ -9,7 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "comm/communicator.h"
+#include "comm/workspace_size.h"
+#include "tpfuse/communicator.h"
 #include "gemm/variants.h"
 #include "ops/gemm_rs/shared_storage.h"
 
