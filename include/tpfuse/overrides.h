@@ -32,11 +32,6 @@ struct ConfigOverrides {
   // all_gather_gemm only: where a call leaves CTAs without a tile, they alone copy X_r to the peers;
   // 1 whenever there is one, 0 never (every CTA copies beside its tiles), -1: the config's
   int idle_copiers = -1;
-  // gemm_reduce_scatter only, tiles of one owner's rows: an own tile's peer partials pre-summed in FP32
-  // (rank order) by a spare warp of the producer warpgroup into an L2 scratch tile while the tile is
-  // multiplied, so that its consumers add one FP32 value per element (docs/COST-MODEL.md); 1 yes,
-  // 0 no, -1: the config's (no)
-  int presum = -1;
 
   std::string to_string() const;  // the fields that are set, e.g. "own_lag=0"; "none" when none is
 };

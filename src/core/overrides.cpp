@@ -16,7 +16,6 @@ std::string ConfigOverrides::to_string() const {
   if (shared_tiles != -1) add("shared_tiles", shared_tiles);
   if (register_epilogue != -1) add("register_epilogue", register_epilogue);
   if (idle_copiers != -1) add("idle_copiers", idle_copiers);
-  if (presum != -1) add("presum", presum);
   return s.empty() ? "none" : s;
 }
 
@@ -59,10 +58,6 @@ Status validate(const ConfigOverrides& o) {
   if (o.idle_copiers < -1 || o.idle_copiers > 1) {
     return Status::InvalidArgument("overrides.idle_copiers = " + std::to_string(o.idle_copiers) +
                                    " must be 1 (whenever a CTA has no tile), 0 (never) or -1 (the config's choice)");
-  }
-  if (o.presum < -1 || o.presum > 1) {
-    return Status::InvalidArgument("overrides.presum = " + std::to_string(o.presum) +
-                                   " must be 1 (pre-sum the partials), 0 (never) or -1 (the config's choice)");
   }
   return Status::Ok();
 }

@@ -158,7 +158,6 @@ struct EpilogueBase {
   static constexpr bool kHasSender = false;
   static constexpr bool kHasWatcher = false;
   static constexpr bool kHasCopier = false;
-  static constexpr bool kHasPresummer = false;
   static constexpr bool kLayeredA = false;
 
   template <class Config, class Params, class Mainloop>
@@ -347,9 +346,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 //   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
 //   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer;
 //   with Epilogue::kHasCopier, warp 3 runs Epilogue::copy<Config>(params, smem, cta, num_ctas): data
-//   the op moves by bulk copies while the tiles multiply;
-//   with Epilogue::kHasPresummer, all 32 lanes of warp 3 run Epilogue::presum<Config>(params,
-//   schedule, smem, cta, num_ctas): inputs of the tiles' epilogues prepared while they multiply.
+//   the op moves by bulk copies while the tiles multiply.
 // Epilogue::init<Config>(smem) initializes the op's barriers (one thread, before the CTA's barrier).
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue, class Schedule>
@@ -381,10 +378,6 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     }
     if constexpr (Epilogue::kHasCopier) {
       if (threadIdx.x == 96) Epilogue::template copy<Config>(epilogue_params, smem, cta, num_ctas);
-    }
-    static_assert(!(Epilogue::kHasCopier && Epilogue::kHasPresummer), "one use of warp 3");
-    if constexpr (Epilogue::kHasPresummer) {
-      if (threadIdx.x / 32 == 3) Epilogue::template presum<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
     }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();

@@ -11,10 +11,7 @@
 //   with_kernel(problem, config, fn)     calls fn(kernel) with a type that names the kernel (an
 //                                        OpKernel: Config, the mainloop's; Launch<kLocalRanks>, its
 //                                        parameter) and kernel<kLocalRanks>() (the __global__)
-//   extra_smem_bytes<Config>(config)     shared memory past the kernel's storage (0: none)
-//   needs_split_workspace(config)        whether the launch takes the stream's split workspace
-//   make_rank_params<Config>(comm, rank, problem, config, operands, i, split, launch_split, &params)
-//                                        (split: the rank's part of the workspace, launch_split: all of it)
+//   make_rank_params<Config>(comm, rank, problem, config, operands, i, split, &params)
 //   after_launch(comm, problem, local_ranks, operands, streams, emulated)   what follows the kernel
 //
 // Host code only: the kernels are the ops' own.
@@ -132,7 +129,6 @@ Status launch_op(Communicator* comm, const typename Op::Problem& problem, const 
     using Config = typename Kernel::Config;
     size_t smem = 0;
     TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));
-    smem += Op::template extra_smem_bytes<Config>(config);
     if (emulated) {
       // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
       typename Kernel::template Launch<kMaxWorldSize> launch{};
@@ -147,13 +143,11 @@ Status launch_op(Communicator* comm, const typename Op::Problem& problem, const 
       const typename Op::Config rank_config = Op::config_that_fits(problem, config, launch.ctas_per_rank);
       SplitKWorkspace split;
       // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
-      if (Op::needs_split_workspace(rank_config)) {
-        TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
-      }
+      if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
       for (int i = 0; i < num_ranks; ++i) {
         TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(
             *comm, comm->ranks[local_ranks[i]], problem, rank_config, operands, i,
-            emulated_rank_part(split, i, launch.ctas_per_rank), split, &launch.ranks[i]));
+            emulated_rank_part(split, i, launch.ctas_per_rank), &launch.ranks[i]));
       }
       return launch_op_kernel<Kernel, kMaxWorldSize>(Op::kName, launch, num_ranks, smem, /*cooperative=*/true, debug,
                                                       streams[0]);
@@ -167,11 +161,9 @@ Status launch_op(Communicator* comm, const typename Op::Problem& problem, const 
           (resident_grid<Config>(Kernel::template kernel<1>(), smem, config.gemm.num_ctas, &launch.ctas_per_rank)));
       const typename Op::Config rank_config = Op::config_that_fits(problem, config, launch.ctas_per_rank);
       SplitKWorkspace split;
-      if (Op::needs_split_workspace(rank_config)) {
-        TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
-      }
+      if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
       TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(*comm, rank, problem, rank_config, operands, i,
-                                                                   split, split, &launch.ranks[0]));
+                                                                   split, &launch.ranks[0]));
       TPFUSE_RETURN_IF_ERROR(
           (launch_op_kernel<Kernel, 1>(Op::kName, launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
     }

@@ -26,10 +26,6 @@ TEST(BenchOverrides, ParsedIntoTheLibrarysStruct) {
   ASSERT_EQ(staged.outcome, ParseOutcome::kRun) << staged.error;
   EXPECT_EQ(staged.options.compare->register_epilogue, 0);
   EXPECT_EQ(staged.options.compare->to_string(), "register_epilogue=0");
-  const ParseResult presum = parse_args({"--mode", "proxy", "--compare", "presum=1"}, kModes);
-  ASSERT_EQ(presum.outcome, ParseOutcome::kRun) << presum.error;
-  EXPECT_EQ(presum.options.compare->presum, 1);
-  EXPECT_EQ(presum.options.compare->to_string(), "presum=1");
   const ParseResult tiled = parse_args({"--mode", "gemm", "--compare", "swap_ab=0"}, kModes);
   ASSERT_EQ(tiled.outcome, ParseOutcome::kRun) << tiled.error;
   ASSERT_TRUE(tiled.options.compare.has_value());

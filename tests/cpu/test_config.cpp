@@ -399,48 +399,12 @@ TEST(Config, OverridesApply) {
   EXPECT_EQ(ConfigOverrides{}.to_string(), "none");
 }
 
-// Pre-summed partials (ConfigOverrides::presum): off unless asked for; then on tiles of one owner's
-// rows (and bands of two) wherever the presummer's staging fits beside the variant's storage, with no
-// partial rounds; never on shared tiles. The shapes of tests/gpu/test_fused.cu's presum cases take it.
-TEST(Config, PresumOnlyWhenAskedAndWhereItFits) {
-  ConfigOverrides presum;
-  presum.presum = 1;
-  GemmRsConfig c;
-  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), ConfigOverrides{}, &c).ok());
-  EXPECT_FALSE(c.presum) << "the default path stays";
-  EXPECT_GT(c.partial_rounds, 0);
-  struct Shape {
-    int64_t m, n, k_per_rank;
-    int p;
-  };
-  for (const Shape& t : {Shape{512, 776, 128, 2}, Shape{1000, 1024, 64, 4}, Shape{256, 1000, 64, 4},
-                         Shape{2048, 1000, 32, 8}, Shape{512, 6144, 32, 8}, Shape{2048, 8192, 1024, 8},
-                         Shape{8192, 4096, 512, 8}, Shape{512, 6144, 768, 8}, Shape{1000, 2056, 520, 4},
-                         Shape{4096, 2048, 1024, 2}, Shape{512, 512, 320, 2}, Shape{1024, 1024, 64, 4}, Shape{256, 1024, 64, 4},
-                         Shape{8192, 8192, 1024, 8}, Shape{32768, 6144, 768, 8}, Shape{2048, 6144, 2048, 8}}) {
-    const Problem problem = make(t.m, t.n, t.k_per_rank * t.p, t.p);
-    ASSERT_TRUE(select_gemm_rs_config(problem, h100(), presum, &c).ok());
-    EXPECT_TRUE(c.presum) << problem.to_string() << " -> " << c.to_string();
-    EXPECT_EQ(c.partial_rounds, 0) << c.to_string();
-    EXPECT_LE(c.gemm.smem_bytes + presum_staging_bytes(slab_cols_of(c.gemm.tile())), size_t(h100().max_smem_per_block));
-  }
-  // Not on shared tiles; not where the staging does not fit (one wave of 4-stage 128 x 256 tiles).
-  ASSERT_TRUE(select_gemm_rs_config(make(64, 8192, 8192, 8), h100(), presum, &c).ok());
-  EXPECT_TRUE(c.shared_tiles);
-  EXPECT_FALSE(c.presum) << c.to_string();
-  ASSERT_TRUE(select_gemm_rs_config(make(512, 8192, 8192, 8), h100(), presum, &c).ok());
-  EXPECT_EQ(c.gemm.tile().staged_chunks, 2) << c.to_string();
-  EXPECT_FALSE(c.presum) << c.to_string();
-  EXPECT_EQ(presum.to_string(), "presum=1");
-}
-
 TEST(Config, BadOverridesAreErrors) {
   struct Case {
     ConfigOverrides overrides;
     const char* message;
   };
-  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k, idle_copiers, registers, presum;
-  presum.presum = 2;
+  ConfigOverrides block_n, group_rows, own_lag, rounds, split_k, idle_copiers, registers;
   block_n.block_n = 100;
   idle_copiers.idle_copiers = 2;
   registers.register_epilogue = 3;
@@ -451,7 +415,7 @@ TEST(Config, BadOverridesAreErrors) {
   for (const Case& t : {Case{block_n, "overrides.block_n = 100"}, Case{group_rows, "overrides.group_rows = -2"},
                         Case{own_lag, "overrides.own_lag = -5"}, Case{rounds, "overrides.partial_rounds = -3"},
                         Case{split_k, "overrides.split_k = -1"}, Case{idle_copiers, "overrides.idle_copiers = 2"},
-                        Case{registers, "overrides.register_epilogue = 3"}, Case{presum, "overrides.presum = 2"}}) {
+                        Case{registers, "overrides.register_epilogue = 3"}}) {
     GemmRsConfig c;
     const Status s = select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), t.overrides, &c);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << t.message;

@@ -112,14 +112,12 @@ struct FusedCase {
   WeightLayout layout;
   int own_lag = -1;
   int split_k = 0;  // splits of K with shared tiles; 0: the config's
-  int presum = -1;  // own tiles' partials pre-summed (ConfigOverrides::presum); -1: the config's
 
   Problem problem() const { return Problem{m, n, k, p, layout}; }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.own_lag = own_lag;
     o.split_k = split_k;
-    o.presum = presum;
     return o;
   }
 };
@@ -128,7 +126,7 @@ std::string case_name(const ::testing::TestParamInfo<FusedCase>& info) {
   const FusedCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + "_" + to_string(c.layout) + (c.own_lag >= 0 ? "_lag" + std::to_string(c.own_lag) : "") +
-         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") + (c.presum == 1 ? "_presum" : "");
+         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "");
 }
 
 class FusedExact : public ::testing::TestWithParam<FusedCase> {};
@@ -320,8 +318,7 @@ TEST(FusedSharedTiles, RegisterEpilogueBitIdenticalToStaged) {
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every
 // 50th is checked.
-void expect_back_to_back_correct(ReduceScatterRanks& ranks, const Problem& max_problem, int calls,
-                                 const ConfigOverrides& overrides = {}) {
+void expect_back_to_back_correct(ReduceScatterRanks& ranks, const Problem& max_problem, int calls) {
   const int p = max_problem.world_size;
   ranks.fill(/*exact=*/true, 3);
   std::mt19937 rng(42);
@@ -330,7 +327,7 @@ void expect_back_to_back_correct(ReduceScatterRanks& ranks, const Problem& max_p
     const Problem problem{m, max_problem.n, max_problem.k_per_rank, p, max_problem.weight_layout};
     const bool check = call % 50 == 49;
     if (check) ranks.poison_outputs();
-    ASSERT_TRUE(ranks.run(problem, overrides).ok()) << "call " << call;
+    ASSERT_TRUE(ranks.run(problem).ok()) << "call " << call;
     if (!check) continue;
     ASSERT_CUDA(ranks.synchronize());
     ASSERT_TRUE(communicator_status(ranks.comm).ok());
@@ -366,98 +363,6 @@ TEST(FusedStress, ThousandCallsBackToBack) {
   ReduceScatterRanks ranks(max_problem);
   ASSERT_NE(ranks.comm, nullptr);
   expect_back_to_back_correct(ranks, max_problem, 1000);
-}
-
-// Own tiles' partials pre-summed off the consumers' path (ConfigOverrides::presum): the P - 1 peers'
-// partials summed in FP32 in rank order into a scratch tile, which the consumers add once. Exact
-// inputs: bit for bit (every order of the additions gives the same bits); random ones: within the
-// unfused path's error, and a second call gives the same bits. Each case checks that the config
-// takes the path (the staging fits beside its tiles).
-void expect_presum_taken(const Problem& problem, const ConfigOverrides& overrides) {
-  DeviceInfo device;
-  ASSERT_TRUE(current_device_info(&device).ok());
-  GemmRsConfig config;
-  ASSERT_TRUE(select_gemm_rs_config(problem, device, overrides, &config).ok());
-  ASSERT_TRUE(config.presum) << problem.to_string() << " -> " << config.to_string();
-  EXPECT_EQ(config.partial_rounds, 0) << config.to_string();
-}
-
-class FusedPresumExact : public ::testing::TestWithParam<FusedCase> {};
-
-TEST_P(FusedPresumExact, BitForBit) {
-  const Problem problem = GetParam().problem();
-  expect_presum_taken(problem, GetParam().overrides());
-  ReduceScatterRanks ranks(problem);
-  ASSERT_NE(ranks.comm, nullptr);
-  expect_bit_for_bit(ranks, problem, GetParam().overrides());
-}
-
-// K per rank 256 / P, as FusedExact: tiles of one owner (own tiles last, and inside the rounds from
-// the first, so that a CTA's presummer takes several own tiles), rows and columns past the
-// segment and n (1000 / P rows, N = 1000 or 776), bands of two segments (one reduced slab a tile),
-// both layouts, P = 2, 4, 8.
-INSTANTIATE_TEST_SUITE_P(Shapes, FusedPresumExact,
-                         ::testing::Values(FusedCase{2, 512, 776, 128, WeightLayout::kKxN, -1, 0, 1},
-                                           FusedCase{2, 512, 776, 128, WeightLayout::kNxK, 0, 0, 1},
-                                           FusedCase{4, 1000, 1024, 64, WeightLayout::kNxK, -1, 0, 1},
-                                           FusedCase{4, 1000, 1024, 64, WeightLayout::kKxN, 0, 0, 1},
-                                           FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, -1, 0, 1},
-                                           FusedCase{4, 256, 1000, 64, WeightLayout::kNxK, 0, 0, 1},
-                                           FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK, -1, 0, 1},
-                                           FusedCase{8, 2048, 1000, 32, WeightLayout::kKxN, 0, 0, 1},
-                                           FusedCase{8, 512, 6144, 32, WeightLayout::kNxK, -1, 0, 1},
-                                           FusedCase{8, 512, 6144, 32, WeightLayout::kKxN, -1, 0, 1}),
-                         case_name);
-
-class FusedPresumRandom : public ::testing::TestWithParam<FusedCase> {};
-
-TEST_P(FusedPresumRandom, WithinUnfusedErrorAndDeterministic) {
-  const Problem problem = GetParam().problem();
-  expect_presum_taken(problem, GetParam().overrides());
-  ReduceScatterRanks ranks(problem);
-  ASSERT_NE(ranks.comm, nullptr);
-  expect_within_unfused_error_and_deterministic(ranks, problem, GetParam().overrides());
-}
-
-INSTANTIATE_TEST_SUITE_P(Shapes, FusedPresumRandom,
-                         ::testing::Values(FusedCase{8, 2048, 8192, 1024, WeightLayout::kKxN, -1, 0, 1},
-                                           FusedCase{8, 8192, 4096, 512, WeightLayout::kNxK, -1, 0, 1},
-                                           FusedCase{8, 512, 6144, 768, WeightLayout::kNxK, -1, 0, 1},
-                                           FusedCase{4, 1000, 2056, 520, WeightLayout::kKxN, -1, 0, 1},
-                                           FusedCase{2, 4096, 2048, 1024, WeightLayout::kNxK, -1, 0, 1},
-                                           // Small, for the sanitizers: own tiles inside the rounds.
-                                           FusedCase{2, 512, 512, 320, WeightLayout::kKxN, 0, 0, 1}),
-                         case_name);
-
-// The presummer's scratch slots and barriers across calls (both parities), no host synchronization.
-TEST(FusedPresum, ThousandCallsBackToBack) {
-  const Problem max_problem{2048, 1024, 32, 8, WeightLayout::kNxK};
-  ReduceScatterRanks ranks(max_problem);
-  ASSERT_NE(ranks.comm, nullptr);
-  ConfigOverrides presum;
-  presum.presum = 1;
-  expect_back_to_back_correct(ranks, max_problem, 1000, presum);
-}
-
-// A rank that never launches: the presummer's wait for its flags is bounded too.
-TEST(FusedPresum, MissingPeerTimesOut) {
-  for (int m : {1024, 256}) {  // tiles of one owner, bands of two (rank 3 is rank 2's partner)
-    const Problem problem{m, 1024, 64, 4, WeightLayout::kNxK};
-    ReduceScatterRanks ranks(problem, /*timeout_s=*/0.2);
-    ASSERT_NE(ranks.comm, nullptr);
-    ranks.fill(false, 5);
-    ConfigOverrides presum;
-    presum.presum = 1;
-    expect_presum_taken(problem, presum);
-    const auto start = std::chrono::steady_clock::now();
-    ASSERT_TRUE(ranks.run_first(3, problem, presum).ok());
-    ASSERT_CUDA(cudaDeviceSynchronize());
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const Status s = communicator_status(ranks.comm);
-    EXPECT_EQ(s.code(), StatusCode::kPeerTimeout) << s.to_string();
-    EXPECT_NE(s.message().find("for rank 3"), std::string::npos) << s.message();
-    EXPECT_LT(seconds, 5.0) << "the timeout is 0.2 s";
-  }
 }
 
 // One rank per GPU (the largest power of two of the visible GPUs, at most 8), one process driving

@@ -63,13 +63,6 @@ struct AllGatherOp {
     return c;
   }
 
-  template <class MainloopConfig>
-  static size_t extra_smem_bytes(const Config&) {
-    return 0;
-  }
-
-  static bool needs_split_workspace(const Config& config) { return config.gemm.split_k > 1; }
-
   template <class Fn>
   static Status with_kernel(const Problem& problem, const Config& config, Fn&& fn) {
     return with_variant<CopyStages>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
@@ -80,8 +73,7 @@ struct AllGatherOp {
   template <class Config>
   static Status make_rank_params(const Communicator& comm, const RankState& rank, const Problem& problem,
                                  const AllGatherConfig& config, const Operands& operands, int i,
-                                 const SplitKWorkspace& split, const SplitKWorkspace& /*launch_split*/,
-                                 kernels::AllGatherRankParams* rp) {
+                                 const SplitKWorkspace& split, kernels::AllGatherRankParams* rp) {
     const void* x = operands.x[i];
     void* y = operands.y[i];
     const int64_t rows = problem.rows_per_rank(), k = problem.k;

@@ -50,7 +50,7 @@ std::string GemmRsConfig::to_string() const {
      << (shared_tiles ? (register_epilogue ? " (shared tiles, register epilogue)" : " (shared tiles)") : "")
      << ", own_lag "
      << (own_lag >= kOwnTilesLast ? std::string("last") : std::to_string(own_lag)) << ", partial rounds "
-     << partial_rounds << (presum ? ", presum" : "");
+     << partial_rounds;
   return os.str();
 }
 
@@ -127,12 +127,6 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
 
   c.partial_rounds = partial_rounds_of(problem, c);
   if (overrides.partial_rounds >= 0) c.partial_rounds = std::min(c.partial_rounds, overrides.partial_rounds);
-  // Pre-summed partials (off unless asked for): tiles of one owner's rows (segments_per_tile 1 or 2,
-  // the staged epilogue), where the presummer's staging fits beside the variant's storage (not the
-  // 4-stage 128 x 256 tiles). The presummer takes every peer, so no rounds.
-  c.presum = overrides.presum == 1 && problem.world_size > 1 && !c.shared_tiles &&
-             c.gemm.smem_bytes + presum_staging_bytes(slab_cols_of(c.gemm.tile())) <= size_t(device.max_smem_per_block);
-  if (c.presum) c.partial_rounds = 0;
   *config = c;
   return Status::Ok();
 }

@@ -21,7 +21,6 @@ struct GemmRsConfig {
   bool register_epilogue = false;  // shared tiles pushed and reduced from registers (ops/gemm_rs/shared_tiles.cuh)
   int own_lag = kOwnTilesLast;   // rounds from a peer's tile to the own tile of the same rows (schedule.h)
   int partial_rounds = 0;        // rounds of an own tile's peer partials added during its K loop (partial_rounds.h)
-  bool presum = false;           // an own tile's partials pre-summed by the presummer warp (epilogue.cuh); no rounds then
 
   std::string to_string() const;
 };

@@ -82,8 +82,6 @@ struct PushReduceParams {
   float* split_partials;           // split K (shared tiles only): this rank's FP32 partials (gemm/split_k.h)
   uint32_t* splits_done;           // and their counters, 0 between calls
   PushTimeline* timeline;          // the benchmark's record of the pushes; null: none
-  int presum;                      // 1: own tiles' partials pre-summed by the presummer warp (no rounds, no extra stages)
-  float* presum_scratch;           // presum: a slot of max_tile_accumulators() floats per CTA of the launch (blockIdx.x)
 };
 
 // Index of (source, tile, slab) in an owner's flag array: the same in every owner's.
@@ -116,8 +114,6 @@ class PushReduceEpilogue : public EpilogueBase {
   // once measured slower on the compute-bound shapes (docs/EXPERIMENTS.md).
   static constexpr int kPushQueue = 1;
   static constexpr bool kHasWatcher = true;
-  // Tiles of one owner's rows may have their partials pre-summed (p.presum) by warp 3.
-  static constexpr bool kHasPresummer = !kSharedTiles;
 
   template <class Storage>
   __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)
@@ -135,12 +131,6 @@ class PushReduceEpilogue : public EpilogueBase {
     }
     ptx::mbarrier_init(&smem.op.extra_ready, 1);
     ptx::mbarrier_init(&smem.op.extra_taken, 1);
-    ptx::mbarrier_init(&smem.op.presum_full, 32);
-    ptx::mbarrier_init(&smem.op.presum_empty, Config::kConsumers);
-    for (int b = 0; b < kPresumBuffers; ++b) {
-      ptx::mbarrier_init(&smem.op.presum_loaded[b], 1);
-      ptx::mbarrier_init(&smem.op.presum_freed[b], 32);
-    }
   }
 
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
@@ -178,10 +168,6 @@ class PushReduceEpilogue : public EpilogueBase {
   template <class Config>
   __device__ static void watch(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
                                int num_ctas) {
-    if (p.presum) {  // no rounds, no extra stages: the presum's loads instead
-      presum_feed<Config>(p, schedule, smem, cta, num_ctas);
-      return;
-    }
     const uint32_t epoch = comm::call_epoch(p.calls);
     uint32_t own_tiles = 0;
     uint32_t rounds_fed = 0;
@@ -203,176 +189,6 @@ class PushReduceEpilogue : public EpilogueBase {
       ++step;
     });
   }
-
-  // Presum (p.presum): an own tile's P - 1 peer partials summed in FP32, in rank order, by the
-  // producer warpgroup's spare threads while the consumers multiply, into the CTA's scratch slot
-  // (L2), so that the consumers add one FP32 value per element (add_presum). The watcher thread
-  // (presum_feed) waits for each own tile's flags, then bulk-loads the reduced slabs' partials into
-  // two staging buffers, a set at a time (every peer's two rows r, r + 8 of a slab: one accumulator
-  // fragment's rows); the 32 lanes of warp 3 (presum) add each element's partials (the first
-  // converted, the others added to it) and write the sums in the consumers' fragment order:
-  //
-  //   watcher    [flags][load set 0][load set 1][set 2 once set 0 is freed] ...  [next own tile's flags]
-  //   warp 3     [slot empty?][sum set 0 -> slot][sum set 1] ...     [full]
-  //   consumers  the own tile's K loop (and earlier tiles') ........ [wait full][+ slot][empty]
-  //
-  // NOTE (memory ordering): peers' data -> the watcher's relaxed flag loads, fence.acquire.sys, then
-  // fence.proxy.async.global before its bulk loads (async proxy), which complete on presum_loaded,
-  // which warp 3's lanes wait on. Each lane fences (async proxy, shared) after reading a buffer and
-  // arrives on presum_freed; the watcher waits on it before loading into the buffer again. Sums ->
-  // consumers: each lane's stores, then its arrival on presum_full (release at CTA scope), which the
-  // consumers wait on (acquire). The consumers' reads -> the next tile's stores: the warpgroup's
-  // barrier, its leader's arrival on presum_empty, which every lane of warp 3 waits on.
-
-  // A set: the two rows (r, r + 8 of the slab) of every peer's partial; a slab's row pairs in turn.
-  static constexpr int kPresumSetsPerSlab = kSlabRows / 2;
-
-  template <class Config>
-  __device__ static uint8_t* presum_staging(StorageOf<Config>& smem) {
-    return reinterpret_cast<uint8_t*>(&smem) + sizeof(StorageOf<Config>);  // past the storage (shared_storage.h)
-  }
-
-  // The watcher thread with presum: for each own tile of this CTA in step order, waits (bounded) for
-  // its flags, then loads its sets into the staging buffers as warp 3 frees them; after a failed call
-  // only arrives, so that warp 3 and the consumers finish. Not inlined (nor presum below): inlined,
-  // ptxas spilled 40-90 bytes more in the producer warpgroup's 40 registers of every kernel.
-  template <class Config>
-  __device__ __noinline__ static void presum_feed(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
-                                     int num_ctas) {
-    const uint32_t epoch = comm::call_epoch(p.calls);
-    uint8_t* staging = presum_staging<Config>(smem);
-    uint32_t sets = 0;  // over all tiles: set s in buffer s % kPresumBuffers, its phase (s / kPresumBuffers) & 1
-    for_each_step(schedule, cta, num_ctas, [&](int, const Tile& tile) {
-      const uint32_t reduced = reduced_slabs<Config>(p, tile);
-      if (reduced == 0) return;
-      // A timeout is recorded in p.failed.
-      const bool arrived = wait_for_partials<Config>(p, tile, epoch);
-      if (arrived) {
-        ptx::fence_acquire_sys();         // flags seen -> partials
-        ptx::fence_proxy_async_global();  // the partials, for the bulk loads (async proxy)
-      }
-      const uint16_t* slots = p.recv[p.rank] + (epoch & 1) * p.recv_parity_elems;
-      // The reduced slabs in consumer order, each slab's row pairs in turn (as warp 3 takes them).
-#pragma unroll 1
-      for (uint32_t slabs = reduced; slabs != 0; slabs &= slabs - 1) {
-        const Slab<Config> slab = Slab<Config>::of_consumer(__ffs(slabs) - 1);
-        const int col = tile.col_begin + slab.col;
-        // Columns past n and rows past the segment are not loaded (their sums are never stored).
-        const uint32_t row_bytes = uint32_t(max(0, min(Config::kWgCols, tile.col_end - col))) * 2;
-        const int slab_rows = tile.row_end - tile.row_begin - slab.row;
-        const uint16_t* slab_first = slots + size_t(tile.segment_row_of(slab.row)) * p.n + col;
-#pragma unroll 1
-        for (int pair = 0; pair < kPresumSetsPerSlab; ++pair, ++sets) {
-          const uint32_t buffer = sets % kPresumBuffers;
-          if (sets >= kPresumBuffers) {
-            ptx::mbarrier_wait(&smem.op.presum_freed[buffer], (sets / kPresumBuffers - 1) & 1);
-          }
-          const int first_row = (pair / 8) * 16 + pair % 8;  // and first_row + 8
-          const int rows = int(first_row < slab_rows) + int(first_row + 8 < slab_rows);
-          presum_load(p, slab_first + size_t(first_row) * p.n, rows, row_bytes, arrived,
-                      staging + buffer * presum_buffer_bytes(Config::kWgCols), Config::kWgCols * 2,
-                      &smem.op.presum_loaded[buffer]);
-        }
-      }
-    });
-  }
-
-  // The watcher: the bulk loads of a set (`rows` of 0, 1, 2: rows r and r + 8 of a slab, from
-  // `first`, r's first column in source 0's slot) into `buffer`, peer j's row h at (2j + h) x
-  // `row_stride` bytes, completing on `loaded`; after a failed call, or with nothing to load, only
-  // the arrival.
-  __device__ static void presum_load(const Params& p, const uint16_t* first, int rows, uint32_t row_bytes,
-                                     bool arrived, uint8_t* buffer, int row_stride, uint64_t* loaded) {
-    const int peers = p.world_size - 1;
-    const uint32_t bytes = uint32_t(rows * peers) * row_bytes;
-    if (!arrived || bytes == 0) {
-      ptx::mbarrier_arrive(loaded);
-      return;
-    }
-    ptx::mbarrier_arrive_expect_tx(loaded, bytes);
-#pragma unroll 1
-    for (int j = 0; j < peers; ++j) {
-      const int source = j < p.rank ? j : j + 1;
-      const uint16_t* src = first + size_t(source) * p.rows_per_rank * p.n;
-      for (int h = 0; h < rows; ++h) {
-        ptx::bulk_load(buffer + (2 * j + h) * row_stride, src + size_t(8 * h) * p.n, row_bytes, loaded);
-      }
-    }
-  }
-
-  // The index of the n-th set bit of `mask` (n = 0 or 1: a tile has at most two slabs).
-  __device__ static int nth_slab(uint32_t mask, int n) {
-    const int first = __ffs(mask) - 1;
-    return n == 0 ? first : __ffs(mask & ~(1u << first)) - 1;
-  }
-
-  // Warp 3 with presum: for each own tile of this CTA in step order, once the consumers have read the
-  // slot's previous sums, sums the tile's sets as they land and tells the consumers.
-  template <class Config>
-  __device__ __noinline__ static void presum(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
-                                int num_ctas) {
-    if (!p.presum) return;
-    float* slot = p.presum_scratch + size_t(blockIdx.x) * max_tile_accumulators();
-    uint32_t own_tiles = 0;
-    uint32_t sets = 0;  // as the watcher counts them
-    for_each_step(schedule, cta, num_ctas, [&](int, const Tile& tile) {
-      const uint32_t reduced = reduced_slabs<Config>(p, tile);
-      if (reduced == 0) return;
-      if (own_tiles > 0) ptx::mbarrier_wait(&smem.op.presum_empty, (own_tiles - 1) & 1);
-      presum_tile<Config>(p.world_size - 1, reduced, slot, smem, sets);
-      ptx::mbarrier_arrive(&smem.op.presum_full);
-      ++own_tiles;
-    });
-  }
-
-  // Warp 3: an own tile's sets. Lane l sums columns 4 it .. 4 it + 3 (it = l, l + 32, ...) of one row
-  // of the set at a time, peer by peer in rank order, and stores them where the consumer's threads
-  // holding them read their accumulator fragments (add_presum): fragment g of thread t of consumer c
-  // is the float4 at slot[(c * G + g) * 128 + t], G = slab columns / 8, holding (row r: columns c,
-  // c + 1; row r + 8: c, c + 1) with r = 16 (t / 32) + (t % 32) / 4, c = 8 g + 2 (t % 4).
-  template <class Config>
-  __device__ static void presum_tile(int peers, uint32_t reduced, float* slot, StorageOf<Config>& smem,
-                                     uint32_t& sets) {
-    constexpr int kCols = Config::kWgCols;
-    constexpr int kFragments = kCols / 8;
-    const int lane = threadIdx.x % 32;
-    const uint8_t* staging = presum_staging<Config>(smem);
-    const int num_sets = __popc(reduced) * kPresumSetsPerSlab;
-#pragma unroll 1
-    for (int i = 0; i < num_sets; ++i, ++sets) {
-      const uint32_t buffer = sets % kPresumBuffers;
-      ptx::mbarrier_wait(&smem.op.presum_loaded[buffer], (sets / kPresumBuffers) & 1);
-      const uint8_t* rows = staging + buffer * presum_buffer_bytes(kCols);
-      const int pair = i % kPresumSetsPerSlab;
-      const int first_thread = (pair / 8) * 32 + (pair % 8) * 4;  // rows 16 w + q: warp w, quad q
-      float* fragments = slot + size_t(nth_slab(reduced, i / kPresumSetsPerSlab)) * kFragments * 128 * 4;
-#pragma unroll 1
-      for (int it = lane; it < kCols / 4; it += 32) {
-        // Columns 4 it .. 4 it + 3: threads 2 (it % 2) and 2 (it % 2) + 1 of the quad, fragment it / 2.
-        float* out = fragments + (size_t(it / 2) * 128 + first_thread + 2 * (it % 2)) * 4;
-#pragma unroll 1
-        for (int h = 0; h < 2; ++h) {
-          float sum[4];
-#pragma unroll 1
-          for (int j = 0; j < peers; ++j) {
-            const uint2 bits = *reinterpret_cast<const uint2*>(rows + ((2 * j + h) * kCols + 4 * it) * 2);
-            const float v[4] = {bf16_lo(bits.x), bf16_hi(bits.x), bf16_lo(bits.y), bf16_hi(bits.y)};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sum[e] = j == 0 ? v[e] : sum[e] + v[e];
-          }
-          __stcg(reinterpret_cast<float2*>(out + 2 * h), make_float2(sum[0], sum[1]));
-          __stcg(reinterpret_cast<float2*>(out + 4 + 2 * h), make_float2(sum[2], sum[3]));
-        }
-      }
-      // Every lane has read the buffer (generic proxy) before the watcher's next bulk loads write it.
-      ptx::fence_proxy_async_shared();
-      ptx::mbarrier_arrive(&smem.op.presum_freed[buffer]);
-    }
-  }
-
-  // BF16 bits (the low or high half of a word) to FP32: exact.
-  __device__ static float bf16_lo(uint32_t pair) { return __uint_as_float(pair << 16); }
-  __device__ static float bf16_hi(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
 
   // Watcher thread: loads an own tile's rounds of partials (round r: peer r's partial of the slab)
   // into each consumer's chunk buffers as it asks for them; after a failed call only arrives, so
@@ -410,7 +226,7 @@ class PushReduceEpilogue : public EpilogueBase {
       if (k_slice.split != k_slice.num_splits - 1) return;  // only the last split reduces
     }
     const uint32_t reduced = reduced_slabs<Config>(p, tile);
-    if (reduced == 0 || p.presum) return;
+    if (reduced == 0) return;
     const uint32_t epoch = comm::call_epoch(p.calls);  // a load from global memory: before the wait, not after
     ptx::mbarrier_wait(&smem.op.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
     ptx::mbarrier_arrive(&smem.op.extra_taken);
@@ -501,9 +317,6 @@ class PushReduceEpilogue : public EpilogueBase {
     // With shared tiles a slab may hold this rank's rows and others': those are pushed first.
     if constexpr (kSharedTiles) {
       if (keeps && (pushed_ & bit)) hand_off<Config>(tile, slab, acc, /*to_output=*/false);
-    }
-    if constexpr (kHasPresummer) {
-      if (p_.presum && reduced_ != 0) add_presum<Config>(reduces, acc, smem);
     }
     if (reduces) add_partials<Config>(reduced_, acc, smem, ring);
     hand_off<Config>(tile, slab, acc, /*to_output=*/keeps);
@@ -611,7 +424,6 @@ class PushReduceEpilogue : public EpilogueBase {
 
   template <class Config>
   __device__ static int streamed_pieces(const Params& p, uint32_t reduced) {
-    if (p.presum) return 0;
     return __popc(reduced) * ((p.world_size - 1) * Config::kChunksPerSlab - round_pieces<Config>(p, reduced));
   }
 
@@ -637,46 +449,6 @@ class PushReduceEpilogue : public EpilogueBase {
   __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
     const int consumer = kSlabs == Config::kConsumers ? i % kSlabs : __ffs(reduced) - 1;
     return slab_piece<Config>(p, tile, consumer, i / kSlabs);
-  }
-
-  // Consumers, after an own tile's K loop with presum: a reduced slab waits for the presummer's sums
-  // and adds them (one FP32 value per element: the peers' partials, summed in rank order), then its
-  // leader tells the presummer the slot is free: once for each slab (twice where it is the tile's
-  // only reduced slab, in a band of two), so that the other consumer, which may run ahead of it,
-  // never arrives for a tile it has not read.
-  template <class Config>
-  __device__ void add_presum(bool reduces, float (&acc)[Config::kAccPerThread], StorageOf<Config>& smem) {
-    constexpr int kFragments = Config::kAccPerThread / 4;
-    const uint32_t tile_parity = presum_tiles_++ & 1;
-    if (!reduces) return;
-    ptx::mbarrier_wait(&smem.op.presum_full, tile_parity);
-    const float4* fragments =
-        reinterpret_cast<const float4*>(p_.presum_scratch + size_t(blockIdx.x) * max_tile_accumulators()) +
-        size_t(consumer_) * kFragments * 128 + threadIdx.x % 128;
-    // Eight fragments in flight at a time: 32 registers beside the accumulators.
-#pragma unroll
-    for (int first = 0; first < kFragments; first += 8) {
-      float4 v[8];
-#pragma unroll
-      for (int g = 0; g < 8; ++g) {
-        if (first + g < kFragments) v[g] = __ldcg(fragments + size_t(first + g) * 128);
-      }
-#pragma unroll
-      for (int g = 0; g < 8; ++g) {
-        if (first + g >= kFragments) continue;
-        float* a = acc + 4 * (first + g);
-        a[0] += v[g].x;
-        a[1] += v[g].y;
-        a[2] += v[g].z;
-        a[3] += v[g].w;
-      }
-    }
-    // Every thread of the warpgroup has read the slot before the presummer may write it again.
-    slabs_.sync();
-    if (slabs_.leader()) {
-      const int arrivals = Config::kConsumers / __popc(reduced_);
-      for (int i = 0; i < arrivals; ++i) ptx::mbarrier_arrive(&smem.op.presum_empty);
-    }
   }
 
   // Adds this warpgroup's pieces of the tile's partials that no round held as the producer streams
@@ -955,7 +727,6 @@ class PushReduceEpilogue : public EpilogueBase {
   int round_ = 0;            // the next of them
   uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
   KSlice k_slice_{};         // the current step's
-  uint32_t presum_tiles_ = 0;  // own tiles done with presum (the parity of presum_full)
 };
 
 }  // namespace tpfuse::kernels

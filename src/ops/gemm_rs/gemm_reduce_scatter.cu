@@ -54,15 +54,6 @@ struct GemmRsOp {
     return c;
   }
 
-  // Presum's staging follows the kernel's storage (ops/gemm_rs/shared_storage.h).
-  template <class MainloopConfig>
-  static size_t extra_smem_bytes(const Config& config) {
-    return config.presum ? presum_staging_bytes(MainloopConfig::kWgCols) : 0;
-  }
-
-  // Presum (never with split K) takes a slot of the split workspace per CTA of the launch.
-  static bool needs_split_workspace(const Config& config) { return config.gemm.split_k > 1 || config.presum; }
-
   template <class Fn>
   static Status with_kernel(const Problem& problem, const Config& config, Fn&& fn) {
     return with_variant<PushReduceSync>(config.gemm.variant, problem.weight_layout, [&](auto mainloop_config) -> Status {
@@ -82,8 +73,7 @@ struct GemmRsOp {
   template <class Config>
   static Status make_rank_params(const Communicator& comm, const RankState& rank, const Problem& problem,
                                  const GemmRsConfig& config, const Operands& operands, int i,
-                                 const SplitKWorkspace& split, const SplitKWorkspace& launch_split,
-                                 kernels::GemmRsRankParams* rp) {
+                                 const SplitKWorkspace& split, kernels::GemmRsRankParams* rp) {
     const TileSchedule schedule(schedule_shape(problem, config, rank.rank));
     TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, operands.a[i], operands.w[i], schedule, &rp->mainloop));
     kernels::PushReduceParams& e = rp->epilogue;
@@ -117,8 +107,6 @@ struct GemmRsOp {
     e.split_partials = split.partials;
     e.splits_done = split.splits_done;
     e.timeline = operands.timeline;
-    e.presum = config.presum ? 1 : 0;
-    e.presum_scratch = launch_split.partials;
     rp->calls = rank.calls;
     return Status::Ok();
   }

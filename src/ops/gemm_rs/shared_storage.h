@@ -3,21 +3,11 @@
 // barriers and the watcher's. Pure C++.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 #include "gemm/variants.h"
-#include "tpfuse/problem.h"
 
 namespace tpfuse {
-
-// Pre-summed partials (ConfigOverrides::presum, ops/gemm_rs/epilogue.cuh): the presummer warp's
-// staging buffers, each two rows of a slab from every peer (BF16), sit past the kernel's storage in
-// the dynamic shared memory, which a launch with presum asks for on top of sizeof(storage), so that
-// no variant's storage grows.
-constexpr int kPresumBuffers = 2;
-constexpr size_t presum_buffer_bytes(int slab_cols) { return size_t(kMaxWorldSize - 1) * 2 * size_t(slab_cols) * 2; }
-constexpr size_t presum_staging_bytes(int slab_cols) { return kPresumBuffers * presum_buffer_bytes(slab_cols); }
 
 // A staged slab handed from a consumer to the sender thread: where its chunk buffers go, and the
 // flag to raise once they have landed there.
@@ -43,13 +33,6 @@ struct PushReduceSync {
   // producer has taken that news.
   uint64_t extra_ready;
   uint64_t extra_taken;
-  // Presum: warp 3 has written an own tile's sums to the CTA's scratch slot (each of its 32 lanes
-  // arrives); the consumers are done with them; a staging buffer's bulk loads have landed; warp 3
-  // has read it (each lane arrives).
-  uint64_t presum_full;
-  uint64_t presum_empty;
-  uint64_t presum_loaded[kPresumBuffers];
-  uint64_t presum_freed[kPresumBuffers];
 
   // The compiled variants: the one-consumer ones for the register epilogue only
   // (gemm_reduce_scatter.cu instantiates no other epilogue with them).
