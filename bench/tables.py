@@ -10,17 +10,20 @@ A block in the doc starts with the line `<!-- tables.py NAME -->` and ends with 
 --update replaces what lies between them with the table NAME and leaves the rest of the file as it is.
 Every figure comes from the JSON (the tables the benchmark printed are the *.txt beside it). Python 3,
 standard library only; the JSON readers are bench/compare.py's (a glob of passes is their geomean)
-and bench/clock_split.py's (a time ratio split into cycles and clock).
+and bench/clock_split.py's (a time ratio split into cycles and clock); the P = 8 projection is
+bench/projection.py's.
 """
 import argparse
 import pathlib
 import re
+import statistics
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import clock_split  # noqa: E402
 import compare  # noqa: E402
+import projection  # noqa: E402
 
 RESULTS = HERE / "results"
 
@@ -29,6 +32,11 @@ TWO_GPU = "2026-11-29-h200x2-f4e35d3"
 TARGETS = "2026-12-03-h200-6d5939c/run131"      # interleaved: the metric
 SEPARATE = "2026-12-03-h200-6d5939c/run132"     # --separate-loops: each call's own clock
 M256 = "2026-12-03-h200-8995433/run135"         # M = 256 on one wave of 128 x 128 tiles
+CURRENT = "2026-12-03-h200-c9ba200/run139"      # the current code (`after`) against c2e481d (`before`), 2 passes
+SWEEP = "p[12]_{layout}_after"                  # run139's proxy sweep of the current code, both passes
+TIMELINE_KN = "2026-12-03-h200-b78b001/run137/timeline_kn"   # the push timeline (proxy --timeline)
+TIMELINE_NK = "2026-12-03-h200-b78b001/run138/timeline_nk"
+PYTHON = "2026-12-03-h200-b78b001/run136/bench_python"       # python -m tpfuse.bench, world size 1
 
 geomean = clock_split.geomean
 
@@ -149,19 +157,35 @@ def headline_p2(results):
     return out
 
 
+def commit(results, name):
+    """The commit a run measured (its meta's git_commit), or '?'."""
+    meta, _ = load(results, name)
+    return (meta or {}).get("git_commit", "?")
+
+
+def sweep(results, layout):
+    """(meta, rows) of run139's proxy sweep of the current code in `layout`, the geomean of its two passes."""
+    return load(results, f"{CURRENT}/" + SWEEP.format(layout=layout))
+
+
 def gemm(results):
     """The per-rank GEMM against cuBLAS on the sweep (P = 8): cuBLAS/ours N x K / K x N by projection and M."""
-    meta, nk = load(results, f"{TARGETS}/gemm_sweep_nk")
-    _, kn = load(results, f"{TARGETS}/gemm_sweep_kn")
+    meta, nk = sweep(results, "nk")
+    _, kn = sweep(results, "kn")
     _, sep = load(results, f"{SEPARATE}/gemm_sweep_nk")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/gemm_sweep_*.json`; separate loops: "
-           f"`bench/results/{SEPARATE}`); each cell cuBLAS/ours N x K / K x N.", ""] + grid(nk, kn, "cublas", "ours") + [""]
+    out = [f"Measured on {machine(meta)} (`bench/results/{CURRENT}/p1_*_after.json`, `p2_*_after.json`: the proxy's "
+           "cuBLAS and GEMM calls, interleaved with the fused call, geomean of the two passes); each cell cuBLAS/ours "
+           "N x K / K x N.", ""] + grid(nk, kn, "cublas", "gemm") + [""]
     for name, table in (("N x K", nk), ("K x N", kn)):
-        values = [ratio(r, "cublas", "ours") for r in table.values()]
+        values = [ratio(r, "cublas", "gemm") for r in table.values()]
         if values:
             out.append(f"{name}: cuBLAS/ours geomean {geomean(values):.3f} ({span(values)}), "
                        f"{counted(values, lambda v: v >= 1.0)} of {len(values)} at or above 1.00.")
-    return out + split_summary(sep, "cublas", "ours", "cuBLAS/ours")
+    split = split_summary(sep, "cublas", "ours", "cuBLAS/ours")
+    if split:
+        split[0] = split[0].replace("Separate loops,", f"Separate loops (`bench/results/{SEPARATE}`, commit "
+                                    f"{commit(results, f'{SEPARATE}/gemm_sweep_nk')}, mode gemm),")
+    return out + split
 
 
 def gemm_small(results):
@@ -190,10 +214,11 @@ def gemm_small(results):
 
 def proxy(results):
     """The fused op's own cost (solo-rank proxy, P = 8): fused/GEMM on the sweep, both layouts."""
-    meta, nk = load(results, f"{TARGETS}/proxy_sweep_nk")
-    _, kn = load(results, f"{TARGETS}/proxy_sweep_kn")
+    meta, nk = sweep(results, "nk")
+    _, kn = sweep(results, "kn")
     _, sep = load(results, f"{SEPARATE}/proxy_sweep_nk")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_sweep_*.json`; split: `bench/results/{SEPARATE}`).", "",
+    out = [f"Measured on {machine(meta)} (`bench/results/{CURRENT}/p1_*_after.json`, `p2_*_after.json`, geomean of "
+           f"the two passes; split and MHz: `bench/results/{SEPARATE}`, commit {commit(results, f'{SEPARATE}/proxy_sweep_nk')}).", "",
            "| projection | M | T_gemm (ms) | T_fused_solo (ms) | fused/GEMM N x K | K x N | "
            "separate loops N x K: cycles x clock | MHz GEMM, fused |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -213,27 +238,30 @@ def proxy(results):
     return out
 
 
+def down_proj_ratios(table):
+    """fused/cuBLAS of the down_proj rows of a proxy table, by key."""
+    return {key: ratio(r, "fused_solo", "cublas") for key, r in table.items() if "down_proj" in key[0]}
+
+
 def down_proj(results):
     """The fused op on the deep down_proj shapes against cuBLAS's GEMM alone (T_fused_solo / T_cublas)."""
-    meta, nk = load(results, f"{TARGETS}/proxy_sweep_nk")
-    _, kn = load(results, f"{TARGETS}/proxy_sweep_kn")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_sweep_*.json`, the calls interleaved in one loop).", "",
+    meta, nk = sweep(results, "nk")
+    _, kn = sweep(results, "kn")
+    out = [f"Measured on {machine(meta)} (`bench/results/{CURRENT}/p*_after.json`, the calls interleaved in one loop, "
+           "geomean of the two passes).", "",
            "| projection | M | K/P | T_cublas (ms) | T_fused_solo (ms) | fused/cuBLAS N x K | K x N |",
            "|---|---:|---:|---:|---:|---:|---:|"]
-    values = {"N x K": [], "K x N": []}
-    for key, r in nk.items():
-        if "down_proj" not in key[0]:
-            continue
-        a, b = ratio(r, "fused_solo", "cublas"), ratio(kn.get(key), "fused_solo", "cublas")
-        values["N x K"].append(a)
-        values["K x N"].append(b)
+    a_all, b_all = down_proj_ratios(nk), down_proj_ratios(kn)
+    for key, a in a_all.items():
+        r = nk[key]
         out.append(f"| {short(key[0])} | {key[1]} | {key[3]} | {r['t_cublas_ms']:.4f} | {r['t_fused_solo_ms']:.4f} | "
-                   f"{fmt(a)} | {fmt(b)} |")
+                   f"{fmt(a)} | {fmt(b_all.get(key))} |")
     out.append("")
-    for name, vs in values.items():
+    for name, vs in (("N x K", list(a_all.values())), ("K x N", list(b_all.values()))):
         vs = [v for v in vs if v is not None]
         if vs:
-            out.append(f"{name}: fused/cuBLAS geomean {geomean(vs):.3f} ({span(vs)}).")
+            out.append(f"{name}: fused/cuBLAS geomean {geomean(vs):.3f} ({span(vs)}), "
+                       f"{counted(vs, lambda v: v <= 1.04)} of {len(vs)} within 1.04.")
     return out
 
 
@@ -282,11 +310,12 @@ def m256(results):
 
 def all_gather(results):
     """The all-gather + GEMM (solo-rank proxy, P = 8): fused/GEMM N x K / K x N by projection and M."""
-    meta, nk = load(results, f"{TARGETS}/ag_p8_nk")
-    _, kn = load(results, f"{TARGETS}/ag_p8_kn")
+    meta_nk, nk = load(results, f"{TARGETS}/ag_p8_nk")
+    meta, kn = load(results, f"{CURRENT}/ag_kn_after")
     _, sep = load(results, f"{SEPARATE}/ag_p8_nk")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/ag_p8_*.json`; separate loops: `bench/results/{SEPARATE}`); "
-           "each cell fused/GEMM N x K / K x N.", ""] + grid(nk, kn, "fused_solo", "gemm") + [""]
+    out = [f"K x N measured on {machine(meta)} (`bench/results/{CURRENT}/ag_kn_after.json`); N x K on commit "
+           f"{(meta_nk or {}).get('git_commit', '?')} (`bench/results/{TARGETS}/ag_p8_nk.json`; separate loops: "
+           f"`bench/results/{SEPARATE}`); each cell fused/GEMM N x K / K x N.", ""] + grid(nk, kn, "fused_solo", "gemm") + [""]
     for name, table in (("N x K", nk), ("K x N", kn)):
         values = [ratio(r, "fused_solo", "gemm") for r in table.values()]
         if values:
@@ -295,6 +324,156 @@ def all_gather(results):
                        f"{counted(values, lambda v: v <= 1.03)} of {len(values)} within 1.03; "
                        f"fused/cuBLAS's GEMM alone {span(over_cublas)}.")
     return out + split_summary(sep, "fused_solo", "gemm", "fused/GEMM")
+
+
+def projected(results):
+    """(the NCCL fit (B GB/s, latency ms, worst residual, shapes), {layout: {key: (row, projection)}}) of the
+    push timelines, by bench/projection.py's model; empty where a run is missing."""
+    comm_meta, comm = load(results, f"{TWO_GPU}/fused_tp8")
+    if len(comm) < 2:
+        return None, {}
+    comm_p = int((comm_meta or {}).get("options", {}).get("gpus", 2))
+    gbps, latency, worst = projection.fit_comm(list(comm.values()), comm_p)
+    out = {}
+    for layout, name in (("kn", TIMELINE_KN), ("nk", TIMELINE_NK)):
+        meta, table = load(results, name)
+        p = int((meta or {}).get("options", {}).get("tp", 8))
+        rows = {}
+        for key, r in table.items():
+            proj = projection.project(r, p, r.get("t_cublas_ms"), gbps, latency, projection.DEFAULT_LINK_GBPS)
+            if proj:
+                rows[key] = (r, proj)
+        out[layout] = rows
+    return (gbps, latency, worst, len(comm), comm_p), out
+
+
+def bound(p):
+    return p["t_comm_ms"] <= p["t_gemm_ms"]
+
+
+def projection_p8(results):
+    """E at P = 8 projected from one GPU's push timeline (bench/projection.py), per shape, both layouts."""
+    meta, _ = load(results, TIMELINE_KN)
+    fit, by_layout = projected(results)
+    out = [f"Projected from {machine(meta)} (`bench/results/{TIMELINE_KN}.json`, K x N; "
+           f"`bench/results/{TIMELINE_NK}.json`, N x K); T_comm fitted to `bench/results/{TWO_GPU}/fused_tp8.json`.", ""]
+    if not fit:
+        return out
+    gbps, latency, worst, n, comm_p = fit
+    out += [f"Model: pushes at {projection.DEFAULT_LINK_GBPS:.0f} GB/s; T_comm = (P-1)/P x bytes / {gbps:.1f} GB/s + "
+            f"{1000 * latency:.1f} us (fitted to {n} shapes at P = {comm_p}, worst residual {100 * worst:.1f}%), held at P = 8.", "",
+            "| projection | M | pushed by 25/50/75% K x N | N x K | T_gemm (ms) | T_solo (ms) | T_fused P = 8 (ms) | "
+            "T_comm P = 8 (ms) | E | E_hideable | N x K: E | E_hideable |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    kn, nk = by_layout.get("kn", {}), by_layout.get("nk", {})
+
+    def shares(item):
+        return " / ".join(f"{item[0][f'tl_share_{q}']:.2f}" for q in (25, 50, 75)) if item else "-"
+
+    for key, (r, p) in kn.items():
+        o = nk.get(key)
+        out.append(f"| {short(key[0])} | {key[1]} | {shares((r, p))} | {shares(o)} | {p['t_gemm_ms']:.4f} | "
+                   f"{p['t_solo_ms']:.4f} | {p['t_fused_ms']:.4f} | {p['t_comm_ms']:.4f} | {fmt(p['E'])} | "
+                   f"{fmt(p['E_hideable'])} | {fmt(o[1]['E'] if o else None)} | {fmt(o[1]['E_hideable'] if o else None)} |")
+    out.append("")
+    for name, rows in (("K x N", kn), ("N x K", nk)):
+        if not rows:
+            continue
+        cb = [(k, p) for k, (r, p) in rows.items() if bound(p)]
+        by_proj = {}
+        for k, p in cb:
+            if p["E"] >= 0.9:
+                by_proj.setdefault(short(k[0]), []).append(str(k[1]))
+        met = [f"{proj} at M = {', '.join(ms)}" for proj, ms in by_proj.items()]
+        cb_met = sum(len(ms) for ms in by_proj.values())
+        half = {m: [r["tl_share_50"] for k, (r, p) in rows.items() if k[1] == m] for m in (512, 2048)}
+        out.append(f"{name}: E >= 0.90 on {cb_met} of the {len(cb)} shapes with T_comm <= T_gemm"
+                   f"{' (' + ', '.join(met) + ')' if met else ''}, E there {span(p['E'] for k, p in cb)}; "
+                   f"E_hideable >= 0.90 on {counted([p['E_hideable'] for r, p in rows.values()], lambda v: v >= 0.9)} "
+                   f"of {len(rows)} (min {min(p['E_hideable'] for r, p in rows.values()):.3f}); pushed by half the call: "
+                   + ", ".join(f"M = {m} {span(v)}" for m, v in half.items() if v) + ".")
+    return out
+
+
+def python_host(results):
+    """The PyTorch package at world size 1: the host's time to queue one call (us), over the 16 shapes."""
+    meta, table = load(results, PYTHON)
+    out = [f"Measured on {machine(meta)}, torch {(meta or {}).get('torch')} (`bench/results/{PYTHON}.json`), "
+           "one process; the host's time to queue one eager call, over the 16 shapes.", "",
+           "| call | median (us) | range (us) |", "|---|---:|---:|"]
+    rows = list(table.values())
+    if not rows:
+        return out
+    columns = (("torch.mm", [r["host_gemm_us"] for r in rows]),
+               ("torch.mm + reduce_scatter_tensor", [r["host_seq_us"] for r in rows]),
+               ("tpfuse.gemm_reduce_scatter", [r["host_fused_us"] for r in rows]))
+    for name, values in columns:
+        out.append(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} to {max(values):.1f} |")
+    over = [r["host_fused_us"] - r["host_gemm_us"] for r in rows]
+    out += ["", f"tpfuse minus torch.mm: max {max(over):.1f} us (target: at most 10), {counted(over, lambda v: v <= 10)} of "
+            f"{len(rows)} shapes within 10 us; {sum(r.get('rule') == 'pass' for r in rows)} of {len(rows)} pass the 1.1x rule."]
+    return out
+
+
+def status(value, target, below=True):
+    """'met' or 'missed by X' for value against target (below: value <= target is met)."""
+    if value is None:
+        return "-"
+    if (value <= target) if below else (value >= target):
+        return "met"
+    return f"missed by {abs(value - target):.3f}"
+
+
+def target_row(what, pair, target, below, source, total=True):
+    """One row of the targets table: pair = (N x K values, K x N values); status from the worst of both."""
+    cells, worst = [], []
+    for values in pair:
+        values = [v for v in values if v is not None]
+        if not values:
+            cells.append("-")
+            continue
+        if total:
+            edge = max(values) if below else min(values)
+            ok = counted(values, lambda v: v <= target if below else v >= target)
+            cells.append(f"{ok} of {len(values)}, {'max' if below else 'min'} {edge:.3f}")
+        else:
+            edge = geomean(values)
+            cells.append(f"{edge:.3f}")
+        worst.append(edge)
+    edge = (max(worst) if below else min(worst)) if worst else None
+    return f"| {what} | {' / '.join(cells)} | {status(edge, target, below)} | {source} |"
+
+
+def targets(results):
+    """Where the targets stand: per target the figures N x K / K x N, met or missed (by the worst), the run."""
+    out = ["| target | N x K / K x N | status | run (commit) |", "|---|---|---|---|"]
+    _, nk = sweep(results, "nk")
+    _, kn = sweep(results, "kn")
+    current = f"139 ({commit(results, f'{CURRENT}/p1_nk_after')})"
+    out.append(target_row("down_proj: T_fused_solo <= 1.04x cuBLAS", (down_proj_ratios(nk).values(),
+                          down_proj_ratios(kn).values()), 1.04, True, current))
+    pair = [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in (nk, kn)]
+    out.append(target_row("sweep: fused/GEMM <= 1.05 on each", pair, 1.05, True, current))
+    out.append(target_row("sweep: fused/GEMM geomean <= 1.06", pair, 1.06, True, current, total=False))
+    small = [load(results, f"{TARGETS}/proxy_small_p8_{layout}") for layout in ("nk", "kn")]
+    out.append(target_row("M = 8..512, P = 8: fused/GEMM <= 1.10 on each",
+                          [[ratio(r, "fused_solo", "gemm") for r in t.values()] for _, t in small], 1.10, True,
+                          f"131 ({commit(results, f'{TARGETS}/proxy_small_p8_nk')})"))
+    ag = [load(results, f"{TARGETS}/ag_p8_nk")[1], load(results, f"{CURRENT}/ag_kn_after")[1]]
+    out.append(target_row("all-gather: fused/GEMM <= 1.03 on each",
+                          [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in ag], 1.03, True,
+                          f"131 ({commit(results, f'{TARGETS}/ag_p8_nk')}) / {current}"))
+    _, by_layout = projected(results)
+    rows = [by_layout.get("nk", {}), by_layout.get("kn", {})]
+    runs = "138 / 137 (timeline)"
+    out.append(target_row(">= 0.50 of the pushed bytes by half the call, M = 512 and 2048",
+                          [[r["tl_share_50"] for k, (r, p) in t.items() if k[1] in (512, 2048)] for t in rows],
+                          0.5, False, runs))
+    out.append(target_row("projected E >= 0.90 where T_comm <= T_gemm, P = 8",
+                          [[p["E"] for r, p in t.values() if bound(p)] for t in rows], 0.9, False, runs + ", model"))
+    out.append(target_row("projected E_hideable >= 0.90, P = 8",
+                          [[p["E_hideable"] for r, p in t.values()] for t in rows], 0.9, False, runs + ", model"))
+    return out
 
 
 TABLES = {
@@ -307,6 +486,9 @@ TABLES = {
     "small_m": small_m,
     "m256": m256,
     "all_gather": all_gather,
+    "projection": projection_p8,
+    "python": python_host,
+    "targets": targets,
 }
 
 BLOCK = re.compile(r"(<!-- tables\.py (\w+) -->\n)(.*?)(<!-- /tables\.py -->)", re.S)

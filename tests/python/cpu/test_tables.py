@@ -42,14 +42,26 @@ def test_headline_counts_the_targets(tmp_path):
 def test_proxy_ratios_and_split(tmp_path):
     row = {"proj": "mixtral-8x22b.down_proj", "m": 512, "n": 6144, "k_per_rank": 2048, "t_cublas_ms": 1.0,
            "t_gemm_ms": 1.0, "t_fused_solo_ms": 1.2}
-    write(tmp_path / tables.TARGETS, "proxy_sweep_nk", [row])
-    write(tmp_path / tables.TARGETS, "proxy_sweep_kn", [dict(row, t_fused_solo_ms=1.1)])
+    write(tmp_path / tables.CURRENT, "p1_nk_after", [row])
+    write(tmp_path / tables.CURRENT, "p1_kn_after", [dict(row, t_fused_solo_ms=1.1)])
     write(tmp_path / tables.SEPARATE, "proxy_sweep_nk", [dict(row, mhz_gemm=1500, mhz_fused_solo=1200)])
     out = "\n".join(tables.proxy(tmp_path))
     # 1.2x the time at 1200 MHz against 1500: 0.96x the cycles, clock factor 1.25.
     assert "| mixtral down_proj | 512 | 1.0000 | 1.2000 | 1.200 | 1.100 | 0.960 x 1.250 | 1500, 1200 |" in out
     assert "N x K: fused/GEMM geomean 1.200 (1.200-1.200), 0 of 1 within 1.05." in out
-    assert "| mixtral down_proj | 512 | 2048 | 1.0000 | 1.2000 | 1.200 | 1.100 |" in "\n".join(tables.down_proj(tmp_path))
+    down = "\n".join(tables.down_proj(tmp_path))
+    assert "| mixtral down_proj | 512 | 2048 | 1.0000 | 1.2000 | 1.200 | 1.100 |" in down
+    assert "K x N: fused/cuBLAS geomean 1.100 (1.100-1.100), 0 of 1 within 1.04." in down
+
+
+def test_sweep_is_the_geomean_of_the_passes(tmp_path):
+    row = {"proj": "llama3-70b.o_proj", "m": 512, "n": 8192, "k_per_rank": 1024, "t_cublas_ms": 1.0,
+           "t_gemm_ms": 1.0, "t_fused_solo_ms": 1.0}
+    write(tmp_path / tables.CURRENT, "p1_nk_after", [row])
+    write(tmp_path / tables.CURRENT, "p2_nk_after", [dict(row, t_fused_solo_ms=1.21)])
+    write(tmp_path / tables.CURRENT, "p1_nk_before", [dict(row, t_fused_solo_ms=9.0)])  # another binary: not read
+    _, rows = tables.sweep(tmp_path, "nk")
+    assert abs(rows[("llama3-70b.o_proj", 512, 8192, 1024)]["t_fused_solo_ms"] - 1.1) < 1e-9
 
 
 def test_missing_runs_print_no_rows(tmp_path):
@@ -70,12 +82,51 @@ def test_update_rewrites_only_the_marked_block(tmp_path, capsys):
 
 def test_gemm_grid_and_split(tmp_path):
     rows = [{"proj": "llama3-70b.o_proj", "m": m, "n": 8192, "k_per_rank": 1024, "t_cublas_ms": 1.0,
-             "t_ours_ms": t} for m, t in ((512, 1.0), (2048, 0.8))]
-    write(tmp_path / tables.TARGETS, "gemm_sweep_nk", rows)
-    write(tmp_path / tables.TARGETS, "gemm_sweep_kn", rows[:1])
-    write(tmp_path / tables.SEPARATE, "gemm_sweep_nk", [dict(rows[1], mhz_cublas=1500, mhz_ours=1200)])
+             "t_gemm_ms": t, "t_fused_solo_ms": 1.0} for m, t in ((512, 1.0), (2048, 0.8))]
+    write(tmp_path / tables.CURRENT, "p1_nk_after", rows)
+    write(tmp_path / tables.CURRENT, "p1_kn_after", rows[:1])
+    sep = {"proj": "llama3-70b.o_proj", "m": 2048, "n": 8192, "k_per_rank": 1024, "t_cublas_ms": 1.0,
+           "t_ours_ms": 0.8, "mhz_cublas": 1500, "mhz_ours": 1200}
+    write(tmp_path / tables.SEPARATE, "gemm_sweep_nk", [sep])
     out = "\n".join(tables.gemm(tmp_path))
     assert "| llama o_proj | 1.000 / 1.000 | 1.250 / - |" in out
     assert "N x K: cuBLAS/ours geomean 1.118 (1.000-1.250), 2 of 2 at or above 1.00." in out
     # 1.25x at 1500 against 1200 MHz: 1.5625x the cycles, clock factor 0.8.
     assert "(N x K, the 1 shapes with both clocks): 1.250 = cycles 1.562 x clock 0.800." in out
+    assert "commit abc1234, mode gemm" in out
+
+
+def timeline_row(m, k, t_cublas, t_solo, share_50, last_push=1.0):
+    # All of the pushed bytes issued evenly over [0, last_push x T_solo].
+    return {"proj": "llama3-70b.down_proj", "m": m, "n": 8192, "k_per_rank": k, "t_cublas_ms": t_cublas,
+            "t_gemm_ms": t_cublas, "t_fused_solo_ms": t_solo, "tl_share_25": share_50 / 2, "tl_share_50": share_50,
+            "tl_share_75": 0.75, "tl_last_push": last_push, "tl_bins": " ".join(["0.25"] * 4)}
+
+
+def test_projection_uses_the_model(tmp_path):
+    # T_comm fit: two shapes on the line T = (1/2) x bytes / 100 GB/s + 0.01 ms at P = 2.
+    comm = [fused_row(m, 1.0, 0.5 * 2.0 * m * 8192 / 1e8 + 0.01, 1.0) for m in (512, 2048)]
+    write(tmp_path / tables.TWO_GPU, "fused_tp8", comm)
+    # M = 8192: 7/8 x 128 MiB pushed at 369 GB/s take 0.318 ms, less than T_solo: T_fused = T_solo = 10 ms.
+    rows = [timeline_row(8192, 3584, 10.0, 10.0, 0.5), timeline_row(512, 3584, 0.01, 0.02, 0.0)]
+    write(tmp_path / "2026-12-03-h200-b78b001/run137", "timeline_kn", rows)
+    write(tmp_path / "2026-12-03-h200-b78b001/run138", "timeline_nk", rows)
+    out = "\n".join(tables.projection_p8(tmp_path))
+    assert "T_comm = (P-1)/P x bytes / 100.0 GB/s + 10.0 us (fitted to 2 shapes at P = 2, worst residual 0.0%)" in out
+    t_comm = 7 / 8 * 2.0 * 8192 * 8192 / 1e8 + 0.01
+    e = (10.0 + t_comm - 10.0) / t_comm
+    assert f"| llama down_proj | 8192 | 0.25 / 0.50 / 0.75 | 0.25 / 0.50 / 0.75 | 10.0000 | 10.0000 | 10.0000 | {t_comm:.4f} | {e:.3f} |" in out
+    assert "K x N: E >= 0.90 on 1 of the 1 shapes with T_comm <= T_gemm (llama down_proj at M = 8192)" in out
+    assert "pushed by half the call: M = 512 0.000-0.000." in out
+    targets = "\n".join(tables.targets(tmp_path))
+    assert "| >= 0.50 of the pushed bytes by half the call, M = 512 and 2048 | 0 of 1, min 0.000 / 0 of 1, min 0.000 | missed by 0.500 |" in targets
+    assert "| projected E >= 0.90 where T_comm <= T_gemm, P = 8 | 1 of 1, min 1.000 / 1 of 1, min 1.000 | met |" in targets
+
+
+def test_python_host_times(tmp_path):
+    rows = [{"proj": "llama3-70b.o_proj", "m": m, "n": 8192, "k_per_rank": 1024, "host_gemm_us": g,
+             "host_seq_us": 60.0, "host_fused_us": f, "rule": "pass"} for m, g, f in ((512, 20.0, 25.0), (2048, 20.0, 32.0))]
+    write(tmp_path / "2026-12-03-h200-b78b001/run136", "bench_python", rows)
+    out = "\n".join(tables.python_host(tmp_path))
+    assert "| tpfuse.gemm_reduce_scatter | 28.5 | 25.0 to 32.0 |" in out
+    assert "tpfuse minus torch.mm: max 12.0 us (target: at most 10), 1 of 2 shapes within 10 us; 2 of 2 pass" in out
