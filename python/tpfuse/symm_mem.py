@@ -163,8 +163,12 @@ class SymmMemOverride:
                 keys = {f"symm_mem/{name}/{dispatch_key}" for name in OPS}
                 torchs = keys & torch.library._impls  # torch registered its CUDA kernels from Python
                 lib = torch.library.Library("symm_mem", "IMPL")  # noqa: TOR901 -- removed by restore()
+                # Torch before 2.8 refuses a second Python kernel on a key it has on record (later ones
+                # override by default): forget torch's keys while ours is registered; restore() puts
+                # them back.
+                torch.library._impls.difference_update(torchs)
                 for name in OPS:
-                    lib.impl(name, _KERNELS[name], dispatch_key, allow_override=True)
+                    lib.impl(name, _KERNELS[name], dispatch_key)
                 entry = self._active[dispatch_key] = [lib, 0, torchs]
             entry[1] += 1
 
