@@ -60,6 +60,25 @@ class _ParallelLinear(torch.nn.Module):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
+    _shard_dim: int  # the weight's dimension split over the group: 0, its output rows; 1, its input columns
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, group: Optional[dist.ProcessGroup] = None, *,
+                    rank: Optional[int] = None, **options) -> "_ParallelLinear":
+        """This rank's shard of a full nn.Linear, copied: its output rows and bias entries (column), or its
+        input columns and the whole bias (row); `rank` picks another rank's shard (default: this process's
+        rank in the group)."""
+        group = _group(group)
+        layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype, **options)
+        extent = layer.weight.shape[cls._shard_dim]
+        start = _rank(group, rank) * extent
+        with torch.no_grad():
+            layer.weight.copy_(linear.weight.narrow(cls._shard_dim, start, extent))
+            if layer.bias is not None:
+                layer.bias.copy_(linear.bias.narrow(0, start, extent) if cls._shard_dim == 0 else linear.bias)
+        return layer
+
     @property
     def group_name(self) -> str:
         return self.group.group_name
@@ -77,6 +96,8 @@ class ColumnParallelLinear(_ParallelLinear):
     memory), else gather x again in backward (time). gradient_accumulation_fusion: add the weight's
     gradient into weight.main_grad in FP32, as Megatron does (tpfuse.autograd.main_grad_mode)."""
 
+    _shard_dim = 0
+
     def __init__(self, in_features: int, out_features: int, group: Optional[dist.ProcessGroup] = None,
                  bias: bool = True, *, save_gathered_input: bool = True, gradient_accumulation_fusion: bool = False,
                  device=None, dtype=torch.bfloat16):
@@ -84,21 +105,6 @@ class ColumnParallelLinear(_ParallelLinear):
         super().__init__(in_features, out_features, (shard, in_features), shard, bias, group,
                          gradient_accumulation_fusion, device, dtype)
         self.save_gathered_input = save_gathered_input
-
-    @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group: Optional[dist.ProcessGroup] = None, *,
-                    rank: Optional[int] = None, **options) -> "ColumnParallelLinear":
-        """This rank's shard of a full nn.Linear (its output rows and bias entries), copied; `rank` picks
-        another rank's shard (default: this process's rank in the group)."""
-        group = _group(group)
-        layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype, **options)
-        shard = slice(_rank(group, rank) * layer.weight.shape[0], (_rank(group, rank) + 1) * layer.weight.shape[0])
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight[shard])
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias[shard])
-        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return column_parallel_linear(x, self.weight, self.bias, self.group,
@@ -113,6 +119,8 @@ class RowParallelLinear(_ParallelLinear):
     forward: x (S, ..., in_features/P), contiguous BF16 -> this rank's rows (S/P, ..., out_features).
     The bias's gradient is this rank's rows' part (bias.sequence_parallel is True: see the module's doc)."""
 
+    _shard_dim = 1
+
     def __init__(self, in_features: int, out_features: int, group: Optional[dist.ProcessGroup] = None,
                  bias: bool = True, *, gradient_accumulation_fusion: bool = False, device=None,
                  dtype=torch.bfloat16):
@@ -121,22 +129,6 @@ class RowParallelLinear(_ParallelLinear):
                          gradient_accumulation_fusion, device, dtype)
         if self.bias is not None:
             self.bias.sequence_parallel = True
-
-    @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, group: Optional[dist.ProcessGroup] = None, *,
-                    rank: Optional[int] = None, **options) -> "RowParallelLinear":
-        """This rank's shard of a full nn.Linear (its input columns; the bias whole), copied; `rank` picks
-        another rank's shard (default: this process's rank in the group)."""
-        group = _group(group)
-        layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype, **options)
-        columns = layer.weight.shape[1]
-        start = _rank(group, rank) * columns
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight[:, start:start + columns])
-            if layer.bias is not None:
-                layer.bias.copy_(linear.bias)
-        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return row_parallel_linear(x, self.weight, self.bias, self.group,
