@@ -87,11 +87,10 @@ bool parse_overrides(const std::string& text, ConfigOverrides* overrides, std::s
                    : key == "partial_rounds" ? &o.partial_rounds
                    : key == "shared_tiles" ? &o.shared_tiles
                    : key == "idle_copiers" ? &o.idle_copiers
-                   : key == "reducers" ? &o.reducers
                    : key == "register_epilogue" ? &o.register_epilogue
                    : nullptr;
       if (eq == std::string::npos || field == nullptr) {
-        *error = "'" + entry + "' is not FIELD=VALUE with FIELD one of block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds, reducers, shared_tiles, idle_copiers, register_epilogue";
+        *error = "'" + entry + "' is not FIELD=VALUE with FIELD one of block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds, shared_tiles, idle_copiers, register_epilogue";
         return false;
       }
       const std::optional<int64_t> value = parse_int(entry.substr(eq + 1), -1, std::numeric_limits<int32_t>::max());
@@ -190,7 +189,7 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   bytes issued by 25/50/75% of the call, and in JSON the inputs of bench/projection.py\n"
          "  --overrides O    the library's config overrides for our calls, e.g. 'own_lag=0,partial_rounds=2'\n"
          "                   (fields block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds,\n"
-         "                   reducers, shared_tiles, idle_copiers, register_epilogue; default none)\n"
+         "                   shared_tiles, idle_copiers, register_epilogue; default none)\n"
          "  --compare O      modes gemm and proxy: also time our calls with overrides O, interleaved with\n"
          "                   the others, and report the ratio (a before/after in one process)\n"
          "  --json FILE      write the results as JSON\n"

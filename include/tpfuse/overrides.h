@@ -23,9 +23,6 @@ struct ConfigOverrides {
   // gemm_reduce_scatter only:
   int own_lag = -1;         // rounds from a peer's tile to the own tile of the same rows; -1: the config's
   int partial_rounds = -1;  // at most this many rounds of an own tile's partials in its K loop; -1: the config's
-  // CTAs that reduce the own tiles, which the others then park in FP32 instead of reducing them
-  // (ops/gemm_rs/reducer.cuh); 0: none, the own tiles reduced by the CTAs that compute them; -1: the config's
-  int reducers = -1;
   // gemm_reduce_scatter and all_gather_gemm: tiles of several ranks' rows where a rank's rows are shorter
   // than a slab (the all-gather also at 64 rows: bands of two blocks); 1 yes, 0 no; -1: the config's
   int shared_tiles = -1;

@@ -13,7 +13,6 @@ std::string ConfigOverrides::to_string() const {
   if (swap_ab != -1) add("swap_ab", swap_ab);
   if (own_lag != -1) add("own_lag", own_lag);
   if (partial_rounds != -1) add("partial_rounds", partial_rounds);
-  if (reducers != -1) add("reducers", reducers);
   if (shared_tiles != -1) add("shared_tiles", shared_tiles);
   if (register_epilogue != -1) add("register_epilogue", register_epilogue);
   if (idle_copiers != -1) add("idle_copiers", idle_copiers);
@@ -47,10 +46,6 @@ Status validate(const ConfigOverrides& o) {
   if (o.partial_rounds < -1) {
     return Status::InvalidArgument("overrides.partial_rounds = " + std::to_string(o.partial_rounds) +
                                    " must be a number of rounds >= 0 (or -1: the config's choice)");
-  }
-  if (o.reducers < -1) {
-    return Status::InvalidArgument("overrides.reducers = " + std::to_string(o.reducers) +
-                                   " must be a number of CTAs >= 0 (or -1: the config's choice)");
   }
   if (o.shared_tiles < -1 || o.shared_tiles > 1) {
     return Status::InvalidArgument("overrides.shared_tiles = " + std::to_string(o.shared_tiles) +

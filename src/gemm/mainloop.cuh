@@ -326,21 +326,6 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
   if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
 }
 
-
-// The ring's barriers and the epilogue's, set up by one thread before any thread uses them.
-template <class Config, class Epilogue>
-__device__ __forceinline__ void init_barriers(StorageOf<Config>& smem) {
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < Config::kStages; ++s) {
-      ptx::mbarrier_init(&smem.ring.full[s], 1);
-      ptx::mbarrier_init(&smem.ring.empty[s], Config::kConsumers);
-    }
-    Epilogue::template init<Config>(smem);
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
-}
-
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
 // schedule, one per wave. The epilogue is an object per consumer warpgroup:
 //   Epilogue(params, consumer, smem);
@@ -373,8 +358,14 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     ptx::prefetch_tensor_map(&mainloop.a);
     ptx::prefetch_tensor_map(&mainloop.a_last);
     ptx::prefetch_tensor_map(&mainloop.w);
+    for (int s = 0; s < Config::kStages; ++s) {
+      ptx::mbarrier_init(&smem.ring.full[s], 1);
+      ptx::mbarrier_init(&smem.ring.empty[s], Config::kConsumers);
+    }
+    Epilogue::template init<Config>(smem);
+    ptx::fence_barrier_init();
   }
-  init_barriers<Config, Epilogue>(smem);
+  __syncthreads();
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();

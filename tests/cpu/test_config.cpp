@@ -263,10 +263,9 @@ TEST(Config, SmallSegments) {
 // 64 x 64 tiles and forced widths included.
 TEST(Config, FlagsHoldEveryChosenTile) {
   ConfigOverrides defaults;
-  ConfigOverrides narrowest, registers, reducers;
+  ConfigOverrides narrowest, registers;
   narrowest.block_n = 64;
   registers.register_epilogue = 1;
-  reducers.reducers = 8;
   int one_consumer_tiles = 0;
   for (int world_size : {2, 4, 8}) {
     for (int64_t rows : {1, 8, 16, 32, 64, 100, 512}) {
@@ -277,7 +276,7 @@ TEST(Config, FlagsHoldEveryChosenTile) {
         options.max_m = p.m;
         options.max_n = n;
         const WorkspaceSize size = gemm_rs_workspace(options, world_size);
-        for (const ConfigOverrides* o : {&defaults, &narrowest, &registers, &reducers}) {
+        for (const ConfigOverrides* o : {&defaults, &narrowest, &registers}) {
           GemmRsConfig c;
           const Status s = select_gemm_rs_config(p, h100(), *o, &c);
           if (o == &narrowest && !c.register_epilogue && s.code() == StatusCode::kInvalidArgument) continue;
@@ -286,12 +285,6 @@ TEST(Config, FlagsHoldEveryChosenTile) {
           const size_t words = size_t(world_size) * size_t(schedule.tiles_per_band()) * kConsumers;
           EXPECT_LE(words, size.flag_words) << p.to_string() << " -> " << c.to_string();
           one_consumer_tiles += c.gemm.tile().consumers == 1;
-          // The parked own tiles (whole tiles, FP32) and their counters, where reducers take them.
-          if (c.reducers == 0) continue;
-          const size_t parked = parked_offset(world_size, p.rows_per_rank(), n) +
-                                size_t(schedule.tiles_per_band()) * c.gemm.tile().block_m * c.gemm.tile().block_n * 4;
-          EXPECT_LE(parked, size.data_bytes) << p.to_string() << " -> " << c.to_string();
-          EXPECT_LE(size_t(schedule.tiles_per_band()) * kConsumers, size.count_words) << p.to_string();
         }
       }
     }
@@ -404,32 +397,6 @@ TEST(Config, OverridesApply) {
   EXPECT_EQ(c.partial_rounds, 6);
   EXPECT_NE(more.to_string().find("partial_rounds=100"), std::string::npos) << more.to_string();
   EXPECT_EQ(ConfigOverrides{}.to_string(), "none");
-}
-
-// Reducer CTAs where asked, on tiles of one owner's rows: beside the GEMM's CTAs, with the own tiles
-// one a round and no partial rounds; none on shared tiles or bands of two, nor at P = 1.
-TEST(Config, ReducersBesideTheGemmsCtas) {
-  ConfigOverrides o;
-  o.reducers = 8;
-  GemmRsConfig c;
-  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), o, &c).ok());
-  EXPECT_EQ(c.reducers, 8);
-  EXPECT_EQ(c.gemm.num_ctas, 132) << "124 GEMM CTAs and 8 reducers";
-  EXPECT_EQ(c.own_lag, 0);
-  EXPECT_EQ(c.partial_rounds, 0);
-  EXPECT_NE(c.to_string().find("reducers 8"), std::string::npos) << c.to_string();
-  // Fewer tiles than SMs: still one CTA an SM.
-  ASSERT_TRUE(select_gemm_rs_config(make(2048, 1000, 256, 8), h100(), o, &c).ok());
-  EXPECT_EQ(c.reducers, 8);
-  EXPECT_EQ(c.gemm.num_ctas, 132);
-  for (const Problem& p : {make(64, 8192, 8192, 8), make(512, 8192, 8192, 8), make(8192, 8192, 8192, 1)}) {
-    ASSERT_TRUE(select_gemm_rs_config(p, h100(), o, &c).ok());
-    EXPECT_EQ(c.reducers, 0) << p.to_string() << " -> " << c.to_string();
-  }
-  ConfigOverrides lag = o;
-  lag.own_lag = 3;
-  ASSERT_TRUE(select_gemm_rs_config(make(8192, 8192, 8192, 8), h100(), lag, &c).ok());
-  EXPECT_EQ(c.own_lag, 3);
 }
 
 TEST(Config, BadOverridesAreErrors) {

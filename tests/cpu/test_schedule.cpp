@@ -274,30 +274,6 @@ TEST(Schedule, OwnTilesComeAfterThePeersByTheLead) {
   }
 }
 
-// The reducer CTAs (ops/gemm_rs/reducer.cuh) take own tile t as own_tile(t): the own tiles come in
-// that order in every rank's steps, whatever the lag.
-TEST(Schedule, OwnTilesComeInOwnTileOrder) {
-  int bad_cases = 0;
-  for (const Case& c : cases()) {
-    if (c.segments_per_tile != 1) continue;
-    for (int rank = 0; rank < c.world_size; ++rank) {
-      const TileSchedule s = schedule_of(c, rank);
-      int t = 0;
-      bool good = true;
-      for (int step = 0; step < s.num_tiles() && good; ++step) {
-        const Tile tile = s.tile(step);
-        if (tile.owner_rank != rank) continue;
-        const Tile own = s.own_tile(t++);
-        good = own.row_begin == tile.row_begin && own.row_end == tile.row_end && own.col_begin == tile.col_begin &&
-               own.col_end == tile.col_end && own.segment_row == tile.segment_row && own.owner_rank == rank;
-      }
-      good = good && t == s.tiles_per_band();
-      EXPECT_TRUE(good) << c.name() << " rank " << rank << ": own tile " << t;
-      if (!good && ++bad_cases >= 3) return;
-    }
-  }
-}
-
 // The rounds picture in schedule.h: P = 4, rank 1, T = 4, L = 2.
 TEST(Schedule, RoundsMatchTheDiagram) {
   ScheduleShape shape;

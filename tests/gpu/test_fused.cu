@@ -112,14 +112,12 @@ struct FusedCase {
   WeightLayout layout;
   int own_lag = -1;
   int split_k = 0;  // splits of K with shared tiles; 0: the config's
-  int reducers = -1;  // reducer CTAs (ops/gemm_rs/reducer.cuh); -1: the config's
 
   Problem problem() const { return Problem{m, n, k, p, layout}; }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.own_lag = own_lag;
     o.split_k = split_k;
-    o.reducers = reducers;
     return o;
   }
 };
@@ -128,8 +126,7 @@ std::string case_name(const ::testing::TestParamInfo<FusedCase>& info) {
   const FusedCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + "_" + to_string(c.layout) + (c.own_lag >= 0 ? "_lag" + std::to_string(c.own_lag) : "") +
-         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
-         (c.reducers >= 0 ? "_reducers" + std::to_string(c.reducers) : "");
+         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "");
 }
 
 class FusedExact : public ::testing::TestWithParam<FusedCase> {};
@@ -176,14 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{4, 256, 1000, 64, WeightLayout::kKxN},
                                            FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, 0},
                                            // M = 256 at P = 2: bands of 128 rows on 128 x 128 tiles
-                                           FusedCase{2, 256, 1000, 128, WeightLayout::kNxK},
-                                           // Own tiles parked for reducer CTAs (scaled to an emulated
-                                           // rank's CTAs): clipped tiles, 64-row tiles, several tiles each.
-                                           FusedCase{2, 512, 776, 128, WeightLayout::kKxN, -1, 0, 8},
-                                           FusedCase{4, 1000, 1024, 64, WeightLayout::kNxK, -1, 0, 4},
-                                           FusedCase{8, 2048, 1000, 32, WeightLayout::kNxK, -1, 0, 8},
-                                           FusedCase{8, 2048, 8192, 32, WeightLayout::kKxN, -1, 0, 16},
-                                           FusedCase{4, 384, 520, 64, WeightLayout::kKxN, -1, 0, 4}),
+                                           FusedCase{2, 256, 1000, 128, WeightLayout::kNxK}),
                          case_name);
 
 // Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
@@ -244,11 +234,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
                                            FusedCase{4, 96, 6144, 768, WeightLayout::kKxN},
                                            FusedCase{4, 32, 1000, 2048, WeightLayout::kKxN},
                                            FusedCase{8, 64, 8192, 1024, WeightLayout::kNxK, -1, 4},
-                                           FusedCase{8, 8, 1000, 640, WeightLayout::kKxN, -1, 3},
-                                           // Own tiles parked for reducer CTAs.
-                                           FusedCase{8, 2048, 8192, 1024, WeightLayout::kKxN, -1, 0, 16},
-                                           FusedCase{2, 4096, 1024, 2048, WeightLayout::kNxK, -1, 0, 8},
-                                           FusedCase{4, 1000, 2056, 520, WeightLayout::kKxN, -1, 0, 4}),
+                                           FusedCase{8, 8, 1000, 640, WeightLayout::kKxN, -1, 3}),
                          case_name);
 
 // Tiles of several owners' rows against tiles of one (the same 64 x 256 tiles either way, and no
@@ -454,13 +440,13 @@ TEST(FusedGraph, ReplaysStayCorrect) {
 // tile holds rows of all four.
 class FusedMissingPeer : public ::testing::TestWithParam<int> {};
 
-void expect_missing_peer_times_out(int m, const ConfigOverrides& overrides) {
-  const Problem problem{m, 1024, 64, 4, WeightLayout::kNxK};
+TEST_P(FusedMissingPeer, TimesOut) {
+  const Problem problem{GetParam(), 1024, 64, 4, WeightLayout::kNxK};
   ReduceScatterRanks ranks(problem, /*timeout_s=*/0.2);
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(false, 5);
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(ranks.run_first(3, problem, overrides).ok());
+  ASSERT_TRUE(ranks.run_first(3, problem).ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const Status s = communicator_status(ranks.comm);
@@ -469,15 +455,6 @@ void expect_missing_peer_times_out(int m, const ConfigOverrides& overrides) {
   EXPECT_LT(seconds, 5.0) << "the timeout is 0.2 s";
   // Later calls report the failure instead of running.
   EXPECT_EQ(ranks.run(problem).code(), StatusCode::kPeerTimeout);
-}
-
-TEST_P(FusedMissingPeer, TimesOut) { expect_missing_peer_times_out(GetParam(), {}); }
-
-// The reducer CTAs wait for the missing peer instead of the GEMM's.
-TEST(FusedReducers, MissingPeerTimesOut) {
-  ConfigOverrides reducers;
-  reducers.reducers = 4;
-  expect_missing_peer_times_out(1024, reducers);
 }
 
 // With split K, a call that times out still leaves the split workspace's counters at 0: the plain

@@ -51,7 +51,6 @@ std::string GemmRsConfig::to_string() const {
      << ", own_lag "
      << (own_lag >= kOwnTilesLast ? std::string("last") : std::to_string(own_lag)) << ", partial rounds "
      << partial_rounds;
-  if (reducers > 0) os << ", reducers " << reducers;
   return os.str();
 }
 
@@ -128,16 +127,6 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
 
   c.partial_rounds = partial_rounds_of(problem, c);
   if (overrides.partial_rounds >= 0) c.partial_rounds = std::min(c.partial_rounds, overrides.partial_rounds);
-
-  // Reducer CTAs beside the GEMM's (ops/gemm_rs/reducer.cuh), on tiles of one owner's rows: the own
-  // tiles are parked and reduced there, so they take no rounds, and they come one a round (lag 0),
-  // which paces the reducers over the whole call.
-  if (overrides.reducers > 0 && problem.world_size > 1 && !share_tiles && c.segments_per_tile == 1) {
-    c.reducers = std::min(overrides.reducers, device.num_sms / 2);
-    c.gemm.num_ctas = std::min(c.gemm.num_ctas, device.num_sms - c.reducers) + c.reducers;
-    c.own_lag = overrides.own_lag >= 0 ? overrides.own_lag : 0;
-    c.partial_rounds = 0;
-  }
   *config = c;
   return Status::Ok();
 }

@@ -1,6 +1,5 @@
 // The reduce-scatter op's config: the GEMM variant and grid for its tile grid (gemm/config.h), and
-// its own choices: bands of two segments, the own tiles' lag, the partial rounds, the reducer CTAs.
-// A pure function of
+// its own choices: bands of two segments, the own tiles' lag, the partial rounds. A pure function of
 // the problem, the device and the overrides, testable on a CPU.
 #pragma once
 
@@ -22,7 +21,6 @@ struct GemmRsConfig {
   bool register_epilogue = false;  // shared tiles pushed and reduced from registers (ops/gemm_rs/shared_tiles.cuh)
   int own_lag = kOwnTilesLast;   // rounds from a peer's tile to the own tile of the same rows (schedule.h)
   int partial_rounds = 0;        // rounds of an own tile's peer partials added during its K loop (partial_rounds.h)
-  int reducers = 0;              // CTAs that reduce the own tiles, parked by the others (ops/gemm_rs/reducer.cuh)
 
   std::string to_string() const;
 };

@@ -50,7 +50,6 @@
 #include "gemm/mainloop.cuh"
 #include "gemm/slab_store.cuh"
 #include "gemm/split_k_epilogue.cuh"
-#include "ops/gemm_rs/parked_slab.cuh"
 #include "ops/gemm_rs/partial_rounds.h"
 #include "ops/gemm_rs/push_timeline.h"
 #include "ops/gemm_rs/schedule.h"
@@ -83,11 +82,6 @@ struct PushReduceParams {
   float* split_partials;           // split K (shared tiles only): this rank's FP32 partials (gemm/split_k.h)
   uint32_t* splits_done;           // and their counters, 0 between calls
   PushTimeline* timeline;          // the benchmark's record of the pushes; null: none
-  // Reducer CTAs (ops/gemm_rs/reducer.cuh): CTAs past the GEMM's that reduce the own tiles, which the
-  // GEMM's CTAs park; 0: none, an own tile reduced by the CTA that computes it.
-  int reducers;
-  float* parked[2];                // by parity: the parked own tiles (ops/gemm_rs/workspace.h)
-  uint32_t* parked_counts[2];      // by parity: their counters
 };
 
 // Index of (source, tile, slab) in an owner's flag array: the same in every owner's.
@@ -124,7 +118,7 @@ class PushReduceEpilogue : public EpilogueBase {
   template <class Storage>
   __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)
       : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), chunks_(smem.chunks[consumer]),
-        handoff_(&smem.op.handoff[consumer]), parity_(params.reducers > 0 ? comm::call_epoch(params.calls) & 1 : 0) {}
+        handoff_(&smem.op.handoff[consumer]) {}
 
   // The op's barriers: each consumer's hand-off and rounds, the watcher's news for the producer.
   template <class Config>
@@ -325,55 +319,12 @@ class PushReduceEpilogue : public EpilogueBase {
       if (keeps && (pushed_ & bit)) hand_off<Config>(tile, slab, acc, /*to_output=*/false);
     }
     if (reduces) add_partials<Config>(reduced_, acc, smem, ring);
-    // With reducer CTAs an own slab is parked, and its hand-off carries nothing.
-    const bool parks = keeps && p_.reducers > 0;
-    if (parks) park<Config>(tile, slab, acc);
-    hand_off<Config>(tile, slab, acc, /*to_output=*/keeps, parks);
+    hand_off<Config>(tile, slab, acc, /*to_output=*/keeps);
     if (reduced_ != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced_), smem, ring);
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
   __device__ void finish() {}
-
-  // The reducer CTAs' roles (ops/gemm_rs/reducer.cuh), on own tiles that the GEMM's CTAs parked.
-
-  // Producer thread: once the tile's slabs are parked and its peers' partials have landed, streams
-  // those through the ring as after an own tile's K stages.
-  template <class Config>
-  __device__ static void load_parked_tile(const Params& p, const Tile& tile, uint32_t epoch, StorageOf<Config>& smem,
-                                          StageCursor& ring) {
-    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
-    // The parked slabs first: they come whatever the peers do, and their counters go back to 0.
-    wait_for_parked<Config>(p, tile, epoch & 1);
-    const bool arrived = wait_for_partials<Config>(p, tile, epoch);
-    if (arrived) {
-      ptx::fence_acquire_sys();         // flags seen -> partials
-      ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    }
-    stream_partials<Config, Config::kConsumers>(p, tile, kAllSlabs, epoch, arrived, smem, ring);
-  }
-
-  // Sender thread: stores the CTA's num_tiles reduced tiles into this rank's output.
-  template <class Config>
-  __device__ static void send_reduced(const Params& p, StorageOf<Config>& smem, int num_tiles) {
-    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
-    const uint32_t epoch = comm::call_epoch(p.calls);
-    uint32_t handoffs[Config::kConsumers] = {};
-    for (int i = 0; i < num_tiles; ++i) send_slabs<Config>(p, smem, kAllSlabs, handoffs, epoch);
-  }
-
-  // Consumers: the parked slab plus its peers' partials in rank order (the order of an own tile
-  // reduced where it is computed), rounded once, into the output.
-  template <class Config>
-  __device__ void reduce_parked(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
-                                StorageOf<Config>& smem, StageCursor& ring) {
-    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
-    // The tile's first extra stage is loaded only once the producer has seen its slabs parked.
-    ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-    ParkedSlab<Config>(p_, tile, consumer_, parity_).read(acc);
-    add_partials<Config>(kAllSlabs, acc, smem, ring);
-    hand_off<Config>(tile, slab, acc, /*to_output=*/true);
-  }
 
  private:
   // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
@@ -445,11 +396,10 @@ class PushReduceEpilogue : public EpilogueBase {
     return slabs;
   }
 
-  // The own slabs that take the peers' partials through extra stages: none without peers, nor where
-  // the own tiles are parked for reducer CTAs.
+  // The own slabs that take the peers' partials through extra stages: none without peers.
   template <class Config>
   __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
-    return p.world_size > 1 && p.reducers == 0 ? own_slabs<Config>(p, tile) : 0;
+    return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
   }
 
   // A reduced slab's pieces of partials: every chunk of it from each peer (a chunk past the segment
@@ -579,15 +529,13 @@ class PushReduceEpilogue : public EpilogueBase {
 
   // Stages the slab and hands it to the sender, kStagedChunks chunks at a time: pushed to its other
   // owners, or this rank's rows into its output. The last hand-off of a push carries the slab's flag.
-  // A parked slab's hand-offs carry nothing.
   template <class Config>
-  __device__ void hand_off(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], bool to_output,
-                           bool parked = false) {
+  __device__ void hand_off(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], bool to_output) {
     const SlabOwners owners = to_output ? SlabOwners{p_.rank, p_.rank} : slab_owners(tile, slab.row);
     const int row = kSharedTiles ? tile.segment_row_for(slab.row, owners.first) : tile.segment_row_of(slab.row);
     const int col_begin = tile.col_begin + slab.col;
     // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
-    const bool empty = parked || tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
+    const bool empty = tile.row_begin + slab.row >= tile.row_end || col_begin >= tile.col_end;
     const int num_chunks = empty ? 0 : chunks_before<Config>(col_begin, tile.col_end);
     const bool flagged = !empty && !to_output;
     // Unrolled: the accumulators are indexed with constants only (or they would leave registers).
@@ -725,33 +673,6 @@ class PushReduceEpilogue : public EpilogueBase {
         });
   }
 
-  // Parks the slab's FP32 accumulators for a reducer CTA (none where the slab holds no rows) and
-  // counts it in once the whole warpgroup has written it.
-  template <class Config>
-  __device__ void park(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread]) {
-    if (!ParkedSlab<Config>::holds_rows(tile, slab)) return;
-    const ParkedSlab<Config> parked(p_, tile, consumer_, parity_);
-    parked.write(acc);
-    slabs_.sync();
-    if (slabs_.leader()) parked.count_in();
-  }
-
-  // Producer thread of a reducer CTA: waits (bounded) until the tile's slabs are parked, and sets
-  // their counters back. Also in a failed call: this rank's CTAs park every own tile whatever its
-  // peers do, and the next call must find the counters at 0.
-  template <class Config>
-  __device__ static void wait_for_parked(const Params& p, const Tile& tile, int parity) {
-    for (int s = 0; s < Config::kConsumers; ++s) {
-      const Slab<Config> slab = Slab<Config>::of_consumer(s);
-      if (!ParkedSlab<Config>::holds_rows(tile, slab)) continue;
-      const ParkedSlab<Config> parked(p, tile, s, parity);
-      const bool counted = comm::wait_bounded</*kEndsOnFailure=*/false, 64>(
-          p, comm::wait_deadline(p.timeout_ns), [&] { return parked.parked(); }, [] {},
-          [&] { return comm::Awaited{p.rank, tile.row_begin + slab.row, tile.col_begin + slab.col}; });
-      if (counted) parked.take();
-    }
-  }
-
   // Adds the current round (the next peer's partial of the slab) from the chunk buffers, and asks
   // for the next one.
   template <class Config>
@@ -806,7 +727,6 @@ class PushReduceEpilogue : public EpilogueBase {
   int round_ = 0;            // the next of them
   uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
   KSlice k_slice_{};         // the current step's
-  int parity_;               // the call's, where own tiles are parked
 };
 
 }  // namespace tpfuse::kernels

@@ -4,7 +4,6 @@
 #include "ops/gemm_rs/config.h"
 #include "ops/gemm_rs/kernel.cuh"
 #include "ops/gemm_rs/launch.h"
-#include "ops/gemm_rs/workspace.h"
 #include "ops/launch.cuh"
 #include "tpfuse/reduce_scatter.h"
 
@@ -46,12 +45,8 @@ struct GemmRsOp {
 
   // Split K holds a step per CTA of a rank (one wave: a tile's last split waits for the others):
   // fewer splits where the rank has fewer CTAs than the config planned (emulated ranks).
-  // Reducer CTAs in proportion, at most half of them.
   static Config config_that_fits(const Problem& problem, const Config& config, int ctas_per_rank) {
     Config c = config;
-    if (config.reducers > 0 && ctas_per_rank < config.gemm.num_ctas) {
-      c.reducers = std::min(ctas_per_rank / 2, std::max(1, config.reducers * ctas_per_rank / config.gemm.num_ctas));
-    }
     if (config.gemm.split_k > 1) {
       const int tiles = TileSchedule(schedule_shape(problem, config, 0)).num_tiles() / config.gemm.split_k;
       c.gemm.split_k = splits_that_fit(tiles, config.gemm.split_k, ctas_per_rank);
@@ -112,12 +107,6 @@ struct GemmRsOp {
     e.split_partials = split.partials;
     e.splits_done = split.splits_done;
     e.timeline = operands.timeline;
-    e.reducers = config.reducers;
-    const size_t parked = parked_offset(comm.world_size, problem.rows_per_rank(), problem.n);
-    for (int parity = 0; parity < 2; ++parity) {
-      e.parked[parity] = reinterpret_cast<float*>(static_cast<char*>(rank.data) + parity * comm.parity.data_bytes + parked);
-      e.parked_counts[parity] = rank.counts + parity * comm.parity.count_words;
-    }
     rp->calls = rank.calls;
     return Status::Ok();
   }

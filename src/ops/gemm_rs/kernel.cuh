@@ -4,12 +4,9 @@
 // of them are resident).
 #pragma once
 
-#include <type_traits>
-
 #include "comm/device.cuh"
 #include "gemm/mainloop.cuh"
 #include "ops/gemm_rs/epilogue.cuh"
-#include "ops/gemm_rs/reducer.cuh"
 #include "ops/gemm_rs/shared_tiles.cuh"
 #include "ops/gemm_rs/schedule.h"
 
@@ -31,19 +28,7 @@ template <class Config, class Epilogue>
 __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, int ctas_per_rank) {
   PushTimeline* timeline = rank.epilogue.timeline;
   if (timeline != nullptr && threadIdx.x == 0) atomicMin(&timeline->start_ns, ptx::globaltimer_ns());
-  // The rank's last CTAs reduce its parked own tiles where the config gives reducers (reducer.cuh):
-  // tiles of one owner's rows only.
-  const int gemm_ctas = ctas_per_rank - rank.epilogue.reducers;
-  if constexpr (std::is_same_v<Epilogue, PushReduceEpilogue<false>>) {
-    if (cta >= gemm_ctas) {
-      run_reducer<Config, Epilogue>(rank.mainloop.schedule, rank.epilogue, aligned_shared_storage<Config>(),
-                                    cta - gemm_ctas, rank.epilogue.reducers);
-    } else {
-      run_persistent<Config, Epilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta, gemm_ctas);
-    }
-  } else {
-    run_persistent<Config, Epilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta, gemm_ctas);
-  }
+  run_persistent<Config, Epilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta, ctas_per_rank);
   // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share. The
   // next call (stream-ordered after this one) uses the next epoch and the other parity.
   __syncthreads();

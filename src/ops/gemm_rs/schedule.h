@@ -147,16 +147,8 @@ class TileSchedule {
     step = splits_.tile_of(step);
     int offset = 0, t = 0;
     locate(step, &offset, &t);
-    return band_tile(band_at_offset(offset), t);
-  }
+    const int band = band_at_offset(offset);
 
-  // The own band's tile t (0 <= t < tiles_per_band()), which the rank computes in round t + L or
-  // in the tail: the order in which its own tiles come.
-  TPFUSE_HOST_DEVICE Tile own_tile(int t) const { return band_tile(own_band_, t); }
-
- private:
-  // Tile t of `band`, in the band's raster order.
-  TPFUSE_HOST_DEVICE Tile band_tile(int band, int t) const {
     int row_tile = 0, col_tile = 0;
     order_.locate(t, &row_tile, &col_tile);
 
@@ -173,6 +165,7 @@ class TileSchedule {
     return tile;
   }
 
+ private:
   TPFUSE_HOST_DEVICE static int min_int(int a, int b) { return a < b ? a : b; }
   TPFUSE_HOST_DEVICE static int max_int(int a, int b) { return a > b ? a : b; }
 
