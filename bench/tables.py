@@ -34,8 +34,9 @@ SEPARATE = "2026-12-03-h200-6d5939c/run132"     # --separate-loops: each call's 
 M256 = "2026-12-03-h200-8995433/run135"         # M = 256 on one wave of 128 x 128 tiles
 CURRENT = "2026-12-03-h200-c9ba200/run139"      # the current code (`after`) against c2e481d (`before`), 2 passes
 SWEEP = "p[12]_{layout}_after"                  # run139's proxy sweep of the current code, both passes
-TIMELINE_KN = "2026-12-03-h200-b78b001/run137/timeline_kn"   # the push timeline (proxy --timeline)
-TIMELINE_NK = "2026-12-03-h200-b78b001/run138/timeline_nk"
+TIMELINE_KN = "2026-12-03-h200-c9ba200/run141/timeline_kn"   # the push timeline (proxy --timeline)
+TIMELINE_NK = "2026-12-03-h200-c9ba200/run141/timeline_nk"
+SEPARATE_PROXY = "2026-12-03-h200-c9ba200/run141/separate_nk"  # the current proxy sweep, --separate-loops
 PYTHON = "2026-12-03-h200-b78b001/run136/bench_python"       # python -m tpfuse.bench, world size 1
 
 geomean = clock_split.geomean
@@ -216,9 +217,9 @@ def proxy(results):
     """The fused op's own cost (solo-rank proxy, P = 8): fused/GEMM on the sweep, both layouts."""
     meta, nk = sweep(results, "nk")
     _, kn = sweep(results, "kn")
-    _, sep = load(results, f"{SEPARATE}/proxy_sweep_nk")
+    _, sep = load(results, SEPARATE_PROXY)
     out = [f"Measured on {machine(meta)} (`bench/results/{CURRENT}/p1_*_after.json`, `p2_*_after.json`, geomean of "
-           f"the two passes; split and MHz: `bench/results/{SEPARATE}`, commit {commit(results, f'{SEPARATE}/proxy_sweep_nk')}).", "",
+           f"the two passes; split and MHz: `bench/results/{SEPARATE_PROXY}.json`, commit {commit(results, SEPARATE_PROXY)}).", "",
            "| projection | M | T_gemm (ms) | T_fused_solo (ms) | fused/GEMM N x K | K x N | "
            "separate loops N x K: cycles x clock | MHz GEMM, fused |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -465,7 +466,7 @@ def targets(results):
                           f"131 ({commit(results, f'{TARGETS}/ag_p8_nk')}) / {current}"))
     _, by_layout = projected(results)
     rows = [by_layout.get("nk", {}), by_layout.get("kn", {})]
-    runs = "138 / 137 (timeline)"
+    runs = "141 (timeline)"
     out.append(target_row(">= 0.50 of the pushed bytes by half the call, M = 512 and 2048",
                           [[r["tl_share_50"] for k, (r, p) in t.items() if k[1] in (512, 2048)] for t in rows],
                           0.5, False, runs))

@@ -44,7 +44,8 @@ def test_proxy_ratios_and_split(tmp_path):
            "t_gemm_ms": 1.0, "t_fused_solo_ms": 1.2}
     write(tmp_path / tables.CURRENT, "p1_nk_after", [row])
     write(tmp_path / tables.CURRENT, "p1_kn_after", [dict(row, t_fused_solo_ms=1.1)])
-    write(tmp_path / tables.SEPARATE, "proxy_sweep_nk", [dict(row, mhz_gemm=1500, mhz_fused_solo=1200)])
+    folder, name = tables.SEPARATE_PROXY.rsplit("/", 1)
+    write(tmp_path / folder, name, [dict(row, mhz_gemm=1500, mhz_fused_solo=1200)])
     out = "\n".join(tables.proxy(tmp_path))
     # 1.2x the time at 1200 MHz against 1500: 0.96x the cycles, clock factor 1.25.
     assert "| mixtral down_proj | 512 | 1.0000 | 1.2000 | 1.200 | 1.100 | 0.960 x 1.250 | 1500, 1200 |" in out
@@ -109,8 +110,9 @@ def test_projection_uses_the_model(tmp_path):
     write(tmp_path / tables.TWO_GPU, "fused_tp8", comm)
     # M = 8192: 7/8 x 128 MiB pushed at 369 GB/s take 0.318 ms, less than T_solo: T_fused = T_solo = 10 ms.
     rows = [timeline_row(8192, 3584, 10.0, 10.0, 0.5), timeline_row(512, 3584, 0.01, 0.02, 0.0)]
-    write(tmp_path / "2026-12-03-h200-b78b001/run137", "timeline_kn", rows)
-    write(tmp_path / "2026-12-03-h200-b78b001/run138", "timeline_nk", rows)
+    for timeline in (tables.TIMELINE_KN, tables.TIMELINE_NK):
+        folder, name = timeline.rsplit("/", 1)
+        write(tmp_path / folder, name, rows)
     out = "\n".join(tables.projection_p8(tmp_path))
     assert "T_comm = (P-1)/P x bytes / 100.0 GB/s + 10.0 us (fitted to 2 shapes at P = 2, worst residual 0.0%)" in out
     t_comm = 7 / 8 * 2.0 * 8192 * 8192 / 1e8 + 0.01
