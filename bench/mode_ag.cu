@@ -27,6 +27,10 @@ enum Tensor { kX, kW };
 
 constexpr double kTargetE = 0.9;
 
+// The timed loops whose SM clock the driver reports (add_clock_columns, set_clock): T_gemm's and T_fused's.
+const TimedCall kGemmCall{"gemm", "gemm", "gemm"};
+const TimedCall kFusedCall{"fused", "fused", "fus"};
+
 // One GPU's tensors, one of each per input set: its rows of X, its columns of W, the gathered X
 // (the all-gather's output, the GEMM's input) and the two paths' Y.
 struct RankSets {
@@ -48,9 +52,8 @@ std::vector<Column> ag_columns(bool check) {
       {"E_hideable", "E_hide", 6, Format::kFixed, 3},
       {"speedup", "speedup", 7, Format::kFixed, 3},
       {"host_fused_us", "H_fus(us)", 9, Format::kFixed, 1},
-      {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
-      {"mhz_fused", "MHz_fus", 7, Format::kInteger},
   });
+  add_clock_columns(columns, {kGemmCall, kFusedCall});
   if (check) {
     add_error_columns(columns, "unfused", "unf");
     add_error_columns(columns, "fused", "fus");
@@ -185,7 +188,7 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
   row["t_gemm_ms"] = t_gemm;
   row["t_comm_ms"] = t_comm;
   row["t_seq_ms"] = seq.launches[0].median_ms;
-  set_if_read(row, "mhz_gemm", gemm.sensors.sm_clock_mhz[0]);
+  set_clock(row, kGemmCall, gemm.sensors, 0);
   if (fused_ok) {
     attempt(
         [&] {
@@ -197,7 +200,7 @@ Row run_shape(GpuSet& gpus, const Options& options, const Shape& shape, size_t s
           const double hidden_ms = t_gemm + t_comm - t_fused;
           row["t_fused_ms"] = t_fused;
           row["host_fused_us"] = fused.launches[0].host_us;
-          set_if_read(row, "mhz_fused", fused.sensors.sm_clock_mhz[0]);
+          set_clock(row, kFusedCall, fused.sensors, 0);
           row["E"] = hidden_ms / t_comm;
           row["E_hideable"] = hidden_ms / std::min(t_gemm, t_comm);
           row["speedup"] = seq.launches[0].median_ms / t_fused;

@@ -45,6 +45,12 @@ std::string loop_key(const std::string& loop, const std::string& name) {
   return loop.empty() ? name : loop + "_" + name;
 }
 
+// A column of a timed call: as wide as its header, at least 5.
+void add_call_column(std::vector<Column>& columns, const std::string& key, const std::string& header, Format format,
+                     int precision, bool shown) {
+  columns.push_back({key, header, std::max(5, int(header.size())), format, precision, shown});
+}
+
 }  // namespace
 
 void add_loop_sensor_columns(std::vector<Column>& columns, const std::string& loop, const std::string& label) {
@@ -60,15 +66,24 @@ void add_loop_sensor_columns(std::vector<Column>& columns, const std::string& lo
 }
 
 void add_call_columns(std::vector<Column>& columns, const std::vector<TimedCall>& calls, bool separate_loops) {
-  const auto add = [&](const std::string& key, const std::string& header, Format format, int precision, bool shown) {
-    columns.push_back({key, header, std::max(5, int(header.size())), format, precision, shown});
-  };
-  for (const TimedCall& c : calls) add("t_" + c.key + "_ms", "T_" + c.label + "(ms)", Format::kFixed, 4, true);
-  for (const TimedCall& c : calls) add("tflops_" + c.key, "TF_" + c.tag, Format::kFixed, 1, !c.variant);
-  for (const TimedCall& c : calls) add("host_" + c.key + "_us", "H_" + c.tag + "(us)", Format::kFixed, 1, !c.variant);
-  for (const TimedCall& c : calls) add("mhz_" + c.key, "MHz_" + c.tag, Format::kInteger, 0, !c.variant);
   for (const TimedCall& c : calls) {
-    add("power_" + c.key + "_w", "W_" + c.tag, Format::kInteger, 0, separate_loops && !c.variant);
+    add_call_column(columns, "t_" + c.key + "_ms", "T_" + c.label + "(ms)", Format::kFixed, 4, true);
+  }
+  for (const TimedCall& c : calls) {
+    add_call_column(columns, "tflops_" + c.key, "TF_" + c.tag, Format::kFixed, 1, !c.variant);
+  }
+  for (const TimedCall& c : calls) {
+    add_call_column(columns, "host_" + c.key + "_us", "H_" + c.tag + "(us)", Format::kFixed, 1, !c.variant);
+  }
+  add_clock_columns(columns, calls);
+  for (const TimedCall& c : calls) {
+    add_call_column(columns, "power_" + c.key + "_w", "W_" + c.tag, Format::kInteger, 0, separate_loops && !c.variant);
+  }
+}
+
+void add_clock_columns(std::vector<Column>& columns, const std::vector<TimedCall>& calls) {
+  for (const TimedCall& c : calls) {
+    add_call_column(columns, "mhz_" + c.key, "MHz_" + c.tag, Format::kInteger, 0, !c.variant);
   }
 }
 
@@ -77,9 +92,13 @@ void set_call(Row& row, const TimedCall& call, const LoopTiming& loop, size_t in
   row["t_" + call.key + "_ms"] = launch.median_ms;
   row["tflops_" + call.key] = tflops(flops, launch.median_ms);
   row["host_" + call.key + "_us"] = launch.host_us;
+  set_clock(row, call, loop.sensors, index);
   const LoopSensors& sensors = loop.sensors;
-  if (index < sensors.sm_clock_mhz.size()) set_if_read(row, "mhz_" + call.key, sensors.sm_clock_mhz[index]);
   if (index < sensors.launch_power_w.size()) set_if_read(row, "power_" + call.key + "_w", sensors.launch_power_w[index]);
+}
+
+void set_clock(Row& row, const TimedCall& call, const LoopSensors& sensors, size_t index) {
+  if (index < sensors.sm_clock_mhz.size()) set_if_read(row, "mhz_" + call.key, sensors.sm_clock_mhz[index]);
 }
 
 void set_if_read(Row& row, const std::string& key, const std::optional<double>& value) {

@@ -23,6 +23,10 @@ namespace {
 
 constexpr double kTargetE = 0.9;
 
+// The timed loops whose SM clock the driver reports (add_clock_columns, set_clock): T_gemm's and T_fused's.
+const TimedCall kGemmCall{"gemm", "gemm", "gemm"};
+const TimedCall kFusedCall{"fused", "fused", "fus"};
+
 // The fused op's outputs, m/G x n, poisoned: [gpu][input set].
 using FusedOutputs = std::vector<std::vector<DeviceBuffer>>;
 
@@ -40,9 +44,8 @@ std::vector<Column> fused_columns(bool check) {
       {"speedup", "speedup", 7, Format::kFixed, 3},
       {"host_gemm_us", "H_gemm(us)", 10, Format::kFixed, 1},
       {"host_fused_us", "H_fus(us)", 9, Format::kFixed, 1},
-      {"mhz_gemm", "MHz_gemm", 8, Format::kInteger},
-      {"mhz_fused", "MHz_fus", 7, Format::kInteger},
   });
+  add_clock_columns(columns, {kGemmCall, kFusedCall});
   add_loop_sensor_columns(columns, "gemm", "gemm");
   add_loop_sensor_columns(columns, "fused", "fus");
   if (check) {
@@ -146,7 +149,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
   row["t_gemm_ms"] = times.gemm;
   set_comm_times(row, times);
   row["host_gemm_us"] = times.gemm_host_us;
-  set_if_read(row, "mhz_gemm", times.gemm_sensors.sm_clock_mhz[0]);
+  set_clock(row, kGemmCall, times.gemm_sensors, 0);
   set_loop_sensors(row, times.gemm_sensors, "gemm");
   if (fused_ok) {
     attempt(
@@ -159,7 +162,7 @@ Row run_shape(GpuSet& gpus, const Options& options, size_t shape_index, Report& 
           const double hidden_ms = times.gemm + times.comm - t_fused;
           row["t_fused_ms"] = t_fused;
           row["host_fused_us"] = fused.launches[0].host_us;
-          set_if_read(row, "mhz_fused", fused.sensors.sm_clock_mhz[0]);
+          set_clock(row, kFusedCall, fused.sensors, 0);
           set_loop_sensors(row, fused.sensors, "fused");
           row["E"] = hidden_ms / times.comm;
           row["E_hideable"] = hidden_ms / std::min(times.gemm, times.comm);

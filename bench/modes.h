@@ -71,6 +71,10 @@ struct TimedCall {
 void add_call_columns(std::vector<Column>& columns, const std::vector<TimedCall>& calls, bool separate_loops);
 // Fills `call`'s columns from launch `index` of `loop`; `flops`: one call's.
 void set_call(Row& row, const TimedCall& call, const LoopTiming& loop, size_t index, double flops);
+// The clock columns alone, for a mode whose calls' other columns are its own; add_call_columns and
+// set_call include them. set_clock fills `call`'s from launch `index` of a loop's `sensors`.
+void add_clock_columns(std::vector<Column>& columns, const std::vector<TimedCall>& calls);
+void set_clock(Row& row, const TimedCall& call, const LoopSensors& sensors, size_t index);
 // A number, or nothing where the sensor gave none.
 void set_if_read(Row& row, const std::string& key, const std::optional<double>& value);
 // The note on how the host times, the SM clock and the power are measured, or why the sensors'

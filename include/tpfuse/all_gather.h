@@ -21,7 +21,8 @@ Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, cons
                        void* gathered_x, cudaStream_t stream, const ConfigOverrides& overrides = {});
 
 // Every rank of a local communicator at once (x[r], w[r], y[r], gathered_x[r] on rank r's device;
-// gathered_x may be null, or any of its entries).
+// gathered_x may be null, or any of its entries). One rank per device, as gemm_reduce_scatter_local:
+// where two ranks share a device the call returns kUnsupported.
 Status all_gather_gemm_local(Communicator* comm, const AllGatherProblem& problem, const void* const* x,
                              const void* const* w, void* const* y, void* const* gathered_x,
                              const cudaStream_t* streams, const ConfigOverrides& overrides = {});

@@ -28,9 +28,10 @@ struct CommunicatorOptions {
 // registration); where that is unavailable, CUDA IPC peer mappings exchanged through `comm`.
 Status communicator_create(ncclComm_t comm, const CommunicatorOptions& options, Communicator** out);
 
-// One process driving `num_ranks` local GPUs: rank r runs on devices[r]. A device may repeat: then
-// its ranks are emulated on that one GPU (all ranks of one GPU in one cooperative launch), which
-// checks the protocol but not NVLink.
+// One process driving `num_ranks` local GPUs: rank r runs on devices[r]. A device may repeat, for
+// the tests: the library's calls run one rank per device and refuse ranks that share one
+// (kUnsupported); only tpfuse's testing library emulates them, all of a GPU's in one cooperative
+// launch, which checks the protocol but not NVLink.
 Status communicator_create_local(const int* devices, int num_ranks, const CommunicatorOptions& options,
                                  Communicator** out);
 

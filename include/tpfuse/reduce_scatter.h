@@ -17,7 +17,9 @@ Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const voi
                            cudaStream_t stream, const ConfigOverrides& overrides = {});
 
 // Every rank of a local communicator (communicator_create_local) at once: a[r], w[r], out[r] on
-// rank r's device, work on streams[r].
+// rank r's device, work on streams[r]. One rank per device: where two ranks share a device the call
+// returns kUnsupported and launches nothing (ranks emulated on one GPU are the testing library's, so
+// the library carries no kernels for them).
 Status gemm_reduce_scatter_local(Communicator* comm, const Problem& problem, const void* const* a,
                                  const void* const* w, void* const* out, const cudaStream_t* streams,
                                  const ConfigOverrides& overrides = {});

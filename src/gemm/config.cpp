@@ -38,16 +38,16 @@ constexpr double kSplit128RowKBlocks = 10;
 
 // Relative time of a tile shape whose K loop of num_k_blocks is cut into `splits`: the waves of
 // steps over the SMs times a step's cost, which grows with its columns plus a fixed part (pipeline
-// fill and epilogue) worth about 32 columns, and with its K blocks plus, split, the partials' cost.
+// fill and epilogue) worth about 32 columns, and with its K blocks plus, split, the partials' cost
+// (the model's and the op's surcharge).
 double relative_time(const TileGrid& grid, const DeviceInfo& device, int block_m, int block_n, int num_k_blocks,
-                     int splits, bool stores_tiles) {
+                     int splits, const TileTraits& op) {
   const int64_t steps = grid.tiles(block_m, block_n) * splits;
   const int64_t waves = (steps + device.num_sms - 1) / device.num_sms;
   constexpr double kFixedCols = 32;
   double split_cost = 0;
   if (splits > 1) {
-    split_cost = kSplitCostKBlocks + kSplitReadKBlocks * (splits - 1) +
-                 (block_m == 128 && stores_tiles ? kSplit128RowKBlocks : 0);
+    split_cost = kSplitCostKBlocks + kSplitReadKBlocks * (splits - 1) + op.split_surcharge(block_m);
   }
   const double k_blocks = (num_k_blocks + splits - 1) / splits + split_cost;
   return double(waves) * (block_m / 128.0) * (block_n + kFixedCols) * k_blocks;
@@ -77,7 +77,7 @@ bool can_split(const TileGrid& grid, const DeviceInfo& device, int block_m, int 
 // The splits for tiles of block_m x block_n: overrides.split_k's, or the fastest the config allows
 // (fewest where they tie); 1 where num_k_blocks is 0 (K never split). 0 where the forced ones cannot.
 int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides, int block_m,
-               int block_n, int num_k_blocks, bool stores_tiles) {
+               int block_n, int num_k_blocks, const TileTraits& op) {
   if (num_k_blocks == 0) return 1;
   if (overrides.split_k != 0) {
     return can_split(grid, device, block_m, block_n, num_k_blocks, overrides.split_k) ? overrides.split_k : 0;
@@ -85,8 +85,8 @@ int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverr
   int best = 1;
   for (int splits = 2; splits <= kMaxSplits && splits * kMinKBlocksPerSplit <= num_k_blocks; ++splits) {
     if (!can_split(grid, device, block_m, block_n, num_k_blocks, splits)) break;  // more tiles' steps than SMs
-    if (relative_time(grid, device, block_m, block_n, num_k_blocks, splits, stores_tiles) <
-        relative_time(grid, device, block_m, block_n, num_k_blocks, best, stores_tiles)) {
+    if (relative_time(grid, device, block_m, block_n, num_k_blocks, splits, op) <
+        relative_time(grid, device, block_m, block_n, num_k_blocks, best, op)) {
       best = splits;
     }
   }
@@ -99,12 +99,12 @@ int splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverr
 // 128-row tiles only: a split tail of 64 x 64 tiles (one consumer adding the partials alone)
 // measured 1.22-1.29x the time of whole 64 x 128 ones (M = 512, N = 1280, K = 2048).
 int tail_splits_for(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides, int block_m,
-                    int block_n, int num_k_blocks) {
+                    int block_n, int num_k_blocks, const TileTraits& op) {
   const int64_t tiles = grid.tiles(block_m, block_n);
   const int64_t tail = tiles % device.num_sms;
   if (overrides.split_k != 0 || block_m != 128 || tiles < device.num_sms || tail == 0) return 1;
   int best = 1;
-  double best_time = relative_time(grid, device, block_m, block_n, num_k_blocks, 1, /*stores_tiles=*/true);
+  double best_time = relative_time(grid, device, block_m, block_n, num_k_blocks, 1, op);
   for (int splits = 2; splits <= kMaxSplits && splits * kMinKBlocksPerSplit <= num_k_blocks; ++splits) {
     if (tail * splits > device.num_sms || int64_t(splits) * num_k_blocks >= (int64_t(1) << 31)) break;
     const double t = tail_split_time(grid, device, block_m, block_n, num_k_blocks, splits);
@@ -125,16 +125,6 @@ Status forced_splits_do_not_fit(const TileGrid& grid, const DeviceInfo& device, 
       std::to_string(device.num_sms) + " SMs, or than the " + std::to_string(num_k_blocks) + " K blocks");
 }
 
-// A tile the choice weighs: its shape, its splits of K (split_tail: only the tiles past the last
-// full wave are split), and its time by the model.
-struct Candidate {
-  int block_m = 0;
-  int block_n = 0;
-  int splits = 0;
-  bool split_tail = false;
-  double time = 0;
-};
-
 // Whether `a` beats `b`, the best so far (ties go to the earlier). A split tail beats the others
 // only by kTailMargin, and loses to them otherwise: the model's waves are coarse, and a close call
 // keeps the tiles that measured well.
@@ -145,139 +135,72 @@ bool beats(const Candidate& a, const Candidate& b) {
   return !(b.time < kTailMargin * a.time);
 }
 
-// What an op's variants say about the choice (Variants): the plain GEMM takes every variant; the
-// register epilogue and the plain GEMM the one-consumer 64 x 64 and 64 x 192 tiles; the ops that
-// store their tiles may split a tail and take 128 x 128 tiles on any band.
-struct ChoiceRules {
-  bool plain_gemm;
-  bool one_consumer;
-  bool stores_tiles;
-  bool storing_op;  // Variants::kStoringOps itself
-};
-
-ChoiceRules rules_of(Variants variants) {
-  const bool plain_gemm = variants == Variants::kAll;
-  return {plain_gemm, variants == Variants::kWithOneConsumer || plain_gemm,
-          variants == Variants::kStoringOps || plain_gemm, variants == Variants::kStoringOps};
+// Whether some variant `op` takes is `block_n` wide.
+bool takes_width(const TileTraits& op, int block_n) {
+  for (const GemmVariant& v : kGemmVariants) {
+    if (op.takes(v) && v.block_n == block_n) return true;
+  }
+  return false;
 }
 
-// One band of up to kSmallBandRows rows gets 64-row tiles too (small M: more CTAs on W; the plain
-// GEMM's up to kPlainGemmBandRows, where 128-row tiles in splits of K left the column-parallel
-// shapes at 0.63-0.83x cuBLAS's speed).
-constexpr int kSmallBandRows = 256;
-constexpr int kPlainGemmBandRows = 512;
-
-// The tile heights this output may take: 64-row tiles (the two consumers splitting the columns
-// instead of the rows) for a band of at most 64 rows, which would waste most of a 128-row tile, and
-// also for one band of at most kSmallBandRows (or kPlainGemmBandRows); 128-row tiles otherwise.
-// 0: none.
-std::array<int, 2> heights_of(const TileGrid& grid, const ChoiceRules& rules) {
-  if (grid.rows_per_band <= 64) return {64, 0};
-  if (grid.bands == 1 && grid.rows_per_band <= (rules.plain_gemm ? kPlainGemmBandRows : kSmallBandRows)) {
-    return {128, 64};
-  }
-  return {128, 0};
-}
-
-// The tile a candidate of the model runs as, where tiles measured faster than the model gives:
-// - one band of 129 .. kSmallBandRows rows streaming W, given whole 64-row tiles: 128 x 128 tiles in
-//   one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth fewer than 64 x 256
-//   at M = 256; measured faster at M = 192, 200 and 256), for the plain GEMM and the reduce-scatter's
-//   shared tiles; not for 64 x 192, which loads as few bytes a CTA on more CTAs;
-// - the plain GEMM above kSmallBandRows, given 64 x 256 tiles (whole or split), where 128-row tiles
-//   would not hold more rows past the band than they do: 128 x 128 tiles with their own splits,
-//   which load a quarter fewer bytes a step (measured faster on every such shape,
-//   docs/PERFORMANCE.md).
-Candidate runs_as(const Candidate& c, const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                  const ConfigOverrides& overrides, const ChoiceRules& rules, bool small_band) {
-  if (overrides.block_n != 0 || c.block_m != 64 || !small_band) return c;
-  Candidate r = c;
-  if (!rules.storing_op && c.block_n != 192 && c.splits == 1 && grid.rows_per_band > 128 &&
-      grid.rows_per_band <= kSmallBandRows && grid.tiles(128, 128) <= device.num_sms) {
-    r.block_m = 128;
-    r.block_n = 128;
-    return r;
-  }
-  const int64_t last_rows = grid.rows_per_band % 128;
-  if (rules.plain_gemm && c.block_n == 256 && grid.rows_per_band > kSmallBandRows &&
-      (last_rows == 0 || last_rows > 64)) {
-    const int s = splits_for(grid, device, overrides, 128, 128, num_k_blocks, rules.stores_tiles);
-    if (s != 0) {
-      r.block_m = 128;
-      r.block_n = 128;
-      r.splits = s;
-    }
-  }
-  return r;
-}
-
-// Calls fn(candidate) for every tile the output may take, in order (taller, then wider first): for
-// each height, 256 wide or narrower (128-row tiles 192 where 256-wide ones would leave SMs idle in
-// the last wave, M = 512, N = 6144, or where their splits of K fill the SMs better; 64-row tiles
-// 128 where twice the CTAs on W beat splits of K), and where the op takes them 128 x 128, 64 x 64
-// and 64 x 192; each whole or split by the model, and with whole tiles but for a last wave that
-// leaves SMs idle, also that wave's tiles split instead.
+// Calls fn(candidate) for each of `tiles` that `op` may run, in their order, whole or split by the
+// model (a forced width applies to the heights that list it): as the op runs it (its runs_as), and
+// where the op may split a tail and the tile is whole, also with only the tiles of a last wave that
+// leaves SMs idle split.
 template <class Fn>
-void for_each_candidate(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                        const ConfigOverrides& overrides, const ChoiceRules& rules, Fn&& fn) {
-  const std::array<int, 2> heights = heights_of(grid, rules);
-  const bool small_m = grid.bands * grid.rows_per_band <= kSmallBandRows;
-  for (const int height : heights) {
-    if (height == 0) continue;
-    const int narrow = height == 128 ? 192 : 128;
-    // One consumer's 64 x 64 and 64 x 192 tiles; 128 x 128 where the epilogue stores the tiles
-    // (whole or split, they measured faster where they make about a wave that 128 x 256 tiles make
-    // only in splits: M = 2048, N = 1024, K = 6144), and for the reduce-scatter at M <= 256, where
-    // they make one wave that wider ones leave part-idle (measured there only).
-    const int narrowest = height == 64 ? (rules.one_consumer ? 64 : 0) : rules.stores_tiles || small_m ? 128 : 0;
-    const int one_consumer_wide = rules.one_consumer && height == 64 ? 192 : 0;
-    for (const int width : {256, narrow, narrowest, one_consumer_wide}) {
-      if (width == 0) continue;
-      // A forced width applies to the heights that have it.
-      const bool forced = overrides.block_n == 256 || overrides.block_n == narrow ||
-                          (narrowest != 0 && overrides.block_n == narrowest) ||
-                          (one_consumer_wide != 0 && overrides.block_n == one_consumer_wide);
-      if (forced && width != overrides.block_n) continue;
-      // 64 x 192 whole only: split, its one consumer's epilogue adds the partials alone (64 x 192
-      // tiles in 2 splits measured 1.31x the time of 64 x 128 whole at M = 128, N = 6144, K = 2048).
-      const bool whole_only = width == one_consumer_wide && overrides.split_k == 0;
-      const int s = whole_only ? 1 : splits_for(grid, device, overrides, height, width, num_k_blocks,
-                                                rules.stores_tiles);
-      if (s == 0) continue;
-      Candidate c{height, width, s, false,
-                  relative_time(grid, device, height, width, std::max(num_k_blocks, 1), s, rules.stores_tiles)};
-      fn(runs_as(c, grid, num_k_blocks, device, overrides, rules, heights[1] == 64));
-      if (s == 1 && !whole_only && num_k_blocks > 0 && rules.stores_tiles) {
-        const int ts = tail_splits_for(grid, device, overrides, height, width, num_k_blocks);
-        if (ts > 1) fn(Candidate{height, width, ts, true, tail_split_time(grid, device, height, width, num_k_blocks, ts)});
+void for_each_candidate(const TileChoice& choice, const TileTraits& op, const std::vector<TileShape>& tiles,
+                        Fn&& fn) {
+  const TileGrid& grid = choice.grid;
+  const DeviceInfo& device = choice.device;
+  const ConfigOverrides& overrides = choice.overrides;
+  const int num_k_blocks = choice.num_k_blocks;
+  const auto listed = [&](int height, int width) {
+    return std::any_of(tiles.begin(), tiles.end(),
+                       [&](const TileShape& t) { return t.block_m == height && (width == 0 || t.block_n == width); });
+  };
+  const bool small_band = listed(128, /*any width*/ 0) && listed(64, 0);  // both heights: one small band
+  for (const TileShape& t : tiles) {
+    if (overrides.block_n != 0 && listed(t.block_m, overrides.block_n) && t.block_n != overrides.block_n) continue;
+    const bool whole_only = t.whole_k && overrides.split_k == 0;
+    const int s = whole_only ? 1 : splits_for(grid, device, overrides, t.block_m, t.block_n, num_k_blocks, op);
+    if (s == 0) continue;
+    const Candidate c{t.block_m, t.block_n, s, false,
+                      relative_time(grid, device, t.block_m, t.block_n, std::max(num_k_blocks, 1), s, op)};
+    fn(overrides.block_n == 0 && c.block_m == 64 && small_band ? op.runs_as(c, choice) : c);
+    if (s == 1 && !whole_only && num_k_blocks > 0 && op.splits_tail()) {
+      const int ts = tail_splits_for(grid, device, overrides, t.block_m, t.block_n, num_k_blocks, op);
+      if (ts > 1) {
+        fn(Candidate{t.block_m, t.block_n, ts, true,
+                     tail_split_time(grid, device, t.block_m, t.block_n, num_k_blocks, ts)});
       }
     }
   }
 }
 
-// The common choice: num_k_blocks = 0 never splits K; `variants` are those the op takes.
-Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                     const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                     GemmConfig* config) {
+// The common choice: the best of the op's candidates by the model, then its variant.
+Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig* config) {
+  const TileGrid& grid = choice.grid;
+  const DeviceInfo& device = choice.device;
+  const ConfigOverrides& overrides = choice.overrides;
+  const int num_k_blocks = choice.num_k_blocks;
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
   if (device.cc_major != 9) {
     return Status::Unsupported("tpfuse's kernels need a Hopper GPU (compute capability 9.0); this one is " +
                                std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
   }
   TPFUSE_RETURN_IF_ERROR(validate(overrides));
-  const ChoiceRules rules = rules_of(variants);
-  const bool plain_gemm = rules.plain_gemm, one_consumer = rules.one_consumer, stores_tiles = rules.stores_tiles;
-  if (!one_consumer && overrides.block_n == 64) {
+  if (overrides.block_n == 64 && !takes_width(op, 64)) {
     return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's and the register "
                                    "epilogue's only (the fused ops take 128, 192 or 256)");
   }
   // The tile this output wants: the best candidate by the model.
+  const std::vector<TileShape> tiles = op.candidates(grid);
   Candidate wanted;
-  for_each_candidate(grid, num_k_blocks, device, overrides, rules, [&](const Candidate& c) {
+  for_each_candidate(choice, op, tiles, [&](const Candidate& c) {
     if (wanted.splits == 0 || beats(c, wanted)) wanted = c;
   });
   if (wanted.splits == 0) {
-    return forced_splits_do_not_fit(grid, device, overrides, heights_of(grid, rules)[0], 256, num_k_blocks);
+    return forced_splits_do_not_fit(grid, device, overrides, tiles.front().block_m, 256, num_k_blocks);
   }
   const int block_m = wanted.block_m, block_n = wanted.block_n;
   int splits = wanted.splits;
@@ -290,13 +213,11 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
       block_m == 128 && block_n == 256 && !split_tail && grid.tiles(128, 256) * splits <= device.num_sms;
 
   // The best variant that fits: that tile and staging, else that tile, else any; deeper first.
+  const SmemByVariant& smem = op.smem();
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
-    const bool taken = plain_gemm || (one_consumer        ? register_epilogue_takes(v)
-                                      : stores_tiles      ? storing_ops_take(v)
-                                                          : fused_ops_take(v));
-    if (smem[i] > size_t(device.max_smem_per_block) || !taken || v.dtype != grid.dtype) continue;
+    if (smem[i] > size_t(device.max_smem_per_block) || !op.takes(v) || v.dtype != grid.dtype) continue;
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
     const int rank = (4 * same_tile + 2 * same_staging) * 16 + v.stages;
@@ -315,7 +236,7 @@ Status select_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& d
   const GemmVariant& chosen = kGemmVariants[best];
   if (chosen.block_m != block_m || chosen.block_n != block_n) {
     split_tail = false;
-    splits = splits_for(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks, stores_tiles);
+    splits = splits_for(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks, op);
     if (splits == 0) {
       return forced_splits_do_not_fit(grid, device, overrides, chosen.block_m, chosen.block_n, num_k_blocks);
     }
@@ -344,15 +265,44 @@ std::string GemmConfig::to_string() const {
   return os.str();
 }
 
+double StoredTileTraits::split_surcharge(int block_m) const { return block_m == 128 ? kSplit128RowKBlocks : 0; }
+
+std::vector<int> tile_heights(const TileGrid& grid, int64_t small_band_rows) {
+  if (grid.rows_per_band <= 64) return {64};
+  if (grid.bands == 1 && grid.rows_per_band <= small_band_rows) return {128, 64};
+  return {128};
+}
+
+void add_wide_tiles(int height, std::vector<TileShape>* tiles) {
+  tiles->push_back({height, 256});
+  tiles->push_back({height, height == 128 ? 192 : 128});
+}
+
+void add_one_consumer_tiles(std::vector<TileShape>* tiles) {
+  tiles->push_back({64, 64});
+  tiles->push_back({64, 192, /*whole_k=*/true});
+}
+
+Candidate one_wave_of_128x128(const Candidate& c, const TileChoice& choice) {
+  const TileGrid& grid = choice.grid;
+  if (c.block_n == 192 || c.splits != 1 || grid.rows_per_band <= 128 || grid.rows_per_band > kSmallBandRows ||
+      grid.tiles(128, 128) > choice.device.num_sms) {
+    return c;
+  }
+  Candidate r = c;
+  r.block_m = 128;
+  r.block_n = 128;
+  return r;
+}
+
 Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
-                          const SmemByVariant& smem, GemmConfig* config) {
-  return select_config(grid, /*num_k_blocks=*/0, device, overrides, smem, Variants::kFusedOps, config);
+                          const TileTraits& op, GemmConfig* config) {
+  return select_config({grid, /*num_k_blocks=*/0, device, overrides}, op, config);
 }
 
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                                  const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                                  GemmConfig* config) {
-  return select_config(grid, std::max(num_k_blocks, 1), device, overrides, smem, variants, config);
+                                  const ConfigOverrides& overrides, const TileTraits& op, GemmConfig* config) {
+  return select_config({grid, std::max(num_k_blocks, 1), device, overrides}, op, config);
 }
 
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides) {
@@ -381,15 +331,57 @@ int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigO
   return 64;
 }
 
+namespace {
+
+// The plain GEMM's one band of up to this many rows gets 64-row tiles too: there 128-row tiles in
+// splits of K left the column-parallel shapes at 0.63-0.83x cuBLAS's speed.
+constexpr int kPlainGemmBandRows = 512;
+
+// The plain GEMM's tile traits: every compiled variant, every tile of the table. Its epilogue stores
+// its tiles (StoredTileTraits), on 128 x 128 tiles too on any band: whole or split, they measured
+// faster where they make about a wave that 128 x 256 tiles make only in splits (M = 2048, N = 1024,
+// K = 6144).
+class PlainGemmTiles final : public StoredTileTraits {
+ public:
+  const SmemByVariant& smem() const override {
+    static constexpr SmemByVariant kSmem = smem_bytes_by_variant<NoOpSync>();
+    return kSmem;
+  }
+  bool takes(const GemmVariant&) const override { return true; }
+  std::vector<TileShape> candidates(const TileGrid& grid) const override {
+    std::vector<TileShape> tiles;
+    for (const int height : tile_heights(grid, kPlainGemmBandRows)) {
+      add_wide_tiles(height, &tiles);
+      if (height == 128) tiles.push_back({128, 128});
+      if (height == 64) add_one_consumer_tiles(&tiles);
+    }
+    return tiles;
+  }
+  // Up to kSmallBandRows rows, one wave of 128 x 128 tiles as the reduce-scatter's shared tiles
+  // (one_wave_of_128x128). Above, given 64 x 256 tiles (whole or split), where 128-row tiles would
+  // not hold more rows past the band than they do: 128 x 128 tiles with their own splits, which load
+  // a quarter fewer bytes a step (measured faster on every such shape, docs/PERFORMANCE.md).
+  Candidate runs_as(const Candidate& c, const TileChoice& choice) const override {
+    const TileGrid& grid = choice.grid;
+    if (grid.rows_per_band <= kSmallBandRows) return one_wave_of_128x128(c, choice);
+    const int64_t last_rows = grid.rows_per_band % 128;
+    if (c.block_n != 256 || (last_rows != 0 && last_rows <= 64)) return c;
+    const int splits =
+        splits_for(grid, choice.device, choice.overrides, 128, 128, choice.num_k_blocks, *this);
+    return splits == 0 ? c : Candidate{128, 128, splits, false, c.time};
+  }
+};
+
+}  // namespace
+
 Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides,
                                 GemmConfig* config) {
-  static constexpr SmemByVariant kSmem = smem_bytes_by_variant<NoOpSync>();
   TileGrid grid;
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   grid.dtype = problem.dtype;
   const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-  return select_config(grid, std::max(int(num_k_blocks), 1), device, overrides, kSmem, Variants::kAll, config);
+  return select_config({grid, std::max(int(num_k_blocks), 1), device, overrides}, PlainGemmTiles(), config);
 }
 
 }  // namespace tpfuse

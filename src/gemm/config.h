@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/device_info.h"
 #include "gemm/variants.h"
@@ -45,35 +46,109 @@ struct GemmConfig {
 // Dynamic shared memory an op's kernel needs, for each variant (smem_bytes_by_variant<OpSync>()).
 using SmemByVariant = std::array<size_t, kNumGemmVariants>;
 
-// Picks the variant for an output cut as `grid`: 64-row tiles for bands of at most 64 rows, else
-// 128-row tiles, 256 or 192 wide (whichever leaves fewer SMs idle in the last wave, or
-// overrides.block_n), a fourth stage for a single wave of 128 x 256 tiles; the deepest compiled
-// variant of that tile that fits the device's shared memory, else any that fits. Fails (never
-// aborts) on a device that is not Hopper or where no variant fits. Sets every field but group_rows.
-// Never splits K (split_k = 1): for an op whose epilogue takes whole tiles.
-Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
-                          const SmemByVariant& smem, GemmConfig* config);
+// A tile an op may run: its shape, and whether its K loop stays whole where the splits are not
+// forced (overrides.split_k).
+struct TileShape {
+  int block_m = 0;
+  int block_n = 0;
+  bool whole_k = false;
+};
 
-// The variants an op's kernel is compiled for (gemm/variants.h): the fused ops' (two consumers),
-// those and the 64-row tiles of one consumer (register_epilogue_takes), those and 128 x 128 tiles
-// (storing_ops_take: an op whose epilogue stores its tiles as the plain GEMM does, the all-gather),
-// or all (the plain GEMM's). The last two store their tiles, and only they may take a split tail
-// (gemm/split_k.h) and 128 x 128 tiles on any band, by a split model measured on them; the others
-// hand their tiles on whole (the reduce-scatter's pushes).
-enum class Variants { kFusedOps, kWithOneConsumer, kStoringOps, kAll };
+// A tile the choice weighs: its shape, its splits of K (split_tail: only the tiles past the last
+// full wave are split), and its time by the model.
+struct Candidate {
+  int block_m = 0;
+  int block_n = 0;
+  int splits = 0;
+  bool split_tail = false;
+  double time = 0;
+};
+
+// What a choice is about: an output cut as `grid`, its K loop of num_k_blocks (0: never split), the
+// device and the overrides.
+struct TileChoice {
+  const TileGrid& grid;
+  int num_k_blocks;
+  const DeviceInfo& device;
+  const ConfigOverrides& overrides;
+};
+
+// An op's part in the choice of its GEMM config (its tile traits): the compiled variants its
+// kernel takes and their shared memory, the tiles it may run, and its hooks into the model's costs.
+// The choice weighs each candidate by one model of waves (gemm/config.cpp) through these. Each op's
+// config defines its own; the plain GEMM's is in gemm/config.cpp.
+class TileTraits {
+ public:
+  virtual ~TileTraits() = default;
+  // The dynamic shared memory of its kernel, for each variant (smem_bytes_by_variant<OpSync>()).
+  virtual const SmemByVariant& smem() const = 0;
+  // Whether it runs variant v (one its kernel is compiled for, gemm/variants.h).
+  virtual bool takes(const GemmVariant& v) const = 0;
+  // The tiles it may run on `grid`, the taller first and each height's widest first (ties go to the
+  // earlier); a forced width (overrides.block_n) applies to the heights that list it.
+  virtual std::vector<TileShape> candidates(const TileGrid& grid) const = 0;
+  // K blocks a split step of a block_m-row tile costs beyond the model's own (its epilogue's part).
+  virtual double split_surcharge(int /*block_m*/) const { return 0; }
+  // Whether the tiles past the last full wave alone may be split, the others whole.
+  virtual bool splits_tail() const { return false; }
+  // The tile a weighed 64-row candidate runs as where the output is one small band (both heights
+  // among the candidates) and the width is not forced: another where it measured faster than the
+  // model gives.
+  virtual Candidate runs_as(const Candidate& c, const TileChoice& /*choice*/) const { return c; }
+};
+
+// The hooks of an op whose epilogue stores its tiles as the plain GEMM's does (the plain GEMM, the
+// all-gather): splits of 128-row tiles cost more than the model's, and a split tail may be taken.
+class StoredTileTraits : public TileTraits {
+ public:
+  double split_surcharge(int block_m) const override;
+  bool splits_tail() const override { return true; }
+};
+
+// One band of up to kSmallBandRows rows may take 64-row tiles too (small M: more CTAs on W).
+constexpr int kSmallBandRows = 256;
+
+// The tile heights an output may take: 64 for bands of at most 64 rows, which would waste most of
+// a 128-row tile (the two consumers then split the columns instead of the rows); 128 and 64 for one
+// band of at most `small_band_rows`; else 128.
+std::vector<int> tile_heights(const TileGrid& grid, int64_t small_band_rows);
+
+// Every op's widths of a height: 256, then 192 for 128-row tiles (where 256-wide ones would leave
+// SMs idle in the last wave, M = 512, N = 6144, or where their splits of K fill the SMs better) and
+// 128 for 64-row ones (twice the CTAs on W, where that beats splits of K).
+void add_wide_tiles(int height, std::vector<TileShape>* tiles);
+
+// The 64-row tiles of one consumer, for an epilogue that hands no slab on (the plain GEMM's, the
+// reduce-scatter's from registers): 64 x 64 (four times the CTAs on W without splitting K) and
+// 64 x 192 whole (split, its one consumer adds the partials alone: in 2 splits it measured 1.31x
+// the time of 64 x 128 whole at M = 128, N = 6144, K = 2048).
+void add_one_consumer_tiles(std::vector<TileShape>* tiles);
+
+// A whole 64-row candidate on one band of 129 .. kSmallBandRows rows streaming W: 128 x 128 tiles in
+// one wave instead, two row tiles, so that each CTA loads fewer bytes (a fifth fewer than 64 x 256
+// at M = 256; measured faster at M = 192, 200 and 256); not for 64 x 192, which loads as few bytes
+// a CTA on more CTAs. `c` elsewhere.
+Candidate one_wave_of_128x128(const Candidate& c, const TileChoice& choice);
+
+// Picks the variant for an output cut as `grid`, the best of `op`'s candidate tiles by the model:
+// the fewest waves of the cheapest steps (or overrides.block_n's width), a fourth stage for a single
+// wave of 128 x 256 tiles; the deepest compiled variant of that tile that fits the device's shared
+// memory, else any that fits. Fails (never aborts) on a device that is not Hopper or where no
+// variant fits. Sets every field but group_rows. Never splits K (split_k = 1): for an op whose
+// epilogue takes whole tiles.
+Status select_gemm_config(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
+                          const TileTraits& op, GemmConfig* config);
 
 // The same for an op that can split K (gemm/split_k.h) over num_k_blocks K blocks: where a tile's
 // steps would leave SMs idle, each tile's K loop in S splits, a step each, at most one wave of
 // steps in all (so at most device.num_sms steps: the split workspace's size), each split at least
 // a few K blocks, the tile and S the fastest by the same model of waves (or overrides.split_k:
-// 1 never splits, S >= 2 splits in S and fails where that is more steps than SMs or than K blocks),
-// over `variants`. Where those store their tiles (kStoringOps, kAll) the 128-row tiles may also be
-// 128 wide on any band, and with no forced splits, where the tiles take more than a wave and the
-// last one leaves SMs idle, the tiles of that last wave alone may be split instead (whole_tiles >
-// 0), by the same model.
+// 1 never splits, S >= 2 splits in S and fails where that is more steps than SMs or than K blocks).
+// Where the op's hooks allow (splits_tail), with no forced splits, where the tiles take more than
+// a wave and the last one leaves SMs idle, the tiles of that last wave alone may be split instead
+// (whole_tiles > 0), by the same model.
 Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const DeviceInfo& device,
-                                  const ConfigOverrides& overrides, const SmemByVariant& smem, Variants variants,
-                                  GemmConfig* config);
+                                  const ConfigOverrides& overrides, const TileTraits& op, GemmConfig* config);
 
 // Row tiles per raster group when the CTAs at work at one time hold tiles of `segments_in_flight`
 // row segments (1 for the plain GEMM, P for the reduce-scatter's rounds), or overrides.group_rows.

@@ -68,7 +68,7 @@ constexpr bool register_epilogue_takes(const GemmVariant& v) {
   return fused_ops_take(v) || (v.block_m == kSlabRows && v.consumers == 1);
 }
 // The fused ops' and the 128 x 128 tiles: an op whose epilogue stores its tiles as the plain GEMM
-// does (the all-gather's; gemm/config.h, Variants::kStoringOps).
+// does (the all-gather's; its tile traits, ops/ag_gemm/config.cpp).
 constexpr bool storing_ops_take(const GemmVariant& v) { return v.storing_ops; }
 static_assert([] {
   for (const GemmVariant& v : kGemmVariants) {

@@ -1,6 +1,6 @@
 // One launch path for the fused ops: the checks every call makes, the config choice, the kernel
-// variant, the grid on each rank's GPU (or one cooperative grid for ranks emulated on one GPU), the
-// per-rank parameters and the launch. An op supplies its traits, a struct `Op` with:
+// variant, the grid on each rank's GPU, the per-rank parameters and the launch. An op supplies its
+// traits, a struct `Op` with:
 //
 //   using Problem, Config, Operands;     its problem, its config (with a GemmConfig `gemm`), the
 //                                        operand arrays of a call (one entry per local rank)
@@ -13,6 +13,17 @@
 //                                        parameter) and kernel<kLocalRanks>() (the __global__)
 //   make_rank_params<Config>(comm, rank, problem, config, operands, i, split, &params)
 //   after_launch(comm, problem, local_ranks, operands, streams, emulated)   what follows the kernel
+//
+// Where the ranks run is the launch's placement, a struct with:
+//
+//   static constexpr bool kEmulates;     whether it runs ranks that share a device (else launch_op
+//                                        refuses them)
+//   launch<Kernel>(call, smem)           launches the kernel for every rank of an OpCall
+//
+// The library has one, OneRankPerDevice: every rank a persistent grid of its own on its GPU (the
+// kernels' Launch<1>), and calls whose ranks share a device fail with kUnsupported. Only the testing
+// library emulates those (testing/emulated_ranks.cuh): its placement instantiates the kernels for
+// several ranks, so the library ships none of them.
 //
 // Host code only: the kernels are the ops' own.
 #pragma once
@@ -96,9 +107,67 @@ Status launch_op_kernel(const char* name, const typename Kernel::template Launch
                                    smem, cooperative, stream);
 }
 
-// Launches the op for the local ranks listed in `local_ranks` (indices into comm->ranks), with their
-// operands; ranks emulated on one device share one cooperative launch on the first of their streams.
+// A checked call of an op, its config chosen: what a placement launches.
 template <class Op>
+struct OpCall {
+  const Communicator& comm;
+  const typename Op::Problem& problem;
+  const std::vector<int>& local_ranks;
+  const typename Op::Operands& operands;
+  const cudaStream_t* streams;
+  const typename Op::Config& config;
+  int num_sms;    // of the first rank's device
+  bool emulated;  // some of its ranks share a device
+  bool debug;
+};
+
+// "ranks 0 and 2 share device 1" for the first two of `local_ranks` on one device; empty where each
+// has a device of its own.
+inline std::string shared_device(const Communicator& comm, const std::vector<int>& local_ranks) {
+  for (size_t j = 1; j < local_ranks.size(); ++j) {
+    for (size_t i = 0; i < j; ++i) {
+      const RankState& a = comm.ranks[local_ranks[i]];
+      const RankState& b = comm.ranks[local_ranks[j]];
+      if (a.device == b.device) {
+        return "ranks " + std::to_string(a.rank) + " and " + std::to_string(b.rank) + " share device " +
+               std::to_string(a.device);
+      }
+    }
+  }
+  return "";
+}
+
+// The library's placement: each rank on a device of its own, in a persistent grid of its own there,
+// its parameters indexed at compile time (Launch<1>).
+struct OneRankPerDevice {
+  static constexpr bool kEmulates = false;
+
+  template <class Kernel, class Op>
+  static Status launch(const OpCall<Op>& call, size_t smem) {
+    using Config = typename Kernel::Config;
+    for (size_t i = 0; i < call.local_ranks.size(); ++i) {
+      const RankState& rank = call.comm.ranks[call.local_ranks[i]];
+      TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
+      typename Kernel::template Launch<1> launch{};
+      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(Kernel::template kernel<1>(), smem, call.config.gemm.num_ctas,
+                                                    &launch.ctas_per_rank)));
+      const typename Op::Config rank_config = Op::config_that_fits(call.problem, call.config, launch.ctas_per_rank);
+      SplitKWorkspace split;
+      if (rank_config.gemm.split_k > 1) {
+        TPFUSE_RETURN_IF_ERROR(split_k_workspace(call.streams[i], call.num_sms, &split));
+      }
+      TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(call.comm, rank, call.problem, rank_config,
+                                                                   call.operands, int(i), split, &launch.ranks[0]));
+      TPFUSE_RETURN_IF_ERROR((launch_op_kernel<Kernel, 1>(Op::kName, launch, 1, smem, /*cooperative=*/false,
+                                                          call.debug, call.streams[i])));
+    }
+    return Status::Ok();
+  }
+};
+
+// Launches the op for the local ranks listed in `local_ranks` (indices into comm->ranks), with their
+// operands, where `Placement` puts them.
+template <class Op, class Placement = OneRankPerDevice>
 Status launch_op(Communicator* comm, const typename Op::Problem& problem, const std::vector<int>& local_ranks,
                  const typename Op::Operands& operands, const cudaStream_t* streams,
                  const ConfigOverrides& overrides) {
@@ -106,15 +175,15 @@ Status launch_op(Communicator* comm, const typename Op::Problem& problem, const 
   TPFUSE_RETURN_IF_ERROR(check_call_ranks(*comm, problem.world_size, local_ranks));
   TPFUSE_RETURN_IF_ERROR(validate(problem));
   TPFUSE_RETURN_IF_ERROR(Op::check(*comm, problem, local_ranks.size(), operands, streams));
+  const std::string shared = shared_device(*comm, local_ranks);
+  if (!shared.empty() && !Placement::kEmulates) {
+    return Status::Unsupported(shared + ": tpfuse runs one rank per device; ranks that share a device are emulated "
+                               "only by its testing library, for tests");
+  }
   bool debug = false;
   TPFUSE_RETURN_IF_ERROR(debug_logging(&debug));
-  const int num_ranks = int(local_ranks.size());
-  const RankState& first = comm->ranks[local_ranks[0]];
-  bool one_device = true;
-  for (int i : local_ranks) one_device = one_device && comm->ranks[i].device == first.device;
-  const bool emulated = num_ranks > 1 && one_device;
 
-  TPFUSE_CUDA_TRY(cudaSetDevice(first.device));
+  TPFUSE_CUDA_TRY(cudaSetDevice(comm->ranks[local_ranks[0]].device));
   DeviceInfo device;
   TPFUSE_RETURN_IF_ERROR(current_device_info(&device));
   typename Op::Config config;
@@ -124,53 +193,15 @@ Status launch_op(Communicator* comm, const typename Op::Problem& problem, const 
                  overrides.to_string().c_str(), config.to_string().c_str());
   }
 
+  const OpCall<Op> call{*comm, problem, local_ranks, operands, streams, config, device.num_sms, !shared.empty(), debug};
   const Status launched = Op::with_kernel(problem, config, [&](auto kernel) -> Status {
     using Kernel = decltype(kernel);
-    using Config = typename Kernel::Config;
     size_t smem = 0;
-    TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<Config>(config.gemm, &smem));
-    if (emulated) {
-      // Ranks emulated on one GPU: one cooperative launch, the SMs split evenly among them.
-      typename Kernel::template Launch<kMaxWorldSize> launch{};
-      int ctas = 0;
-      TPFUSE_RETURN_IF_ERROR(
-          (resident_grid<Config>(Kernel::template kernel<kMaxWorldSize>(), smem, config.gemm.num_ctas, &ctas)));
-      launch.ctas_per_rank = ctas / num_ranks;
-      if (launch.ctas_per_rank == 0) {
-        return Status::InvalidArgument(std::to_string(num_ranks) + " emulated ranks do not fit on one GPU's " +
-                                       std::to_string(ctas) + " resident CTAs");
-      }
-      const typename Op::Config rank_config = Op::config_that_fits(problem, config, launch.ctas_per_rank);
-      SplitKWorkspace split;
-      // Sized for the device's SMs, as the plain GEMM's on the same stream (the two share it).
-      if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[0], device.num_sms, &split));
-      for (int i = 0; i < num_ranks; ++i) {
-        TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(
-            *comm, comm->ranks[local_ranks[i]], problem, rank_config, operands, i,
-            emulated_rank_part(split, i, launch.ctas_per_rank), &launch.ranks[i]));
-      }
-      return launch_op_kernel<Kernel, kMaxWorldSize>(Op::kName, launch, num_ranks, smem, /*cooperative=*/true, debug,
-                                                      streams[0]);
-    }
-    // One rank per GPU: a persistent grid of its own on each.
-    for (int i = 0; i < num_ranks; ++i) {
-      const RankState& rank = comm->ranks[local_ranks[i]];
-      TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
-      typename Kernel::template Launch<1> launch{};
-      TPFUSE_RETURN_IF_ERROR(
-          (resident_grid<Config>(Kernel::template kernel<1>(), smem, config.gemm.num_ctas, &launch.ctas_per_rank)));
-      const typename Op::Config rank_config = Op::config_that_fits(problem, config, launch.ctas_per_rank);
-      SplitKWorkspace split;
-      if (rank_config.gemm.split_k > 1) TPFUSE_RETURN_IF_ERROR(split_k_workspace(streams[i], device.num_sms, &split));
-      TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(*comm, rank, problem, rank_config, operands, i,
-                                                                   split, &launch.ranks[0]));
-      TPFUSE_RETURN_IF_ERROR(
-          (launch_op_kernel<Kernel, 1>(Op::kName, launch, 1, smem, /*cooperative=*/false, debug, streams[i])));
-    }
-    return Status::Ok();
+    TPFUSE_RETURN_IF_ERROR(kernel_smem_bytes<typename Kernel::Config>(config.gemm, &smem));
+    return Placement::template launch<Kernel>(call, smem);
   });
   TPFUSE_RETURN_IF_ERROR(launched);
-  return Op::after_launch(*comm, problem, local_ranks, operands, streams, emulated);
+  return Op::after_launch(*comm, problem, local_ranks, operands, streams, call.emulated);
 }
 
 // The public entry points of an op: a communicator of one rank (`operands` holds its one rank's), or

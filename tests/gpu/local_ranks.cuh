@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <numeric>
+#include <string>
 #include <vector>
 
 #include "gpu_testing.cuh"
@@ -83,12 +85,36 @@ struct LocalRanks {
   }
 };
 
+// Local ranks 0 .. count-1: a call's ranks (emulated where they share a device,
+// testing/emulated_ranks.h), all of them or the first ones only (the others never run: a missing peer).
+inline std::vector<int> first_ranks(int count) {
+  std::vector<int> ranks(count);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
+}
+
 // The device pointers of ranks [0, count) of `arrays`.
 template <class Pointer, class RankArrays>
 std::vector<Pointer> pointers(const RankArrays& arrays, int count) {
   std::vector<Pointer> result;
   for (int r = 0; r < count; ++r) result.push_back(arrays[r]->ptr);
   return result;
+}
+
+// Ranks 0 and 1 of `ranks`, both on device 0: the library's call of them (`library_call`) returns
+// kUnsupported, naming them and the testing library, which alone emulates ranks that share a
+// device, as the fixture's run does.
+template <class Ranks, class LibraryCall>
+void expect_only_testing_emulates(Ranks& ranks, LibraryCall&& library_call) {
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 1);
+  const Status s = library_call();
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("ranks 0 and 1 share device 0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("testing library"), std::string::npos) << s.message();
+  const Status emulated = ranks.run(ranks.problem);
+  EXPECT_TRUE(emulated.ok()) << emulated.to_string();
+  ASSERT_CUDA(ranks.synchronize());
 }
 
 }  // namespace tpfuse::testing

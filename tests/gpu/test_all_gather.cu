@@ -14,7 +14,7 @@
 #include "local_ranks.cuh"
 #include "core/device_info.h"
 #include "ops/ag_gemm/config.h"
-#include "ops/ag_gemm/launch.h"
+#include "testing/emulated_ranks.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::testing {
@@ -48,12 +48,14 @@ struct AllGatherRanks : LocalRanks<AllGatherProblem> {
     });
   }
 
+  // Every rank, emulated where they share a device (testing/emulated_ranks.h).
   Status run(const AllGatherProblem& p, bool want_gathered = true, const ConfigOverrides& overrides = {}) {
     const auto xp = pointers<const void*>(x, p.world_size), wp = pointers<const void*>(w, p.world_size);
     const auto yp = pointers<void*>(y, p.world_size);
     std::vector<void*> gp = pointers<void*>(gathered, p.world_size);
     if (!want_gathered) gp.assign(gp.size(), nullptr);
-    return all_gather_gemm_local(comm, p, xp.data(), wp.data(), yp.data(), gp.data(), streams.data(), overrides);
+    return launch_all_gather(comm, p, first_ranks(p.world_size), xp.data(), wp.data(), yp.data(), gp.data(),
+                             streams.data(), overrides);
   }
 
   // The gathered X of problem `p` (m x k) on the host: every rank's rows in rank order.
@@ -321,10 +323,8 @@ Status launch_all_but_the_last(AllGatherRanks& ranks, const AllGatherProblem& p,
   const int count = p.world_size - 1;
   const auto x = pointers<const void*>(ranks.x, count), w = pointers<const void*>(ranks.w, count);
   const auto y = pointers<void*>(ranks.y, count);
-  std::vector<int> launched;
-  for (int r = 0; r < count; ++r) launched.push_back(r);
-  return launch_all_gather(ranks.comm, p, launched, x.data(), w.data(), y.data(), nullptr, ranks.streams.data(),
-                           overrides);
+  return launch_all_gather(ranks.comm, p, first_ranks(count), x.data(), w.data(), y.data(), nullptr,
+                           ranks.streams.data(), overrides);
 }
 
 // A rank that never launches: its peers must fail with kPeerTimeout within the timeout, not hang.
@@ -400,6 +400,18 @@ TEST(AllGatherErrors, BadCallsAreReported) {
   s = all_gather_gemm_local(rs_only, p, xs.data(), ws.data(), ys.data(), nullptr, ranks.streams.data());
   EXPECT_NE(s.message().find("max_k 0"), std::string::npos) << s.message();
   EXPECT_TRUE(communicator_destroy(rs_only).ok());
+}
+
+// The library runs one rank per device: its call refuses ranks that share one, which only the
+// testing library emulates.
+TEST(AllGatherErrors, LibraryRefusesRanksSharingADevice) {
+  AllGatherRanks ranks(AllGatherProblem{512, 512, 64, 2, WeightLayout::kNxK});
+  expect_only_testing_emulates(ranks, [&] {
+    const auto x = pointers<const void*>(ranks.x, 2), w = pointers<const void*>(ranks.w, 2);
+    const auto y = pointers<void*>(ranks.y, 2);
+    return all_gather_gemm_local(ranks.comm, ranks.problem, x.data(), w.data(), y.data(), nullptr,
+                                 ranks.streams.data());
+  });
 }
 
 // One rank per GPU (the largest power of two of the visible GPUs, at most 8).

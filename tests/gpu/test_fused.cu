@@ -15,7 +15,7 @@
 #include "local_ranks.cuh"
 #include "core/device_info.h"
 #include "ops/gemm_rs/config.h"
-#include "ops/gemm_rs/launch.h"
+#include "testing/emulated_ranks.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::testing {
@@ -44,19 +44,14 @@ struct ReduceScatterRanks : LocalRanks<Problem> {
     on_each_rank([&](int r) { poison(out[r]->ptr, out[r]->count); });
   }
 
-  Status run(const Problem& p, const ConfigOverrides& overrides = {}) {
-    const auto ap = pointers<const void*>(a, p.world_size), wp = pointers<const void*>(w, p.world_size);
-    const auto op = pointers<void*>(out, p.world_size);
-    return gemm_reduce_scatter_local(comm, p, ap.data(), wp.data(), op.data(), streams.data(), overrides);
-  }
+  // Every rank, emulated where they share a device (testing/emulated_ranks.h).
+  Status run(const Problem& p, const ConfigOverrides& overrides = {}) { return run_first(p.world_size, p, overrides); }
 
   // Launches ranks 0 .. count-1 only: the others never run (a missing peer).
   Status run_first(int count, const Problem& p, const ConfigOverrides& overrides = {}) {
     const auto ap = pointers<const void*>(a, count), wp = pointers<const void*>(w, count);
     const auto op = pointers<void*>(out, count);
-    std::vector<int> local;
-    for (int r = 0; r < count; ++r) local.push_back(r);
-    return launch_gemm_rs(comm, p, local, ap.data(), wp.data(), op.data(), streams.data(), overrides);
+    return launch_gemm_rs(comm, p, first_ranks(count), ap.data(), wp.data(), op.data(), streams.data(), overrides);
   }
 
   // Every rank's FP32 partial (m x n), computed on its device.
@@ -513,6 +508,17 @@ TEST(FusedErrors, BadCallsAreReported) {
   EXPECT_EQ(gemm_reduce_scatter(ranks.comm, problem, ranks.a[0]->ptr, ranks.w[0]->ptr, ranks.out[0]->ptr, nullptr).code(),
             StatusCode::kInvalidArgument)
       << "a local communicator of 4 ranks needs gemm_reduce_scatter_local";
+}
+
+// The library runs one rank per device: its call refuses ranks that share one, which only the
+// testing library emulates.
+TEST(FusedErrors, LibraryRefusesRanksSharingADevice) {
+  ReduceScatterRanks ranks(Problem{512, 512, 64, 2, WeightLayout::kNxK});
+  expect_only_testing_emulates(ranks, [&] {
+    const auto a = pointers<const void*>(ranks.a, 2), w = pointers<const void*>(ranks.w, 2);
+    const auto out = pointers<void*>(ranks.out, 2);
+    return gemm_reduce_scatter_local(ranks.comm, ranks.problem, a.data(), w.data(), out.data(), ranks.streams.data());
+  });
 }
 
 // One rank through NCCL (a communicator of one GPU): the symmetric-memory path end to end.

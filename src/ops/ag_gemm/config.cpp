@@ -4,13 +4,34 @@
 #include "ops/ag_gemm/shared_storage.h"
 
 namespace tpfuse {
+namespace {
+
+// The all-gather's tile traits: its epilogue stores its tiles as the plain GEMM's does
+// (StoredTileTraits), on the fused ops' variants and their 128 x 128 tiles on any band.
+class AllGatherTiles final : public StoredTileTraits {
+ public:
+  // The kernel's shared memory is the plain GEMM's and the copier's staging ring (its waits are on
+  // flags in global memory).
+  const SmemByVariant& smem() const override {
+    static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
+    return kSmem;
+  }
+  bool takes(const GemmVariant& v) const override { return storing_ops_take(v); }
+  std::vector<TileShape> candidates(const TileGrid& grid) const override {
+    std::vector<TileShape> tiles;
+    for (const int height : tile_heights(grid, kSmallBandRows)) {
+      add_wide_tiles(height, &tiles);
+      if (height == 128) tiles.push_back({128, 128});
+    }
+    return tiles;
+  }
+};
+
+}  // namespace
 
 Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInfo& device,
                                 const ConfigOverrides& overrides, AllGatherConfig* config) {
   if (config == nullptr) return Status::InvalidArgument("config must not be null");
-  // The kernel's shared memory is the plain GEMM's and the copier's staging ring (its waits are on
-  // flags in global memory).
-  static constexpr SmemByVariant kSmem = smem_bytes_by_variant<CopyStages>();
   // The GEMM variant and splits for bands of G blocks. Where the tiles fill few SMs, their K loops
   // may be split, as the plain GEMM's; the CTAs at work at one time are in one band (or two), the
   // bands one after another (in one wave of one-row bands, side by side: schedule.h). Where they take
@@ -26,8 +47,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     grid.n = problem.n_per_rank;
     grid.dtype = problem.dtype;
     TPFUSE_RETURN_IF_ERROR(
-        select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, kSmem, Variants::kStoringOps,
-                                   &c->gemm));
+        select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, AllGatherTiles(), &c->gemm));
     c->gemm.group_rows = group_rows_for(1, overrides);
     return Status::Ok();
   };

@@ -45,8 +45,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
 // After a call: its gathered X (this rank's buffer, the parity of the call that just completed)
 // into the caller's m x k buffer. Stream-ordered after the call, so every piece has landed.
-__global__ void copy_gathered_kernel(const uint16_t* gathered, size_t parity_elems, const uint64_t* calls,
-                                     uint16_t* out, size_t elems) {
+// NOTE: static: the library and the testing library (its emulated ranks) each compile this header,
+// and a program links both.
+static __global__ void copy_gathered_kernel(const uint16_t* gathered, size_t parity_elems, const uint64_t* calls,
+                                            uint16_t* out, size_t elems) {
   const uint32_t completed_epoch = epoch_of(*calls) - 1;
   const uint4* src = reinterpret_cast<const uint4*>(gathered + size_t(completed_epoch & 1) * parity_elems);
   uint4* dst = reinterpret_cast<uint4*>(out);

@@ -37,6 +37,36 @@ int partial_rounds_of(const Problem& problem, const GemmRsConfig& c) {
   return partial_rounds_that_fit(num_k_blocks, kConsumers, problem.world_size - 1);
 }
 
+// The reduce-scatter's tile traits. Its epilogue hands whole tiles on (no split tail; K split only
+// in shared tiles, at the model's cost): the fused ops' variants, and with the register epilogue
+// also the 64-row tiles of one consumer, as the plain GEMM. 128 x 128 tiles at M <= kSmallBandRows,
+// where they make one wave that wider ones leave part-idle (measured there only), and in one band
+// of shared tiles of 129 .. kSmallBandRows rows where the model gives 64-row ones.
+class GemmRsTiles final : public TileTraits {
+ public:
+  explicit GemmRsTiles(bool register_epilogue) : register_epilogue_(register_epilogue) {}
+
+  const SmemByVariant& smem() const override { return gemm_rs_smem_bytes(); }
+  bool takes(const GemmVariant& v) const override {
+    return register_epilogue_ ? register_epilogue_takes(v) : fused_ops_take(v);
+  }
+  std::vector<TileShape> candidates(const TileGrid& grid) const override {
+    std::vector<TileShape> tiles;
+    for (const int height : tile_heights(grid, kSmallBandRows)) {
+      add_wide_tiles(height, &tiles);
+      if (height == 128 && grid.bands * grid.rows_per_band <= kSmallBandRows) tiles.push_back({128, 128});
+      if (height == 64 && register_epilogue_) add_one_consumer_tiles(&tiles);
+    }
+    return tiles;
+  }
+  Candidate runs_as(const Candidate& c, const TileChoice& choice) const override {
+    return one_wave_of_128x128(c, choice);
+  }
+
+ private:
+  bool register_epilogue_;
+};
+
 }  // namespace
 
 const SmemByVariant& gemm_rs_smem_bytes() {
@@ -97,11 +127,11 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     // whole tiles.
     if (share_tiles) {
       const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
-      TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(
-          grid, int(num_k_blocks), device, overrides, gemm_rs_smem_bytes(),
-          register_epilogue ? Variants::kWithOneConsumer : Variants::kFusedOps, &c.gemm));
+      TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides,
+                                                        GemmRsTiles(register_epilogue), &c.gemm));
     } else {
-      TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides, gemm_rs_smem_bytes(), &c.gemm));
+      TPFUSE_RETURN_IF_ERROR(
+          select_gemm_config(grid, device, overrides, GemmRsTiles(/*register_epilogue=*/false), &c.gemm));
     }
     // A band of two segments needs 128-row tiles; a device that fits none takes bands of one.
     if (share_tiles || c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;

@@ -1,0 +1,16 @@
+// The reduce-scatter's launch for the tests and the benchmark (testing/emulated_ranks.h): its kernels
+// for emulated ranks are compiled here, and those for one rank once more: the library's entry points
+// take neither a subset of the ranks nor a timeline.
+#include "ops/gemm_rs/op.cuh"
+#include "testing/emulated_ranks.cuh"
+#include "testing/emulated_ranks.h"
+
+namespace tpfuse {
+
+Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
+                      const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams,
+                      const ConfigOverrides& overrides, PushTimeline* timeline) {
+  return launch_op<GemmRsOp, EmulatedRanks>(comm, problem, local_ranks, {a, w, out, timeline}, streams, overrides);
+}
+
+}  // namespace tpfuse
