@@ -32,8 +32,8 @@ TWO_GPU = "2026-11-29-h200x2-f4e35d3"
 TARGETS = "2026-12-03-h200-6d5939c/run131"      # interleaved: the metric
 SEPARATE = "2026-12-03-h200-6d5939c/run132"     # --separate-loops: each call's own clock
 M256 = "2026-12-03-h200-8995433/run135"         # M = 256 on one wave of 128 x 128 tiles
-CURRENT = "2026-12-03-h200-c9ba200/run139"      # the current code (`after`) against c2e481d (`before`), 2 passes
-SWEEP = "p[12]_{layout}_after"                  # run139's proxy sweep of the current code, both passes
+CURRENT = "2026-12-03-h200-52a3c32/run142"      # the current code (`after`) against c9ba200 (`before`), 2 passes
+SWEEP = "p[12]_{layout}_after"                  # its proxy sweep of the current code, both passes
 TIMELINE_KN = "2026-12-03-h200-c9ba200/run141/timeline_kn"   # the push timeline (proxy --timeline)
 TIMELINE_NK = "2026-12-03-h200-c9ba200/run141/timeline_nk"
 SEPARATE_PROXY = "2026-12-03-h200-c9ba200/run141/separate_nk"  # the current proxy sweep, --separate-loops
@@ -165,7 +165,7 @@ def commit(results, name):
 
 
 def sweep(results, layout):
-    """(meta, rows) of run139's proxy sweep of the current code in `layout`, the geomean of its two passes."""
+    """(meta, rows) of the current run's proxy sweep in `layout`, the geomean of its two passes."""
     return load(results, f"{CURRENT}/" + SWEEP.format(layout=layout))
 
 
@@ -311,12 +311,12 @@ def m256(results):
 
 def all_gather(results):
     """The all-gather + GEMM (solo-rank proxy, P = 8): fused/GEMM N x K / K x N by projection and M."""
-    meta_nk, nk = load(results, f"{TARGETS}/ag_p8_nk")
-    meta, kn = load(results, f"{CURRENT}/ag_kn_after")
+    meta, nk = load(results, f"{CURRENT}/ag_nk_after")
+    _, kn = load(results, f"{CURRENT}/ag_kn_after")
     _, sep = load(results, f"{SEPARATE}/ag_p8_nk")
-    out = [f"K x N measured on {machine(meta)} (`bench/results/{CURRENT}/ag_kn_after.json`); N x K on commit "
-           f"{(meta_nk or {}).get('git_commit', '?')} (`bench/results/{TARGETS}/ag_p8_nk.json`; separate loops: "
-           f"`bench/results/{SEPARATE}`); each cell fused/GEMM N x K / K x N.", ""] + grid(nk, kn, "fused_solo", "gemm") + [""]
+    out = [f"Measured on {machine(meta)} (`bench/results/{CURRENT}/ag_nk_after.json`, `ag_kn_after.json`; separate "
+           f"loops: `bench/results/{SEPARATE}`, commit {commit(results, f'{SEPARATE}/ag_p8_nk')}); each cell fused/GEMM "
+           "N x K / K x N.", ""] + grid(nk, kn, "fused_solo", "gemm") + [""]
     for name, table in (("N x K", nk), ("K x N", kn)):
         values = [ratio(r, "fused_solo", "gemm") for r in table.values()]
         if values:
@@ -450,7 +450,7 @@ def targets(results):
     out = ["| target | N x K / K x N | status | run (commit) |", "|---|---|---|---|"]
     _, nk = sweep(results, "nk")
     _, kn = sweep(results, "kn")
-    current = f"139 ({commit(results, f'{CURRENT}/p1_nk_after')})"
+    current = f"{CURRENT.rsplit('run', 1)[1]} ({commit(results, f'{CURRENT}/p1_nk_after')})"
     out.append(target_row("down_proj: T_fused_solo <= 1.04x cuBLAS", (down_proj_ratios(nk).values(),
                           down_proj_ratios(kn).values()), 1.04, True, current))
     pair = [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in (nk, kn)]
@@ -460,10 +460,9 @@ def targets(results):
     out.append(target_row("M = 8..512, P = 8: fused/GEMM <= 1.10 on each",
                           [[ratio(r, "fused_solo", "gemm") for r in t.values()] for _, t in small], 1.10, True,
                           f"131 ({commit(results, f'{TARGETS}/proxy_small_p8_nk')})"))
-    ag = [load(results, f"{TARGETS}/ag_p8_nk")[1], load(results, f"{CURRENT}/ag_kn_after")[1]]
+    ag = [load(results, f"{CURRENT}/ag_{layout}_after")[1] for layout in ("nk", "kn")]
     out.append(target_row("all-gather: fused/GEMM <= 1.03 on each",
-                          [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in ag], 1.03, True,
-                          f"131 ({commit(results, f'{TARGETS}/ag_p8_nk')}) / {current}"))
+                          [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in ag], 1.03, True, current))
     _, by_layout = projected(results)
     rows = [by_layout.get("nk", {}), by_layout.get("kn", {})]
     runs = "141 (timeline)"
