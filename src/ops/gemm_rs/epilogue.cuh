@@ -23,10 +23,9 @@
 // each consumer adds a round between two K blocks while the other consumer's WGMMAs run
 // (partial_rounds.h); the ring streams only the peers no round holds.
 //
-// The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
-// it, a pushed chunk at a time, and raises the pushed slabs' flags. It waits for the
-// consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
-// consumers wait for next.
+// The consumers only stage a finished slab in shared memory and hand it to the sender thread
+// (sender.cuh), which pushes it and raises its flags; the watcher thread (watcher.cuh) waits for an
+// own tile's flags and tells the producer.
 //
 // NOTE (memory ordering, per pushed tile): the sender waits for its bulk groups to COMPLETE
 // (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then fences at system
@@ -43,9 +42,10 @@
 #include "gemm/split_k_epilogue.cuh"
 #include "ops/gemm_rs/partial_rounds.h"
 #include "ops/gemm_rs/protocol.cuh"
-#include "ops/gemm_rs/push_timeline.h"
 #include "ops/gemm_rs/schedule.h"
+#include "ops/gemm_rs/sender.cuh"
 #include "ops/gemm_rs/shared_storage.h"
+#include "ops/gemm_rs/watcher.cuh"
 
 namespace tpfuse::kernels {
 
@@ -54,17 +54,14 @@ namespace tpfuse::kernels {
 // one owner, without its arithmetic.
 template <bool kSharedTiles>
 class PushReduceEpilogue : public EpilogueBase {
+  template <class Config>
+  using Layout = PushReduceLayout<Config, kSharedTiles>;
+
  public:
   using Params = PushReduceParams;
 
   static constexpr bool kHasSender = true;
-  // Pushed chunks the sender lets the TMA unit hold unread at a time: a step's pushes queued at
-  // once measured slower on the compute-bound shapes (docs/EXPERIMENTS.md).
-  static constexpr int kPushQueue = 1;
   static constexpr bool kHasWatcher = true;
-
-  template <class Config>
-  using Layout = PushReduceLayout<Config, kSharedTiles>;
 
   template <class Storage>
   __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)
@@ -84,93 +81,18 @@ class PushReduceEpilogue : public EpilogueBase {
     ptx::mbarrier_init(&smem.op.extra_taken, 1);
   }
 
-  // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
-  // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
+  // The sender thread (sender.cuh).
   template <class Config>
   __device__ static void send(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
                               int num_ctas) {
-    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
-    const uint32_t epoch = comm::call_epoch(p.calls);
-    const int num_tiles = schedule.num_tiles();
-    uint32_t handoffs[Config::kConsumers] = {};  // taken from each consumer so far
-    for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
-      if constexpr (kSharedTiles) {
-        if (!schedule.last_split(steps.step())) continue;  // no hand-offs
-      }
-      // The pushes first: an own slab waits for its peers' partials, and in a band of several
-      // segments the partners' partials of it wait for this rank's pushes of their rows.
-      // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
-      // (walking it cost the fused call 0.5%).
-      uint32_t slabs = kAllSlabs, own = 0;
-      if (schedule.shape().segments_per_tile != 1) {
-        const Tile tile = schedule.tile(steps.step());
-        slabs = Layout<Config>::pushed_slabs(p, tile);
-        own = Layout<Config>::own_slabs(p, tile);
-      }
-      // One call site: the stores are compiled once.
-#pragma unroll 1
-      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs<Config>(p, smem, slabs, handoffs, epoch);
-    }
+    SlabSender<kSharedTiles>::template send<Config>(p, schedule, smem, cta, num_ctas);
   }
 
-  // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
-  // flags of the tile and fences, then tells the producer (at most one own tile ahead of it) and
-  // feeds the tile's rounds to the consumers.
+  // The watcher thread (watcher.cuh).
   template <class Config>
   __device__ static void watch(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
                                int num_ctas) {
-    const uint32_t epoch = comm::call_epoch(p.calls);
-    uint32_t own_tiles = 0;
-    uint32_t rounds_fed = 0;
-    int step = 0;  // this CTA's steps before the current one
-    for_each_step(schedule, cta, num_ctas, [&](int s, const Tile& tile) {
-      // Only a tile's last split reduces (shared tiles may split K).
-      const uint32_t reduced = !kSharedTiles || schedule.last_split(s) ? Layout<Config>::reduced_slabs(p, tile) : 0;
-      if (reduced != 0) {
-        if (own_tiles > 0) ptx::mbarrier_wait(&smem.op.extra_taken, (own_tiles - 1) & 1);
-        // A timeout is recorded in p.failed, which the producer reads.
-        const bool arrived = wait_for_partials<Config>(p, tile, epoch);
-        if (arrived) ptx::fence_acquire_sys();  // flags seen -> partials
-        ptx::mbarrier_arrive(&smem.op.extra_ready);
-        ++own_tiles;
-        if constexpr (Layout<Config>::kSlabFitsBuffers) {
-          if (Layout<Config>::has_rounds(p, reduced)) {
-            feed_rounds<Config>(p, tile, arrived, step, epoch, smem, rounds_fed);
-          }
-        }
-      }
-      ++step;
-    });
-  }
-
-  // Watcher thread: loads an own tile's rounds of partials (round r: peer r's partial of the slab)
-  // into each consumer's chunk buffers as it asks for them; after a failed call only arrives, so
-  // that the consumers finish.
-  template <class Config>
-  __device__ static void feed_rounds(const Params& p, const Tile& tile, bool arrived, int step, uint32_t epoch,
-                                     StorageOf<Config>& smem, uint32_t& rounds_fed) {
-    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    for (int r = 0; r < p.partial_rounds; ++r, ++rounds_fed) {
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        ptx::mbarrier_wait(&smem.op.round_empty[c], rounds_fed & 1);
-        // Round 0: the sender's stores of the consumer's previous slab must have read the buffers.
-        // (The consumer has staged every earlier hand-off, so that phase is the barrier's current
-        // or last one.)
-        if (r == 0 && step > 0) {
-          ptx::mbarrier_wait(&smem.op.handoff[c].sent, (step * Layout<Config>::kHandoffsPerSlab - 1) & 1);
-        }
-        uint64_t* full = &smem.op.round_full[c];
-        if (!arrived) {
-          ptx::mbarrier_arrive(full);
-          continue;
-        }
-        ptx::mbarrier_arrive_expect_tx(full, Config::kChunksPerSlab * Layout<Config>::piece_bytes(p));
-        for (int b = 0; b < Config::kChunksPerSlab; ++b) {
-          Layout<Config>::load_piece(p, Layout<Config>::slab_piece(p, tile, c, r * Config::kChunksPerSlab + b),
-                                     smem.chunks[c][b], full, epoch);
-        }
-      }
-    }
+    PartialWatcher<kSharedTiles>::template watch<Config>(p, schedule, smem, cta, num_ctas);
   }
 
   // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
@@ -387,118 +309,6 @@ class PushReduceEpilogue : public EpilogueBase {
       }
       ++handoffs_;
     }
-  }
-
-  // Sender thread: stores the given slabs of a step (a bit per consumer; `handoffs` counts each
-  // consumer's hand-offs taken so far), a pushed chunk of one owner as a bulk group of its own and
-  // the others of a hand-off as one, hands the chunk buffers back once read, and raises the flags of
-  // the pushed slabs once every group has landed.
-  template <class Config>
-  __device__ static void send_slabs(const Params& p, StorageOf<Config>& smem, uint32_t slabs,
-                                    uint32_t (&handoffs)[Config::kConsumers], uint32_t epoch) {
-    if (slabs == 0) return;
-    SlabOwners flagged[Config::kConsumers];
-    int flags[Config::kConsumers];
-    for (int c = 0; c < Config::kConsumers; ++c) flags[c] = -1;
-    bool any_flag = false;
-#pragma unroll 1
-    for (int h = 0; h < Layout<Config>::kHandoffsPerSlab; ++h) {
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        if (!(slabs & (1u << c))) continue;
-        SlabHandoff& slab = smem.op.handoff[c];
-        ptx::mbarrier_wait(&slab.staged, handoffs[c]++ & 1);
-        if (slab.flag >= 0) {
-          flags[c] = slab.flag;
-          flagged[c] = {slab.first_owner, slab.last_owner};
-          any_flag = true;
-        }
-        if (p.timeline != nullptr && slab.num_chunks > 0) record_handoff(p, slab);
-        for (int i = 0; i < slab.num_chunks; ++i) {
-          const int col = slab.col + i * kChunkCols;
-          if constexpr (!kSharedTiles) {
-            if (slab.to_output) {
-              ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
-            } else {
-              ptx::tma_store_4d(&p.recv_at[slab.first_owner], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
-              ptx::bulk_commit_group();
-              ptx::bulk_wait_group_read<kPushQueue - 1>();
-            }
-            continue;
-          }
-          if (slab.to_output) {
-            const BoxPlace box = place_box(slab.row);
-            ptx::tma_store_2d(&p.out, smem.chunks[c][i] + box.chunk_row * kChunkCols, col, box.segment_row);
-            continue;
-          }
-          // One box per other owner of the slab, all queued: they are a segment's rows each.
-          for (int owner = slab.first_owner, row = slab.row; owner <= slab.last_owner; ++owner, row -= p.rows_per_rank) {
-            if (owner == p.rank) continue;
-            const BoxPlace box = place_box(row);
-            ptx::tma_store_4d(&p.recv_at[owner], smem.chunks[c][i] + box.chunk_row * kChunkCols, col, box.segment_row,
-                              p.rank, epoch & 1);
-          }
-        }
-      }
-      ptx::bulk_commit_group();
-      ptx::bulk_wait_group_read<0>();
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.op.handoff[c].sent);
-      }
-    }
-    if (!any_flag) return;
-    ptx::bulk_wait_group<0>();
-    ptx::fence_proxy_async_global();
-    ptx::fence_release_sys();
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      if (flags[c] < 0) continue;
-      for (int owner = flagged[c].first; owner <= flagged[c].last; ++owner) {
-        if (owner != p.rank) ptx::store_relaxed_sys(flag_at(p, owner, flags[c], epoch & 1), epoch);
-      }
-    }
-  }
-
-  // Sender thread: a hand-off's stores in the push timeline, one event (its boxes to every other
-  // owner of the slab, the first of them named; or this rank's rows into its output).
-  __device__ static void record_handoff(const Params& p, const SlabHandoff& slab) {
-    const bool holds_own = slab.first_owner <= p.rank && p.rank <= slab.last_owner;
-    const int boxes = slab.to_output ? 1 : slab.last_owner - slab.first_owner + 1 - holds_own;
-    const uint32_t bytes = uint32_t(slab.num_chunks) * uint32_t(boxes * p.box_rows * kChunkCols) * sizeof(uint16_t);
-    const int owner = slab.to_output ? p.rank : slab.first_owner + (slab.first_owner == p.rank);
-    record_push(p.timeline, ptx::globaltimer_ns(), bytes, owner);
-  }
-
-  // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).
-  // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
-  template <class Config>
-  __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
-    static_assert(Config::kConsumers == 2 && 2 * kMaxWorldSize <= 32, "two slab flags per source in one mask");
-    uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
-    const uint32_t own = Layout<Config>::own_slabs(p, tile);
-    for (int s = 0; s < Config::kConsumers; ++s) {
-      const Slab<Config> slab = Slab<Config>::of_consumer(s);
-      if (!(own & (1u << s))) continue;
-      if (tile.row_begin + slab.row >= tile.row_end || tile.col_begin + slab.col >= tile.col_end) continue;
-      for (int source = 0; source < p.world_size; ++source) {
-        if (source != p.rank) waiting |= 1u << (2 * source + s);
-      }
-    }
-    const uint32_t* flags = flag_at(p, p.rank, flag_index<Config>(p, 0, tile, 0), epoch & 1);
-    const size_t source_stride = flag_source_stride(p);
-    const uint64_t deadline = comm::wait_deadline(p.timeout_ns);
-    // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
-    return comm::wait_bounded</*kEndsOnFailure=*/true, 100>(
-        p, deadline,
-        [&] {
-          waiting = comm::poll_flags<2 * kMaxWorldSize, 4>(
-              waiting, epoch, [&](int f) { return flags + (f / 2) * source_stride + f % 2; });
-          return waiting == 0;
-        },
-        [] {},
-        [&] {
-          const int f = __ffs(waiting) - 1;
-          const Slab<Config> slab = Slab<Config>::of_consumer(f % 2);
-          return comm::Awaited{f / 2, tile.row_begin + slab.row, tile.col_begin + slab.col};
-        });
   }
 
   // Adds the current round (the next peer's partial of the slab) from the chunk buffers, and asks
