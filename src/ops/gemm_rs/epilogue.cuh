@@ -18,14 +18,11 @@
 // instead, from the consumers' registers (ops/gemm_rs/shared_tiles.cuh), on the same parameters,
 // buffers and flags (ops/gemm_rs/protocol.cuh).
 //
-// Most of an own tile's partials need not wait for its K stages (where the config gives rounds):
-// the watcher loads them into the consumers' idle chunk buffers in rounds, one peer a round, and
-// each consumer adds a round between two K blocks while the other consumer's WGMMAs run
-// (partial_rounds.h); the ring streams only the peers no round holds.
-//
-// The consumers only stage a finished slab in shared memory and hand it to the sender thread
-// (sender.cuh), which pushes it and raises its flags; the watcher thread (watcher.cuh) waits for an
-// own tile's flags and tells the producer.
+// Its roles, each in a file of its own: the consumers (this class) only stage a finished slab in
+// shared memory and hand it to the sender thread (sender.cuh), which pushes it and raises its flags;
+// the watcher thread (watcher.cuh) waits for an own tile's flags and tells the producer; the
+// reducer (reducer.cuh) streams an own tile's partials through the ring on the producer thread and
+// adds them on the consumers, most of them in rounds during the K loop where the config gives rounds.
 //
 // NOTE (memory ordering, per pushed tile): the sender waits for its bulk groups to COMPLETE
 // (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then fences at system
@@ -40,8 +37,8 @@
 #include "gemm/mainloop.cuh"
 #include "gemm/slab_store.cuh"
 #include "gemm/split_k_epilogue.cuh"
-#include "ops/gemm_rs/partial_rounds.h"
 #include "ops/gemm_rs/protocol.cuh"
+#include "ops/gemm_rs/reducer.cuh"
 #include "ops/gemm_rs/schedule.h"
 #include "ops/gemm_rs/sender.cuh"
 #include "ops/gemm_rs/shared_storage.h"
@@ -95,55 +92,11 @@ class PushReduceEpilogue : public EpilogueBase {
     PartialWatcher<kSharedTiles>::template watch<Config>(p, schedule, smem, cta, num_ctas);
   }
 
-  // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
-  // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
+  // The producer thread's extra stages (reducer.cuh).
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, const KSlice& k_slice,
                                               StorageOf<Config>& smem, StageCursor& ring, uint32_t& own_phase) {
-    if constexpr (kSharedTiles) {
-      if (k_slice.split != k_slice.num_splits - 1) return;  // only the last split reduces
-    }
-    const uint32_t reduced = Layout<Config>::reduced_slabs(p, tile);
-    if (reduced == 0) return;
-    const uint32_t epoch = comm::call_epoch(p.calls);  // a load from global memory: before the wait, not after
-    ptx::mbarrier_wait(&smem.op.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
-    ptx::mbarrier_arrive(&smem.op.extra_taken);
-    own_phase ^= 1;
-    const bool arrived = !comm::call_failed(p.failed);
-    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    // The reduced slabs' count as a constant: the piece order's arithmetic, on this one thread per
-    // 8 KB piece, then folds into shifts (at run time it took about 80 instructions a piece, not 15).
-    if (__popc(reduced) == Config::kConsumers) {
-      stream_partials<Config, Config::kConsumers>(p, tile, reduced, epoch, arrived, smem, ring);
-    } else {
-      stream_partials<Config, 1>(p, tile, reduced, epoch, arrived, smem, ring);
-    }
-  }
-
-  // Producer thread: the TMA loads of an own tile's partials (kSlabs reduced slabs), in the order
-  // of partial_piece(); after a failed call only empty stages, so that the consumers finish.
-  template <class Config, int kSlabs>
-  __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch,
-                                         bool arrived, StorageOf<Config>& smem, StageCursor& ring) {
-    const int num_pieces = Layout<Config>::streamed_pieces(p, reduced);
-    const int rounds_held = kSlabs * Layout<Config>::round_pieces(p, reduced);  // the pieces before these
-    for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
-      const int stage = ring.stage;
-      ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
-      uint64_t* full = &smem.ring.full[stage];
-      const int count = min(Config::kPiecesPerStage, num_pieces - first);
-      if (!arrived) {
-        ptx::mbarrier_arrive(full);  // the call has failed: only let the consumers finish
-      } else {
-        ptx::mbarrier_arrive_expect_tx(full, count * Layout<Config>::piece_bytes(p));
-        for (int q = 0; q < count; ++q) {
-          Layout<Config>::load_piece(
-              p, Layout<Config>::template partial_piece<kSlabs>(p, tile, reduced, rounds_held + first + q),
-              stage_piece<Config>(smem, stage, q), full, epoch);
-        }
-      }
-      ring.advance<Config>();
-    }
+    PartialReducer<kSharedTiles>::template produce_extra_stages<Config>(p, tile, k_slice, smem, ring, own_phase);
   }
 
   // Consumers, before a tile's K stages (all of its K blocks: this schedule does not split K): a
@@ -154,29 +107,21 @@ class PushReduceEpilogue : public EpilogueBase {
       k_slice_ = k_slice;
       if (k_slice.split != k_slice.num_splits - 1) {  // a split before the last: no epilogue of its own
         pushed_ = own_ = reduced_ = 0;
-        tile_rounds_ = 0;
+        reducer().skip_tile();
         return;
       }
     }
     if constexpr (kSharedTiles) pushed_ = Layout<Config>::pushed_slabs(p_, tile);  // else every slab is pushed or own
     own_ = Layout<Config>::own_slabs(p_, tile);
     reduced_ = Layout<Config>::reduced_slabs(p_, tile);
-    tile_rounds_ = Layout<Config>::has_rounds(p_, reduced_) ? p_.partial_rounds : 0;
-    round_ = 0;
+    reducer().template begin_tile<Config>(reduced_);
   }
 
-  // Consumers, after K block kb: asks for round 0 after the first K block, adds a round at its K block
-  // (partial_rounds.h).
+  // Consumers, after K block kb: the rounds of an own tile's partials (reducer.cuh).
   template <class Config>
   __device__ __forceinline__ void after_k_block(int kb, float (&acc)[Config::kAccPerThread],
                                                 StorageOf<Config>& smem) {
-    if constexpr (Layout<Config>::kSlabFitsBuffers) {
-      if (round_ >= tile_rounds_) return;
-      if (kb == 0 && slabs_.leader()) ptx::mbarrier_arrive(&smem.op.round_empty[consumer_]);
-      if (kb == partial_round_k_block(consumer_, Config::kConsumers, round_, tile_rounds_, p_.num_k_blocks)) {
-        add_round<Config>(acc, smem);
-      }
-    }
+    reducer().template after_k_block<Config>(kb, acc, smem);
   }
 
   // Consumers, after a tile's K stages: a slab of other owners' rows is staged for the sender
@@ -197,49 +142,19 @@ class PushReduceEpilogue : public EpilogueBase {
     if constexpr (kSharedTiles) {
       if (keeps && (pushed_ & bit)) hand_off<Config>(tile, slab, acc, /*to_output=*/false);
     }
-    if (reduces) add_partials<Config>(reduced_, acc, smem, ring);
+    if (reduces) reducer().template add_partials<Config>(reduced_, acc, smem, ring);
     hand_off<Config>(tile, slab, acc, /*to_output=*/keeps);
-    if (reduced_ != 0 && !reduces) pass_extra_stages<Config>(Layout<Config>::extra_stages(p_, reduced_), smem, ring);
+    if (reduced_ != 0 && !reduces) {
+      reducer().template pass_extra_stages<Config>(Layout<Config>::extra_stages(p_, reduced_), smem, ring);
+    }
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
   __device__ void finish() {}
 
  private:
-  // Adds this warpgroup's pieces of the tile's partials that no round held as the producer streams
-  // them in, releasing each extra stage once read. The pieces come source by source, so every
-  // element gets its partials in rank order.
-  template <class Config>
-  __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], StorageOf<Config>& smem,
-                               StageCursor& ring) {
-    static_assert(Config::kConsumers <= Config::kPiecesPerStage, "a stage holds a piece of every reduced slab");
-    const int num_slabs = __popc(reduced);
-    const int num_stages = Layout<Config>::extra_stages(p_, reduced);
-    if (num_stages == 0) return;
-    const int first = Layout<Config>::round_pieces(p_, reduced);
-    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
-    // This warpgroup's next piece, counted in the held stage: every num_slabs-th from its place.
-    int in_stage = __popc(reduced & ((1u << consumer_) - 1));
-    ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-    const int num_sources = p_.world_size - 1;
-    for (int j = first / Config::kChunksPerSlab; j < num_sources; ++j) {
-#pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-        if (j * Config::kChunksPerSlab + c < first) continue;
-        if (in_stage >= Config::kPiecesPerStage) {
-          release_extra_stage<Config>(smem, ring);
-          ++held;
-          in_stage -= Config::kPiecesPerStage;
-          ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-        }
-        add_chunk_bf16(stage_piece<Config>(smem, ring.stage, in_stage), acc + c * 32);
-        in_stage += num_slabs;
-      }
-    }
-    release_extra_stage<Config>(smem, ring);
-    // The stages left may hold only the other warpgroup's pieces; each is released by both.
-    pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
-  }
+  // This warpgroup's side of the own slabs' reduction.
+  __device__ PartialReducer<kSharedTiles> reducer() { return {p_, consumer_, slabs_, chunks_, rounds_}; }
 
   // Split K: writes the slab's FP32 partial of this split and counts it in; in the tile's last split
   // waits (bounded) until every split has, then holds p_0 + ... + p_{S-1} in acc. False in the
@@ -311,47 +226,6 @@ class PushReduceEpilogue : public EpilogueBase {
     }
   }
 
-  // Adds the current round (the next peer's partial of the slab) from the chunk buffers, and asks
-  // for the next one.
-  template <class Config>
-  __device__ void add_round(float (&acc)[Config::kAccPerThread], StorageOf<Config>& smem) {
-    // The accumulators leave the WGMMAs first; the other consumer's keep the tensor cores busy.
-    cute::warpgroup_wait<0>();
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    ptx::mbarrier_wait(&smem.op.round_full[consumer_], rounds_done_++ & 1);
-    ++round_;
-#pragma unroll
-    for (int c = 0; c < Config::kChunksPerSlab; ++c) add_chunk_bf16(chunks_[c], acc + 32 * c);
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    // Every thread has read the buffers (generic proxy) before the next round's TMA loads or the
-    // slab's staging write them.
-    ptx::fence_proxy_async_shared();
-    slabs_.sync();
-    if (round_ < tile_rounds_ && slabs_.leader()) ptx::mbarrier_arrive(&smem.op.round_empty[consumer_]);
-  }
-
-  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
-  // load (async proxy) may overwrite it.
-  template <class Config>
-  __device__ void release_extra_stage(StorageOf<Config>& smem, StageCursor& ring) {
-    ptx::fence_proxy_async_shared();
-    slabs_.sync();
-    release_stage<Config>(smem, ring.stage);
-    ring.advance<Config>();
-  }
-
-  // Consumers: waits for and releases `count` extra stages without reading them (they hold the other
-  // slab's pieces).
-  template <class Config>
-  __device__ void pass_extra_stages(int count, StorageOf<Config>& smem, StageCursor& ring) {
-    for (int i = 0; i < count; ++i) {
-      ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-      release_extra_stage<Config>(smem, ring);
-    }
-  }
-
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
@@ -361,9 +235,7 @@ class PushReduceEpilogue : public EpilogueBase {
   uint32_t pushed_ = 0;      // the current tile's slabs with other owners' rows (shared tiles)
   uint32_t own_ = 0;         // the current tile's slabs with this rank's rows
   uint32_t reduced_ = 0;     // the current tile's slabs that take their peers' partials
-  int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop
-  int round_ = 0;            // the next of them
-  uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
+  RoundProgress rounds_;     // the reducer's, kept across tiles
   KSlice k_slice_{};         // the current step's
 };
 
