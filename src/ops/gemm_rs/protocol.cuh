@@ -61,6 +61,11 @@ __device__ __forceinline__ uint32_t* flag_at(const PushReduceParams& p, int owne
   return p.flags_at[owner] + parity * p.flags_parity_words + index;
 }
 
+// Raises a flag for this call: its epoch, stored relaxed at system scope.
+// NOTE: after the raiser's release fence at system scope, which orders the data the flag signals
+// before it; a rank that sees the epoch fences (acquire at system scope) before it reads that data.
+__device__ __forceinline__ void raise_flag(uint32_t* flag, uint32_t epoch) { ptx::store_relaxed_sys(flag, epoch); }
+
 // The owners of a slab's rows, first .. last; with shared tiles a slab past the tile's rows has the
 // owner of the tile's last row (and no rows: neither pushed nor awaited).
 struct SlabOwners {
@@ -86,8 +91,8 @@ struct BoxPlace {
 __device__ __forceinline__ BoxPlace place_box(int row) { return row >= 0 ? BoxPlace{0, row} : BoxPlace{-row, 0}; }
 
 // Where a tile's slabs go and where an own slab's partials come from, for the tiles of a Config.
-// kSharedTiles: the tiles of several owners' rows (one band of all segments, ops/gemm_rs/schedule.h);
-// the other keeps every slab to one owner, without its arithmetic.
+// kSharedTiles: the tiles of several owners' rows (one band of all segments,
+// ops/gemm_rs/schedule.h); the other keeps every slab to one owner, without its arithmetic.
 template <class Config, bool kSharedTiles>
 struct PushReduceLayout {
   // A slab's hand-offs: its chunks staged kStagedChunks at a time (the same count for every slab,

@@ -116,7 +116,7 @@ class SlabSender {
     for (int c = 0; c < Config::kConsumers; ++c) {
       if (flags[c] < 0) continue;
       for (int owner = flagged[c].first; owner <= flagged[c].last; ++owner) {
-        if (owner != p.rank) ptx::store_relaxed_sys(flag_at(p, owner, flags[c], epoch & 1), epoch);
+        if (owner != p.rank) raise_flag(flag_at(p, owner, flags[c], epoch & 1), epoch);
       }
     }
   }
