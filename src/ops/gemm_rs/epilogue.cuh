@@ -19,10 +19,11 @@
 // buffers and flags (ops/gemm_rs/protocol.cuh).
 //
 // Its roles, each in a file of its own: the consumers (this class) only stage a finished slab in
-// shared memory and hand it to the sender thread (sender.cuh), which pushes it and raises its flags;
-// the watcher thread (watcher.cuh) waits for an own tile's flags and tells the producer; the
-// reducer (reducer.cuh) streams an own tile's partials through the ring on the producer thread and
-// adds them on the consumers, most of them in rounds during the K loop where the config gives rounds.
+// shared memory and hand it to the sender thread (sender.cuh), which pushes it and raises its
+// flags; the watcher thread (watcher.cuh) waits for an own tile's flags and tells the producer;
+// the reducer (reducer.cuh) streams an own tile's partials through the ring on the producer
+// thread and adds them on the consumers (where the config gives rounds, most of them during the
+// K loop).
 //
 // NOTE (memory ordering, per pushed tile): the sender waits for its bulk groups to COMPLETE
 // (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then fences at system

@@ -1,5 +1,5 @@
-// The reduce-scatter's protocol as every role of its epilogues sees it (the sender, the watcher and
-// the reducer of the staged epilogue, ops/gemm_rs/epilogue.cuh, and the register epilogue,
+// The reduce-scatter's protocol as every role of its epilogues sees it (the staged epilogue's
+// consumers, sender, watcher and reducer, ops/gemm_rs/epilogue.cuh, and the register epilogue,
 // ops/gemm_rs/shared_tiles.cuh): the parameters, where a slab lands and which flag says it has,
 // whose rows a tile's slabs hold, and the pieces an own slab's partials are loaded in. Receive
 // buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each parity half

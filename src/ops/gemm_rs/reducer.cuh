@@ -1,10 +1,11 @@
 // The reduction of a slab of this rank's own rows, on both of its sides: right after the tile's K
 // stages the producer thread streams the peers' partials through the mainloop's ring as extra
 // stages (once the watcher has seen their flags, ops/gemm_rs/watcher.cuh), and the consumer adds
-// them to its FP32 accumulators in rank order. Most of an own tile's partials need not wait for its
-// K stages (where the config gives rounds): the watcher loads them into the consumers' idle chunk
-// buffers in rounds, one peer a round, and each consumer adds a round between two K blocks while the
-// other consumer's WGMMAs run (partial_rounds.h); the ring streams only the peers no round holds.
+// them to its FP32 accumulators in rank order. Most of an own tile's partials need not wait for
+// its K stages (where the config gives rounds): the watcher loads them into the consumers' idle
+// chunk buffers in rounds, one peer a round, and each consumer adds a round between two K blocks
+// while the other consumer's WGMMAs run (partial_rounds.h); the ring streams only the peers no
+// round holds.
 #pragma once
 
 #include "comm/device.cuh"
