@@ -258,7 +258,7 @@ TEST(Config, SmallSegments) {
   EXPECT_EQ(c.segments_per_tile, 1);
 }
 
-// The communicator's flags (a word per source rank, tile of a band and slab: ops/gemm_rs/epilogue.cuh's
+// The communicator's flags (a word per source rank, tile of a band and slab: ops/gemm_rs/protocol.cuh's
 // flag_index) hold every tile the config chooses for any call it serves, the register epilogue's
 // 64 x 64 tiles and forced widths included.
 TEST(Config, FlagsHoldEveryChosenTile) {

@@ -16,25 +16,14 @@
 // (one sum, whichever CTAs ran the splits), and only its step pushes and reduces. Where the band
 // of all segments is one slab of rows (M <= 64), shared tiles take an epilogue of their own
 // instead, from the consumers' registers (ops/gemm_rs/shared_tiles.cuh), on the same parameters,
-// buffers and flags.
+// buffers and flags (ops/gemm_rs/protocol.cuh).
 //
-// Receive buffer of each rank (symmetric, on its own GPU), double-buffered by call parity; each
-// parity half has a fixed base (sized for the largest problem), the rest is laid out for this call:
-//   recv[parity][source rank][rows_per_rank][n]          BF16
-//   flags[parity][source rank][tile in band][slab]       u32 epoch values
-// A rank's calls alternate parity, so the pushes of call e+1 never land on the data of call e. A
-// peer can only reach call e+2 (same parity as e) after this rank has started call e+1, i.e. after
-// it has finished consuming call e: its own rows in e+1 need this rank's pushes of e+1.
-//
-// Most of an own tile's partials need not wait for its K stages (where the config gives rounds):
-// the watcher loads them into the consumers' idle chunk buffers in rounds, one peer a round, and
-// each consumer adds a round between two K blocks while the other consumer's WGMMAs run
-// (partial_rounds.h); the ring streams only the peers no round holds.
-//
-// The consumers only stage a finished slab in shared memory; a sender thread (SlabHandoff) stores
-// it, a pushed chunk at a time, and raises the pushed slabs' flags. It waits for the
-// consumers only, never for a peer, so a flag goes up as soon as its slab has landed, whatever the
-// consumers wait for next.
+// Its roles, each in a file of its own: the consumers (this class) only stage a finished slab in
+// shared memory and hand it to the sender thread (sender.cuh), which pushes it and raises its
+// flags; the watcher thread (watcher.cuh) waits for an own tile's flags and tells the producer;
+// the reducer (reducer.cuh) streams an own tile's partials through the ring on the producer
+// thread and adds them on the consumers (where the config gives rounds, most of them during the
+// K loop).
 //
 // NOTE (memory ordering, per pushed tile): the sender waits for its bulk groups to COMPLETE
 // (cp.async.bulk.wait_group, not the .read variant), fences the async proxy, then fences at system
@@ -46,73 +35,30 @@
 #pragma once
 
 #include "comm/device.cuh"
-#include "comm/peer_error.h"
 #include "gemm/mainloop.cuh"
 #include "gemm/slab_store.cuh"
 #include "gemm/split_k_epilogue.cuh"
-#include "ops/gemm_rs/partial_rounds.h"
-#include "ops/gemm_rs/push_timeline.h"
+#include "ops/gemm_rs/protocol.cuh"
+#include "ops/gemm_rs/reducer.cuh"
 #include "ops/gemm_rs/schedule.h"
+#include "ops/gemm_rs/sender.cuh"
 #include "ops/gemm_rs/shared_storage.h"
-#include "tpfuse/problem.h"
+#include "ops/gemm_rs/watcher.cuh"
 
 namespace tpfuse::kernels {
-
-struct PushReduceParams {
-  int rank;
-  int world_size;
-  int rows_per_rank;
-  int n;
-  int col_tiles;
-  int tiles_per_band;
-  CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
-  CUtensorMap out;                 // rows_per_rank x n, this rank's output
-  int box_rows;                    // rows of those maps' boxes: a chunk's 64, or a segment's with shared tiles
-  uint16_t* recv[kMaxWorldSize];   // the receive buffers as addressed from this GPU (shared_tiles.cuh)
-  size_t recv_parity_elems;        // distance between their two parity halves
-  uint16_t* out_rows;              // the output (shared_tiles.cuh)
-  uint32_t* flags_at[kMaxWorldSize];   // each owner's flag array (flags_at[rank] is this rank's own)
-  size_t flags_parity_words;       // distance between the two parity halves of a flag array
-  const uint64_t* calls;           // calls completed on this rank, in the high word; this call's epoch is one more
-  uint32_t* failed;                // set by the first wait of this rank that times out
-  PeerError* error;                // host-mapped
-  uint64_t timeout_ns;
-  int partial_rounds;              // rounds of an own slab's partials added during its K loop
-  int num_k_blocks;                // a tile's K blocks (the mainloop's)
-  float* split_partials;           // split K (shared tiles only): this rank's FP32 partials (gemm/split_k.h)
-  uint32_t* splits_done;           // and their counters, 0 between calls
-  PushTimeline* timeline;          // the benchmark's record of the pushes; null: none
-};
-
-// Index of (source, tile, slab) in an owner's flag array: the same in every owner's.
-template <class Config>
-__device__ __forceinline__ int flag_index(const PushReduceParams& p, int source, const Tile& tile, int slab) {
-  const int row_tile = tile.segment_row / Config::kBlockM;  // constants: no division on the hot paths
-  const int col_tile = tile.col_begin / Config::kBlockN;
-  const int tile_idx = row_tile * p.col_tiles + col_tile;
-  return (source * p.tiles_per_band + tile_idx) * 2 + slab;
-}
-
-// Distance in an owner's flag array between two sources' flags of the same (tile, slab).
-__device__ __forceinline__ size_t flag_source_stride(const PushReduceParams& p) { return size_t(p.tiles_per_band) * 2; }
-
-// Flag `index` of an owner's flag array, in the given parity half.
-__device__ __forceinline__ uint32_t* flag_at(const PushReduceParams& p, int owner, int index, int parity) {
-  return p.flags_at[owner] + parity * p.flags_parity_words + index;
-}
 
 // kSharedTiles: the instantiation for tiles of several owners' rows (one band of all segments,
 // ops/gemm_rs/schedule.h; of 16-32 rows a segment, unless overridden); the other keeps every slab to
 // one owner, without its arithmetic.
 template <bool kSharedTiles>
 class PushReduceEpilogue : public EpilogueBase {
+  template <class Config>
+  using Layout = PushReduceLayout<Config, kSharedTiles>;
+
  public:
   using Params = PushReduceParams;
 
   static constexpr bool kHasSender = true;
-  // Pushed chunks the sender lets the TMA unit hold unread at a time: a step's pushes queued at
-  // once measured slower on the compute-bound shapes (docs/EXPERIMENTS.md).
-  static constexpr int kPushQueue = 1;
   static constexpr bool kHasWatcher = true;
 
   template <class Storage>
@@ -133,138 +79,25 @@ class PushReduceEpilogue : public EpilogueBase {
     ptx::mbarrier_init(&smem.op.extra_taken, 1);
   }
 
-  // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
-  // receive slot (or this rank's output), and raises the flags of the pushed ones once landed.
+  // The sender thread (sender.cuh).
   template <class Config>
   __device__ static void send(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
                               int num_ctas) {
-    constexpr uint32_t kAllSlabs = (1u << Config::kConsumers) - 1;
-    const uint32_t epoch = comm::call_epoch(p.calls);
-    const int num_tiles = schedule.num_tiles();
-    uint32_t handoffs[Config::kConsumers] = {};  // taken from each consumer so far
-    for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
-      if constexpr (kSharedTiles) {
-        if (!schedule.last_split(steps.step())) continue;  // no hand-offs
-      }
-      // The pushes first: an own slab waits for its peers' partials, and in a band of several
-      // segments the partners' partials of it wait for this rank's pushes of their rows.
-      // Without bands a step's slabs are all pushed or all own: one batch, and no schedule to walk
-      // (walking it cost the fused call 0.5%).
-      uint32_t slabs = kAllSlabs, own = 0;
-      if (schedule.shape().segments_per_tile != 1) {
-        const Tile tile = schedule.tile(steps.step());
-        slabs = pushed_slabs<Config>(p, tile);
-        own = own_slabs<Config>(p, tile);
-      }
-      // One call site: the stores are compiled once.
-#pragma unroll 1
-      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs<Config>(p, smem, slabs, handoffs, epoch);
-    }
+    SlabSender<kSharedTiles>::template send<Config>(p, schedule, smem, cta, num_ctas);
   }
 
-  // The watcher thread: for each own tile of this CTA, in order, waits (bounded) for the peers'
-  // flags of the tile and fences, then tells the producer (at most one own tile ahead of it) and
-  // feeds the tile's rounds to the consumers.
+  // The watcher thread (watcher.cuh).
   template <class Config>
   __device__ static void watch(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
                                int num_ctas) {
-    const uint32_t epoch = comm::call_epoch(p.calls);
-    uint32_t own_tiles = 0;
-    uint32_t rounds_fed = 0;
-    int step = 0;  // this CTA's steps before the current one
-    for_each_step(schedule, cta, num_ctas, [&](int s, const Tile& tile) {
-      // Only a tile's last split reduces (shared tiles may split K).
-      const uint32_t reduced = !kSharedTiles || schedule.last_split(s) ? reduced_slabs<Config>(p, tile) : 0;
-      if (reduced != 0) {
-        if (own_tiles > 0) ptx::mbarrier_wait(&smem.op.extra_taken, (own_tiles - 1) & 1);
-        // A timeout is recorded in p.failed, which the producer reads.
-        const bool arrived = wait_for_partials<Config>(p, tile, epoch);
-        if (arrived) ptx::fence_acquire_sys();  // flags seen -> partials
-        ptx::mbarrier_arrive(&smem.op.extra_ready);
-        ++own_tiles;
-        if constexpr (kSlabFitsBuffers<Config>) {
-          if (has_rounds<Config>(p, reduced)) feed_rounds<Config>(p, tile, arrived, step, epoch, smem, rounds_fed);
-        }
-      }
-      ++step;
-    });
+    PartialWatcher<kSharedTiles>::template watch<Config>(p, schedule, smem, cta, num_ctas);
   }
 
-  // Watcher thread: loads an own tile's rounds of partials (round r: peer r's partial of the slab)
-  // into each consumer's chunk buffers as it asks for them; after a failed call only arrives, so
-  // that the consumers finish.
-  template <class Config>
-  __device__ static void feed_rounds(const Params& p, const Tile& tile, bool arrived, int step, uint32_t epoch,
-                                     StorageOf<Config>& smem, uint32_t& rounds_fed) {
-    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    for (int r = 0; r < p.partial_rounds; ++r, ++rounds_fed) {
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        ptx::mbarrier_wait(&smem.op.round_empty[c], rounds_fed & 1);
-        // Round 0: the sender's stores of the consumer's previous slab must have read the buffers.
-        // (The consumer has staged every earlier hand-off, so that phase is the barrier's current
-        // or last one.)
-        if (r == 0 && step > 0) ptx::mbarrier_wait(&smem.op.handoff[c].sent, (step * kHandoffsPerSlab<Config> - 1) & 1);
-        uint64_t* full = &smem.op.round_full[c];
-        if (!arrived) {
-          ptx::mbarrier_arrive(full);
-          continue;
-        }
-        ptx::mbarrier_arrive_expect_tx(full, Config::kChunksPerSlab * piece_bytes(p));
-        for (int b = 0; b < Config::kChunksPerSlab; ++b) {
-          load_piece(p, slab_piece<Config>(p, tile, c, r * Config::kChunksPerSlab + b), smem.chunks[c][b], full, epoch);
-        }
-      }
-    }
-  }
-
-  // Producer thread, after an own tile's K stages: once the watcher has seen the peers' flags of the
-  // tile, loads their partials into extra stages of the ring, in the order of partial_piece().
+  // The producer thread's extra stages (reducer.cuh).
   template <class Config>
   __device__ static void produce_extra_stages(const Params& p, const Tile& tile, const KSlice& k_slice,
                                               StorageOf<Config>& smem, StageCursor& ring, uint32_t& own_phase) {
-    if constexpr (kSharedTiles) {
-      if (k_slice.split != k_slice.num_splits - 1) return;  // only the last split reduces
-    }
-    const uint32_t reduced = reduced_slabs<Config>(p, tile);
-    if (reduced == 0) return;
-    const uint32_t epoch = comm::call_epoch(p.calls);  // a load from global memory: before the wait, not after
-    ptx::mbarrier_wait(&smem.op.extra_ready, own_phase);  // the watcher's acquire, passed on at CTA scope
-    ptx::mbarrier_arrive(&smem.op.extra_taken);
-    own_phase ^= 1;
-    const bool arrived = !comm::call_failed(p.failed);
-    if (arrived) ptx::fence_proxy_async_global();  // the partials, for the TMA loads (async proxy)
-    // The reduced slabs' count as a constant: the piece order's arithmetic, on this one thread per
-    // 8 KB piece, then folds into shifts (at run time it took about 80 instructions a piece, not 15).
-    if (__popc(reduced) == Config::kConsumers) {
-      stream_partials<Config, Config::kConsumers>(p, tile, reduced, epoch, arrived, smem, ring);
-    } else {
-      stream_partials<Config, 1>(p, tile, reduced, epoch, arrived, smem, ring);
-    }
-  }
-
-  // Producer thread: the TMA loads of an own tile's partials (kSlabs reduced slabs), in the order
-  // of partial_piece(); after a failed call only empty stages, so that the consumers finish.
-  template <class Config, int kSlabs>
-  __device__ static void stream_partials(const Params& p, const Tile& tile, uint32_t reduced, uint32_t epoch,
-                                         bool arrived, StorageOf<Config>& smem, StageCursor& ring) {
-    const int num_pieces = streamed_pieces<Config>(p, reduced);
-    const int rounds_held = kSlabs * round_pieces<Config>(p, reduced);  // the pieces before these
-    for (int first = 0; first < num_pieces; first += Config::kPiecesPerStage) {
-      const int stage = ring.stage;
-      ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
-      uint64_t* full = &smem.ring.full[stage];
-      const int count = min(Config::kPiecesPerStage, num_pieces - first);
-      if (!arrived) {
-        ptx::mbarrier_arrive(full);  // the call has failed: only let the consumers finish
-      } else {
-        ptx::mbarrier_arrive_expect_tx(full, count * piece_bytes(p));
-        for (int q = 0; q < count; ++q) {
-          load_piece(p, partial_piece<Config, kSlabs>(p, tile, reduced, rounds_held + first + q),
-                     stage_piece<Config>(smem, stage, q), full, epoch);
-        }
-      }
-      ring.advance<Config>();
-    }
+    PartialReducer<kSharedTiles>::template produce_extra_stages<Config>(p, tile, k_slice, smem, ring, own_phase);
   }
 
   // Consumers, before a tile's K stages (all of its K blocks: this schedule does not split K): a
@@ -275,29 +108,21 @@ class PushReduceEpilogue : public EpilogueBase {
       k_slice_ = k_slice;
       if (k_slice.split != k_slice.num_splits - 1) {  // a split before the last: no epilogue of its own
         pushed_ = own_ = reduced_ = 0;
-        tile_rounds_ = 0;
+        reducer().skip_tile();
         return;
       }
     }
-    if constexpr (kSharedTiles) pushed_ = pushed_slabs<Config>(p_, tile);  // else every slab is pushed or own
-    own_ = own_slabs<Config>(p_, tile);
-    reduced_ = reduced_slabs<Config>(p_, tile);
-    tile_rounds_ = has_rounds<Config>(p_, reduced_) ? p_.partial_rounds : 0;
-    round_ = 0;
+    if constexpr (kSharedTiles) pushed_ = Layout<Config>::pushed_slabs(p_, tile);  // else every slab is pushed or own
+    own_ = Layout<Config>::own_slabs(p_, tile);
+    reduced_ = Layout<Config>::reduced_slabs(p_, tile);
+    reducer().template begin_tile<Config>(reduced_);
   }
 
-  // Consumers, after K block kb: asks for round 0 after the first K block, adds a round at its K block
-  // (partial_rounds.h).
+  // Consumers, after K block kb: the rounds of an own tile's partials (reducer.cuh).
   template <class Config>
   __device__ __forceinline__ void after_k_block(int kb, float (&acc)[Config::kAccPerThread],
                                                 StorageOf<Config>& smem) {
-    if constexpr (kSlabFitsBuffers<Config>) {
-      if (round_ >= tile_rounds_) return;
-      if (kb == 0 && slabs_.leader()) ptx::mbarrier_arrive(&smem.op.round_empty[consumer_]);
-      if (kb == partial_round_k_block(consumer_, Config::kConsumers, round_, tile_rounds_, p_.num_k_blocks)) {
-        add_round<Config>(acc, smem);
-      }
-    }
+    reducer().template after_k_block<Config>(kb, acc, smem);
   }
 
   // Consumers, after a tile's K stages: a slab of other owners' rows is staged for the sender
@@ -318,178 +143,19 @@ class PushReduceEpilogue : public EpilogueBase {
     if constexpr (kSharedTiles) {
       if (keeps && (pushed_ & bit)) hand_off<Config>(tile, slab, acc, /*to_output=*/false);
     }
-    if (reduces) add_partials<Config>(reduced_, acc, smem, ring);
+    if (reduces) reducer().template add_partials<Config>(reduced_, acc, smem, ring);
     hand_off<Config>(tile, slab, acc, /*to_output=*/keeps);
-    if (reduced_ != 0 && !reduces) pass_extra_stages<Config>(extra_stages<Config>(p_, reduced_), smem, ring);
+    if (reduced_ != 0 && !reduces) {
+      reducer().template pass_extra_stages<Config>(Layout<Config>::extra_stages(p_, reduced_), smem, ring);
+    }
   }
 
   // The sender raises the last flags; nothing is left to the consumers.
   __device__ void finish() {}
 
  private:
-  // Where one piece of an own slab's partials comes from: a 64 x 64 chunk of a source's slab.
-  struct PartialPiece {
-    int source;
-    int row;  // in this rank's segment: negative where it starts inside the slab (shared tiles)
-    int col;
-  };
-
-  // Where a box of an owner's rows sits: a slab whose first row lands at `row` of the owner's segment
-  // (negative: the segment starts -row rows into the slab) is the box at that row of the segment
-  // from chunk row 0, or at segment row 0 from chunk row -row (a TMA store may not start at a
-  // negative row; with shared tiles the box is the segment's rows, inside the slab).
-  struct BoxPlace {
-    int chunk_row;
-    int segment_row;
-  };
-  __device__ static BoxPlace place_box(int row) { return row >= 0 ? BoxPlace{0, row} : BoxPlace{-row, 0}; }
-
-  // The bytes a piece of partials loads: a chunk, or with shared tiles a segment's rows of it.
-  __device__ static uint32_t piece_bytes(const Params& p) {
-    if constexpr (kSharedTiles) return uint32_t(p.box_rows) * kChunkCols * 2;
-    return 64 * kChunkCols * 2;
-  }
-
-  // Producer or watcher thread: the TMA load of one piece of partials into a chunk-sized buffer.
-  __device__ static void load_piece(const Params& p, const PartialPiece& piece, uint16_t* buffer, uint64_t* full,
-                                    uint32_t epoch) {
-    BoxPlace box{0, piece.row};
-    if constexpr (kSharedTiles) box = place_box(piece.row);
-    ptx::tma_load_4d(buffer + box.chunk_row * kChunkCols, &p.recv_at[p.rank], full, piece.col, box.segment_row,
-                     piece.source, epoch & 1);
-  }
-
-  // The owners of a slab's rows, first .. last; with shared tiles a slab past the tile's rows has the
-  // owner of the tile's last row (and no rows: neither pushed nor awaited).
-  struct SlabOwners {
-    int first;
-    int last;
-  };
-  __device__ static SlabOwners slab_owners(const Tile& tile, int slab_row) {
-    if constexpr (!kSharedTiles) {
-      const int owner = tile.owner_of(slab_row);  // a slab never spans two owners
-      return {owner, owner};
-    }
-    const int last_row = tile.row_end - tile.row_begin - 1;
-    return {tile.owner_of_row(min(slab_row, last_row)), tile.owner_of_row(min(slab_row + kSlabRows - 1, last_row))};
-  }
-
-  // The slabs of a tile that hold this rank's rows (a bit per consumer): stored here.
-  template <class Config>
-  __device__ static uint32_t own_slabs(const Params& p, const Tile& tile) {
-    uint32_t slabs = 0;
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      const SlabOwners owners = slab_owners(tile, Slab<Config>::of_consumer(c).row);
-      if (owners.first <= p.rank && p.rank <= owners.last) slabs |= 1u << c;
-    }
-    return slabs;
-  }
-
-  // The slabs of a tile that hold other owners' rows: pushed to them.
-  template <class Config>
-  __device__ static uint32_t pushed_slabs(const Params& p, const Tile& tile) {
-    uint32_t slabs = 0;
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      const SlabOwners owners = slab_owners(tile, Slab<Config>::of_consumer(c).row);
-      if (owners.first != p.rank || owners.last != p.rank) slabs |= 1u << c;
-    }
-    return slabs;
-  }
-
-  // The own slabs that take the peers' partials through extra stages: none without peers.
-  template <class Config>
-  __device__ static uint32_t reduced_slabs(const Params& p, const Tile& tile) {
-    return p.world_size > 1 ? own_slabs<Config>(p, tile) : 0;
-  }
-
-  // A reduced slab's pieces of partials: every chunk of it from each peer (a chunk past the segment
-  // or past n is zero-filled by the TMA and never stored). The first round_pieces() come in rounds
-  // during the K loop, the rest through the ring after it.
-  template <class Config>
-  __device__ static int round_pieces(const Params& p, uint32_t reduced) {
-    return has_rounds<Config>(p, reduced) ? p.partial_rounds * Config::kChunksPerSlab : 0;
-  }
-
-  // A round is a whole slab of one peer in a consumer's chunk buffers: none where the epilogue stages
-  // a slab in batches (the config gives those no rounds either).
-  template <class Config>
-  static constexpr bool kSlabFitsBuffers = Config::kStagedChunks == Config::kChunksPerSlab;
-
-  // A tile takes rounds where every slab is reduced (the config gives rounds only where a tile's
-  // slabs have one owner: ops/gemm_rs/config.cpp), so both consumers take the same rounds.
-  template <class Config>
-  __device__ static bool has_rounds(const Params& p, uint32_t reduced) {
-    return kSlabFitsBuffers<Config> && p.partial_rounds > 0 && reduced == (1u << Config::kConsumers) - 1;
-  }
-
-  template <class Config>
-  __device__ static int streamed_pieces(const Params& p, uint32_t reduced) {
-    return __popc(reduced) * ((p.world_size - 1) * Config::kChunksPerSlab - round_pieces<Config>(p, reduced));
-  }
-
-  template <class Config>
-  __device__ static int extra_stages(const Params& p, uint32_t reduced) {
-    return (streamed_pieces<Config>(p, reduced) + Config::kPiecesPerStage - 1) / Config::kPiecesPerStage;
-  }
-
-  // Piece q of consumer c's slab: q = j * chunks per slab + chunk, peer j in rank order (skipping
-  // this rank) first, then the chunk.
-  template <class Config>
-  __device__ static PartialPiece slab_piece(const Params& p, const Tile& tile, int consumer, int q) {
-    const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
-    const int chunk = q % Config::kChunksPerSlab;
-    const int j = q / Config::kChunksPerSlab;
-    const int row = kSharedTiles ? tile.segment_row_for(slab.row, p.rank) : tile.segment_row_of(slab.row);
-    return {j < p.rank ? j : j + 1, row, tile.col_begin + slab.col + chunk * kChunkCols};
-  }
-
-  // Piece i of a tile's S reduced slabs = slab piece q * S + place: with two reduced slabs a
-  // warpgroup takes every other piece.
-  template <class Config, int kSlabs>
-  __device__ static PartialPiece partial_piece(const Params& p, const Tile& tile, uint32_t reduced, int i) {
-    const int consumer = kSlabs == Config::kConsumers ? i % kSlabs : __ffs(reduced) - 1;
-    return slab_piece<Config>(p, tile, consumer, i / kSlabs);
-  }
-
-  // Adds this warpgroup's pieces of the tile's partials that no round held as the producer streams
-  // them in, releasing each extra stage once read. The pieces come source by source, so every
-  // element gets its partials in rank order.
-  template <class Config>
-  __device__ void add_partials(uint32_t reduced, float (&acc)[Config::kAccPerThread], StorageOf<Config>& smem,
-                               StageCursor& ring) {
-    static_assert(Config::kConsumers <= Config::kPiecesPerStage, "a stage holds a piece of every reduced slab");
-    const int num_slabs = __popc(reduced);
-    const int num_stages = extra_stages<Config>(p_, reduced);
-    if (num_stages == 0) return;
-    const int first = round_pieces<Config>(p_, reduced);
-    int held = 0;  // the extra stage this warpgroup has waited for and not yet released
-    // This warpgroup's next piece, counted in the held stage: every num_slabs-th from its place.
-    int in_stage = __popc(reduced & ((1u << consumer_) - 1));
-    ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-    const int num_sources = p_.world_size - 1;
-    for (int j = first / Config::kChunksPerSlab; j < num_sources; ++j) {
-#pragma unroll
-      for (int c = 0; c < Config::kChunksPerSlab; ++c) {
-        if (j * Config::kChunksPerSlab + c < first) continue;
-        if (in_stage >= Config::kPiecesPerStage) {
-          release_extra_stage<Config>(smem, ring);
-          ++held;
-          in_stage -= Config::kPiecesPerStage;
-          ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-        }
-        add_chunk_bf16(stage_piece<Config>(smem, ring.stage, in_stage), acc + c * 32);
-        in_stage += num_slabs;
-      }
-    }
-    release_extra_stage<Config>(smem, ring);
-    // The stages left may hold only the other warpgroup's pieces; each is released by both.
-    pass_extra_stages<Config>(num_stages - held - 1, smem, ring);
-  }
-
-  // A slab's hand-offs: its chunks staged kStagedChunks at a time (the same count for every slab,
-  // empty ones too, so that the sender knows it).
-  template <class Config>
-  static constexpr int kHandoffsPerSlab = (Config::kChunksPerSlab + Config::kStagedChunks - 1) / Config::kStagedChunks;
+  // This warpgroup's side of the own slabs' reduction.
+  __device__ PartialReducer<kSharedTiles> reducer() { return {p_, consumer_, slabs_, chunks_, rounds_}; }
 
   // Split K: writes the slab's FP32 partial of this split and counts it in; in the tile's last split
   // waits (bounded) until every split has, then holds p_0 + ... + p_{S-1} in acc. False in the
@@ -531,7 +197,7 @@ class PushReduceEpilogue : public EpilogueBase {
   // owners, or this rank's rows into its output. The last hand-off of a push carries the slab's flag.
   template <class Config>
   __device__ void hand_off(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread], bool to_output) {
-    const SlabOwners owners = to_output ? SlabOwners{p_.rank, p_.rank} : slab_owners(tile, slab.row);
+    const SlabOwners owners = to_output ? SlabOwners{p_.rank, p_.rank} : Layout<Config>::slab_owners(tile, slab.row);
     const int row = kSharedTiles ? tile.segment_row_for(slab.row, owners.first) : tile.segment_row_of(slab.row);
     const int col_begin = tile.col_begin + slab.col;
     // A slab past the band's rows or the last column holds nothing: neither pushed nor awaited.
@@ -540,14 +206,14 @@ class PushReduceEpilogue : public EpilogueBase {
     const bool flagged = !empty && !to_output;
     // Unrolled: the accumulators are indexed with constants only (or they would leave registers).
 #pragma unroll
-    for (int h = 0; h < kHandoffsPerSlab<Config>; ++h) {
+    for (int h = 0; h < Layout<Config>::kHandoffsPerSlab; ++h) {
       const int first = h * Config::kStagedChunks;
       const int count = max(0, min(num_chunks - first, Config::kStagedChunks));
       // The sender's stores of the previous hand-off must have read the chunk buffers.
       if (handoffs_ > 0) ptx::mbarrier_wait(&handoff_->sent, (handoffs_ - 1) & 1);
       slabs_.stage<Config::kStagedChunks>(acc + 32 * first, count);
       if (slabs_.leader()) {
-        const bool last = h == kHandoffsPerSlab<Config> - 1;
+        const bool last = h == Layout<Config>::kHandoffsPerSlab - 1;
         handoff_->to_output = to_output;
         handoff_->first_owner = owners.first;
         handoff_->last_owner = owners.last;
@@ -561,159 +227,6 @@ class PushReduceEpilogue : public EpilogueBase {
     }
   }
 
-  // Sender thread: stores the given slabs of a step (a bit per consumer; `handoffs` counts each
-  // consumer's hand-offs taken so far), a pushed chunk of one owner as a bulk group of its own and
-  // the others of a hand-off as one, hands the chunk buffers back once read, and raises the flags of
-  // the pushed slabs once every group has landed.
-  template <class Config>
-  __device__ static void send_slabs(const Params& p, StorageOf<Config>& smem, uint32_t slabs,
-                                    uint32_t (&handoffs)[Config::kConsumers], uint32_t epoch) {
-    if (slabs == 0) return;
-    SlabOwners flagged[Config::kConsumers];
-    int flags[Config::kConsumers];
-    for (int c = 0; c < Config::kConsumers; ++c) flags[c] = -1;
-    bool any_flag = false;
-#pragma unroll 1
-    for (int h = 0; h < kHandoffsPerSlab<Config>; ++h) {
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        if (!(slabs & (1u << c))) continue;
-        SlabHandoff& slab = smem.op.handoff[c];
-        ptx::mbarrier_wait(&slab.staged, handoffs[c]++ & 1);
-        if (slab.flag >= 0) {
-          flags[c] = slab.flag;
-          flagged[c] = {slab.first_owner, slab.last_owner};
-          any_flag = true;
-        }
-        if (p.timeline != nullptr && slab.num_chunks > 0) record_handoff(p, slab);
-        for (int i = 0; i < slab.num_chunks; ++i) {
-          const int col = slab.col + i * kChunkCols;
-          if constexpr (!kSharedTiles) {
-            if (slab.to_output) {
-              ptx::tma_store_2d(&p.out, smem.chunks[c][i], col, slab.row);
-            } else {
-              ptx::tma_store_4d(&p.recv_at[slab.first_owner], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
-              ptx::bulk_commit_group();
-              ptx::bulk_wait_group_read<kPushQueue - 1>();
-            }
-            continue;
-          }
-          if (slab.to_output) {
-            const BoxPlace box = place_box(slab.row);
-            ptx::tma_store_2d(&p.out, smem.chunks[c][i] + box.chunk_row * kChunkCols, col, box.segment_row);
-            continue;
-          }
-          // One box per other owner of the slab, all queued: they are a segment's rows each.
-          for (int owner = slab.first_owner, row = slab.row; owner <= slab.last_owner; ++owner, row -= p.rows_per_rank) {
-            if (owner == p.rank) continue;
-            const BoxPlace box = place_box(row);
-            ptx::tma_store_4d(&p.recv_at[owner], smem.chunks[c][i] + box.chunk_row * kChunkCols, col, box.segment_row,
-                              p.rank, epoch & 1);
-          }
-        }
-      }
-      ptx::bulk_commit_group();
-      ptx::bulk_wait_group_read<0>();
-      for (int c = 0; c < Config::kConsumers; ++c) {
-        if (slabs & (1u << c)) ptx::mbarrier_arrive(&smem.op.handoff[c].sent);
-      }
-    }
-    if (!any_flag) return;
-    ptx::bulk_wait_group<0>();
-    ptx::fence_proxy_async_global();
-    ptx::fence_release_sys();
-    for (int c = 0; c < Config::kConsumers; ++c) {
-      if (flags[c] < 0) continue;
-      for (int owner = flagged[c].first; owner <= flagged[c].last; ++owner) {
-        if (owner != p.rank) ptx::store_relaxed_sys(flag_at(p, owner, flags[c], epoch & 1), epoch);
-      }
-    }
-  }
-
-  // Sender thread: a hand-off's stores in the push timeline, one event (its boxes to every other
-  // owner of the slab, the first of them named; or this rank's rows into its output).
-  __device__ static void record_handoff(const Params& p, const SlabHandoff& slab) {
-    const bool holds_own = slab.first_owner <= p.rank && p.rank <= slab.last_owner;
-    const int boxes = slab.to_output ? 1 : slab.last_owner - slab.first_owner + 1 - holds_own;
-    const uint32_t bytes = uint32_t(slab.num_chunks) * uint32_t(boxes * p.box_rows * kChunkCols) * sizeof(uint16_t);
-    const int owner = slab.to_output ? p.rank : slab.first_owner + (slab.first_owner == p.rank);
-    record_push(p.timeline, ptx::globaltimer_ns(), bytes, owner);
-  }
-
-  // Watcher thread: waits, boundedly, for every flag of the tile's reduced slabs (each peer, each slab).
-  // The flags are polled with relaxed loads, several in flight at once; the caller fences after.
-  template <class Config>
-  __device__ static bool wait_for_partials(const Params& p, const Tile& tile, uint32_t epoch) {
-    static_assert(Config::kConsumers == 2 && 2 * kMaxWorldSize <= 32, "two slab flags per source in one mask");
-    uint32_t waiting = 0;  // bit 2 * source + slab: a flag not seen yet
-    const uint32_t own = own_slabs<Config>(p, tile);
-    for (int s = 0; s < Config::kConsumers; ++s) {
-      const Slab<Config> slab = Slab<Config>::of_consumer(s);
-      if (!(own & (1u << s))) continue;
-      if (tile.row_begin + slab.row >= tile.row_end || tile.col_begin + slab.col >= tile.col_end) continue;
-      for (int source = 0; source < p.world_size; ++source) {
-        if (source != p.rank) waiting |= 1u << (2 * source + s);
-      }
-    }
-    const uint32_t* flags = flag_at(p, p.rank, flag_index<Config>(p, 0, tile, 0), epoch & 1);
-    const size_t source_stride = flag_source_stride(p);
-    const uint64_t deadline = comm::wait_deadline(p.timeout_ns);
-    // Four loads in flight at a time (more would spill registers in the 40 the watcher has).
-    return comm::wait_bounded</*kEndsOnFailure=*/true, 100>(
-        p, deadline,
-        [&] {
-          waiting = comm::poll_flags<2 * kMaxWorldSize, 4>(
-              waiting, epoch, [&](int f) { return flags + (f / 2) * source_stride + f % 2; });
-          return waiting == 0;
-        },
-        [] {},
-        [&] {
-          const int f = __ffs(waiting) - 1;
-          const Slab<Config> slab = Slab<Config>::of_consumer(f % 2);
-          return comm::Awaited{f / 2, tile.row_begin + slab.row, tile.col_begin + slab.col};
-        });
-  }
-
-  // Adds the current round (the next peer's partial of the slab) from the chunk buffers, and asks
-  // for the next one.
-  template <class Config>
-  __device__ void add_round(float (&acc)[Config::kAccPerThread], StorageOf<Config>& smem) {
-    // The accumulators leave the WGMMAs first; the other consumer's keep the tensor cores busy.
-    cute::warpgroup_wait<0>();
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    ptx::mbarrier_wait(&smem.op.round_full[consumer_], rounds_done_++ & 1);
-    ++round_;
-#pragma unroll
-    for (int c = 0; c < Config::kChunksPerSlab; ++c) add_chunk_bf16(chunks_[c], acc + 32 * c);
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    // Every thread has read the buffers (generic proxy) before the next round's TMA loads or the
-    // slab's staging write them.
-    ptx::fence_proxy_async_shared();
-    slabs_.sync();
-    if (round_ < tile_rounds_ && slabs_.leader()) ptx::mbarrier_arrive(&smem.op.round_empty[consumer_]);
-  }
-
-  // Every thread of the warpgroup has read the stage (generic proxy) before the producer's next TMA
-  // load (async proxy) may overwrite it.
-  template <class Config>
-  __device__ void release_extra_stage(StorageOf<Config>& smem, StageCursor& ring) {
-    ptx::fence_proxy_async_shared();
-    slabs_.sync();
-    release_stage<Config>(smem, ring.stage);
-    ring.advance<Config>();
-  }
-
-  // Consumers: waits for and releases `count` extra stages without reading them (they hold the other
-  // slab's pieces).
-  template <class Config>
-  __device__ void pass_extra_stages(int count, StorageOf<Config>& smem, StageCursor& ring) {
-    for (int i = 0; i < count; ++i) {
-      ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-      release_extra_stage<Config>(smem, ring);
-    }
-  }
-
   const Params& p_;
   int consumer_;
   SlabStore slabs_;
@@ -723,9 +236,7 @@ class PushReduceEpilogue : public EpilogueBase {
   uint32_t pushed_ = 0;      // the current tile's slabs with other owners' rows (shared tiles)
   uint32_t own_ = 0;         // the current tile's slabs with this rank's rows
   uint32_t reduced_ = 0;     // the current tile's slabs that take their peers' partials
-  int tile_rounds_ = 0;      // rounds this warpgroup adds during the current tile's K loop
-  int round_ = 0;            // the next of them
-  uint32_t rounds_done_ = 0; // rounds added so far, over all tiles (the parity of round_full)
+  RoundProgress rounds_;     // the reducer's, kept across tiles
   KSlice k_slice_{};         // the current step's
 };
 

@@ -6,14 +6,15 @@
 // watcher or extra stages of the ring (ops/gemm_rs/epilogue.cuh); so it also runs on the tiles of
 // one consumer. On taller bands the staged epilogue's partials, streamed through the ring by the
 // producer, measured faster: here a thread loads its own rows' partials itself, and only the warps
-// holding them do (docs/EXPERIMENTS.md).
+// holding them do (docs/EXPERIMENTS.md). The protocol is the staged epilogue's
+// (ops/gemm_rs/protocol.cuh: the parameters, the receive buffers and flags, the slabs' owners).
 //
 //   split K   the split that counts in last holds the sum of the tile's S partials, added in split
 //             order (gemm/split_k_epilogue.cuh); the others are done
 //   poll      lane 0 of each warp holding this rank's rows loads the slab's flag from every peer
 //             once, so that the loads are in flight during the push (looked at after it)
 //   push      each thread stores its rows of other owners as BF16 straight into each owner's
-//             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/epilogue.cuh's layout;
+//             receive slot, recv[parity][this rank][row][col] (ops/gemm_rs/protocol.cuh's layout;
 //             where, looked up before the K loop), 16 bytes a lane; the warpgroup's barrier; then
 //             one warp that holds none of this rank's rows fences (release, system scope) and
 //             raises the slab's flag at each of those owners, a lane an owner
@@ -29,8 +30,11 @@
 // tiles of one owner's rows with the same split of K.
 #pragma once
 
+#include "comm/device.cuh"
+#include "gemm/slab_store.cuh"
 #include "gemm/split_k_epilogue.cuh"
-#include "ops/gemm_rs/epilogue.cuh"
+#include "ops/gemm_rs/protocol.cuh"
+#include "ops/gemm_rs/push_timeline.h"
 
 namespace tpfuse::kernels {
 
@@ -72,12 +76,11 @@ class SharedTileEpilogue : public EpilogueBase {
     const int last_row = tile.row_end - tile.row_begin - 1;
     flag_slot_ = nullptr;
     if (slab.row > last_row) return;
-    const int first_owner = tile.owner_of_row(slab.row);
-    const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
-    const bool holds_own_rows = first_owner <= p_.rank && p_.rank <= last_owner;
+    const SlabOwners owners = PushReduceLayout<Config, true>::slab_owners(tile, slab.row);
+    const bool holds_own_rows = owners.first <= p_.rank && p_.rank <= owners.last;
     const int releaser = holds_own_rows ? releasing_warp(tile, slab) : 0;
-    const int owner = first_owner + int(threadIdx.x % 32);
-    if (int(threadIdx.x % 128) / 32 == releaser && owner <= last_owner && owner != p_.rank) {
+    const int owner = owners.first + int(threadIdx.x % 32);
+    if (int(threadIdx.x % 128) / 32 == releaser && owner <= owners.last && owner != p_.rank) {
       flag_slot_ = flag_at(p_, owner, flag_index<Config>(p_, p_.rank, tile, consumer_), parity);
     }
   }
@@ -93,6 +96,7 @@ class SharedTileEpilogue : public EpilogueBase {
       const SplitPartials split(p_.split_partials, p_.splits_done, consumer_, k_slice_);
       if (!split.sum_if_last<Config>(acc, tile.row_end - tile.row_begin - slab.row, slabs_)) return;
     }
+    // The slab holds rows of the tile: its owners without slab_owners()' clamp to them.
     const int last_row = tile.row_end - tile.row_begin - 1;
     const int first_owner = tile.owner_of_row(slab.row);
     const int last_owner = tile.owner_of_row(min(slab.row + kSlabRows - 1, last_row));
@@ -217,7 +221,7 @@ class SharedTileEpilogue : public EpilogueBase {
     slabs_.sync();
     if (!__any_sync(0xffffffffu, flag_slot_ != nullptr)) return;
     ptx::fence_release_sys();
-    if (flag_slot_ != nullptr) ptx::store_relaxed_sys(flag_slot_, epoch_);
+    if (flag_slot_ != nullptr) raise_flag(flag_slot_, epoch_);
   }
 
   // The slab's push in the push timeline: its rows of other owners (the first of them named), its
