@@ -31,27 +31,28 @@ class Block(torch.nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
 
 
-class UnfusedColumn(torch.nn.Module):
-    """The column-parallel layer on torch's collectives: all_gather_tensor, then x @ W^T + b."""
+class UnfusedCopy(torch.nn.Module):
+    """A copy of a tpfuse layer's group, weight and bias, for its unfused counterpart."""
 
-    def __init__(self, fused: ColumnParallelLinear):
+    def __init__(self, fused):
         super().__init__()
         self.group = fused.group
         self.weight = torch.nn.Parameter(fused.weight.detach().clone())
         self.bias = torch.nn.Parameter(fused.bias.detach().clone())
+
+
+class UnfusedColumn(UnfusedCopy):
+    """The column-parallel layer on torch's collectives: all_gather_tensor, then x @ W^T + b."""
 
     def forward(self, x):
         return torch.nn.functional.linear(funcol.all_gather_tensor_autograd(x, 0, self.group), self.weight, self.bias)
 
 
-class UnfusedRow(torch.nn.Module):
+class UnfusedRow(UnfusedCopy):
     """The row-parallel layer on torch's collectives: x @ W^T, reduce_scatter_tensor, then + b."""
 
     def __init__(self, fused: RowParallelLinear):
-        super().__init__()
-        self.group = fused.group
-        self.weight = torch.nn.Parameter(fused.weight.detach().clone())
-        self.bias = torch.nn.Parameter(fused.bias.detach().clone())
+        super().__init__(fused)
         self.bias.sequence_parallel = True
 
     def forward(self, x):
