@@ -4,7 +4,10 @@
 #
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
-# Steps (default: all, in this order): env tests sanitize gemm proxy timeline ag_proxy baseline fused.
+# Steps (default: all, in this order): env tests sanitize gemm proxy timeline ag_proxy baseline fused;
+# small_m (not in the default) times the small-M targets: the GEMM at M = 1..512 and the
+# reduce-scatter's proxy at M = 8..512 (P = 8 both layouts, P = 4 and 2 N x K), interleaved and
+# checked, then N x K in separate loops (the cycles x clock split).
 # timeline: the proxy at P = 8 with its push timeline, both layouts, then bench/projection.py's E at
 # P = 8 from it (against the gemm step's cuBLAS times where that step ran first; M = 512 and 2048
 # marked). baseline (and fused) time NCCL's reduce-scatter on plain buffers and on symmetric windows.
@@ -122,6 +125,30 @@ for step in "${steps[@]}"; do
     ag_proxy)
       run_step ag_proxy_kn "${bench}" --mode proxy --op ag --layout kn --check --json "${out}/ag_proxy_kn.json" --csv "${out}/ag_proxy_kn.csv"
       run_step ag_proxy_nk "${bench}" --mode proxy --op ag --layout nk --check --json "${out}/ag_proxy_nk.json" --csv "${out}/ag_proxy_nk.csv"
+      ;;
+    small_m)
+      # The four projections' per-rank shapes at P (K/P of that P) for each M.
+      shapes_at() {
+        local p=$1 list=() m
+        shift
+        for m in "$@"; do
+          list+=("${m},8192,$((8192 / p))" "${m},8192,$((28672 / p))" "${m},6144,$((6144 / p))" "${m},6144,$((16384 / p))")
+        done
+        local IFS=';'
+        echo "${list[*]}"
+      }
+      gemm_shapes=$(shapes_at 8 1 8 16 32 64 128 256 512)
+      for layout in nk kn; do
+        run_step gemm_small_${layout} "${bench}" --mode gemm --layout ${layout} --shapes "${gemm_shapes}" --check --json "${out}/gemm_small_${layout}.json"
+      done
+      for pl in 8:nk 8:kn 4:nk 2:nk; do
+        p=${pl%:*} layout=${pl#*:}
+        run_step proxy_small_p${p}_${layout} "${bench}" --mode proxy --tp ${p} --layout ${layout} --shapes "$(shapes_at ${p} 8 16 32 64 128 256 512)" --check --json "${out}/proxy_small_p${p}_${layout}.json"
+      done
+      run_step separate_gemm_small_nk "${bench}" --mode gemm --layout nk --shapes "${gemm_shapes}" --separate-loops --json "${out}/separate_gemm_small_nk.json"
+      for p in 8 4 2; do
+        run_step separate_proxy_small_p${p}_nk "${bench}" --mode proxy --tp ${p} --layout nk --shapes "$(shapes_at ${p} 8 16 32 64 128 256 512)" --separate-loops --json "${out}/separate_proxy_small_p${p}_nk.json"
+      done
       ;;
     baseline)
       run_step baseline "${bench}" --mode baseline --check --json "${out}/baseline.json" --csv "${out}/baseline.csv"
