@@ -29,8 +29,8 @@ RESULTS = HERE / "results"
 
 # The runs the doc cites, relative to bench/results/.
 TWO_GPU = "2026-11-29-h200x2-f4e35d3"
-TARGETS = "2026-12-03-h200-6d5939c/run131"      # interleaved: the metric
-SEPARATE = "2026-12-03-h200-6d5939c/run132"     # --separate-loops: each call's own clock
+SMALL = "2026-12-03-h200-fcb48e1/run147"        # small M: interleaved (the metric), and separate_* loops
+SEPARATE = "2026-12-03-h200-6d5939c/run132"     # --separate-loops: each call's own clock (GEMM sweep, all-gather)
 M256 = "2026-12-03-h200-8995433/run135"         # M = 256 on one wave of 128 x 128 tiles
 CURRENT = "2026-12-03-h200-52a3c32/run142"      # the current code (`after`) against c9ba200 (`before`), 2 passes
 SWEEP = "p[12]_{layout}_after"                  # its proxy sweep of the current code, both passes
@@ -108,6 +108,14 @@ def split_summary(table, a, b, name):
     return [f"Separate loops, {name} (N x K, the {len(both)} shapes with both clocks): "
             f"{geomean([x[1] for x in both]):.3f} = cycles {geomean([x[2] for x in both]):.3f} x clock "
             f"{geomean([x[3] for x in both]):.3f}."]
+
+
+def split_cell(table, a, b):
+    """'cycles x clock' of t_a/t_b's geomean over a separate-loops table's rows with both clocks, or '-'."""
+    both = [x for x in clock_split.split(list(table.values()), a, b) if x[2] is not None] if table else []
+    if not both:
+        return "-"
+    return f"{geomean([x[2] for x in both]):.3f} x {geomean([x[3] for x in both]):.3f}"
 
 
 # ---- the tables ----
@@ -191,9 +199,9 @@ def gemm(results):
 
 def gemm_small(results):
     """The per-rank GEMM against cuBLAS at M = 1..512 (P = 8 shapes), geomean over the four projections by M."""
-    meta, nk = load(results, f"{TARGETS}/gemm_small_nk")
-    _, kn = load(results, f"{TARGETS}/gemm_small_kn")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/gemm_small_*.json`).", "",
+    meta, nk = load(results, f"{SMALL}/gemm_small_nk")
+    _, kn = load(results, f"{SMALL}/gemm_small_kn")
+    out = [f"Measured on {machine(meta)} (`bench/results/{SMALL}/gemm_small_*.json`).", "",
            "| projection | " + " | ".join(f"M = {m}" if i == 0 else str(m)
                                          for i, m in enumerate(sorted({k[1] for k in nk}))) + " | K x N, all M |",
            "|---|" + "---:|" * (len({k[1] for k in nk}) + 1)]
@@ -210,7 +218,8 @@ def gemm_small(results):
             out.append(f"{name}: cuBLAS/ours geomean {geomean(values):.3f} ({span(values)}), "
                        f"{counted(values, lambda v: v >= 1.0)} of {len(values)} at or above 1.00; ours/roofline "
                        f"{span(roof)}.")
-    return out
+    _, sep = load(results, f"{SMALL}/separate_gemm_small_nk")
+    return out + split_summary(sep, "cublas", "ours", "cuBLAS/ours")
 
 
 def proxy(results):
@@ -249,14 +258,18 @@ def down_proj(results):
     meta, nk = sweep(results, "nk")
     _, kn = sweep(results, "kn")
     out = [f"Measured on {machine(meta)} (`bench/results/{CURRENT}/p*_after.json`, the calls interleaved in one loop, "
-           "geomean of the two passes).", "",
-           "| projection | M | K/P | T_cublas (ms) | T_fused_solo (ms) | fused/cuBLAS N x K | K x N |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+           f"geomean of the two passes; split: `bench/results/{SEPARATE_PROXY}.json`, commit "
+           f"{commit(results, SEPARATE_PROXY)}).", "",
+           "| projection | M | K/P | T_cublas (ms) | T_fused_solo (ms) | fused/cuBLAS N x K | K x N | "
+           "separate loops N x K: cycles x clock |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    _, sep = load(results, SEPARATE_PROXY)
     a_all, b_all = down_proj_ratios(nk), down_proj_ratios(kn)
     for key, a in a_all.items():
         r = nk[key]
+        c, f = cycles_clock(sep.get(key), "fused_solo", "cublas")
         out.append(f"| {short(key[0])} | {key[1]} | {key[3]} | {r['t_cublas_ms']:.4f} | {r['t_fused_solo_ms']:.4f} | "
-                   f"{fmt(a)} | {fmt(b_all.get(key))} |")
+                   f"{fmt(a)} | {fmt(b_all.get(key))} | {fmt(c)} x {fmt(f)} |")
     out.append("")
     for name, vs in (("N x K", list(a_all.values())), ("K x N", list(b_all.values()))):
         vs = [v for v in vs if v is not None]
@@ -268,11 +281,12 @@ def down_proj(results):
 
 def small_m(results):
     """The fused op at M = 8..512 (proxy, P = 8, 4, 2): fused/GEMM by M, geomean over the four projections."""
-    meta, _ = load(results, f"{TARGETS}/proxy_small_p8_nk")
-    out = [f"Measured on {machine(meta)} (`bench/results/{TARGETS}/proxy_small_p*.json`).", ""]
+    meta, _ = load(results, f"{SMALL}/proxy_small_p8_nk")
+    out = [f"Measured on {machine(meta)} (`bench/results/{SMALL}/proxy_small_p*.json`; the split: "
+           f"`separate_proxy_small_p*_nk.json`, each call in a loop of its own).", ""]
     header = None
     for p, layout in ((8, "nk"), (8, "kn"), (4, "nk"), (2, "nk")):
-        _, table = load(results, f"{TARGETS}/proxy_small_p{p}_{layout}")
+        _, table = load(results, f"{SMALL}/proxy_small_p{p}_{layout}")
         if not table:
             continue
         by_m = {}
@@ -282,11 +296,13 @@ def small_m(results):
             ms = sorted(by_m)
             header = ms
             out += ["| P | layout | " + " | ".join(f"M = {m}" if i == 0 else str(m) for i, m in enumerate(ms)) +
-                    " | geomean | within 1.10 |", "|---:|---|" + "---:|" * (len(ms) + 2)]
+                    " | geomean | within 1.10 | separate loops: cycles x clock |",
+                    "|---:|---|" + "---:|" * (len(ms) + 3)]
         values = [v for vs in by_m.values() for v in vs]
         cells = " | ".join(fmt(geomean(by_m[m])) if m in by_m else "-" for m in header)
+        _, sep = load(results, f"{SMALL}/separate_proxy_small_p{p}_{layout}")
         out.append(f"| {p} | {'N x K' if layout == 'nk' else 'K x N'} | {cells} | {geomean(values):.3f} | "
-                   f"{counted(values, lambda v: v <= 1.10)} of {len(values)} |")
+                   f"{counted(values, lambda v: v <= 1.10)} of {len(values)} | {split_cell(sep, 'fused_solo', 'gemm')} |")
     return out
 
 
@@ -425,7 +441,7 @@ def status(value, target, below=True):
     return f"missed by {abs(value - target):.3f}"
 
 
-def target_row(what, pair, target, below, source, total=True):
+def target_row(what, pair, target, below, source, total=True, split="-"):
     """One row of the targets table: pair = (N x K values, K x N values); status from the worst of both."""
     cells, worst = [], []
     for values in pair:
@@ -442,27 +458,37 @@ def target_row(what, pair, target, below, source, total=True):
             cells.append(f"{edge:.3f}")
         worst.append(edge)
     edge = (max(worst) if below else min(worst)) if worst else None
-    return f"| {what} | {' / '.join(cells)} | {status(edge, target, below)} | {source} |"
+    return f"| {what} | {' / '.join(cells)} | {status(edge, target, below)} | {split} | {source} |"
 
 
 def targets(results):
     """Where the targets stand: per target the figures N x K / K x N, met or missed (by the worst), the run."""
-    out = ["| target | N x K / K x N | status | run (commit) |", "|---|---|---|---|"]
+    out = ["| target | N x K / K x N | status | separate loops, N x K geomean: cycles x clock | run (commit) |",
+           "|---|---|---|---|---|"]
     _, nk = sweep(results, "nk")
     _, kn = sweep(results, "kn")
+    _, sep = load(results, SEPARATE_PROXY)
+    down_sep = {k: r for k, r in sep.items() if "down_proj" in k[0]}
     current = f"{CURRENT.rsplit('run', 1)[1]} ({commit(results, f'{CURRENT}/p1_nk_after')})"
     out.append(target_row("down_proj: T_fused_solo <= 1.04x cuBLAS", (down_proj_ratios(nk).values(),
-                          down_proj_ratios(kn).values()), 1.04, True, current))
+                          down_proj_ratios(kn).values()), 1.04, True, current,
+                          split=split_cell(down_sep, "fused_solo", "cublas")))
     pair = [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in (nk, kn)]
-    out.append(target_row("sweep: fused/GEMM <= 1.05 on each", pair, 1.05, True, current))
-    out.append(target_row("sweep: fused/GEMM geomean <= 1.06", pair, 1.06, True, current, total=False))
-    small = [load(results, f"{TARGETS}/proxy_small_p8_{layout}") for layout in ("nk", "kn")]
+    sweep_split = split_cell(sep, "fused_solo", "gemm")
+    out.append(target_row("sweep: fused/GEMM <= 1.05 on each", pair, 1.05, True, current, split=sweep_split))
+    out.append(target_row("sweep: fused/GEMM geomean <= 1.06", pair, 1.06, True, current, total=False,
+                          split=sweep_split))
+    small = [load(results, f"{SMALL}/proxy_small_p8_{layout}") for layout in ("nk", "kn")]
+    _, small_sep = load(results, f"{SMALL}/separate_proxy_small_p8_nk")
     out.append(target_row("M = 8..512, P = 8: fused/GEMM <= 1.10 on each",
                           [[ratio(r, "fused_solo", "gemm") for r in t.values()] for _, t in small], 1.10, True,
-                          f"131 ({commit(results, f'{TARGETS}/proxy_small_p8_nk')})"))
+                          f"{SMALL.rsplit('run', 1)[1]} ({commit(results, f'{SMALL}/proxy_small_p8_nk')})",
+                          split=split_cell(small_sep, "fused_solo", "gemm")))
     ag = [load(results, f"{CURRENT}/ag_{layout}_after")[1] for layout in ("nk", "kn")]
+    _, ag_sep = load(results, f"{SEPARATE}/ag_p8_nk")
     out.append(target_row("all-gather: fused/GEMM <= 1.03 on each",
-                          [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in ag], 1.03, True, current))
+                          [[ratio(r, "fused_solo", "gemm") for r in t.values()] for t in ag], 1.03, True, current,
+                          split=split_cell(ag_sep, "fused_solo", "gemm")))
     _, by_layout = projected(results)
     rows = [by_layout.get("nk", {}), by_layout.get("kn", {})]
     runs = "141 (timeline)"

@@ -45,14 +45,27 @@ def test_proxy_ratios_and_split(tmp_path):
     write(tmp_path / tables.CURRENT, "p1_nk_after", [row])
     write(tmp_path / tables.CURRENT, "p1_kn_after", [dict(row, t_fused_solo_ms=1.1)])
     folder, name = tables.SEPARATE_PROXY.rsplit("/", 1)
-    write(tmp_path / folder, name, [dict(row, mhz_gemm=1500, mhz_fused_solo=1200)])
+    write(tmp_path / folder, name, [dict(row, mhz_cublas=1500, mhz_gemm=1500, mhz_fused_solo=1200)])
     out = "\n".join(tables.proxy(tmp_path))
     # 1.2x the time at 1200 MHz against 1500: 0.96x the cycles, clock factor 1.25.
     assert "| mixtral down_proj | 512 | 1.0000 | 1.2000 | 1.200 | 1.100 | 0.960 x 1.250 | 1500, 1200 |" in out
     assert "N x K: fused/GEMM geomean 1.200 (1.200-1.200), 0 of 1 within 1.05." in out
     down = "\n".join(tables.down_proj(tmp_path))
-    assert "| mixtral down_proj | 512 | 2048 | 1.0000 | 1.2000 | 1.200 | 1.100 |" in down
+    assert "| mixtral down_proj | 512 | 2048 | 1.0000 | 1.2000 | 1.200 | 1.100 | 0.960 x 1.250 |" in down
     assert "K x N: fused/cuBLAS geomean 1.100 (1.100-1.100), 0 of 1 within 1.04." in down
+
+
+def test_small_m_splits_each_row_into_cycles_and_clock(tmp_path):
+    rows = [{"proj": "llama3-70b.o_proj", "m": m, "n": 8192, "k_per_rank": 1024, "t_gemm_ms": 1.0,
+             "t_fused_solo_ms": 1.3} for m in (8, 512)]
+    write(tmp_path / tables.SMALL, "proxy_small_p8_nk", rows)
+    # Separate loops: 1.2x the time at the same clock on one shape, no clock on the other (left out).
+    write(tmp_path / tables.SMALL, "separate_proxy_small_p8_nk",
+          [dict(rows[0], t_fused_solo_ms=1.2, mhz_gemm=1980, mhz_fused_solo=1980), dict(rows[1], t_fused_solo_ms=2.0)])
+    out = "\n".join(tables.small_m(tmp_path))
+    assert "| 8 | N x K | 1.300 | 1.300 | 1.300 | 0 of 2 | 1.200 x 1.000 |" in out
+    target = [line for line in tables.targets(tmp_path) if line.startswith("| M = 8..512")][0]
+    assert "0 of 2, max 1.300" in target and "| 1.200 x 1.000 |" in target
 
 
 def test_sweep_is_the_geomean_of_the_passes(tmp_path):
