@@ -2,8 +2,10 @@
 
     torchrun --nproc-per-node=P -m tpfuse.bench [--json results.json]
 
-Per shape, in one run and on the same rotated inputs: T_gemm (torch.mm), T_comm
-(reduce_scatter_tensor of the M x N partial), T_seq (both in sequence), T_fused for tpfuse and for
+Per shape, in one run and on the same rotated inputs: T_gemm (torch.mm), T_comm (NCCL's
+reduce-scatter of the M x N partial: reduce_scatter_tensor on torch's buffers, and ncclReduceScatter
+on buffers in NCCL symmetric windows, which take NCCL's symmetric kernels; T_comm the faster), T_seq
+(both in sequence, on the faster path), T_fused for tpfuse and for
 torch's async-TP (torch.ops.symm_mem.fused_matmul_reduce_scatter), and for each fused op
     E = (T_gemm + T_comm - T_fused) / T_comm,  E_hideable = the same over min(T_gemm, T_comm),
     speedup = T_seq / T_fused,
@@ -36,6 +38,7 @@ import torch.distributed._symmetric_memory as symm_mem
 
 import tpfuse
 from tpfuse import _library
+from tpfuse._communicators import torch_nccl_comm
 from tpfuse.checking import ERROR_FACTOR, errors, random_operands, reference_rows, unfused_rows, weight_as_k_by_n
 
 # docs/SPEC.md's shapes: the table the C++ benchmark is built from too.
@@ -163,6 +166,74 @@ def input_sets(shape: Shape, run: Run, seed: int, shape_index: int) -> list:
     return sets
 
 
+class SymmetricWindows:
+    """Every input set's partial and rows in one NCCL symmetric window (ncclMemAlloc,
+    ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC) on torch's communicator of the group, so that
+    ncclReduceScatter on them takes NCCL's symmetric kernels. Made and freed by every rank together.
+    Where it cannot be made (a torch whose NCCL is not the one loaded, an NCCL before windows),
+    `reason` says why and `partials` is empty."""
+
+    WIN_COLL_SYMMETRIC = 0x01
+    ALIGNMENT = 4096  # NCCL_WIN_REQUIRED_ALIGNMENT
+    BFLOAT16, SUM = 9, 0  # ncclBfloat16, ncclSum
+
+    def __init__(self, run: "Run", m: int, n: int, count: int):
+        self.partials, self.rows, self.reason = [], [], ""
+        self._nccl, self._comm, self._base, self._window = None, None, ctypes.c_void_p(), ctypes.c_void_p()
+        comm = torch_nccl_comm(run.group, run.device)
+        if comm is None:
+            self.reason = "torch's NCCL communicator is not usable from tpfuse (another NCCL library)"
+            return
+        nccl = ctypes.CDLL(_library.library().nccl.path)
+        if not hasattr(nccl, "ncclCommWindowRegister"):
+            self.reason = "this NCCL has no symmetric windows (ncclCommWindowRegister)"
+            return
+        nccl.ncclGetErrorString.restype = ctypes.c_char_p
+        self._nccl, self._comm = nccl, ctypes.c_void_p(comm)
+        aligned = lambda size: (size + self.ALIGNMENT - 1) // self.ALIGNMENT * self.ALIGNMENT
+        partial_bytes, rows_bytes = aligned(m * n * 2), aligned(m // run.world_size * n * 2)
+        total = count * (partial_bytes + rows_bytes)
+        self._call("ncclMemAlloc", ctypes.byref(self._base), ctypes.c_size_t(total))
+        self._call("ncclCommWindowRegister", self._comm, self._base, ctypes.c_size_t(total),
+                   ctypes.byref(self._window), ctypes.c_int(self.WIN_COLL_SYMMETRIC))
+        memory = _DeviceMemory(self._base.value, total)
+        whole = torch.as_tensor(memory, device=run.device).view(torch.bfloat16)  # int16 words as BF16
+        for s in range(count):
+            at = s * (partial_bytes + rows_bytes) // 2
+            self.partials.append(whole[at:at + m * n].view(m, n))
+            at += partial_bytes // 2
+            self.rows.append(whole[at:at + m // run.world_size * n].view(m // run.world_size, n))
+
+    def _call(self, name: str, *args) -> None:
+        result = getattr(self._nccl, name)(*args)
+        if result != 0:
+            raise RuntimeError(f"{name}: {self._nccl.ncclGetErrorString(result).decode()}")
+
+    def reduce_scatter(self, s: int) -> None:
+        """ncclReduceScatter of set s's partial into its rows, on the current stream."""
+        self._call("ncclReduceScatter", ctypes.c_void_p(self.partials[s].data_ptr()),
+                   ctypes.c_void_p(self.rows[s].data_ptr()), ctypes.c_size_t(self.rows[s].numel()),
+                   ctypes.c_int(self.BFLOAT16), ctypes.c_int(self.SUM), self._comm,
+                   ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+
+    def free(self) -> None:
+        """Every rank together, once the GPU is done with the buffers."""
+        if self._window.value:
+            torch.cuda.synchronize()
+            self.partials, self.rows = [], []
+            self._call("ncclCommWindowDeregister", self._comm, self._window)
+            self._call("ncclMemFree", self._base)
+            self._window = ctypes.c_void_p()
+
+
+class _DeviceMemory:
+    """Device memory torch.as_tensor can view, as 16-bit words (the CUDA array interface)."""
+
+    def __init__(self, pointer: int, size: int):
+        self.__cuda_array_interface__ = {"shape": (size // 2,), "typestr": "<i2", "data": (pointer, False),
+                                         "version": 3}
+
+
 def efficiency(row: dict, t_fused: float, suffix: str) -> None:
     hidden = row["t_gemm_ms"] + row["t_comm_ms"] - t_fused
     row["E" + suffix] = hidden / row["t_comm_ms"]
@@ -175,21 +246,37 @@ def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
     if shape.m % run.world_size != 0:
         row.update(status=f"skipped: M not divisible by {run.world_size} GPUs", wrong=0, input_sets=0)
         return row
-    layout, group, group_name = run.args.layout, run.group, run.group.group_name
     sets = input_sets(shape, run, seed, shape_index)
     row["input_sets"] = len(sets)
+    windows = SymmetricWindows(run, shape.m, shape.n, len(sets))
+    try:
+        return measure_shape(row, run, sets, windows)
+    finally:
+        windows.free()
 
-    def gemm(i):
+
+def measure_shape(row: dict, run: Run, sets: list, windows: SymmetricWindows) -> dict:
+    layout, group, group_name = run.args.layout, run.group, run.group.group_name
+    if windows.reason:
+        row["note"] = f"no symmetric window: {windows.reason}"
+        run.log(row["note"])
+    seq_symmetric = False  # T_seq's reduce-scatter: the faster of the two, once both are timed
+
+    def gemm(i, symmetric=False):
         a, w, partial, _, _ = sets[i % len(sets)]
-        torch.mm(a, weight_as_k_by_n(w, layout), out=partial)
+        out = windows.partials[i % len(sets)] if symmetric else partial
+        torch.mm(a, weight_as_k_by_n(w, layout), out=out)
 
-    def comm(i):
+    def comm_ring(i):
         _, _, partial, rows, _ = sets[i % len(sets)]
         dist.reduce_scatter_tensor(rows, partial, group=group)
 
+    def comm_sym(i):
+        windows.reduce_scatter(i % len(sets))
+
     def seq(i):
-        gemm(i)
-        comm(i)
+        gemm(i, seq_symmetric)
+        (comm_sym if seq_symmetric else comm_ring)(i)
 
     def fused(i):
         a, w, _, _, out = sets[i % len(sets)]
@@ -199,6 +286,9 @@ def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
         a, w, _, _, _ = sets[i % len(sets)]
         return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, weight_as_k_by_n(w, layout), "sum", 0, group_name)
 
+    for s in range(len(windows.partials)):  # the partials the symmetric path reduces: the GEMM's
+        gemm(s, symmetric=True)
+
     wrong = 0
     if run.args.check:
         a, w, _, _, out = sets[0]
@@ -206,6 +296,12 @@ def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
         unfused = errors(unfused_rows(a, w, layout, group), reference, group)
         row.update(unfused_max_rel=unfused.max_rel, unfused_norm_rel=unfused.norm_rel)
         wrong += unfused.nonfinite
+        if windows.partials:
+            windows.rows[0].fill_(float("nan"))
+            comm_sym(0)
+            measured = errors(windows.rows[0], reference, group)
+            row.update(rs_sym_max_rel=measured.max_rel, rs_sym_norm_rel=measured.norm_rel)
+            wrong += measured.nonfinite
         fused(0)
         measured = errors(out, reference, group)
         row.update(fused_max_rel=measured.max_rel, fused_norm_rel=measured.norm_rel,
@@ -219,7 +315,15 @@ def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
             row["async_tp_status"] = f"{type(error).__name__}: {error}"
     row["wrong"] = wrong
 
-    for name, call in (("gemm", gemm), ("comm", comm), ("seq", seq), ("fused", fused)):
+    row["t_gemm_ms"], row["host_gemm_us"] = run.time(gemm)
+    row["t_comm_ring_ms"], row["host_comm_us"] = run.time(comm_ring)
+    row["t_comm_ms"] = row["t_comm_ring_ms"]
+    if windows.partials:
+        row["t_comm_sym_ms"], _ = run.time(comm_sym)
+        seq_symmetric = row["t_comm_sym_ms"] < row["t_comm_ring_ms"]
+        row["t_comm_ms"] = min(row["t_comm_sym_ms"], row["t_comm_ring_ms"])
+    row["seq_path"] = "sym" if seq_symmetric else "ring"
+    for name, call in (("seq", seq), ("fused", fused)):
         row[f"t_{name}_ms"], row[f"host_{name}_us"] = run.time(call)
     efficiency(row, row["t_fused_ms"], "")
     if "async_tp_status" not in row:
@@ -235,14 +339,15 @@ def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
 
 COLUMNS = [  # key, header, width, format ("s": text)
     ("proj", "proj", 23, "s"), ("m", "M", 6, "d"), ("n", "N", 6, "d"), ("k_per_rank", "K/P", 6, "d"),
-    ("t_gemm_ms", "T_gemm(ms)", 10, ".4f"), ("t_comm_ms", "T_comm(ms)", 10, ".4f"),
+    ("t_gemm_ms", "T_gemm(ms)", 10, ".4f"), ("t_comm_ring_ms", "T_ring(ms)", 10, ".4f"),
+    ("t_comm_sym_ms", "T_sym(ms)", 9, ".4f"), ("t_comm_ms", "T_comm(ms)", 10, ".4f"), ("seq_path", "seq", 4, "s"),
     ("t_seq_ms", "T_seq(ms)", 10, ".4f"), ("t_fused_ms", "T_fused(ms)", 11, ".4f"),
     ("E", "E", 6, ".3f"), ("E_hideable", "E_hide", 6, ".3f"), ("speedup", "speedup", 7, ".3f"),
     ("t_async_tp_ms", "T_asyncTP(ms)", 13, ".4f"), ("E_async_tp", "E_aTP", 6, ".3f"),
     ("speedup_async_tp", "spd_aTP", 7, ".3f"), ("host_gemm_us", "host_mm(us)", 11, ".1f"),
     ("host_seq_us", "host_mm+rs(us)", 14, ".1f"), ("host_fused_us", "host_fus(us)", 12, ".1f"),
     ("host_async_tp_us", "host_aTP(us)", 12, ".1f"), ("rule", "rule", 4, "s"), ("rule_async_tp", "rule_aTP", 8, "s"),
-    ("wrong", "#wrong", 6, "d"), ("status", "status", 0, "s"),
+    ("wrong", "#wrong", 6, "d"), ("status", "status", 0, "s")
 ]
 
 

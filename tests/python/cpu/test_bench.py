@@ -45,3 +45,12 @@ def test_json_has_no_nan_and_the_table_shows_missing_values():
     line = bench.table_line({"proj": "custom", "m": 96, "status": "ok"})
     assert line.split()[:3] == ["custom", "96", "-"] and line.endswith("ok")
     assert len(bench.header_line().split()) == len(bench.COLUMNS) + 1  # "#" first
+
+
+def test_without_torchs_communicator_the_symmetric_path_says_why(monkeypatch):
+    # tpfuse cannot call NCCL on torch's communicator (another NCCL library): no window, only the ring.
+    monkeypatch.setattr(bench, "torch_nccl_comm", lambda group, device: None)
+    run = type("FakeRun", (), {"group": None, "device": None, "world_size": 8})()
+    windows = bench.SymmetricWindows(run, 512, 8192, 3)
+    assert windows.partials == [] and "torch's NCCL communicator" in windows.reason
+    windows.free()  # nothing to free: no NCCL call
