@@ -141,7 +141,8 @@ def test_projection_uses_the_model(tmp_path):
 def test_python_host_times(tmp_path):
     rows = [{"proj": "llama3-70b.o_proj", "m": m, "n": 8192, "k_per_rank": 1024, "host_gemm_us": g,
              "host_seq_us": 60.0, "host_fused_us": f, "rule": "pass"} for m, g, f in ((512, 20.0, 25.0), (2048, 20.0, 32.0))]
-    write(tmp_path / "2026-12-03-h200-b78b001/run136", "bench_python", rows)
+    folder, name = tables.PYTHON.rsplit("/", 1)
+    write(tmp_path / folder, name, rows)
     out = "\n".join(tables.python_host(tmp_path))
     assert "| tpfuse.gemm_reduce_scatter | 28.5 | 25.0 to 32.0 |" in out
     assert "tpfuse minus torch.mm: max 12.0 us (target: at most 10), 1 of 2 shapes within 10 us; 2 of 2 pass" in out
