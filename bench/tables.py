@@ -100,22 +100,28 @@ def grid(table_a, table_b, a, b):
     return out
 
 
-def split_summary(table, a, b, name):
-    """The geomean split of t_a/t_b into cycles and clock over the rows with both clocks."""
-    both = [x for x in clock_split.split(list(table.values()), a, b) if x[2] is not None]
+def geomean_split(table, a, b):
+    """(shapes, t_a/t_b, cycles, clock): the geomeans over a separate-loops table's rows with both clocks, or None."""
+    both = [x for x in clock_split.split(list(table.values()), a, b) if x[2] is not None] if table else []
     if not both:
+        return None
+    return len(both), geomean([x[1] for x in both]), geomean([x[2] for x in both]), geomean([x[3] for x in both])
+
+
+def split_summary(table, a, b, name):
+    """The geomean split of t_a/t_b into cycles and clock, as a line under a table."""
+    split = geomean_split(table, a, b)
+    if split is None:
         return []
-    return [f"Separate loops, {name} (N x K, the {len(both)} shapes with both clocks): "
-            f"{geomean([x[1] for x in both]):.3f} = cycles {geomean([x[2] for x in both]):.3f} x clock "
-            f"{geomean([x[3] for x in both]):.3f}."]
+    shapes, time, cycles, clock = split
+    return [f"Separate loops, {name} (N x K, the {shapes} shapes with both clocks): "
+            f"{time:.3f} = cycles {cycles:.3f} x clock {clock:.3f}."]
 
 
 def split_cell(table, a, b):
-    """'cycles x clock' of t_a/t_b's geomean over a separate-loops table's rows with both clocks, or '-'."""
-    both = [x for x in clock_split.split(list(table.values()), a, b) if x[2] is not None] if table else []
-    if not both:
-        return "-"
-    return f"{geomean([x[2] for x in both]):.3f} x {geomean([x[3] for x in both]):.3f}"
+    """The same as a table cell, 'cycles x clock', or '-'."""
+    split = geomean_split(table, a, b)
+    return "-" if split is None else f"{split[2]:.3f} x {split[3]:.3f}"
 
 
 # ---- the tables ----

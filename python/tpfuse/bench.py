@@ -194,8 +194,12 @@ class SymmetricWindows:
         partial_bytes, rows_bytes = aligned(m * n * 2), aligned(m // run.world_size * n * 2)
         total = count * (partial_bytes + rows_bytes)
         self._call("ncclMemAlloc", ctypes.byref(self._base), ctypes.c_size_t(total))
-        self._call("ncclCommWindowRegister", self._comm, self._base, ctypes.c_size_t(total),
-                   ctypes.byref(self._window), ctypes.c_int(self.WIN_COLL_SYMMETRIC))
+        try:
+            self._call("ncclCommWindowRegister", self._comm, self._base, ctypes.c_size_t(total),
+                       ctypes.byref(self._window), ctypes.c_int(self.WIN_COLL_SYMMETRIC))
+        except RuntimeError:
+            self._nccl.ncclMemFree(self._base)  # the allocation goes with the failed registration
+            raise
         memory = _DeviceMemory(self._base.value, total)
         whole = torch.as_tensor(memory, device=run.device).view(torch.bfloat16)  # int16 words as BF16
         for s in range(count):
