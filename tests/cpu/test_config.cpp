@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -170,6 +171,37 @@ TEST(Config, EveryChoiceIsCompiledAndFits) {
   GemmConfig gemm;
   ASSERT_TRUE(select_plain_gemm_config(make(8192, 8192, 8192, 1), device, {}, &gemm).ok());
   expect_fits(gemm, device, gemm_smem(), gemm.to_string());
+}
+
+// Rows in sequences: where a shard is whole 128-row tiles, the config of the same rows as one
+// sequence (the same tiles and sums); else 64-row tiles only, so that no tile holds two shards, also
+// where shared memory is short (or an error, never a 128-row tile).
+TEST(Config, SequencesKeepTilesInsideAShard) {
+  const auto batched = [](int64_t m, int p, int64_t batch) {
+    Problem problem = make(m, 8192, 1024, p);
+    problem.batch = batch;
+    return problem;
+  };
+  for (const auto& [m, p, batch] : {std::tuple{8192, 8, 4}, std::tuple{16384, 8, 2}, std::tuple{2048, 4, 2}}) {
+    GemmRsConfig one, several;
+    ASSERT_TRUE(select_gemm_rs_config(make(m, 8192, 1024, p), h100(), {}, &one).ok());
+    ASSERT_TRUE(select_gemm_rs_config(batched(m, p, batch), h100(), {}, &several).ok());
+    EXPECT_EQ(several.to_string(), one.to_string()) << m << " rows, P " << p << ", batch " << batch;
+  }
+  for (int kib = 64; kib <= 227; kib += 3) {
+    DeviceInfo device = h100();
+    device.max_smem_per_block = kib * 1024;
+    for (const auto& [m, p, batch] : {std::tuple{3072, 8, 2}, std::tuple{1024, 4, 4}, std::tuple{6144, 8, 4}}) {
+      GemmRsConfig c;
+      const Status s = select_gemm_rs_config(batched(m, p, batch), device, {}, &c);
+      if (s.ok()) {
+        EXPECT_EQ(c.gemm.tile().block_m, kSlabRows) << kib << " KiB: " << c.to_string();
+      } else {
+        EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+      }
+      if (kib >= 200) EXPECT_TRUE(s.ok()) << kib << " KiB: " << s.to_string();
+    }
+  }
 }
 
 // A single wave of 128 x 256 tiles (M = 512, N = 8192: 128 tiles; at P = 8 its bands of two

@@ -41,10 +41,12 @@ int partial_rounds_of(const Problem& problem, const GemmRsConfig& c) {
 // in shared tiles, at the model's cost): the fused ops' variants, and with the register epilogue
 // also the 64-row tiles of one consumer, as the plain GEMM. 128 x 128 tiles at M <= kSmallBandRows,
 // where they make one wave that wider ones leave part-idle (measured there only), and in one band
-// of shared tiles of 129 .. kSmallBandRows rows where the model gives 64-row ones.
+// of shared tiles of 129 .. kSmallBandRows rows where the model gives 64-row ones. Only 64-row tiles
+// where a 128-row one could hold rows of two sequences (slab_tiles: its A would be two boxes).
 class GemmRsTiles final : public TileTraits {
  public:
-  explicit GemmRsTiles(bool register_epilogue) : register_epilogue_(register_epilogue) {}
+  GemmRsTiles(bool register_epilogue, bool slab_tiles)
+      : register_epilogue_(register_epilogue), slab_tiles_(slab_tiles) {}
 
   const SmemByVariant& smem() const override { return gemm_rs_smem_bytes(); }
   bool takes(const GemmVariant& v) const override {
@@ -52,7 +54,8 @@ class GemmRsTiles final : public TileTraits {
   }
   std::vector<TileShape> candidates(const TileGrid& grid) const override {
     std::vector<TileShape> tiles;
-    for (const int height : tile_heights(grid, kSmallBandRows)) {
+    const std::vector<int> heights = slab_tiles_ ? std::vector<int>{kSlabRows} : tile_heights(grid, kSmallBandRows);
+    for (const int height : heights) {
       add_wide_tiles(height, &tiles);
       if (height == 128 && grid.bands * grid.rows_per_band <= kSmallBandRows) tiles.push_back({128, 128});
       if (height == 64 && register_epilogue_) add_one_consumer_tiles(&tiles);
@@ -65,6 +68,7 @@ class GemmRsTiles final : public TileTraits {
 
  private:
   bool register_epilogue_;
+  bool slab_tiles_;
 };
 
 }  // namespace
@@ -112,6 +116,10 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
   const bool share_tiles = problem.world_size > 1 && problem.rows_per_rank() < kSlabRows &&
                            kSlabRows % problem.rows_per_rank() == 0 && overrides.shared_tiles != 0;
   const bool pair_segments = problem.rows_per_rank() == 64 && problem.world_size >= 4;
+  // Several sequences (tpfuse/problem.h) whose shards are not whole 128-row tiles: a tile loads its
+  // rows of A as one box, so it must not run into the next shard (ops/gemm_rs/epilogue.cuh, a_load).
+  const bool slab_tiles =
+      problem.batch > 1 && problem.world_size > 1 && (problem.rows_per_rank() / problem.batch) % 128 != 0;
   // Shared tiles pushed and reduced from the consumers' registers (shared_tiles.cuh), which may take
   // the one-consumer 64-row tiles as the plain GEMM does.
   bool register_epilogue = share_tiles && problem.m <= kMaxRegisterEpilogueM;
@@ -128,13 +136,18 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     if (share_tiles) {
       const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
       TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides,
-                                                        GemmRsTiles(register_epilogue), &c.gemm));
+                                                        GemmRsTiles(register_epilogue, false), &c.gemm));
     } else {
-      TPFUSE_RETURN_IF_ERROR(
-          select_gemm_config(grid, device, overrides, GemmRsTiles(/*register_epilogue=*/false), &c.gemm));
+      TPFUSE_RETURN_IF_ERROR(select_gemm_config(grid, device, overrides,
+                                                GemmRsTiles(/*register_epilogue=*/false, slab_tiles), &c.gemm));
     }
     // A band of two segments needs 128-row tiles; a device that fits none takes bands of one.
     if (share_tiles || c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;
+  }
+  // A device whose shared memory fits no 64-row tile gets another tile: refused, not run wrong.
+  if (slab_tiles && c.gemm.tile().block_m != kSlabRows) {
+    return Status::Unsupported("a shard of " + std::to_string(problem.rows_per_rank() / problem.batch) +
+                               " rows a sequence needs 64-row tiles, and none fits this device's shared memory");
   }
   c.shared_tiles = share_tiles;
   c.register_epilogue = register_epilogue;

@@ -79,23 +79,14 @@ class PushReduceEpilogue : public EpilogueBase {
     ptx::mbarrier_init(&smem.op.extra_taken, 1);
   }
 
-  // Producer thread, before a tile's K stages: where its rows of A are. With several sequences
-  // (ops/sequence_rows.h; never in shared tiles, whose segments are shorter than a slab) a segment's
-  // rows are the owner's shards of the sequences: a tile within one shard is one box, a 128-row tile
-  // whose slabs lie in two shards (64-row shards, or a shard of 64 rows past a multiple of 128) two.
+  // Producer thread, before a tile's K stages: where its rows of A are. A segment's rows are the
+  // owner's shards of the sequences (ops/sequence_rows.h; one sequence: its rows as they are), and
+  // a tile's lie in one shard (the config's tiles are no taller than the shards line up with). Shared
+  // tiles hold several owners' rows, in one sequence.
   template <class Config, class Mainloop>
   __device__ static ALoad a_load(const Params& p, const Mainloop& mainloop, const Tile& tile) {
-    static_assert(kSequenceShardRows == kSlabRows, "a shard is whole slabs");
-    if (kSharedTiles || !p.sequences.batched()) return EpilogueBase::a_load<Config>(p, mainloop, tile);
-    const int row = p.sequences.row_of(tile.owner_rank, tile.segment_row);
-    if (Config::kBlockM == kSlabRows || p.sequences.shard_rows() % Config::kBlockM == 0) {
-      return {&mainloop.a, row, 0, 0, Config::kABytes};
-    }
-    // The lower slab past the segment's last row (its last tile) holds nothing: it loads the upper's rows.
-    const int lower = tile.segment_row + kSlabRows;
-    ALoad a{&p.a_slab, row, 0, 0, Config::kABytes};
-    a.lower_map = &p.a_slab;
-    a.lower_row = lower < p.rows_per_rank ? p.sequences.row_of(tile.owner_rank, lower) : row;
+    ALoad a = EpilogueBase::a_load<Config>(p, mainloop, tile);
+    if constexpr (!kSharedTiles) a.row = p.sequences.row_of(tile.owner_rank, tile.segment_row);
     return a;
   }
 

@@ -30,7 +30,6 @@ struct PushReduceParams {
   CUtensorMap out;                 // rows_per_rank x n, this rank's output
   const uint16_t* bias;            // n entries (BF16) added to this rank's rows before their rounding; null: none
   SequenceRows sequences;          // where a segment's rows lie in A (ops/sequence_rows.h)
-  CUtensorMap a_slab;              // A, box 64 x 64: a tile whose slabs lie in two sequences loads them apart
   int box_rows;                    // rows of those maps' boxes: a chunk's 64, or a segment's with shared tiles
   uint16_t* recv[kMaxWorldSize];   // the receive buffers as addressed from this GPU (shared_tiles.cuh)
   size_t recv_parity_elems;        // distance between their two parity halves
