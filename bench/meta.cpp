@@ -99,6 +99,7 @@ Fields options_fields(const Options& options) {
       {"seed", options.seed ? Value(double(*options.seed)) : Value{}},
       {"gate", options.gate},
       {"sensors", options.sensors},
+      {"separate_loops", options.separate_loops},
       {"timeline", options.timeline},
       {"overrides", options.overrides.to_string()},
       {"compare", options.compare ? Value(options.compare->to_string()) : Value{}},
