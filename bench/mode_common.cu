@@ -115,7 +115,12 @@ void set_loop_sensors(Row& row, const LoopSensors& sensors, const std::string& l
 }
 
 std::string call_order(const Options& options) {
-  return options.separate_loops ? "each in a loop of its own (--separate-loops)" : "interleaved";
+  if (options.separate_loops) return "each in a loop of its own (--separate-loops)";
+  if (options.compare) {
+    return "interleaved, the two compared calls trading places every " + std::to_string(kAlternationPass) +
+           " iterations (each one's time the geometric mean of its medians in the two places)";
+  }
+  return "interleaved";
 }
 
 std::string timing_columns_note(const Options& options, GpuSensors& sensors, bool multi_gpu) {

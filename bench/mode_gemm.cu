@@ -73,18 +73,22 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
     outcome.wrong = cublas.num_nonfinite + ours.num_nonfinite;
   }
 
-  const TimingOptions timing = timing_options(options);
+  TimingOptions timing = timing_options(options);
   const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets)); };
   const LaunchFn ours_call = [&](int i) { ours_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets), options.overrides); };
   std::vector<LaunchFn> calls{cublas_call, ours_call};
   if (options.compare) {
     calls.push_back([&](int i) { ours_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets), *options.compare); });
+    timing.alternate = AlternatePair{1, 2};  // the compared two trade places every other pass (loop_order.h)
   }
   // Timed together (time_loop); cuBLAS alone where ours fails.
   LoopTiming loop;
   const bool ours_ok =
       outcome.failure.empty() && attempt([&] { loop = time_loop(gpus, timing, calls); }, &outcome.failure);
-  if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
+  if (!ours_ok) {
+    timing.alternate.reset();
+    loop = time_loop(gpus, timing, {cublas_call});
+  }
   const std::vector<TimedCall> timed = gemm_calls(options.compare.has_value());
   for (size_t i = 0; i < loop.launches.size(); ++i) set_call(row, timed[i], loop, i, problem.flops_per_rank());
   const auto& times = loop.launches;

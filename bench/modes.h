@@ -46,7 +46,8 @@ Row shape_row(const Shape& shape);
 void add_error_columns(std::vector<Column>& columns, const std::string& key, const std::string& label);
 void set_errors(Row& row, const std::string& key, const ErrorStats& stats);
 
-// How the calls of one shape are timed, for the notes: "interleaved" or "each in a loop of its own".
+// How the calls of one shape are timed, for the notes: interleaved (a compared pair alternating its
+// order), or each in a loop of its own.
 std::string call_order(const Options& options);
 
 // A timed loop's sensors: the column "<loop>_power_w" (headed "W_<label>"; "power_w" and "W" for an
