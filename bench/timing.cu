@@ -98,7 +98,8 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
       pair && (pair->first == pair->second || std::min(pair->first, pair->second) < 0 ||
                std::max(pair->first, pair->second) >= num_launches)) {
     throw CallFailed("time_loop: the alternating pair (" + std::to_string(pair->first) + ", " +
-                     std::to_string(pair->second) + ") is not two of the " + std::to_string(num_launches) + " launches");
+                     std::to_string(pair->second) + ") is not two of the " + std::to_string(num_launches) +
+                     " launches");
   }
   for (const LaunchFn& launch : launches) launch(0);
   gpus.synchronize();
