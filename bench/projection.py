@@ -8,8 +8,8 @@ The model, per shape (times in ms; bytes = M x N x 2, a rank's BF16 output befor
   T_gemm     cuBLAS's time of the same shape from the same loop as T_solo (the proxy row's t_cublas_ms: the
              proxy times cuBLAS, our GEMM and the fused call interleaved, one of each per iteration). The SM
              clock moves between runs by more than the fused op's own cost, so a T_gemm from another run
-             (--gemm) is refused unless --other-run is given, and then every summary says so; a proxy run with
-             --separate-loops (each call in a loop of its own, at its own clock) is refused too
+             (--gemm) is refused unless --other-run is given, and then the first and last lines warn of it; a
+             proxy run with --separate-loops (each call in a loop of its own, at its own clock) is refused too
   pushes     (P-1)/P x bytes leave rank 0, binned by issue time (tl_bins over [0, tl_last_push x T_solo]);
              they queue on the GPU's link at --link-gbps: each bin's bytes start no earlier than issued
              and no earlier than the bytes before them have left (a fluid queue over the bins)
