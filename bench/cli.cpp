@@ -119,7 +119,7 @@ std::string projection_name(int64_t n, int64_t k_total) {
 
 const char* layout_flag(WeightLayout layout) { return layout == WeightLayout::kNxK ? "nk" : "kn"; }
 
-const char* op_flag(ProxyOp op) { return op == ProxyOp::kAllGather ? "ag" : "rs"; }
+const char* op_flag(FusedOp op) { return op == FusedOp::kAllGather ? "ag" : "rs"; }
 
 std::vector<Shape> sweep_shapes(int tp, std::string* error) {
   std::vector<Shape> shapes;
@@ -160,15 +160,16 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   preset) against tpfuse's GEMM, on GPU 0; --op rs (default): the GEMM +\n"
          "                   reduce-scatter, its partials preset; --op ag: the all-gather + GEMM, its peers'\n"
          "                   blocks of X preset, on the column-parallel layers' sweep (M,N,K: M x N/P x K)\n"
-         "                   fused: the fused op on every GPU (2 or more) against cuBLAS + NCCL: T_fused, E,\n"
-         "                   E_hideable, speedup\n"
-         "                   ag: the all-gather + GEMM on every GPU against ncclAllGather + cuBLAS: T_fused,\n"
-         "                   E, E_hideable, speedup (the column-parallel sweep, M,N,K: M x N/P x K)\n"
+         "                   fused: a fused op on every GPU against its unfused path: T_fused, E, E_hideable,\n"
+         "                   speedup; --op rs (default): the GEMM + reduce-scatter against cuBLAS + NCCL's\n"
+         "                   reduce-scatter (2 or more GPUs); --op ag: the all-gather + GEMM against\n"
+         "                   ncclAllGather + cuBLAS (the column-parallel sweep, M,N,K: M x N/P x K)\n"
+         "                   ag: fused --op ag\n"
          "                   ag-proxy: proxy --op ag\n"
          "                   p2p: write bandwidth from GPU 0 into GPU 1 and back by SM stores, TMA stores\n"
          "                   and the copy engine (needs 2 GPUs; ignores the shapes)\n"
          "                   (default: baseline)\n"
-         "  --op rs|ag       mode proxy's op (default rs)\n"
+         "  --op rs|ag       modes proxy's and fused's op (default rs)\n"
          "  --warmup N       warm-up iterations per timing (default 20)\n"
          "  --iters N        timed iterations; the median is reported (default 200)\n"
          "  --check          check results against an FP32 reference on the GPU\n"
@@ -191,7 +192,9 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   (fields block_n, group_rows, split_k, swap_ab, own_lag, partial_rounds,\n"
          "                   shared_tiles, idle_copiers, register_epilogue; default none)\n"
          "  --compare O      modes gemm and proxy: also time our calls with overrides O, interleaved with\n"
-         "                   the others, and report the ratio (a before/after in one process)\n"
+         "                   the others, and report the ratio (a before/after in one process); the two\n"
+         "                   compared calls trade places every 16 iterations, and each one's time is the\n"
+         "                   geometric mean of its medians in the two places\n"
          "  --json FILE      write the results as JSON\n"
          "  --csv FILE       write the results as CSV\n"
          "  --help           print this help\n"
@@ -330,14 +333,17 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     }
   }
 
-  // --mode ag-proxy is --mode proxy --op ag.
-  if (options.mode == "ag-proxy") {
-    if (op == "rs") return fail("--op rs: --mode ag-proxy is the all-gather's proxy (--mode proxy --op ag)");
+  // --mode ag-proxy is --mode proxy --op ag, --mode ag is --mode fused --op ag.
+  if (options.mode == "ag-proxy" || options.mode == "ag") {
+    if (op == "rs") {
+      return fail("--op rs: --mode " + options.mode + " is the all-gather's (--mode " +
+                  (options.mode == "ag" ? "fused" : "proxy") + " --op ag)");
+    }
     op = "ag";
-  } else if (op && options.mode != "proxy") {
-    return fail("--op: only mode proxy takes it");
+  } else if (op && options.mode != "proxy" && options.mode != "fused") {
+    return fail("--op: only modes proxy and fused take it");
   }
-  if (op == "ag") options.op = ProxyOp::kAllGather;
+  if (op == "ag") options.op = FusedOp::kAllGather;
 
   // The shapes depend on --tp, which may come after --shapes.
   std::string error;

@@ -20,12 +20,13 @@ struct Shape {
   int64_t k_per_rank = 0;
 };
 
-// The op of mode proxy (--op): the GEMM + reduce-scatter or the all-gather + GEMM.
-enum class ProxyOp { kReduceScatter, kAllGather };
+// The op of modes proxy and fused (--op): the GEMM + reduce-scatter or the all-gather + GEMM.
+enum class FusedOp { kReduceScatter, kAllGather };
 
 struct Options {
   std::string mode = "baseline";
-  ProxyOp op = ProxyOp::kReduceScatter;  // mode proxy's; --mode ag-proxy is --mode proxy --op ag
+  // Modes proxy's and fused's; --mode ag-proxy is --mode proxy --op ag, --mode ag is --mode fused --op ag.
+  FusedOp op = FusedOp::kReduceScatter;
   int warmup = 20;
   int iters = 200;
   bool check = false;
@@ -79,6 +80,6 @@ bool parse_overrides(const std::string& text, ConfigOverrides* overrides, std::s
 // "kn" or "nk", as on the command line.
 const char* layout_flag(WeightLayout layout);
 // "rs" or "ag", as on the command line.
-const char* op_flag(ProxyOp op);
+const char* op_flag(FusedOp op);
 
 }  // namespace tpfuse::bench

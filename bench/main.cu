@@ -28,7 +28,7 @@ constexpr Mode kModes[] = {
     {"gemm", run_gemm, 1},
     {"proxy", run_proxy, 1},
     {"fused", run_fused, 0},
-    {"ag", run_ag, 0},
+    {"ag", run_fused, 0},  // fused --op ag
     {"ag-proxy", run_proxy, 1},  // proxy --op ag
     {"p2p", run_p2p, 2},
 };

@@ -87,8 +87,9 @@ Fields collect_meta(int num_gpus) {
 Fields options_fields(const Options& options) {
   return {
       {"mode", options.mode},
-      {"op", options.mode == "proxy" || options.mode == "ag-proxy" ? Value(std::string(op_flag(options.op)))
-                                                                   : Value{}},
+      {"op", options.mode == "proxy" || options.mode == "ag-proxy" || options.mode == "fused" || options.mode == "ag"
+                 ? Value(std::string(op_flag(options.op)))
+                 : Value{}},
       {"warmup", double(options.warmup)},
       {"iters", double(options.iters)},
       {"check", options.check},
@@ -99,6 +100,7 @@ Fields options_fields(const Options& options) {
       {"seed", options.seed ? Value(double(*options.seed)) : Value{}},
       {"gate", options.gate},
       {"sensors", options.sensors},
+      {"separate_loops", options.separate_loops},
       {"timeline", options.timeline},
       {"overrides", options.overrides.to_string()},
       {"compare", options.compare ? Value(options.compare->to_string()) : Value{}},

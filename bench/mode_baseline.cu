@@ -103,20 +103,16 @@ void run_baseline(const Options& options, Report& report) {
   report.add_note(comm_note(options.check));
   report.print_header();
 
-  double log_tflops_sum = 0;
-  uint64_t total_wrong = 0;
-  for (size_t i = 0; i < options.shapes.size(); ++i) {
-    const Row row = run_shape(gpus, options, i, report);
-    log_tflops_sum += std::log(std::get<double>(row.at("tflops_gemm")));
-    if (options.check) total_wrong += uint64_t(std::get<double>(row.at("wrong")));
-    report.add_row(row);
-  }
+  const std::vector<Row> rows = run_shapes(options.shapes.size(), gpus, report, [&](size_t i) {
+    return run_shape(gpus, options, i, report);
+  });
 
-  const double geomean_tflops = std::exp(log_tflops_sum / double(options.shapes.size()));
+  const ColumnSpread tflops = column_spread(rows, "tflops_gemm");
   std::string line = "baseline: " + std::to_string(options.shapes.size()) + " shapes on " + std::to_string(num_gpus) +
-                     " GPU(s); cuBLAS GEMM geomean " + std::to_string(int(std::lround(geomean_tflops))) + " TFLOP/s";
-  Row summary = {{"shapes", double(options.shapes.size())}, {"gemm_tflops_geomean", geomean_tflops}};
+                     " GPU(s); cuBLAS GEMM geomean " + std::to_string(int(std::lround(tflops.geomean()))) + " TFLOP/s";
+  Row summary = {{"shapes", double(options.shapes.size())}, {"gemm_tflops_geomean", tflops.geomean()}};
   if (options.check) {
+    const uint64_t total_wrong = OutcomeTally(rows).wrong;
     line += "; #wrong " + std::to_string(total_wrong);
     summary["wrong"] = double(total_wrong);
   }

@@ -1,6 +1,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <utility>
 
@@ -8,6 +10,61 @@
 #include "modes.h"
 
 namespace tpfuse::bench {
+
+std::vector<Shape> op_shapes(const Options& options) {
+  if (options.op != FusedOp::kAllGather || options.shapes_arg != "sweep") return options.shapes;
+  std::string error;
+  std::vector<Shape> shapes = all_gather_sweep_shapes(options.tp, &error);
+  if (shapes.empty()) throw CallFailed(error);
+  return shapes;
+}
+
+std::vector<Row> run_shapes(size_t num_shapes, GpuSet& gpus, Report& report,
+                            const std::function<Row(size_t shape_index)>& run_shape) {
+  std::vector<Row> rows;
+  for (size_t i = 0; i < num_shapes; ++i) {
+    rows.push_back(run_shape(i));
+    note_sensor_failures(report, gpus.sensors());
+    report.add_row(rows.back());
+  }
+  return rows;
+}
+
+int ColumnSpread::count_if(const std::function<bool(double)>& test) const {
+  return int(std::count_if(values_.begin(), values_.end(), test));
+}
+
+double ColumnSpread::geomean() const {
+  double log_sum = 0;
+  for (const double value : values_) log_sum += std::log(value);
+  return std::exp(log_sum / double(values_.size()));
+}
+
+double ColumnSpread::min() const { return *std::min_element(values_.begin(), values_.end()); }
+
+double ColumnSpread::max() const { return *std::max_element(values_.begin(), values_.end()); }
+
+ColumnSpread column_spread(const std::vector<Row>& rows, const std::string& key) {
+  std::vector<double> values;
+  for (const Row& row : rows) {
+    if (const double* value = number_in(row, key)) values.push_back(*value);
+  }
+  return ColumnSpread(std::move(values));
+}
+
+void add_geomean(const ColumnSpread& spread, const std::string& key, const std::string& label, bool with_max,
+                 std::string& line, Row& summary) {
+  if (spread.empty()) return;
+  char text[128];
+  if (with_max) {
+    std::snprintf(text, sizeof(text), "; %s max %.3f, geomean %.3f", label.c_str(), spread.max(), spread.geomean());
+    summary[key + "_max"] = spread.max();
+  } else {
+    std::snprintf(text, sizeof(text), "; %s geomean %.3f", label.c_str(), spread.geomean());
+  }
+  line += text;
+  summary[key + "_geomean"] = spread.geomean();
+}
 
 std::vector<Column> shape_columns() {
   return {
@@ -115,7 +172,12 @@ void set_loop_sensors(Row& row, const LoopSensors& sensors, const std::string& l
 }
 
 std::string call_order(const Options& options) {
-  return options.separate_loops ? "each in a loop of its own (--separate-loops)" : "interleaved";
+  if (options.separate_loops) return "each in a loop of its own (--separate-loops)";
+  if (options.compare) {
+    return "interleaved, the two compared calls trading places every " + std::to_string(kAlternationPass) +
+           " iterations (each one's time the geometric mean of its medians in the two places)";
+  }
+  return "interleaved";
 }
 
 std::string timing_columns_note(const Options& options, GpuSensors& sensors, bool multi_gpu) {
@@ -187,6 +249,10 @@ void OutcomeTally::summarize(const Options& options, std::string& line, Row& sum
 
 Problem make_problem(const Shape& shape, const Options& options) {
   return Problem{shape.m, shape.n, shape.k_per_rank, options.tp, options.weight_layout};
+}
+
+Problem gathered_gemm(const AllGatherProblem& problem) {
+  return Problem{problem.m, problem.n_per_rank, problem.k, 1, problem.weight_layout};
 }
 
 TimingOptions timing_options(const Options& options) {

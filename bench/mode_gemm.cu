@@ -73,18 +73,22 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
     outcome.wrong = cublas.num_nonfinite + ours.num_nonfinite;
   }
 
-  const TimingOptions timing = timing_options(options);
+  TimingOptions timing = timing_options(options);
   const LaunchFn cublas_call = [&](int i) { cublas_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets)); };
   const LaunchFn ours_call = [&](int i) { ours_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets), options.overrides); };
   std::vector<LaunchFn> calls{cublas_call, ours_call};
   if (options.compare) {
     calls.push_back([&](int i) { ours_on_set(gpu, problem, sets, rotation_set(i, sets.num_sets), *options.compare); });
+    timing.alternate = AlternatePair{1, 2};  // the compared two trade places every other pass (loop_order.h)
   }
   // Timed together (time_loop); cuBLAS alone where ours fails.
   LoopTiming loop;
   const bool ours_ok =
       outcome.failure.empty() && attempt([&] { loop = time_loop(gpus, timing, calls); }, &outcome.failure);
-  if (!ours_ok) loop = time_loop(gpus, timing, {cublas_call});
+  if (!ours_ok) {
+    timing.alternate.reset();
+    loop = time_loop(gpus, timing, {cublas_call});
+  }
   const std::vector<TimedCall> timed = gemm_calls(options.compare.has_value());
   for (size_t i = 0; i < loop.launches.size(); ++i) set_call(row, timed[i], loop, i, problem.flops_per_rank());
   const auto& times = loop.launches;
@@ -118,38 +122,17 @@ void run_gemm(const Options& options, Report& report) {
   }
   report.print_header();
 
-  double log_ratio_sum = 0, log_b_sum = 0;
-  int num_ours = 0;
-  OutcomeTally tally;
-  for (size_t i = 0; i < options.shapes.size(); ++i) {
-    const Row row = run_shape(gpus[0], gpus, options, i, report);
-    note_sensor_failures(report, gpus.sensors());
-    if (const double* ratio = number_in(row, "cublas_over_ours")) {
-      log_ratio_sum += std::log(*ratio);
-      ++num_ours;
-    }
-    if (const double* b = number_in(row, "b_over_ours")) log_b_sum += std::log(*b);
-    tally.add(row);
-    report.add_row(row);
-  }
+  const std::vector<Row> rows = run_shapes(options.shapes.size(), gpus, report, [&](size_t i) {
+    return run_shape(gpus[0], gpus, options, i, report);
+  });
 
-  const size_t num_shapes = options.shapes.size();
-  std::string line = "gemm: ours ran on " + std::to_string(num_ours) + " of " + std::to_string(num_shapes) + " shapes";
-  Row summary = {{"shapes", double(num_shapes)}, {"ours_ran", double(num_ours)}};
-  if (num_ours > 0) {
-    const double geomean = std::exp(log_ratio_sum / num_ours);
-    char text[64];
-    std::snprintf(text, sizeof(text), "; cublas/ours geomean %.3f", geomean);
-    line += text;
-    summary["cublas_over_ours_geomean"] = geomean;
-    if (options.compare) {
-      const double b = std::exp(log_b_sum / num_ours);
-      std::snprintf(text, sizeof(text), "; b/ours geomean %.3f", b);
-      line += text;
-      summary["b_over_ours_geomean"] = b;
-    }
-  }
-  tally.summarize(options, line, summary);
+  const ColumnSpread ratio = column_spread(rows, "cublas_over_ours");
+  std::string line = "gemm: ours ran on " + std::to_string(ratio.count()) + " of " +
+                     std::to_string(options.shapes.size()) + " shapes";
+  Row summary = {{"shapes", double(options.shapes.size())}, {"ours_ran", double(ratio.count())}};
+  add_geomean(ratio, "cublas_over_ours", "cublas/ours", /*with_max=*/false, line, summary);
+  add_geomean(column_spread(rows, "b_over_ours"), "b_over_ours", "b/ours", /*with_max=*/false, line, summary);
+  OutcomeTally(rows).summarize(options, line, summary);
   report.set_summary(line, summary);
 }
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli.h"
@@ -28,14 +29,43 @@ void run_gemm(const Options& options, Report& report);
 // The solo-rank proxy of a fused op (options.op) on GPU 0: rank 0 of P emulated ranks alone, against
 // tpfuse::gemm.
 void run_proxy(const Options& options, Report& report);
-// The fused op on every GPU (2 or more) against the unfused path: T_fused, E, E_hideable, speedup.
+// A fused op (options.op) on every GPU against its unfused path (cuBLAS + NCCL's reduce-scatter, or
+// ncclAllGather + cuBLAS): T_fused, E, E_hideable, speedup.
 void run_fused(const Options& options, Report& report);
-// The all-gather + GEMM on every GPU against ncclAllGather + cuBLAS: T_fused, E, E_hideable, speedup.
-void run_ag(const Options& options, Report& report);
 // Write bandwidth from GPU 0 into GPU 1 and back: SM stores, TMA stores, copy engine (no shapes).
 void run_p2p(const Options& options, Report& report);
 
 // ---- Shared by the modes ----
+
+// The shapes of a mode that runs options.op: the all-gather's sweep (cli.h) for the all-gather with
+// --shapes left at 'sweep', else options.shapes.
+std::vector<Shape> op_shapes(const Options& options);
+
+// Runs `run_shape` on shapes 0 .. num_shapes - 1 in turn, adding each row to the report as it finishes
+// (after a note for each sensor reading that failed meanwhile); returns the rows, for the summary.
+std::vector<Row> run_shapes(size_t num_shapes, GpuSet& gpus, Report& report,
+                            const std::function<Row(size_t shape_index)>& run_shape);
+
+// A column's numbers over the rows of a sweep that have it: the summaries' figures.
+class ColumnSpread {
+ public:
+  explicit ColumnSpread(std::vector<double> values) : values_(std::move(values)) {}
+  bool empty() const { return values_.empty(); }
+  int count() const { return int(values_.size()); }
+  int count_if(const std::function<bool(double)>& test) const;
+  double geomean() const;  // of a non-empty spread of positive numbers
+  double min() const;
+  double max() const;
+
+ private:
+  std::vector<double> values_;
+};
+ColumnSpread column_spread(const std::vector<Row>& rows, const std::string& key);
+// A summary's geomean of `key` (and its maximum with `with_max`): appends "; <label> geomean G" (or
+// "; <label> max M, geomean G") to `line`, and "<key>_geomean" (and "<key>_max") to `summary`; nothing
+// where the spread is empty.
+void add_geomean(const ColumnSpread& spread, const std::string& key, const std::string& label, bool with_max,
+                 std::string& line, Row& summary);
 
 // proj, M, N, K/P: the first columns of every mode.
 std::vector<Column> shape_columns();
@@ -46,7 +76,8 @@ Row shape_row(const Shape& shape);
 void add_error_columns(std::vector<Column>& columns, const std::string& key, const std::string& label);
 void set_errors(Row& row, const std::string& key, const ErrorStats& stats);
 
-// How the calls of one shape are timed, for the notes: "interleaved" or "each in a loop of its own".
+// How the calls of one shape are timed, for the notes: interleaved (a compared pair alternating its
+// order), or each in a loop of its own.
 std::string call_order(const Options& options);
 
 // A timed loop's sensors: the column "<loop>_power_w" (headed "W_<label>"; "power_w" and "W" for an
@@ -103,6 +134,10 @@ struct OutcomeTally {
   uint64_t wrong = 0;
   int rule_failures = 0;
 
+  OutcomeTally() = default;
+  explicit OutcomeTally(const std::vector<Row>& rows) {
+    for (const Row& row : rows) add(row);
+  }
   void add(const Row& row);
   // Appends "; rule failures N" (with --check) and "; #wrong N" to the line, and their numbers.
   void summarize(const Options& options, std::string& line, Row& summary) const;
@@ -110,6 +145,8 @@ struct OutcomeTally {
 
 // One rank's problem for this shape: world_size = --tp, the layout of --layout.
 Problem make_problem(const Shape& shape, const Options& options);
+// The all-gather + GEMM's whole product as a plain GEMM: the gathered X (m x k) times the rank's W.
+Problem gathered_gemm(const AllGatherProblem& problem);
 TimingOptions timing_options(const Options& options);
 double tflops(double flops, double ms);
 

@@ -5,8 +5,12 @@
 
 namespace tpfuse::bench {
 
+// The most input sets a loop rotates through.
+inline constexpr int kMaxRotationSets = 16;
+
 // How many input sets to rotate through: enough that one rotation touches about 4x the L2 cache
-// (so no iteration finds its operands cached), at most 16, and within `budget_bytes`; at least 1.
+// (so no iteration finds its operands cached), at most kMaxRotationSets, and within `budget_bytes`;
+// at least 1.
 int rotation_sets(size_t bytes_per_set, size_t l2_bytes, size_t budget_bytes);
 
 // The input set of call `call` (numbered across a loop's launches, as time_loop numbers them):

@@ -349,44 +349,83 @@ def all_gather(results):
     return out + split_summary(sep, "fused_solo", "gemm", "fused/GEMM")
 
 
+# The T_comm models of the projection's table (bench/projection.py's COMM_MODELS), and their names in it.
+TABLE_MODELS = {"fit2": "fit", "ring8": "ring"}
+
+
 def projected(results):
-    """(the NCCL fit (B GB/s, latency ms, worst residual, shapes), {layout: {key: (row, projection)}}) of the
-    push timelines, by bench/projection.py's model; empty where a run is missing."""
+    """(the NCCL fit (B GB/s, latency ms, worst residual, shapes, P), {layout: {key: (row, projection)}}) of the
+    push timelines, by bench/projection.py's model, T_gemm from each timeline run's own loop; empty where a run
+    is missing."""
     comm_meta, comm = load(results, f"{TWO_GPU}/fused_tp8")
     if len(comm) < 2:
         return None, {}
     comm_p = int((comm_meta or {}).get("options", {}).get("gpus", 2))
     gbps, latency, worst = projection.fit_comm(list(comm.values()), comm_p)
+    models = projection.comm_models(gbps, latency)
     out = {}
     for layout, name in (("kn", TIMELINE_KN), ("nk", TIMELINE_NK)):
         meta, table = load(results, name)
         p = int((meta or {}).get("options", {}).get("tp", 8))
+        t_gemm = projection.gemm_times({"meta": meta or {}, "results": list(table.values())})
         rows = {}
         for key, r in table.items():
-            proj = projection.project(r, p, r.get("t_cublas_ms"), gbps, latency, projection.DEFAULT_LINK_GBPS)
+            proj = projection.project(r, p, t_gemm.get(projection.shape_key(r)), projection.DEFAULT_LINK_GBPS, models)
             if proj:
                 rows[key] = (r, proj)
         out[layout] = rows
     return (gbps, latency, worst, len(comm), comm_p), out
 
 
-def bound(p):
-    return p["t_comm_ms"] <= p["t_gemm_ms"]
+def bound(p, model):
+    return p[model]["t_comm_ms"] <= p["t_gemm_ms"]
+
+
+def pair(p, model_field):
+    """'fit / ring' of one field of a projection (E, E_hideable, t_comm_ms), '-' where a model has none."""
+    digits = 4 if model_field == "t_comm_ms" else 3
+    return " / ".join(fmt(p[m][model_field] if p and p[m] else None, digits) for m in TABLE_MODELS)
+
+
+def model_summary(name, rows, model):
+    """A layout's targets under one T_comm model: E where T_comm <= T_gemm, E_hideable on every shape."""
+    rows = {k: (r, p) for k, (r, p) in rows.items() if p[model]}
+    if not rows:
+        return f"{name}, {model}: no T_comm at these sizes."
+    cb = [(k, p) for k, (r, p) in rows.items() if bound(p, model)]
+    by_proj = {}
+    for k, p in cb:
+        if p[model]["E"] >= 0.9:
+            by_proj.setdefault(short(k[0]), []).append(str(k[1]))
+    met = [f"{proj} at M = {', '.join(ms)}" for proj, ms in by_proj.items()]
+    hideable = [p[model]["E_hideable"] for r, p in rows.values()]
+    return (f"{name}, {model} ({projection.COMM_MODELS[model]}): E >= 0.90 on {sum(len(ms) for ms in by_proj.values())} "
+            f"of the {len(cb)} shapes with T_comm <= T_gemm{' (' + ', '.join(met) + ')' if met else ''}, E there "
+            f"{span(p[model]['E'] for k, p in cb)}; E_hideable >= 0.90 on {counted(hideable, lambda v: v >= 0.9)} of "
+            f"{len(rows)} (min {min(hideable):.3f}).")
 
 
 def projection_p8(results):
-    """E at P = 8 projected from one GPU's push timeline (bench/projection.py), per shape, both layouts."""
+    """E at P = 8 projected from one GPU's push timeline (bench/projection.py), per shape, both layouts, under
+    the two-GPU fit of T_comm and the published 8-GPU ring."""
     meta, _ = load(results, TIMELINE_KN)
     fit, by_layout = projected(results)
     out = [f"Projected from {machine(meta)} (`bench/results/{TIMELINE_KN}.json`, K x N; "
-           f"`bench/results/{TIMELINE_NK}.json`, N x K); T_comm fitted to `bench/results/{TWO_GPU}/fused_tp8.json`.", ""]
+           f"`bench/results/{TIMELINE_NK}.json`, N x K; T_gemm: cuBLAS in the same loop as T_solo); T_comm fitted "
+           f"to `bench/results/{TWO_GPU}/fused_tp8.json`, and published (`bench/projection.py`).", ""]
     if not fit:
         return out
     gbps, latency, worst, n, comm_p = fit
-    out += [f"Model: pushes at {projection.DEFAULT_LINK_GBPS:.0f} GB/s; T_comm = (P-1)/P x bytes / {gbps:.1f} GB/s + "
-            f"{1000 * latency:.1f} us (fitted to {n} shapes at P = {comm_p}, worst residual {100 * worst:.1f}%), held at P = 8.", "",
+    ring, sym = projection.NCCL_8GPU_RING_US, projection.NCCL_8GPU_SYM_SPEEDUP
+    mib = projection.MIB
+    out += [f"Models: pushes at {projection.DEFAULT_LINK_GBPS:.0f} GB/s. T_comm, fit: (P-1)/P x bytes / {gbps:.1f} GB/s + "
+            f"{1000 * latency:.1f} us (fitted to {n} shapes at P = {comm_p}, worst residual {100 * worst:.1f}%), held at "
+            f"P = 8; ring: NCCL's reduce-scatter on 8 x H100 as published, {len(ring)} sizes of "
+            f"{ring[0][0] // mib}-{ring[-1][0] // mib} MiB ({', '.join(f'{s // mib} MiB {us:g} us' for s, us in ring)}), "
+            f"a power law between neighbouring sizes; sym (the lines below the table): the ring over the published "
+            f"speedup of NCCL's symmetric kernels ({', '.join(f'{s // mib} MiB {x:.2f}x' for s, x in sym)}).", "",
             "| projection | M | pushed by 25/50/75% K x N | N x K | T_gemm (ms) | T_solo (ms) | T_fused P = 8 (ms) | "
-            "T_comm P = 8 (ms) | E | E_hideable | N x K: E | E_hideable |",
+            "T_comm P = 8 (ms) fit / ring | E fit / ring | E_hideable fit / ring | N x K: E fit / ring | E_hideable fit / ring |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     kn, nk = by_layout.get("kn", {}), by_layout.get("nk", {})
 
@@ -395,27 +434,19 @@ def projection_p8(results):
 
     for key, (r, p) in kn.items():
         o = nk.get(key)
+        q = o[1] if o else None
         out.append(f"| {short(key[0])} | {key[1]} | {shares((r, p))} | {shares(o)} | {p['t_gemm_ms']:.4f} | "
-                   f"{p['t_solo_ms']:.4f} | {p['t_fused_ms']:.4f} | {p['t_comm_ms']:.4f} | {fmt(p['E'])} | "
-                   f"{fmt(p['E_hideable'])} | {fmt(o[1]['E'] if o else None)} | {fmt(o[1]['E_hideable'] if o else None)} |")
+                   f"{p['t_solo_ms']:.4f} | {p['t_fused_ms']:.4f} | {pair(p, 't_comm_ms')} | {pair(p, 'E')} | "
+                   f"{pair(p, 'E_hideable')} | {pair(q, 'E')} | {pair(q, 'E_hideable')} |")
     out.append("")
     for name, rows in (("K x N", kn), ("N x K", nk)):
         if not rows:
             continue
-        cb = [(k, p) for k, (r, p) in rows.items() if bound(p)]
-        by_proj = {}
-        for k, p in cb:
-            if p["E"] >= 0.9:
-                by_proj.setdefault(short(k[0]), []).append(str(k[1]))
-        met = [f"{proj} at M = {', '.join(ms)}" for proj, ms in by_proj.items()]
-        cb_met = sum(len(ms) for ms in by_proj.values())
+        out += [model_summary(name, rows, model) for model in projection.COMM_MODELS]
         half = {m: [r["tl_share_50"] for k, (r, p) in rows.items() if k[1] == m] for m in (512, 2048)}
-        out.append(f"{name}: E >= 0.90 on {cb_met} of the {len(cb)} shapes with T_comm <= T_gemm"
-                   f"{' (' + ', '.join(met) + ')' if met else ''}, E there {span(p['E'] for k, p in cb)}; "
-                   f"E_hideable >= 0.90 on {counted([p['E_hideable'] for r, p in rows.values()], lambda v: v >= 0.9)} "
-                   f"of {len(rows)} (min {min(p['E_hideable'] for r, p in rows.values()):.3f}); pushed by half the call: "
-                   + ", ".join(f"M = {m} {span(v)}" for m, v in half.items() if v) + ".")
-    return out
+        out.append(f"{name}: pushed by half the call: " + ", ".join(f"M = {m} {span(v)}" for m, v in half.items() if v) + ".")
+        out.append("")
+    return out[:-1]
 
 
 def python_host(results):
@@ -501,10 +532,13 @@ def targets(results):
     out.append(target_row(">= 0.50 of the pushed bytes by half the call, M = 512 and 2048",
                           [[r["tl_share_50"] for k, (r, p) in t.items() if k[1] in (512, 2048)] for t in rows],
                           0.5, False, runs))
-    out.append(target_row("projected E >= 0.90 where T_comm <= T_gemm, P = 8",
-                          [[p["E"] for r, p in t.values() if bound(p)] for t in rows], 0.9, False, runs + ", model"))
-    out.append(target_row("projected E_hideable >= 0.90, P = 8",
-                          [[p["E_hideable"] for r, p in t.values()] for t in rows], 0.9, False, runs + ", model"))
+    for model, words in (("fit2", "T_comm two-GPU fit"), ("ring8", "T_comm published 8-GPU ring")):
+        out.append(target_row(f"projected E >= 0.90 where T_comm <= T_gemm, P = 8, {words}",
+                              [[p[model]["E"] for r, p in t.values() if p[model] and bound(p, model)] for t in rows],
+                              0.9, False, runs + ", model"))
+        out.append(target_row(f"projected E_hideable >= 0.90, P = 8, {words}",
+                              [[p[model]["E_hideable"] for r, p in t.values() if p[model]] for t in rows], 0.9, False,
+                              runs + ", model"))
     return out
 
 

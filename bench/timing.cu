@@ -3,10 +3,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace tpfuse::bench {
@@ -88,15 +90,17 @@ class EventPair {
   int device_;
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
-
 }  // namespace
 
 LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches) {
+  const int num_launches = int(launches.size());
+  if (const auto& pair = options.alternate;
+      pair && (pair->first == pair->second || std::min(pair->first, pair->second) < 0 ||
+               std::max(pair->first, pair->second) >= num_launches)) {
+    throw CallFailed("time_loop: the alternating pair (" + std::to_string(pair->first) + ", " +
+                     std::to_string(pair->second) + ") is not two of the " + std::to_string(num_launches) +
+                     " launches");
+  }
   for (const LaunchFn& launch : launches) launch(0);
   gpus.synchronize();
 
@@ -153,24 +157,27 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
     return Times{slowest_ms, host_us};
   };
 
-  // Calls are numbered across the launches, so that two calls in a row use different input sets:
-  // one launch never finds the operands the launch before it left in L2 (in separate loops each
-  // launch's own calls are in a row: numbered alone, each of them goes through every set).
-  const int num_launches = int(launches.size());
-  std::vector<std::vector<double>> gpu_ms(launches.size()), host_us(launches.size());
-  for (auto& times : gpu_ms) times.reserve(options.iters);
+  // Calls are numbered across the launches in the order they run, so that two calls in a row use
+  // different input sets: one launch never finds the operands the launch before it left in L2 (in
+  // separate loops each launch's own calls are in a row: numbered alone, each of them goes through
+  // every set).
+  // Per launch, its GPU times in its own place [0] and in its alternating partner's place [1].
+  std::vector<std::array<std::vector<double>, 2>> gpu_ms(launches.size());
+  std::vector<std::vector<double>> host_us(launches.size());
+  for (auto& times : gpu_ms) times[0].reserve(options.iters);
   for (auto& times : host_us) times.reserve(options.iters);
   // The sensors are read from the first timed iteration on.
   auto start_sensors = [&] {
     if (options.read_sensors && !sampler) sampler.emplace(gpus.sensors(), num_launches, kSensorPeriod);
   };
-  // In an interleaved loop a reading counts for the launch that ran from before it to after it.
-  auto run_iteration = [&](int k, int iteration, bool timed) {
+  // Launch k's call in iteration `iteration`, run in place `place` of the order. In an interleaved
+  // loop a reading counts for the launch that ran from before it to after it.
+  auto run_iteration = [&](int k, int place, int iteration, bool timed) {
     if (timed) start_sensors();
-    const int call = options.separate_loops ? iteration : iteration * num_launches + k;
+    const int call = options.separate_loops ? iteration : iteration * num_launches + place;
     const Times times = time_iteration(k, call, timed && !options.separate_loops);
     if (timed) {
-      gpu_ms[k].push_back(times.gpu_ms);
+      gpu_ms[k][place == k ? 0 : 1].push_back(times.gpu_ms);
       host_us[k].push_back(times.host_us);
     }
   };
@@ -182,26 +189,29 @@ LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vect
     for (int k = 0; k < num_launches; ++k) {
       int iteration = 0;
       for (const auto start = Clock::now(); iteration < options.warmup || seconds_since(start) < kSettleSeconds;) {
-        run_iteration(k, iteration++, /*timed=*/false);
+        run_iteration(k, k, iteration++, /*timed=*/false);
       }
       // A separate loop's readings count for its launch, the gaps between its calls included: an
       // NVML read can outlast a short call, and the clock moves slower than the calls follow.
       start_sensors();
       if (sampler) sampler->launch_started(k);
-      for (const auto start = Clock::now(); int(gpu_ms[k].size()) < options.iters ||
+      for (const auto start = Clock::now(); int(gpu_ms[k][0].size()) < options.iters ||
                                             seconds_since(start) < kSeparateTimedSeconds;) {
-        run_iteration(k, iteration++, /*timed=*/true);
+        run_iteration(k, k, iteration++, /*timed=*/true);
       }
       if (sampler) sampler->launch_done();
     }
   } else {
     for (int iteration = 0; iteration < options.warmup + options.iters; ++iteration) {
-      for (int k = 0; k < num_launches; ++k) run_iteration(k, iteration, iteration >= options.warmup);
+      const std::vector<int> order = launch_order(num_launches, iteration, options.alternate);
+      for (int place = 0; place < num_launches; ++place) {
+        run_iteration(order[place], place, iteration, iteration >= options.warmup);
+      }
     }
   }
   LoopTiming result;
   for (int k = 0; k < num_launches; ++k) {
-    result.launches.push_back({median(std::move(gpu_ms[k])), median(std::move(host_us[k]))});
+    result.launches.push_back({placed_median(gpu_ms[k][0], gpu_ms[k][1]), median(std::move(host_us[k]))});
   }
   SensorLog unread;
   unread.num_launches = num_launches;

@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "gpus.h"
+#include "loop_order.h"
 #include "rotation.h"
 #include "sensors.h"
 
@@ -30,6 +32,10 @@ struct TimingOptions {
   // iteration timing each launch in turn: each then runs at the clock its own power draw sets, and
   // has a power of its own (LoopSensors::launch_power_w).
   bool separate_loops = false;
+  // Two launches compared with each other (--compare): in the interleaved loop they trade places every
+  // other iteration (launch_order), and each one's time is the geometric mean of its medians in the two
+  // places (placed_median). Unused with separate loops.
+  std::optional<AlternatePair> alternate;
 };
 
 // With separate loops a launch's warm-up lasts at least kSettleSeconds, so that the clock settles
@@ -56,9 +62,10 @@ struct LoopTiming {
 
 // Several launches compared with each other, interleaved: one untimed, ungated call of each first
 // (it loads modules and lets libraries pick kernels: neither may happen while the GPUs are held),
-// then `warmup` and `iters` iterations, each timing every launch once, in order, so that slow drifts
-// of the GPUs (clocks, temperature) fall on all of them alike and stay out of their ratios. The
-// `iteration` a launch gets counts all calls of all launches, so consecutive calls rotate to
+// then `warmup` and `iters` iterations, each timing every launch once, in order (but for the pair
+// options.alternate, which trades places every other iteration), so that slow drifts of the GPUs
+// (clocks, temperature) fall on all of them alike and stay out of their ratios. The number a call
+// gets counts all calls of all launches in the order they run, so consecutive calls rotate to
 // different input sets.
 LoopTiming time_loop(GpuSet& gpus, const TimingOptions& options, const std::vector<LaunchFn>& launches);
 

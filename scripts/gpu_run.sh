@@ -9,8 +9,8 @@
 # reduce-scatter's proxy at M = 8..512 (P = 8 both layouts, P = 4 and 2 N x K), interleaved and
 # checked, then N x K in separate loops (the cycles x clock split).
 # timeline: the proxy at P = 8 with its push timeline, both layouts, then bench/projection.py's E at
-# P = 8 from it (against the gemm step's cuBLAS times where that step ran first; M = 512 and 2048
-# marked). baseline (and fused) time NCCL's reduce-scatter on plain buffers and on symmetric windows.
+# P = 8 from it (T_gemm: cuBLAS from the timeline run's own loop, under each T_comm model; M = 512 and
+# 2048 marked). baseline (and fused) time NCCL's reduce-scatter on plain buffers and on symmetric windows.
 # Each step's output goes to OUT_DIR/<step>.log; its last lines are echoed. Every step is bounded by
 # STEP_TIMEOUT seconds (default 300). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
@@ -122,9 +122,8 @@ for step in "${steps[@]}"; do
     timeline)
       for layout in kn nk; do
         run_step timeline_${layout} "${bench}" --mode proxy --tp 8 --layout ${layout} --timeline --json "${out}/timeline_${layout}.json" --csv "${out}/timeline_${layout}.csv"
-        gemm_json=()
-        [[ -f "${out}/gemm_${layout}.json" ]] && gemm_json=(--gemm "${out}/gemm_${layout}.json")
-        TAIL_LINES=20 run_step projection_${layout} python3 "${projection}" "${out}/timeline_${layout}.json" ${gemm_json[@]+"${gemm_json[@]}"} --json "${out}/projection_${layout}.json"
+        # T_gemm from the timeline run's own loop (projection.py refuses another run's).
+        TAIL_LINES=20 run_step projection_${layout} python3 "${projection}" "${out}/timeline_${layout}.json" --json "${out}/projection_${layout}.json"
       done
       ;;
     ag_proxy)

@@ -88,15 +88,15 @@ TEST(BenchCli, ProxyOpAndTimeline) {
   const std::vector<std::string> modes = {"proxy", "ag-proxy", "gemm"};
   ParseResult r = parse_args({"--mode", "proxy", "--timeline"}, modes);
   ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
-  EXPECT_EQ(r.options.op, ProxyOp::kReduceScatter);
+  EXPECT_EQ(r.options.op, FusedOp::kReduceScatter);
   EXPECT_TRUE(r.options.timeline);
   r = parse_args({"--op", "ag", "--mode", "proxy"}, modes);
   ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
-  EXPECT_EQ(r.options.op, ProxyOp::kAllGather);
+  EXPECT_EQ(r.options.op, FusedOp::kAllGather);
   EXPECT_FALSE(r.options.timeline);
   r = parse_args({"--mode", "ag-proxy"}, modes);
   ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
-  EXPECT_EQ(r.options.op, ProxyOp::kAllGather);
+  EXPECT_EQ(r.options.op, FusedOp::kAllGather);
   EXPECT_STREQ(op_flag(r.options.op), "ag");
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"--mode", "ag-proxy", "--op", "rs"}, {"--mode", "gemm", "--op", "ag"}, {"--mode", "proxy", "--op", "xy"},
@@ -104,6 +104,29 @@ TEST(BenchCli, ProxyOpAndTimeline) {
     r = parse_args(args, modes);
     EXPECT_EQ(r.outcome, ParseOutcome::kError) << args.back();
     EXPECT_NE(r.error.find(args.back() == "--timeline=1" ? "--timeline" : "--op"), std::string::npos) << r.error;
+  }
+}
+
+// One multi-GPU mode for both ops, as the proxy: mode fused takes --op, and --mode ag is its alias.
+TEST(BenchCli, FusedOp) {
+  const std::vector<std::string> modes = {"fused", "ag", "proxy", "baseline"};
+  ParseResult r = parse_args({"--mode", "fused"}, modes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.op, FusedOp::kReduceScatter);
+  r = parse_args({"--mode", "fused", "--op", "ag"}, modes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.op, FusedOp::kAllGather);
+  r = parse_args({"--mode", "ag", "--check"}, modes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  EXPECT_EQ(r.options.mode, "ag") << "the mode as given, for the record";
+  EXPECT_EQ(r.options.op, FusedOp::kAllGather);
+  r = parse_args({"--mode", "ag", "--op", "ag"}, modes);
+  ASSERT_EQ(r.outcome, ParseOutcome::kRun) << r.error;
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--mode", "ag", "--op", "rs"}, {"--mode", "baseline", "--op", "ag"}}) {
+    r = parse_args(args, modes);
+    EXPECT_EQ(r.outcome, ParseOutcome::kError) << args[1];
+    EXPECT_NE(r.error.find("--op"), std::string::npos) << r.error;
   }
 }
 

@@ -127,15 +127,36 @@ def test_projection_uses_the_model(tmp_path):
         folder, name = timeline.rsplit("/", 1)
         write(tmp_path / folder, name, rows)
     out = "\n".join(tables.projection_p8(tmp_path))
-    assert "T_comm = (P-1)/P x bytes / 100.0 GB/s + 10.0 us (fitted to 2 shapes at P = 2, worst residual 0.0%)" in out
+    assert "fit: (P-1)/P x bytes / 100.0 GB/s + 10.0 us (fitted to 2 shapes at P = 2, worst residual 0.0%)" in out
     t_comm = 7 / 8 * 2.0 * 8192 * 8192 / 1e8 + 0.01
     e = (10.0 + t_comm - 10.0) / t_comm
-    assert f"| llama down_proj | 8192 | 0.25 / 0.50 / 0.75 | 0.25 / 0.50 / 0.75 | 10.0000 | 10.0000 | 10.0000 | {t_comm:.4f} | {e:.3f} |" in out
-    assert "K x N: E >= 0.90 on 1 of the 1 shapes with T_comm <= T_gemm (llama down_proj at M = 8192)" in out
-    assert "pushed by half the call: M = 512 0.000-0.000." in out
+    # 8192 x 8192 x 2 bytes = 128 MiB: the published 8-GPU ring's 377.2 us; T_fused = T_gemm, so E = 1 under both.
+    assert (f"| llama down_proj | 8192 | 0.25 / 0.50 / 0.75 | 0.25 / 0.50 / 0.75 | 10.0000 | 10.0000 | 10.0000 | "
+            f"{t_comm:.4f} / 0.3772 | {e:.3f} / 1.000 |") in out
+    assert ("K x N, fit2 (two-GPU fit held at P): E >= 0.90 on 1 of the 1 shapes with T_comm <= T_gemm "
+            "(llama down_proj at M = 8192)") in out
+    assert "K x N, ring8 (published 8 x H100 ring): E >= 0.90 on 1 of the 1 shapes" in out
+    assert "K x N: pushed by half the call: M = 512 0.000-0.000." in out
     targets = "\n".join(tables.targets(tmp_path))
     assert "| >= 0.50 of the pushed bytes by half the call, M = 512 and 2048 | 0 of 1, min 0.000 / 0 of 1, min 0.000 | missed by 0.500 |" in targets
-    assert "| projected E >= 0.90 where T_comm <= T_gemm, P = 8 | 1 of 1, min 1.000 / 1 of 1, min 1.000 | met |" in targets
+    for model in ("two-GPU fit", "published 8-GPU ring"):
+        assert (f"| projected E >= 0.90 where T_comm <= T_gemm, P = 8, T_comm {model} | 1 of 1, min 1.000 / 1 of 1, "
+                "min 1.000 | met |") in targets
+
+
+def test_projection_refuses_a_timeline_of_separate_loops(tmp_path):
+    comm = [fused_row(m, 1.0, 0.5 * 2.0 * m * 8192 / 1e8 + 0.01, 1.0) for m in (512, 2048)]
+    write(tmp_path / tables.TWO_GPU, "fused_tp8", comm)
+    row = dict(timeline_row(8192, 3584, 10.0, 10.0, 0.5), power_fused_solo_w=650.0)
+    for timeline in (tables.TIMELINE_KN, tables.TIMELINE_NK):
+        folder, name = timeline.rsplit("/", 1)
+        write(tmp_path / folder, name, [row])
+    try:
+        tables.projection_p8(tmp_path)
+    except tables.projection.OtherLoopError as e:
+        assert "separate-loops" in str(e)
+    else:
+        raise AssertionError("a timeline timed in separate loops was projected")
 
 
 def test_python_host_times(tmp_path):
