@@ -149,3 +149,116 @@ def test_drop_ins_split_any_dimension_but_the_last(groups, monkeypatch, p, leadi
         assert torch.equal(gathered_A.double(), gathered)
         assert torch.equal(y.double(), gathered @ weights[rank].double().t())
         assert torch.equal(y_up.double(), gathered @ ups[rank].double())
+
+
+# --- backward: the other op with the same batch; the bias's gradient ---
+
+EXACT_LIMIT = 256  # integers up to 2^8 are exact in BF16
+
+
+def leaves(tensors, requires_grad=True):
+    return [tensor.clone().requires_grad_(requires_grad) for tensor in tensors]
+
+
+def exact(reference: torch.Tensor) -> torch.Tensor:
+    assert reference.abs().max() <= EXACT_LIMIT, "the test's premise: every reference value exact in BF16"
+    return reference
+
+
+def assert_grads_equal(ours, references):
+    for name, (mine, reference) in zip(("first", "second", "third", "fourth"), zip(ours, references)):
+        assert (mine is None) == (reference is None), name
+        if mine is not None:
+            assert torch.equal(mine.double(), exact(reference)), f"the {name} input's gradient"
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_gemm_reduce_scatter_backward_gathers_with_the_same_batch(groups, monkeypatch, p, batch, input_grad):
+    s, k, n = SLAB * p, 8, 16
+    group, sim = groups[p], SimulatedGroup(groups[p], monkeypatch)
+    a, w, g = per_rank(p, batch * s, k, seed=20), per_rank(p, n, k, seed=21), per_rank(p, batch * s // p, n, seed=22)
+    biases = per_rank(p, n, seed=23)
+
+    def step(rank):
+        a_r, (w_r, bias_r) = leaves([a[rank]], input_grad)[0], leaves([w[rank], biases[rank]])
+        out = tpfuse.gemm_reduce_scatter(a_r, w_r, group, bias=bias_r, batch=batch)
+        (out.double() * g[rank].double()).sum().backward()
+        return a_r.grad, w_r.grad, bias_r.grad
+
+    results = sim.run(step)
+    A, W, B = leaves([t.double() for t in a]), leaves([t.double() for t in w]), leaves([t.double() for t in biases])
+    partials = [(A[r] @ W[r].t()).view(batch, s, n) for r in range(p)]
+    sum((reduce_scatter_reference(partials, 1, d, p, B[d]).reshape(-1, n) * g[d].double()).sum()
+        for d in range(p)).backward()
+    for rank, grads in enumerate(results):
+        assert_grads_equal(grads, (A[rank].grad if input_grad else None, W[rank].grad, B[rank].grad))
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("return_gathered", [False, True])
+def test_all_gather_gemm_backward_reduce_scatters_with_the_same_batch(groups, monkeypatch, p, batch,
+                                                                      return_gathered):
+    shard, k, n = SLAB, 16, 8
+    group, sim = groups[p], SimulatedGroup(groups[p], monkeypatch)
+    x, w, biases = per_rank(p, batch * shard, k, seed=24), per_rank(p, n, k, seed=25), per_rank(p, n, seed=26)
+    g_y, g_gathered = per_rank(p, batch * shard * p, n, seed=27), per_rank(p, batch * shard * p, k, seed=28)
+
+    def step(rank):
+        x_r, w_r, bias_r = leaves([x[rank], w[rank], biases[rank]])
+        if return_gathered:
+            y, gathered = tpfuse.all_gather_gemm(x_r, w_r, group, return_gathered=True, bias=bias_r, batch=batch)
+            loss = (y.double() * g_y[rank].double()).sum() + (gathered.double() * g_gathered[rank].double()).sum()
+        else:
+            y = tpfuse.all_gather_gemm(x_r, w_r, group, bias=bias_r, batch=batch)
+            loss = (y.double() * g_y[rank].double()).sum()
+        loss.backward()
+        return x_r.grad, w_r.grad, bias_r.grad
+
+    results = sim.run(step)
+    X, W, B = leaves([t.double() for t in x]), leaves([t.double() for t in w]), leaves([t.double() for t in biases])
+    gathered = torch.cat([part.view(batch, shard, k) for part in X], dim=1).view(-1, k)
+    loss = sum(((gathered @ W[r].t() + B[r]) * g_y[r].double()).sum() for r in range(p))
+    if return_gathered:
+        loss = loss + sum((gathered * g_gathered[r].double()).sum() for r in range(p))
+    loss.backward()
+    for rank, grads in enumerate(results):
+        assert_grads_equal(grads, (X[rank].grad, W[rank].grad, B[rank].grad))
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("leading, dim", DROP_IN_SHAPES)
+@pytest.mark.parametrize("return_A", [False, True])
+def test_drop_ins_backward_on_any_dimension(groups, monkeypatch, p, leading, dim, return_A):
+    k, n = 8, 16
+    shape = list(leading)
+    shape[dim] *= p
+    shard_shape = leading
+    group, sim = groups[p], SimulatedGroup(groups[p], monkeypatch)
+    A, weights = per_rank(p, *shape, k, seed=30), per_rank(p, n, k, seed=31)
+    shards = per_rank(p, *shard_shape, k, seed=32)
+    g_out, g_y = per_rank(p, *shard_shape, n, seed=33), per_rank(p, *shape, n, seed=34)
+
+    def step(rank):
+        A_r, w_r, shard_r = leaves([A[rank], weights[rank], shards[rank]])
+        out = tpfuse.fused_matmul_reduce_scatter(A_r, w_r.t(), "sum", dim, group.group_name)
+        gathered, (y,) = tpfuse.fused_all_gather_matmul(shard_r, [w_r.t()], dim, group.group_name, return_A=return_A)
+        loss = (out.double() * g_out[rank].double()).sum() + (y.double() * g_y[rank].double()).sum()
+        if return_A:
+            loss = loss + gathered.double().sum()
+        loss.backward()
+        return A_r.grad, w_r.grad, shard_r.grad
+
+    results = sim.run(step)
+    A64, W, S = (leaves([t.double() for t in ts]) for ts in (A, weights, shards))
+    partials = [A64[r] @ W[r].t() for r in range(p)]
+    gathered = torch.cat(S, dim=dim)
+    loss = sum((reduce_scatter_reference(partials, dim, d, p) * g_out[d].double()).sum() +
+               ((gathered @ W[d].t()) * g_y[d].double()).sum() for d in range(p))
+    if return_A:
+        loss = loss + p * gathered.sum()
+    loss.backward()
+    for rank, grads in enumerate(results):
+        assert_grads_equal(grads, (A64[rank].grad, W[rank].grad, S[rank].grad))
