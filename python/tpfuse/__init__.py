@@ -28,14 +28,14 @@ from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, 
 # Training and the compilers: the ops' backward passes (registered by importing tpfuse.autograd), the
 # parallel linear layers (tpfuse.nn), and the opt-in override of torch's symm_mem ops.
 from . import autograd, nn  # noqa: E402,F401
-from .symm_mem import SymmMemOverride, use_for_symm_mem  # noqa: E402
+from .symm_mem import SymmMemOverride, reset_stats, stats, use_for_symm_mem  # noqa: E402
 
 __all__ = [
     "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "fused_all_gather_matmul", "close", "status", "check",
     "reserve", "workspace_bytes", "nccl_info", "tpfuse_error_of",
     "TpfuseError", "InvalidArgumentError", "UnsupportedError", "CudaError", "NcclError", "PeerTimeoutError",
     "InternalError", "StatusCode",
-    "autograd", "nn", "use_for_symm_mem", "SymmMemOverride",
+    "autograd", "nn", "use_for_symm_mem", "SymmMemOverride", "stats", "reset_stats",
 ]
 
 Group = Union[dist.ProcessGroup, str, None]

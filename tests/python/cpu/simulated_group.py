@@ -6,6 +6,8 @@ launches do it per sequence (the C ABI's batch) and add the bias in FP64 before 
 Everything above those points (the custom ops, their argument checks, the backward formulas, the layers)
 is the package's own code."""
 
+import contextlib
+import contextvars
 import threading
 
 import torch
@@ -17,7 +19,13 @@ from tpfuse.checking import weight_as_k_by_n
 
 class SimulatedGroup:
     """Runs fn(rank) on P threads; collectives meet at a barrier. `rank_order` is the order in which the
-    all-gather stacks the ranks' rows (range(P) is right; anything else is a deliberately wrong backend)."""
+    all-gather stacks the ranks' rows (range(P) is right; anything else is a deliberately wrong backend).
+
+    torch.compile: compile once, in rehearse(), then run() every rank on the compiled code. Compiling in the
+    rank threads instead goes wrong two ways: torch's config overrides (torch._inductor.config, from
+    torch 2.15 on) are per thread, so a thread does not see the test's (run() gives each thread a copy of
+    the caller's context, so they do), and P threads compiling the same function at once each compile it,
+    serially under Dynamo's lock, behind ranks already waiting at a collective."""
 
     def __init__(self, group, monkeypatch, rank_order=None):
         self.size = group.size()
@@ -25,6 +33,7 @@ class SimulatedGroup:
         self._barrier = threading.Barrier(self.size, timeout=60)
         self._slots = [None] * self.size
         self._local = threading.local()
+        self._rehearsing = False
         monkeypatch.setattr(_ops, "_launch", self._launch)
         monkeypatch.setattr(_ops, "_launch_all_gather", self._launch_all_gather)
         monkeypatch.setattr(_ops, "_gemm", self._gemm)
@@ -38,6 +47,8 @@ class SimulatedGroup:
         return self._local.rank
 
     def _exchange(self, value):
+        if self._rehearsing:
+            return [value] * self.size
         self._slots[self.rank] = value
         self._barrier.wait()
         values = list(self._slots)
@@ -54,6 +65,19 @@ class SimulatedGroup:
         total = torch.stack([part.double() for part in self._exchange(x)]).sum(0)
         rows = x.shape[0] // self.size
         return total[self.rank * rows:(self.rank + 1) * rows].to(x.dtype)
+
+    @contextlib.contextmanager
+    def torch_collectives(self):
+        """Inside: torch's functional all-gather and reduce-scatter (the _c10d_functional ops that compiled
+        graphs call, dim 0; the fake process group's own compute nothing) on CPU tensors are this group's,
+        for the collectives a graph keeps unfused."""
+        lib = torch.library.Library("_c10d_functional", "IMPL")  # noqa: TOR901 -- destroyed on leaving
+        lib.impl("all_gather_into_tensor", lambda x, size, group_name: self.gather(x.contiguous()), "CPU")
+        lib.impl("reduce_scatter_tensor", lambda x, op, size, group_name: self.reduce_scatter(x.contiguous()), "CPU")
+        try:
+            yield
+        finally:
+            lib._destroy()
 
     def _sequences(self, rows: torch.Tensor, batch: int) -> torch.Tensor:
         """rows (batch sequences one after the other) as (batch, P, S/P, columns): [i, d] is rank d's share
@@ -85,8 +109,19 @@ class SimulatedGroup:
         self.launches.append((self.rank, "gemm"))
         out.copy_(a.double() @ weight_as_k_by_n(w, problem.weight_layout).double())
 
+    def rehearse(self, fn):
+        """fn(0) on this thread, every collective answered as if each rank held this rank's tensors: what
+        fn compiles is compiled here, once, under this thread's config. The launches it makes are forgotten."""
+        self._local.rank, self._rehearsing = 0, True
+        try:
+            return fn(0)
+        finally:
+            self._rehearsing = False
+            self.launches.clear()
+
     def run(self, fn):
-        """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one); the first exception is raised."""
+        """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one), in a copy of this thread's
+        context; the first exception is raised."""
         if self.size == 1:
             self._local.rank = 0
             return [fn(0)]
@@ -100,7 +135,8 @@ class SimulatedGroup:
                 errors.append(error)
                 self._barrier.abort()  # the other ranks stop waiting for this one
 
-        threads = [threading.Thread(target=body, args=(rank,)) for rank in range(self.size)]
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(body, rank))
+                   for rank in range(self.size)]
         for thread in threads:
             thread.start()
         for thread in threads:
