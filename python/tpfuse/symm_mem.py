@@ -8,106 +8,179 @@ Inductor's async-TP pass (torch._inductor.config._micro_pipeline_tp, as TorchTit
 replace all-gather + matmul and matmul + reduce-scatter with these ops; with the override on, their calls
 run tpfuse's kernels, in eager and in compiled graphs alike, since it is the ops' CUDA kernel that is
 replaced (the graphs, their Meta/fake implementations and their needs_fixed_stride_order tag stay torch's).
+The results have the strides of torch's Meta implementation, which compiled graphs assert.
 
-reduce_op "avg" (vLLM's) is served as the sum divided by P, exact in BF16 for P = 1, 2, 4, 8. A call tpfuse
-cannot serve goes to torch's own kernel, and the reason is logged once (logger "tpfuse.symm_mem", WARNING):
-reduce_op other than "sum" or "avg", scatter_dim or gather_dim other than 0, a dtype
-other than BF16 (FP16, FP32), a GPU other than Hopper (sm_90) or tpfuse's library not loadable, a group of
-more than 8 ranks, an N or K (per rank) not a multiple of 8, rows that do not divide over the group, A not
-contiguous (torch's async-TP pass makes it so for dim 0) or a B that is neither contiguous K x N nor the
-transpose view of a contiguous N x K weight, data not 16-byte aligned. The scaled FP8 variants
-(fused_*_scaled_*) are not overridden: they always run torch's kernels.
+scatter_dim / gather_dim d may be any dimension of A but the last (TorchTitan's sequence sharding is d = 1
+of [b, s, h]). Inductor's pass lays A out so that A.movedim(d, 0) is contiguous ("token-major"):
+  - all-gather: the shard's token-major rows are gathered as a whole, and the outputs, A.movedim(d, 0)
+    gathered, are torch's strides: no copy. A shard laid out otherwise is copied token-major once (this
+    rank's rows), as torch's own kernel does.
+  - reduce-scatter: a contiguous A is the kernels' batch (prod(A.shape[:d]) sequences): no copy. A
+    token-major A is reduce-scattered as a whole, and this rank's rows (token-major) are copied into the
+    contiguous result that torch's op returns.
+reduce_op "avg" is served as the sum divided by P, exact in BF16 for P = 1, 2, 4, 8.
+
+A call tpfuse cannot serve goes to torch's own kernel, logged once per (op, reason) (logger
+"tpfuse.symm_mem", WARNING); the reasons: reduce_op (not "sum" or "avg"), dim (the last dimension of A),
+rows (A's scattered extent does not divide over the group), dtype (not BF16), group (more than 8 ranks),
+layout (an A that is neither contiguous nor token-major for the reduce-scatter, or a B that is neither a
+contiguous K x N matrix nor the transpose view of a contiguous N x K weight), n_or_k (not a multiple of 8),
+alignment (data not 16-byte aligned), shard (a contiguous A of more than one sequence whose shard of a
+sequence is not a multiple of 64 rows, on more than one rank), empty (no Bs), gpu (not Hopper), library
+(tpfuse's library not loadable). The FP8 scaled ops (fused_scaled_matmul_reduce_scatter,
+fused_all_gather_scaled_matmul) are not served yet: their kernel passes every call to torch's, with reason
+fp8. stats() counts the calls.
 """
 
 import logging
+import math
 import threading
-from typing import List, Optional
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import MAX_WORLD_SIZE, POINTER_ALIGNMENT, ROW_ALIGNMENT
+from ._checks import MAX_WORLD_SIZE, POINTER_ALIGNMENT, ROW_ALIGNMENT, SLAB_ROWS
 from ._library import library
 from .errors import TpfuseError
 
 logger = logging.getLogger("tpfuse.symm_mem")
 
-OPS = ("fused_matmul_reduce_scatter", "fused_all_gather_matmul")
+SERVED_OPS = ("fused_matmul_reduce_scatter", "fused_all_gather_matmul")
+FP8_OPS = ("fused_scaled_matmul_reduce_scatter", "fused_all_gather_scaled_matmul")
+OPS = SERVED_OPS + FP8_OPS  # the symm_mem ops whose CUDA kernel the override replaces
 
-_logged = set()
-_logged_lock = threading.Lock()
+Fallback = Tuple[str, str]  # (reason, detail)
+
+_counts = Counter()  # (op, "served" or a fallback reason) -> calls
+_logged = set()      # (op, reason) already logged
+_lock = threading.Lock()
 
 
-def _fall_back(kind: str, detail: str) -> None:
-    """Logs `detail` the first time a call falls back for reason `kind`."""
-    with _logged_lock:
-        if kind in _logged:
+def stats() -> Dict[str, dict]:
+    """The calls of torch's symm_mem ops that reached the override so far, by op:
+    {op: {"served": calls tpfuse ran, "fallbacks": {reason: calls passed to torch's kernel}}} for each
+    op in OPS.
+
+    Counted: every call that dispatches to the override's kernel while it is on (eager calls, and each
+    run of a compiled graph's call, which is a Python call of the kernel). Not counted: replays of a
+    captured CUDA graph (the kernels replay without Python), calls while the override is off, tpfuse's own
+    functions and ops (tpfuse.gemm_reduce_scatter, ...), and tracing (fake tensors run torch's Meta
+    implementation)."""
+    with _lock:
+        counts = dict(_counts)
+    result = {}
+    for op in OPS:
+        fallbacks = {reason: calls for (name, reason), calls in counts.items() if name == op and reason != "served"}
+        result[op] = {"served": counts.get((op, "served"), 0), "fallbacks": fallbacks}
+    return result
+
+
+def reset_stats() -> None:
+    """Sets every count of stats() to zero (the log-once memory stays)."""
+    with _lock:
+        _counts.clear()
+
+
+def _count(op: str, outcome: str) -> None:
+    with _lock:
+        _counts[(op, outcome)] += 1
+
+
+def _fall_back(op: str, reason: str, detail: str) -> None:
+    """Counts the call, and logs `detail` the first time `op` falls back for `reason`."""
+    with _lock:
+        _counts[(op, reason)] += 1
+        if (op, reason) in _logged:
             return
-        _logged.add(kind)
-    logger.warning("tpfuse cannot serve this symm_mem call (%s): torch's own kernel runs it; further calls that "
-                   "fall back for this reason are not logged", detail)
+        _logged.add((op, reason))
+    logger.warning("tpfuse cannot serve this symm_mem.%s call (%s: %s): torch's own kernel runs it; further calls "
+                   "of this op that fall back for this reason are not logged", op, reason, detail)
 
 
-def _device_reason(device: torch.device) -> Optional[str]:
+def _check_device(device: torch.device) -> Optional[Fallback]:
     """Why tpfuse cannot run on `device`, or None."""
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) != (9, 0):
-        return f"gpu: the GPU is sm_{major}{minor}, tpfuse's kernels need Hopper (sm_90)"
+        return "gpu", f"the GPU is sm_{major}{minor}, tpfuse's kernels need Hopper (sm_90)"
     try:
         library()
     except TpfuseError as error:
-        return f"library: tpfuse's library cannot be loaded: {error}"
+        return "library", f"tpfuse's library cannot be loaded: {error}"
     return None
 
 
-def _k_by_n_reason(B: torch.Tensor, name: str) -> Optional[str]:
-    if B.dim() != 2 or not (B.is_contiguous() or B.t().is_contiguous()):
-        return (f"layout: {name} {tuple(B.shape)} with strides {B.stride()} is neither a contiguous K x N matrix nor "
-                "the transpose view of a contiguous N x K weight")
-    for extent, what in ((B.shape[1], "N"), (B.shape[0], "K")):
-        if extent % ROW_ALIGNMENT != 0:
-            return f"n_or_k: {name}'s {what} = {extent} is not a multiple of {ROW_ALIGNMENT}"
-    return None
+_device_fallbacks = {}  # device -> _check_device(device): a process's GPUs and library do not change
 
 
-def _common_reason(A: torch.Tensor, Bs: List[torch.Tensor], dim: int, dim_name: str, group_size: int) -> Optional[str]:
-    if dim != 0:
-        return f"dim: {dim_name} = {dim}; tpfuse splits rows (dim 0) only"
+def _device_fallback(device: torch.device) -> Optional[Fallback]:
+    if device not in _device_fallbacks:
+        _device_fallbacks[device] = _check_device(device)
+    return _device_fallbacks[device]
+
+
+def _operand_fallback(A: torch.Tensor, Bs: List[torch.Tensor], dim: int, dim_name: str,
+                      group_size: int) -> Optional[Fallback]:
+    """What the two ops have in common: the dimension, dtypes, the group, each B's layout and extents."""
+    if A.dim() < 2 or not 0 <= dim < A.dim() - 1:
+        return "dim", f"{dim_name} = {dim} of A {tuple(A.shape)}: tpfuse splits a dimension before A's last"
     for name, tensor in (("A", A), *((f"B[{i}]", B) for i, B in enumerate(Bs))):
         if tensor.dtype != torch.bfloat16:
-            return f"dtype: {name} is {tensor.dtype}; tpfuse takes BF16"
+            return "dtype", f"{name} is {tensor.dtype}; tpfuse takes BF16"
     if not 1 <= group_size <= MAX_WORLD_SIZE:
-        return f"group: the group has {group_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}"
-    if A.dim() < 2 or not A.is_contiguous():
-        return f"layout: A {tuple(A.shape)} with strides {A.stride()} is not a contiguous matrix or batch of rows"
+        return "group", f"the group has {group_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}"
     for i, B in enumerate(Bs):
-        reason = _k_by_n_reason(B, f"B[{i}]")
-        if reason is not None:
-            return reason
-    for name, tensor in (("A", A), *((f"B[{i}]", B) for i, B in enumerate(Bs))):
+        if B.dim() != 2 or not (B.is_contiguous() or B.t().is_contiguous()):
+            return "layout", (f"B[{i}] {tuple(B.shape)} with strides {B.stride()} is neither a contiguous K x N "
+                              "matrix nor the transpose view of a contiguous N x K weight")
+        for extent, what in ((B.shape[1], "N"), (B.shape[0], "K")):
+            if extent % ROW_ALIGNMENT != 0:
+                return "n_or_k", f"B[{i}]'s {what} = {extent} is not a multiple of {ROW_ALIGNMENT}"
+    return None
+
+
+def _alignment_fallback(*named) -> Optional[Fallback]:
+    for name, tensor in named:
         if tensor.data_ptr() % POINTER_ALIGNMENT != 0:
-            return f"alignment: {name}'s data is not {POINTER_ALIGNMENT}-byte aligned"
-    return _device_reason(A.device)
+            return "alignment", f"{name}'s data is not {POINTER_ALIGNMENT}-byte aligned"
+    return None
 
 
-def matmul_reduce_scatter_reason(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
-                                 group_name: str) -> Optional[str]:
-    """Why tpfuse cannot serve this symm_mem.fused_matmul_reduce_scatter call ("kind: detail"), or None."""
+def matmul_reduce_scatter_fallback(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
+                                   group_size: int) -> Optional[Fallback]:
+    """Why tpfuse cannot serve this symm_mem.fused_matmul_reduce_scatter call (reason, detail), or None."""
     if reduce_op not in ("sum", "avg"):
-        return f"reduce_op: reduce_op = {reduce_op!r}; tpfuse reduces with 'sum' (and 'avg' as the sum / P)"
-    group_size = _resolve_process_group(group_name).size()
-    reason = _common_reason(A, [B], scatter_dim, "scatter_dim", group_size)
-    if reason is None and A.shape[0] % group_size != 0:
-        reason = f"rows: A.shape[0] = {A.shape[0]} does not divide over the group's {group_size} ranks"
-    return reason
+        return "reduce_op", f"reduce_op = {reduce_op!r}; tpfuse reduces with 'sum' (and 'avg' as the sum / P)"
+    fallback = _operand_fallback(A, [B], scatter_dim, "scatter_dim", group_size)
+    if fallback is not None:
+        return fallback
+    extent = A.shape[scatter_dim]
+    if extent % group_size != 0:
+        return "rows", f"A.shape[{scatter_dim}] = {extent} does not divide over the group's {group_size} ranks"
+    if A.is_contiguous():
+        batch, shard_rows = math.prod(A.shape[:scatter_dim]), math.prod(A.shape[scatter_dim:-1]) // group_size
+        if batch > 1 and group_size > 1 and shard_rows % SLAB_ROWS != 0:
+            return "shard", (f"A {tuple(A.shape)} is {batch} sequences whose share on each of the {group_size} ranks "
+                             f"is {shard_rows} rows, not a multiple of {SLAB_ROWS} (the kernels' slab)")
+    elif not A.movedim(scatter_dim, 0).is_contiguous():
+        return "layout", (f"A {tuple(A.shape)} with strides {A.stride()} is neither contiguous nor contiguous with "
+                          f"scatter_dim {scatter_dim} moved first")
+    return _alignment_fallback(("A", A), ("B[0]", B)) or _device_fallback(A.device)
 
 
-def all_gather_matmul_reason(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int,
-                             group_name: str) -> Optional[str]:
-    """Why tpfuse cannot serve this symm_mem.fused_all_gather_matmul call ("kind: detail"), or None."""
+def all_gather_matmul_fallback(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int,
+                               group_size: int) -> Optional[Fallback]:
+    """Why tpfuse cannot serve this symm_mem.fused_all_gather_matmul call (reason, detail), or None."""
     if len(Bs) == 0:
-        return "empty: Bs is empty"
-    return _common_reason(A, list(Bs), gather_dim, "gather_dim", _resolve_process_group(group_name).size())
+        return "empty", "Bs is empty"
+    fallback = _operand_fallback(A, list(Bs), gather_dim, "gather_dim", group_size)
+    if fallback is not None:
+        return fallback
+    # A shard that is not token-major is copied (aligned); the Bs are used in place.
+    tokens_in_place = A.movedim(gather_dim, 0).is_contiguous()
+    named = [(f"B[{i}]", B) for i, B in enumerate(Bs)]
+    return _alignment_fallback(*([("A", A)] if tokens_in_place else []), *named) or _device_fallback(A.device)
 
 
 def _torch_kernel(name: str):
@@ -118,30 +191,55 @@ def _torch_kernel(name: str):
 
 def _fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
                                  group_name: str) -> torch.Tensor:
-    reason = matmul_reduce_scatter_reason(A, B, reduce_op, scatter_dim, group_name)
-    if reason is not None:
-        _fall_back(*reason.split(": ", 1))
-        return _torch_kernel("fused_matmul_reduce_scatter")(A, B, reduce_op, scatter_dim, group_name)
-    out = torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, "sum", scatter_dim, group_name)
+    op = "fused_matmul_reduce_scatter"
+    group_size = _resolve_process_group(group_name).size()
+    fallback = matmul_reduce_scatter_fallback(A, B, reduce_op, scatter_dim, group_size)
+    if fallback is not None:
+        _fall_back(op, *fallback)
+        return _torch_kernel(op)(A, B, reduce_op, scatter_dim, group_name)
+    _count(op, "served")
+    if A.is_contiguous():
+        # Each sequence's rows one after the other: the kernels' batch, whose result is contiguous, as torch's.
+        out = torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, "sum", scatter_dim, group_name)
+    else:
+        # Token-major (Inductor's layout): this rank's tokens are one block of rows, whose copy in the
+        # result's order is torch's contiguous result.
+        tokens = torch.ops.tpfuse.fused_matmul_reduce_scatter(A.movedim(scatter_dim, 0), B, "sum", 0, group_name)
+        out = tokens.movedim(0, scatter_dim).contiguous()
     if reduce_op == "avg":
-        # vLLM's async-TP pass asks for "avg". P is 1, 2, 4 or 8: dividing the BF16 sum by it only shifts the
-        # exponent, so this is the average rounded once (short of BF16's subnormals).
-        out.div_(_resolve_process_group(group_name).size())
+        # P is 1, 2, 4 or 8: dividing the BF16 sum by it only shifts the exponent, so this is the average
+        # rounded once (short of BF16's subnormals).
+        out.div_(group_size)
     return out
 
 
 def _fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
                              return_A: bool = True):
-    reason = all_gather_matmul_reason(A, Bs, gather_dim, group_name)
-    if reason is not None:
-        _fall_back(*reason.split(": ", 1))
-        return _torch_kernel("fused_all_gather_matmul")(A, Bs, gather_dim, group_name, return_A=return_A)
-    # Several Bs (SwiGLU's gate and up) share the one gather of A: the first is fused, the others use it.
-    return torch.ops.tpfuse.fused_all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
+    op = "fused_all_gather_matmul"
+    fallback = all_gather_matmul_fallback(A, Bs, gather_dim, _resolve_process_group(group_name).size())
+    if fallback is not None:
+        _fall_back(op, *fallback)
+        return _torch_kernel(op)(A, Bs, gather_dim, group_name, return_A=return_A)
+    _count(op, "served")
+    # torch's outputs are A.movedim(gather_dim, 0) gathered, moved back: the shard's token-major rows gathered
+    # as a whole give them (Inductor's pass lays the shard out so; another layout is copied once). Several Bs
+    # (SwiGLU's gate and up) share the one gather: the first is fused, the others use it.
+    tokens = A.movedim(gather_dim, 0).contiguous()
+    gathered, outs = torch.ops.tpfuse.fused_all_gather_matmul(tokens, Bs, 0, group_name, return_A=return_A)
+    return (None if gathered is None else gathered.movedim(0, gather_dim)), [out.movedim(0, gather_dim) for out in outs]
+
+
+def _fp8_kernel(op: str):
+    """A kernel that passes every call of the FP8 op to torch's, counted and logged once as reason fp8."""
+    def kernel(*args, **kwargs):
+        _fall_back(op, "fp8", "tpfuse does not serve the FP8 scaled symm_mem ops yet")
+        return _torch_kernel(op)(*args, **kwargs)
+    return kernel
 
 
 _KERNELS = {"fused_matmul_reduce_scatter": _fused_matmul_reduce_scatter,
-            "fused_all_gather_matmul": _fused_all_gather_matmul}
+            "fused_all_gather_matmul": _fused_all_gather_matmul,
+            **{op: _fp8_kernel(op) for op in FP8_OPS}}
 
 
 class SymmMemOverride:
@@ -200,6 +298,7 @@ class SymmMemOverride:
 
 def use_for_symm_mem() -> SymmMemOverride:
     """Makes tpfuse the CUDA kernel of torch.ops.symm_mem.fused_matmul_reduce_scatter and
-    fused_all_gather_matmul (falling back to torch's kernel, logged once per reason, where it cannot serve
-    a call). Returns the override: call .restore() to give the ops back to torch, or use it in a `with`."""
+    fused_all_gather_matmul (falling back to torch's kernel, logged once per (op, reason), where it cannot serve
+    a call), and passes the FP8 scaled ops to torch's, logged once. tpfuse.stats() counts the calls. Returns the
+    override: call .restore() to give the ops back to torch, or use it in a `with`."""
     return SymmMemOverride("CUDA")

@@ -1,10 +1,13 @@
 """A process group simulated on CPU: its P ranks are P threads of this process, and the points where
 tpfuse's ops hand off to the library (_ops._launch, _launch_all_gather, _gemm) and tpfuse.autograd's plain
 collectives compute, in plain torch, from every rank's tensors: the reduce-scatter sums every rank's
-partial (FP32) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order.
+partial (FP64) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order; the
+launches do it per sequence (the C ABI's batch) and add the bias in FP64 before the one cast.
 Everything above those points (the custom ops, their argument checks, the backward formulas, the layers)
 is the package's own code."""
 
+import contextlib
+import contextvars
 import threading
 
 import torch
@@ -16,7 +19,13 @@ from tpfuse.checking import weight_as_k_by_n
 
 class SimulatedGroup:
     """Runs fn(rank) on P threads; collectives meet at a barrier. `rank_order` is the order in which the
-    all-gather stacks the ranks' rows (range(P) is right; anything else is a deliberately wrong backend)."""
+    all-gather stacks the ranks' rows (range(P) is right; anything else is a deliberately wrong backend).
+
+    torch.compile: compile once, in rehearse(), then run() every rank on the compiled code. Compiling in the
+    rank threads instead goes wrong two ways: torch's config overrides (torch._inductor.config, from
+    torch 2.15 on) are per thread, so a thread does not see the test's (run() gives each thread a copy of
+    the caller's context, so they do), and P threads compiling the same function at once each compile it,
+    serially under Dynamo's lock, behind ranks already waiting at a collective."""
 
     def __init__(self, group, monkeypatch, rank_order=None):
         self.size = group.size()
@@ -24,6 +33,7 @@ class SimulatedGroup:
         self._barrier = threading.Barrier(self.size, timeout=60)
         self._slots = [None] * self.size
         self._local = threading.local()
+        self._rehearsing = False
         monkeypatch.setattr(_ops, "_launch", self._launch)
         monkeypatch.setattr(_ops, "_launch_all_gather", self._launch_all_gather)
         monkeypatch.setattr(_ops, "_gemm", self._gemm)
@@ -37,6 +47,8 @@ class SimulatedGroup:
         return self._local.rank
 
     def _exchange(self, value):
+        if self._rehearsing:
+            return [value] * self.size
         self._slots[self.rank] = value
         self._barrier.wait()
         values = list(self._slots)
@@ -54,15 +66,42 @@ class SimulatedGroup:
         rows = x.shape[0] // self.size
         return total[self.rank * rows:(self.rank + 1) * rows].to(x.dtype)
 
-    def _launch(self, a, w, out, problem, group_name):
+    @contextlib.contextmanager
+    def torch_collectives(self):
+        """Inside: torch's functional all-gather and reduce-scatter (the _c10d_functional ops that compiled
+        graphs call, dim 0; the fake process group's own compute nothing) on CPU tensors are this group's,
+        for the collectives a graph keeps unfused."""
+        lib = torch.library.Library("_c10d_functional", "IMPL")  # noqa: TOR901 -- destroyed on leaving
+        lib.impl("all_gather_into_tensor", lambda x, size, group_name: self.gather(x.contiguous()), "CPU")
+        lib.impl("reduce_scatter_tensor", lambda x, op, size, group_name: self.reduce_scatter(x.contiguous()), "CPU")
+        try:
+            yield
+        finally:
+            lib._destroy()
+
+    def _sequences(self, rows: torch.Tensor, batch: int) -> torch.Tensor:
+        """rows (batch sequences one after the other) as (batch, P, S/P, columns): [i, d] is rank d's share
+        of sequence i."""
+        return rows.view(batch, self.size, -1, rows.shape[-1])
+
+    def _launch(self, a, w, bias, out, problem, group_name):
+        """The contract of tpfuse_gemm_reduce_scatter: this rank keeps its S/P rows of each of the batch
+        sequences of the summed product, sequence after sequence, plus the bias, rounded once."""
         self.launches.append((self.rank, "gemm_reduce_scatter"))
         partial = a.double() @ weight_as_k_by_n(w, problem.weight_layout).double()
-        out.copy_(self.reduce_scatter(partial))
+        total = torch.stack(self._exchange(partial)).sum(0)
+        rows = self._sequences(total, problem.batch)[:, self.rank].reshape(out.shape)
+        out.copy_(rows if bias is None else rows + bias.double())
 
-    def _launch_all_gather(self, x, w, y, gathered_x, problem, group_name):
+    def _launch_all_gather(self, x, w, bias, y, gathered_x, problem, group_name):
+        """The contract of tpfuse_all_gather_gemm: each sequence's rows gathered in rank order, sequence
+        after sequence, times w, plus the bias, rounded once."""
         self.launches.append((self.rank, "all_gather_gemm"))
-        gathered = self.gather(x)
-        y.copy_(gathered.double() @ weight_as_k_by_n(w, problem.weight_layout).double())
+        parts = self._exchange(x)
+        shards = [parts[r].view(problem.batch, -1, x.shape[1]) for r in self.rank_order]
+        gathered = torch.cat(shards, dim=1).view(problem.m, problem.k)
+        product = gathered.double() @ weight_as_k_by_n(w, problem.weight_layout).double()
+        y.copy_(product if bias is None else product + bias.double())
         if gathered_x is not None:
             gathered_x.copy_(gathered)
 
@@ -70,8 +109,19 @@ class SimulatedGroup:
         self.launches.append((self.rank, "gemm"))
         out.copy_(a.double() @ weight_as_k_by_n(w, problem.weight_layout).double())
 
+    def rehearse(self, fn):
+        """fn(0) on this thread, every collective answered as if each rank held this rank's tensors: what
+        fn compiles is compiled here, once, under this thread's config. The launches it makes are forgotten."""
+        self._local.rank, self._rehearsing = 0, True
+        try:
+            return fn(0)
+        finally:
+            self._rehearsing = False
+            self.launches.clear()
+
     def run(self, fn):
-        """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one); the first exception is raised."""
+        """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one), in a copy of this thread's
+        context; the first exception is raised."""
         if self.size == 1:
             self._local.rank = 0
             return [fn(0)]
@@ -85,7 +135,8 @@ class SimulatedGroup:
                 errors.append(error)
                 self._barrier.abort()  # the other ranks stop waiting for this one
 
-        threads = [threading.Thread(target=body, args=(rank,)) for rank in range(self.size)]
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(body, rank))
+                   for rank in range(self.size)]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -5,6 +5,7 @@ workspace_bytes, close and status by group name, and the log line of each creati
 
 import contextlib
 import logging
+import operator
 
 import pytest
 import torch
@@ -211,7 +212,7 @@ def test_an_eager_call_after_capture_keeps_the_captured_buffers_through_growth(g
     monkeypatch.setattr(_ops, "_capturing", lambda: capturing["on"])
     monkeypatch.setattr(_ops, "_current_stream", lambda index: 0)
     monkeypatch.setattr(_ops, "_current_device", lambda: None)  # the CPU tensors' device index
-    monkeypatch.setattr(_ops, "_EAGER_DEVICE", "cpu")
+    monkeypatch.setattr(_ops, "_on_eager_device", operator.attrgetter("is_cpu"))
     a, w = torch.zeros(64, 16, dtype=torch.bfloat16), torch.zeros(48, 16, dtype=torch.bfloat16)
     assert _ops.eager_allowed(a, w, None)
 

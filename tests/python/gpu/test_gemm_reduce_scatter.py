@@ -1,11 +1,13 @@
 """tpfuse.gemm_reduce_scatter on GPUs, at any world size: against the unfused path (docs/SPEC.md's 1.1x rule
-and an exact mode), the drop-in, CUDA graph replay, torch.compile, 1000 back-to-back calls of varying
-M, bad tensors, and tpfuse's own NCCL communicator."""
+and an exact mode), the batch (sequences) against the dim-0 path on the same rows, the bias against an FP64
+reference, the drop-in (dims 0 and 1) and the symm_mem override on dim 1, CUDA graph replay, torch.compile,
+1000 back-to-back calls of varying M, bad tensors, and tpfuse's own NCCL communicator."""
 
 import random
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import tpfuse
 from tpfuse import _communicators
@@ -21,6 +23,12 @@ SHAPES = [  # M (a multiple of 8 * P: any P up to 8 divides it), N, K/P
 
 def seed_of(group, test_seed):
     return 1000 * test_seed + group.rank()
+
+
+def by_rank(rows: torch.Tensor, batch: int, p: int) -> torch.Tensor:
+    """The rows of `batch` sequences, each split over the P ranks, reordered rank by rank: rank d's block is
+    its share of every sequence, so the dim-0 path on these rows computes what the batch path does."""
+    return rows.view(batch, p, -1, rows.shape[-1]).transpose(0, 1).reshape(rows.shape)
 
 
 @pytest.mark.parametrize("weight_layout", LAYOUTS)
@@ -111,8 +119,74 @@ def test_torch_compile(group, device, mode):
 
     compiled = torch.compile(layer, fullgraph=True, mode=mode)
     eager = layer(a, w)
+    expected = torch.relu(reference_rows(a, w, "nk", group)) * 0.5
+    unfused = errors(torch.relu(unfused_rows(a, w, "nk", group)).float() * 0.5, expected, group)
     for _ in range(3):  # reduce-overhead: warm-up runs, then CUDA graph replays
-        assert torch.equal(compiled(a, w), eager)
+        out = compiled(a, w)
+        assert torch.equal(out, eager)
+        assert errors(out, expected, group).within(unfused)
+
+
+@pytest.mark.parametrize("weight_layout", LAYOUTS)
+def test_batch_is_the_dim_0_path_on_the_rows_by_rank(group, device, weight_layout):
+    """batch = 3 sequences of S rows: each rank keeps its S/P rows of each, which the dim-0 path computes from
+    the same rows reordered rank by rank, bit for bit; the drop-in's scatter_dim 1 of [3, S, K/P] too."""
+    p, batch, shard, n, k = group.size(), 3, 128, 1024, 256
+    a, w = random_operands(batch * shard * p, n, k, weight_layout, device, seed_of(group, 51))
+    out = tpfuse.gemm_reduce_scatter(a, w, group, weight_layout=weight_layout, batch=batch)
+    rows = by_rank(a, batch, p)
+    assert torch.equal(out, tpfuse.gemm_reduce_scatter(rows, w, group, weight_layout=weight_layout))
+    B = weight_as_k_by_n(w, weight_layout)
+    drop_in = tpfuse.fused_matmul_reduce_scatter(a.view(batch, shard * p, k), B, "sum", 1, group.group_name)
+    assert drop_in.shape == (batch, shard, n) and torch.equal(drop_in.view(-1, n), out)
+    reference = reference_rows(rows, w, weight_layout, group)
+    assert errors(out, reference, group).within(errors(unfused_rows(rows, w, weight_layout, group), reference, group))
+
+
+def linear_rows(a: torch.Tensor, w: torch.Tensor, weight_layout: str, bias: torch.Tensor, group) -> torch.Tensor:
+    """torch's path with a bias: nn.functional.linear (cuBLAS adds the bias before its one rounding) on this
+    rank's partial, the bias on rank 0's only, then reduce_scatter_tensor; at P = 1 nn.functional.linear itself."""
+    partial = torch.nn.functional.linear(a, weight_as_k_by_n(w, weight_layout).t(), bias if group.rank() == 0 else None)
+    rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1])
+    dist.reduce_scatter_tensor(rows, partial, group=group)
+    return rows
+
+
+@pytest.mark.parametrize("weight_layout", LAYOUTS)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bias_within_the_rule_of_nn_linears(group, device, weight_layout, batch):
+    p, n, k = group.size(), 1024, 256
+    a, w = random_operands(batch * 128 * p, n, k, weight_layout, device, seed_of(group, 52))
+    bias = torch.randn(n, generator=torch.Generator(device=device).manual_seed(53), device=device).to(torch.bfloat16)
+    out = tpfuse.gemm_reduce_scatter(a, w, group, weight_layout=weight_layout, bias=bias, batch=batch)
+    rows = by_rank(a, batch, p)
+    partial = rows.double() @ weight_as_k_by_n(w, weight_layout).double()
+    reference = partial.new_empty(partial.shape[0] // p, n)
+    dist.reduce_scatter_tensor(reference, partial, group=group)
+    reference += bias.double()  # FP64
+    fused = errors(out, reference, group)
+    linear = errors(linear_rows(rows, w, weight_layout, bias, group), reference, group)
+    assert fused.within(linear), f"fused {fused} against nn.functional.linear {linear}"
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "token_major"])
+def test_symm_mem_override_serves_scatter_dim_1(group, device, layout):
+    """TorchTitan's reduce-scatter along the sequence of [b, s, h]: contiguous A runs as the batch, Inductor's
+    token-major A (A.movedim(1, 0) contiguous) as a whole; both served, within the rule."""
+    p, batch, shard, n, k = group.size(), 2, 128, 512, 256
+    a, w = random_operands(batch * shard * p, n, k, "nk", device, seed_of(group, 54))
+    A = a.view(batch, shard * p, k)
+    if layout == "token_major":
+        A = A.transpose(0, 1).contiguous().transpose(0, 1)
+    tpfuse.reset_stats()
+    with tpfuse.use_for_symm_mem():
+        out = torch.ops.symm_mem.fused_matmul_reduce_scatter(A, w.t(), "sum", 1, group.group_name)
+    assert tpfuse.stats()["fused_matmul_reduce_scatter"] == {"served": 1, "fallbacks": {}}
+    assert out.shape == (batch, shard, n) and out.is_contiguous()
+    rows = by_rank(a, batch, p)
+    reference = reference_rows(rows, w, "nk", group)
+    assert errors(out.view(-1, n), reference, group).within(
+        errors(unfused_rows(rows, w, "nk", group), reference, group))
 
 
 def test_a_thousand_back_to_back_calls_of_varying_m(group, device):

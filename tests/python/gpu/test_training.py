@@ -163,9 +163,10 @@ def test_mlp_step_in_cuda_graphs(group, device):
     eager = results_of(step, step.run(model, params))
     x = step.x.clone().requires_grad_()
     graphed = torch.cuda.make_graphed_callables(model, (x,))
-    replayed = results_of(step, step.run(graphed, params))
-    for name, ours, theirs in zip(NAMES, replayed, eager):
+    replayed = step.run(graphed, params)
+    for name, ours, theirs in zip(NAMES, results_of(step, replayed), eager):
         assert torch.equal(ours, theirs), f"CUDA graph replay: {name} differs from eager"
+    check_within_the_rule(step, replayed, step.run(*unfused_layers(step)))
 
 
 def tpfuse_kernels(profile):
@@ -194,13 +195,12 @@ def test_profiler_shows_tpfuse_kernels_in_forward_and_backward(group, device):
         assert has_both_fused_kernels(kernels), f"{phase}: {kernels}"
 
 
-def test_symm_mem_override_runs_tpfuse_under_async_tp(group, device, monkeypatch):
+def test_symm_mem_override_runs_tpfuse_under_async_tp(group, device):
     """TorchTitan's path: Inductor's micro-pipeline TP pass makes symm_mem ops; with the override they run
     tpfuse's kernels, and the result is within the rule of the unfused computation."""
     import torch.distributed._symmetric_memory as symmetric_memory
 
     symmetric_memory.enable_symm_mem_for_group(group.group_name)
-    monkeypatch.setattr(torch._inductor.config, "_micro_pipeline_tp", True)
     step = Step(group, device, seed=4)
     p, rank = step.p, step.rank
     w1 = step.fc1.weight.detach().chunk(p)[rank].contiguous()
@@ -213,7 +213,8 @@ def test_symm_mem_override_runs_tpfuse_under_async_tp(group, device, monkeypatch
     x = step.x.view(-1, D)
     unfused = mlp(x)
     torch._dynamo.reset()
-    with tpfuse.use_for_symm_mem():
+    # Inductor's config.patch: monkeypatch.setattr's undo deletes the option from the config module.
+    with tpfuse.use_for_symm_mem(), torch._inductor.config.patch(_micro_pipeline_tp=True):
         compiled = torch.compile(mlp, fullgraph=True)
         compiled(x)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
