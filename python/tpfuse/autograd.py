@@ -16,7 +16,7 @@ traces forward and backward without a graph break. `gemm_reduce_scatter_out` wri
 no backward. The layers' functions below add a bias and Megatron's FP32 `main_grad` accumulation.
 """
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -48,13 +48,6 @@ def reduce_scatter_rows(x: torch.Tensor, group_name: str, world_size: int) -> to
 def _weight_grad(operand: torch.Tensor, grad: torch.Tensor, weight_layout: str) -> torch.Tensor:
     """dL/dw for y = operand @ W (both M-row matrices, M summed over): W^T-shaped for 'nk'."""
     return grad.t() @ operand if weight_layout == "nk" else operand.t() @ grad
-
-
-def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b accumulated and returned in FP32 (on CUDA from BF16 without converting the operands)."""
-    if a.is_cuda and a.dtype == torch.bfloat16:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return torch.mm(a.float(), b.float())
 
 
 # --- the row-parallel op: the backward of out = RS(a @ W) ---
@@ -108,6 +101,17 @@ def column_parallel_input_grad(grad: torch.Tensor, w: torch.Tensor, weight_layou
     return torch.ops.tpfuse.gemm_reduce_scatter(grad.contiguous(), w, SWAPPED_LAYOUT[weight_layout], group_name)
 
 
+def several_weights_input_grad(grads: List[torch.Tensor], Bs: List[torch.Tensor], group_name: str) -> torch.Tensor:
+    """grad_x (M/P x K) of y_i = AG(x) @ B_i, every B_i K x N_i: RS(sum_i g_i @ B_i^T) as ONE fused GEMM +
+    reduce-scatter (SwiGLU's gate and up: one reduce-scatter, not one per weight): the g_i side by side
+    (M x sum N_i) times the B_i^T stacked ((sum N_i) x K), both copied to do so."""
+    if len(Bs) == 1:
+        w, weight_layout = weight_of(Bs[0], "B")
+        return column_parallel_input_grad(grads[0], w, weight_layout, group_name)
+    stacked_weights = torch.cat([B.t() for B in Bs])  # each B^T is N_i x K, read by the op as K'/P x N ("kn")
+    return torch.ops.tpfuse.gemm_reduce_scatter(torch.cat(grads, dim=1), stacked_weights, "kn", group_name)
+
+
 def _setup_all_gather_gemm(ctx, inputs, output):
     x, w, weight_layout, group_name = inputs
     gathered = output[1] if isinstance(output, (tuple, list)) else None
@@ -148,11 +152,9 @@ def _backward_fused_all_gather_matmul(ctx, grad_gathered, grad_outs):
     k = saved.shape[-1]
     grad_rows = grad_Bs = None
     if ctx.needs_input_grad[0]:
-        for B, grad in zip(Bs, grad_outs):
-            if grad is not None:
-                w, weight_layout = weight_of(B, "B")
-                part = column_parallel_input_grad(grad.reshape(-1, grad.shape[-1]), w, weight_layout, ctx.group_name)
-                grad_rows = part if grad_rows is None else grad_rows + part
+        used = [(B, grad.reshape(-1, grad.shape[-1])) for B, grad in zip(Bs, grad_outs) if grad is not None]
+        if used:
+            grad_rows = several_weights_input_grad([grad for _, grad in used], [B for B, _ in used], ctx.group_name)
         if grad_gathered is not None:
             part = reduce_scatter_rows(grad_gathered.reshape(-1, k), ctx.group_name, ctx.world_size)
             grad_rows = part if grad_rows is None else grad_rows + part
@@ -181,6 +183,19 @@ torch.library.register_autograd("tpfuse::fused_all_gather_matmul", _backward_fus
 
 # --- the layers: bias and Megatron's main_grad accumulation ---
 
+# torch.mm(..., out_dtype=) (aten::mm.dtype) came with torch 2.8; the floor, torch 2.7, lacks it.
+MM_HAS_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
+
+
+def fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b summed and returned in FP32."""
+    if MM_HAS_OUT_DTYPE and a.is_cuda and a.dtype == torch.bfloat16:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    # FP32 copies of the operands give the same products (a BF16 value is exact in FP32, and in TF32 where
+    # matmuls use it), at the cost of the copies and an FP32 GEMM: torch before 2.8, and the CPU.
+    return torch.mm(a.float(), b.float())
+
+
 def main_grad_mode(weight: torch.Tensor) -> str:
     """How the backward treats a weight whose gradient it adds into `weight.main_grad` (Megatron's
     gradient_accumulation_fusion), decided in forward from the weight's attributes: the FP32 product is added
@@ -201,16 +216,23 @@ def main_grad_mode(weight: torch.Tensor) -> str:
     return "zeros" if getattr(weight, "zero_out_wgrad", False) else "empty"
 
 
-def _accumulate_or_return(main_grad: Optional[torch.Tensor], mode: Optional[str], weight: torch.Tensor,
-                          operand: torch.Tensor, grad: torch.Tensor) -> Optional[torch.Tensor]:
-    """The weight (N x K, nn.Linear's layout) gradient grad^T @ operand: returned (mode None), or added into
-    main_grad in FP32, returning what main_grad_mode says."""
-    if mode is None:
+def _keep_main_grad(ctx, main_grad: Optional[torch.Tensor], mode: Optional[str]) -> None:
+    # NOTE: on the context, not through save_for_backward: the backward adds into main_grad in place, so a
+    # second forward before this backward (a pipeline's warm-up, a weight used twice) would fail
+    # save_for_backward's version check. Megatron's layers keep it so too.
+    ctx.main_grad, ctx.mode = main_grad, mode
+
+
+def _accumulate_or_return(ctx, weight: torch.Tensor, operand: torch.Tensor,
+                          grad: torch.Tensor) -> Optional[torch.Tensor]:
+    """The weight (N x K, nn.Linear's layout) gradient grad^T @ operand: returned (no main_grad), or added
+    into main_grad in FP32, returning what main_grad_mode says."""
+    if ctx.mode is None:
         return grad.t() @ operand
-    main_grad.add_(_fp32_product(grad.t(), operand))
-    if mode == "none":
+    ctx.main_grad.add_(fp32_product(grad.t(), operand))
+    if ctx.mode == "none":
         return None
-    return torch.zeros_like(weight) if mode == "zeros" else torch.empty_like(weight)
+    return torch.zeros_like(weight) if ctx.mode == "zeros" else torch.empty_like(weight)
 
 
 class ColumnParallelLinearFunction(torch.autograd.Function):
@@ -225,20 +247,21 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
             y, gathered = torch.ops.tpfuse.all_gather_gemm(x, weight, "nk", group_name), None
         if bias is not None:
             y = y + bias
-        ctx.save_for_backward(x if gathered is None else gathered, weight, main_grad)
+        ctx.save_for_backward(x if gathered is None else gathered, weight)
+        _keep_main_grad(ctx, main_grad, mode)
         ctx.group_name, ctx.world_size, ctx.regather = group_name, world_size, gathered is None
-        ctx.mode, ctx.has_bias = mode, bias is not None
+        ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        saved, weight, main_grad = ctx.saved_tensors
+        saved, weight = ctx.saved_tensors
         grad = grad.contiguous()
         grad_x = column_parallel_input_grad(grad, weight, "nk", ctx.group_name) if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
             gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
-            grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, gathered, grad)
+            grad_w = _accumulate_or_return(ctx, weight, gathered, grad)
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_bias, None, None, None, None, None
 
@@ -252,17 +275,17 @@ class RowParallelLinearFunction(torch.autograd.Function):
         out = torch.ops.tpfuse.gemm_reduce_scatter(x, weight, "nk", group_name)
         if bias is not None:
             out = out + bias
-        ctx.save_for_backward(x, weight, main_grad)
-        ctx.group_name, ctx.world_size, ctx.mode, ctx.has_bias = group_name, world_size, mode, bias is not None
+        ctx.save_for_backward(x, weight)
+        _keep_main_grad(ctx, main_grad, mode)
+        ctx.group_name, ctx.world_size, ctx.has_bias = group_name, world_size, bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, main_grad = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         grad_x, gathered = row_parallel_backward(grad, x, weight, "nk", ctx.group_name, ctx.world_size,
                                                  ctx.needs_input_grad[0])
-        grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, x, gathered) if ctx.needs_input_grad[1] \
-            else None
+        grad_w = _accumulate_or_return(ctx, weight, x, gathered) if ctx.needs_input_grad[1] else None
         # This rank's rows only: the bias's full gradient is the sum over the group (see tpfuse.nn).
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_bias, None, None, None, None
@@ -275,10 +298,12 @@ def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
     return weight.main_grad, mode
 
 
-def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
+def _check_sequence_dim(x: torch.Tensor, sequence_dim: int) -> None:
     if x.dim() < 2:
-        raise InvalidArgumentError(f"{name} {tuple(x.shape)} must have 2 or more dimensions (..., features)")
-    return x.reshape(-1, x.shape[-1])
+        raise InvalidArgumentError(f"x {tuple(x.shape)} must have 2 or more dimensions (..., features)")
+    if not 0 <= sequence_dim < x.dim() - 1:
+        raise InvalidArgumentError(f"sequence_dim = {sequence_dim} is not a dimension of x {tuple(x.shape)} "
+                                   f"before its features (0 to {x.dim() - 2})")
 
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -291,10 +316,10 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     save_gathered_input: keep the gathered x (S x K per rank) for the weight's gradient (memory), else
     gather x again in backward (time: one all-gather of x, not hidden behind a GEMM).
     gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode)."""
-    rows = _rows(x, "x")
+    _check_sequence_dim(x, 0)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    y = ColumnParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(),
-                                           save_gathered_input, mode)
+    y = ColumnParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
+                                           group.size(), save_gathered_input, mode)
     return y.view(-1, *x.shape[1:-1], y.shape[-1])
 
 
@@ -303,7 +328,12 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     """The row-parallel linear layer with sequence parallelism: x (S, ..., K/P), this rank's input features,
     times this rank's weight (N x K/P, nn.Linear's layout), summed over the group and scattered by rows in
     one kernel, plus the bias (N, whole on every rank): this rank's rows (S/P, ..., N)."""
-    rows = _rows(x, "x")
+    _check_sequence_dim(x, 0)
+    world_size = group.size()
+    if x.shape[0] % world_size:
+        raise InvalidArgumentError(f"x {tuple(x.shape)}: its sequence (dim 0) of {x.shape[0]} tokens does not "
+                                   f"divide over the group's {world_size} ranks")
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    out = RowParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(), mode)
+    out = RowParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
+                                          world_size, mode)
     return out.view(-1, *x.shape[1:-1], out.shape[-1])
