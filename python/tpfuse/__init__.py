@@ -6,9 +6,11 @@ all-gather + GEMM of a column-parallel one.
 
 One process per GPU, BF16 in and out. Rank r of `group` holds a_r and w_r; every rank gets its M/P
 rows of sum_r a_r @ w_r^T; with all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
-`fused_matmul_reduce_scatter` and `fused_all_gather_matmul` are drop-ins for torch.ops.symm_mem's ops
-of those names (reduce_op "sum", scatter_dim 0; gather_dim 0). All are torch custom ops (torch.ops.tpfuse.*): traceable by torch.compile, capturable in CUDA graphs, run on the
-current stream. Every failure raises a TpfuseError subclass carrying the library's message.
+Both take an optional bias and a batch (sequences whose rows each rank holds 1/P of: torch's collectives
+along dim 1 of [batch, s, ...]). `fused_matmul_reduce_scatter` and `fused_all_gather_matmul` are drop-ins
+for torch.ops.symm_mem's ops of those names (reduce_op "sum"; any scatter_dim / gather_dim but the last).
+All are torch custom ops (torch.ops.tpfuse.*): traceable by torch.compile, capturable in CUDA graphs, run
+on the current stream. Every failure raises a TpfuseError subclass carrying the library's message.
 """
 
 from typing import List, Optional, Tuple, Union
@@ -18,6 +20,7 @@ import torch.distributed as dist
 
 from . import _communicators, _ops  # _ops registers the torch.ops.tpfuse custom ops
 from ._communicators import close, status, workspace_bytes
+from ._checks import check_batch_count
 from ._library import NcclInfo, library
 from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, PeerTimeoutError, StatusCode,
                      TpfuseError, UnsupportedError, tpfuse_error_of)
@@ -58,22 +61,29 @@ def _group_name(group: Group) -> str:
 
 
 def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *, weight_layout: str = "nk",
-                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """This rank's M/P x N rows (BF16) of the sum over the group's P ranks of a @ W.
+                        out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                        batch: int = 1) -> torch.Tensor:
+    """This rank's M/P x N rows (BF16) of the sum over the group's P ranks of a @ W (+ bias).
 
     a: M x K/P, contiguous BF16 (this rank's K-slice of the activations).
     w: this rank's K-slice of the weight, contiguous BF16: N x K/P with weight_layout="nk"
        (nn.Linear's weight, as stored), K/P x N with weight_layout="kn".
     group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
     out: optional M/P x N BF16 tensor to write (and return).
-    M must divide by P, N and K/P must be multiples of 8, and every rank calls with the same shapes.
+    bias: optional N BF16 entries, added once to the reduced rows before their one rounding to BF16.
+    batch: a's rows are `batch` sequences of S = M/batch rows, one after the other, and this rank keeps
+       its S/P rows of each (torch's reduce-scatter along dim 1 of a [batch, S, N] tensor); 1 splits the
+       rows as a whole.
+    S must divide by P (with batch > 1 and P > 1, S/P must be a multiple of 64: else UnsupportedError),
+    N and K/P must be multiples of 8, and every rank calls with the same shapes.
     """
     group_name = _group_name(group)
-    if _ops.eager_allowed(a, w, out):
-        return _ops.gemm_reduce_scatter_eager(a, w, weight_layout, group_name, out)
+    if _ops.eager_allowed(a, w, out, bias):
+        return _ops.gemm_reduce_scatter_eager(a, w, weight_layout, group_name, out, bias, batch)
+    check_batch_count(batch)
     if out is None:
-        return torch.ops.tpfuse.gemm_reduce_scatter(a, w, weight_layout, group_name)
-    torch.ops.tpfuse.gemm_reduce_scatter_out(a, w, weight_layout, group_name, out)
+        return torch.ops.tpfuse.gemm_reduce_scatter(a, w, weight_layout, group_name, bias, batch)
+    torch.ops.tpfuse.gemm_reduce_scatter_out(a, w, weight_layout, group_name, out, bias, batch)
     return out
 
 
@@ -82,27 +92,34 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
     """Drop-in for torch.ops.symm_mem.fused_matmul_reduce_scatter: reduce_scatter_tensor(A @ B, ...).
 
     A: (..., K/P), contiguous BF16; B: K/P x N, contiguous or the transpose view of a contiguous
-    N x K/P nn.Linear weight (used in place). reduce_op must be "sum" and scatter_dim 0; A.shape[0]
-    must divide by the group's size. Returns (A.shape[0]/P, *A.shape[1:-1], N).
+    N x K/P nn.Linear weight (used in place). reduce_op must be "sum"; scatter_dim any dimension of A
+    but the last, whose extent must divide by the group's size (a scatter_dim past 0 is the batch of
+    gemm_reduce_scatter: no copy). Returns A's shape with A.shape[scatter_dim] / P and N last.
     """
     return torch.ops.tpfuse.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, weight_layout: str = "nk",
-                    return_gathered: bool = False):
-    """Y = the gathered X @ W (M x N/P, BF16): the rows of every rank's x, in rank order, times this
-    rank's w. With return_gathered, returns (Y, the gathered X (M x K)).
+                    return_gathered: bool = False, bias: Optional[torch.Tensor] = None, batch: int = 1):
+    """Y = the gathered X @ W (+ bias) (M x N/P, BF16): the rows of every rank's x, in rank order, times
+    this rank's w. With return_gathered, returns (Y, the gathered X (M x K)).
 
     x: M/P x K, contiguous BF16 (this rank's rows of the activations).
     w: this rank's output columns of the weight, contiguous BF16: N/P x K with weight_layout="nk"
        (nn.Linear's weight, as stored), K x N/P with weight_layout="kn".
     group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
+    bias: optional N/P BF16 entries, added to every row of Y before its one rounding to BF16.
+    batch: x holds this rank's rows of `batch` sequences, one after the other, and the gathered X has
+       each sequence's rows in rank order, sequence after sequence (torch's all-gather along dim 1 of a
+       [batch, S/P, K] tensor); 1 gathers the rows as a whole. With batch > 1 and P > 1, x's rows of a
+       sequence must be a multiple of 64 (else UnsupportedError).
     N/P and K must be multiples of 8, and every rank calls with the same shapes.
     """
     group_name = _group_name(group)
+    check_batch_count(batch)
     if return_gathered:
-        return torch.ops.tpfuse.all_gather_gemm_gathered(x, w, weight_layout, group_name)
-    return torch.ops.tpfuse.all_gather_gemm(x, w, weight_layout, group_name)
+        return torch.ops.tpfuse.all_gather_gemm_gathered(x, w, weight_layout, group_name, bias, batch)
+    return torch.ops.tpfuse.all_gather_gemm(x, w, weight_layout, group_name, bias, batch)
 
 
 def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
@@ -110,7 +127,8 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim:
     """Drop-in for torch.ops.symm_mem.fused_all_gather_matmul: (the gathered A if return_A, else None,
     [the gathered A @ B for B in Bs]).
 
-    A: (..., K), contiguous BF16, this rank's shard, gathered along dim 0 (gather_dim must be 0).
+    A: (..., K), contiguous BF16, this rank's shard, gathered along gather_dim (any dimension but the
+    last; past 0 it is the batch of all_gather_gemm: no copy).
     Bs: K x N_i each, contiguous or the transpose view of a contiguous N_i x K nn.Linear weight (used in
     place). The first B is the fused call; later ones multiply the A it gathered (tpfuse's GEMM).
     """

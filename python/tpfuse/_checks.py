@@ -2,18 +2,20 @@
 (meta) tensors under torch.compile too. The C++ library checks again; these give the message in
 the caller's terms (tensor names, weight_layout)."""
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 
 from ._library import WEIGHT_LAYOUT_CODES
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedError
 
 MAX_WORLD_SIZE = 8       # tpfuse::kMaxWorldSize: the ranks of one NVLink node
 ROW_ALIGNMENT = 8        # BF16 rows must be whole 16-byte units
 POINTER_ALIGNMENT = 16   # bytes
 MAX_EXTENT = 2**31 - 1   # the kernels index with 32 bits
+SLAB_ROWS = 64           # the kernels' slab: with batch > 1 and P > 1, a rank's rows of a sequence are whole slabs
 
 _WEIGHT_SHAPES = {"nk": "N x K/P (nn.Linear's weight)", "kn": "K/P x N"}
 _AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
@@ -21,13 +23,16 @@ _AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
 
 @dataclass(frozen=True)
 class Problem:
-    """One rank's reduce-scatter call: a is m x k_per_rank; out is m/world_size x n."""
+    """One rank's reduce-scatter call: a is m x k_per_rank, `batch` sequences of m/batch rows one after the
+    other; out is this rank's m/world_size x n rows: its 1/world_size of every sequence, sequence after
+    sequence (batch 1: the rows split as a whole)."""
 
     m: int
     n: int
     k_per_rank: int
     world_size: int
     weight_layout: str
+    batch: int = 1
 
     @property
     def rows_per_rank(self) -> int:
@@ -40,13 +45,15 @@ class Problem:
 
 @dataclass(frozen=True)
 class AllGatherProblem:
-    """One rank's all-gather call: x is m/world_size x k; y is m x n_per_rank."""
+    """One rank's all-gather call: x is this rank's m/world_size x k rows (its shard of each of `batch`
+    sequences, sequence after sequence); y is m x n_per_rank, every sequence's rows gathered in rank order."""
 
     m: int
     n_per_rank: int
     k: int
     world_size: int
     weight_layout: str
+    batch: int = 1
 
 
 def _fail(message: str) -> None:
@@ -102,18 +109,61 @@ def _check_extents(extents, multiples_of_8) -> None:
             _fail(f"{name} = {extent} is not a multiple of {ROW_ALIGNMENT} (BF16 rows must be multiples of 16 bytes)")
 
 
+def check_batch_count(batch: int) -> None:
+    """A count of sequences: torch's dispatcher would refuse another type with its own error."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, torch.SymInt)) or batch < 1:
+        _fail(f"batch = {batch!r} must be an integer of 1 or more (the number of sequences)")
+
+
+def _check_shard_rows(batch: int, shard_rows: int, world_size: int) -> None:
+    """Where batch > 1 and P > 1, a rank's rows of each sequence must be whole slabs: UnsupportedError
+    (valid, but not served by the kernels)."""
+    if batch > 1 and world_size > 1 and shard_rows % SLAB_ROWS != 0:
+        raise UnsupportedError(
+            f"batch = {batch}: each rank's share of a sequence is {shard_rows} rows; with batch > 1 tpfuse needs "
+            f"a multiple of {SLAB_ROWS} rows (its kernels' slab)")
+
+
+def _check_batch(batch: int, m: int, world_size: int) -> None:
+    """a's m rows are `batch` sequences of equal length, each split evenly over the group."""
+    check_batch_count(batch)
+    if m % batch != 0:
+        _fail(f"batch = {batch}: the M = {m} rows of a are not {batch} sequences of equal length")
+    sequence_rows = m // batch
+    if sequence_rows % world_size != 0:
+        if batch == 1:
+            _fail(f"M = {m} rows of a do not divide over the group's {world_size} ranks")
+        _fail(f"batch = {batch}: each sequence has {sequence_rows} rows, which do not divide over the group's "
+              f"{world_size} ranks")
+    _check_shard_rows(batch, sequence_rows // world_size, world_size)
+
+
+def _check_bias(bias: Optional[torch.Tensor], n: int, n_name: str) -> None:
+    """None, or one BF16 entry per output column."""
+    if bias is None:
+        return
+    if bias.dtype != torch.bfloat16:
+        _fail(f"bias has dtype {bias.dtype}; tpfuse takes torch.bfloat16")
+    if tuple(bias.shape) != (n,):
+        _fail(f"bias has shape {tuple(bias.shape)}; it must be ({n},), one entry per output column ({n_name})")
+    if not bias.is_contiguous():
+        _fail(f"bias with strides {bias.stride()} is not contiguous")
+
+
 def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
-                  out: Optional[torch.Tensor] = None) -> Problem:
-    """The reduce-scatter's problem of a, w and out, or an InvalidArgumentError naming the bad argument."""
+                  out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                  batch: int = 1) -> Problem:
+    """The reduce-scatter's problem of a, w, out, bias and batch, or an InvalidArgumentError naming the bad
+    argument (UnsupportedError for a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _WEIGHT_SHAPES)
     _check_matrices(("a", a), ("w", w), ("out", out))
     m, k_per_rank = a.shape
     n = _weight_columns(w, weight_layout, "a", a, "M x K/P", "K/P", _WEIGHT_SHAPES)
     _check_operands_contiguous("a", a, "M x K/P", w, weight_layout, _WEIGHT_SHAPES)
     _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n), ("K/P", k_per_rank)))
-    if m % world_size != 0:
-        _fail(f"M = {m} rows of a do not divide over the group's {world_size} ranks")
-    problem = Problem(m, n, k_per_rank, world_size, weight_layout)
+    _check_batch(batch, m, world_size)
+    _check_bias(bias, n, "N")
+    problem = Problem(m, n, k_per_rank, world_size, weight_layout, batch)
     if out is not None:
         if tuple(out.shape) != (problem.rows_per_rank, problem.n):
             _fail(f"out has shape {tuple(out.shape)}; this rank's rows are {problem.rows_per_rank} x {problem.n} "
@@ -123,9 +173,10 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
     return problem
 
 
-def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: str,
-                             world_size: int) -> AllGatherProblem:
-    """The all-gather's problem of x and w, or an InvalidArgumentError naming the bad argument."""
+def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
+                             bias: Optional[torch.Tensor] = None, batch: int = 1) -> AllGatherProblem:
+    """The all-gather's problem of x, w, bias and batch, or an InvalidArgumentError naming the bad argument
+    (UnsupportedError for a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _AG_WEIGHT_SHAPES)
     _check_matrices(("x", x), ("w", w))
     rows, k = x.shape
@@ -133,24 +184,39 @@ def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: st
     _check_operands_contiguous("x", x, "M/P x K", w, weight_layout, _AG_WEIGHT_SHAPES)
     m = rows * world_size
     _check_extents((("M", m), ("N/P", n_per_rank), ("K", k)), (("N/P", n_per_rank), ("K", k)))
-    return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout)
+    check_batch_count(batch)
+    if rows % batch != 0:
+        _fail(f"batch = {batch}: x's {rows} rows are not {batch} shards of equal length (this rank's rows of each "
+              "sequence)")
+    _check_shard_rows(batch, rows // batch, world_size)
+    _check_bias(bias, n_per_rank, "N/P")
+    return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout, batch)
+
+
+def _sharded_dim_batch(A: torch.Tensor, dim: int, dim_name: str) -> int:
+    """The batch of A (..., K) split along dimension `dim`: the product of the dimensions before it (each
+    sequence is A's rows from `dim` to the last but one)."""
+    if not 0 <= dim < A.dim() - 1:
+        _fail(f"{dim_name} = {dim}: tpfuse splits A {tuple(A.shape)} along one of its dimensions before the last "
+              f"(0 to {A.dim() - 2})")
+    return math.prod(A.shape[:dim])
 
 
 def check_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
-                                world_size: int) -> Tuple[torch.Tensor, torch.Tensor, str]:
+                                world_size: int) -> Tuple[torch.Tensor, torch.Tensor, str, int]:
     """symm_mem.fused_matmul_reduce_scatter's arguments as tpfuse's: a (M x K/P, a view of A), w and
-    its weight_layout (B itself, or the nn.Linear weight that B is the transpose view of)."""
+    its weight_layout (B itself, or the nn.Linear weight that B is the transpose view of), and the batch
+    that splits A's rows along scatter_dim."""
     if reduce_op != "sum":
         _fail(f"reduce_op = {reduce_op!r}: tpfuse reduces with 'sum' only")
-    if scatter_dim != 0:
-        _fail(f"scatter_dim = {scatter_dim}: tpfuse scatters the rows (scatter_dim 0) only")
     if A.dim() < 2 or B.dim() != 2:
         _fail(f"A {tuple(A.shape)} must have 2 or more dimensions and B {tuple(B.shape)} 2")
-    if A.shape[0] % world_size != 0:
-        _fail(f"A.shape[0] = {A.shape[0]} does not divide over the group's {world_size} ranks")
+    batch = _sharded_dim_batch(A, scatter_dim, "scatter_dim")
+    if A.shape[scatter_dim] % world_size != 0:
+        _fail(f"A.shape[{scatter_dim}] = {A.shape[scatter_dim]} does not divide over the group's {world_size} ranks")
     if not A.is_contiguous():
         _fail(f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous")
-    return A.view(-1, A.shape[-1]), *weight_of(B, "B")
+    return A.view(-1, A.shape[-1]), *weight_of(B, "B"), batch
 
 
 def weight_of(B: torch.Tensor, name: str) -> Tuple[torch.Tensor, str]:
@@ -165,17 +231,16 @@ def weight_of(B: torch.Tensor, name: str) -> Tuple[torch.Tensor, str]:
 
 
 def check_fused_all_gather_matmul(A: torch.Tensor, Bs, gather_dim: int):
-    """symm_mem.fused_all_gather_matmul's arguments as tpfuse's: x (the rows of A as a matrix) and each
-    B's w and weight_layout."""
-    if gather_dim != 0:
-        _fail(f"gather_dim = {gather_dim}: tpfuse gathers the rows (gather_dim 0) only")
+    """symm_mem.fused_all_gather_matmul's arguments as tpfuse's: x (the rows of A as a matrix), each B's w
+    and weight_layout, and the batch that gathers A's rows along gather_dim."""
     if A.dim() < 2:
         _fail(f"A {tuple(A.shape)} must have 2 or more dimensions")
+    batch = _sharded_dim_batch(A, gather_dim, "gather_dim")
     if not A.is_contiguous():
         _fail(f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous")
     if len(Bs) == 0:
         _fail("Bs is empty: give one or more K x N weights")
-    return A.view(-1, A.shape[-1]), [weight_of(B, f"Bs[{i}]") for i, B in enumerate(Bs)]
+    return A.view(-1, A.shape[-1]), [weight_of(B, f"Bs[{i}]") for i, B in enumerate(Bs)], batch
 
 
 def check_placement(*named) -> None:
@@ -194,25 +259,28 @@ def check_placement(*named) -> None:
             _fail(f"{name} is on {tensor.device}, {first_name} on {first.device}: all tensors must be on one device")
 
 
-_problems = {}  # (weight_layout, world_size, a's shape, w's shape) -> Problem, for BF16 contiguous a and w
+_problems = {}  # (weight_layout, world_size, a's shape, w's shape, batch) -> Problem, for BF16 contiguous a and w
 _MAX_CACHED = 4096
 
 
 def check_problem_cached(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
-                         out: Optional[torch.Tensor] = None) -> Problem:
+                         out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                         batch: int = 1) -> Problem:
     """check_problem, remembered per shape: its outcome depends only on the shapes, dtypes,
-    contiguity, layout and world size, and the per-call part (out) is checked each time."""
+    contiguity, layout, batch and world size, and the per-call part (out, bias) is checked each time."""
     if a.dtype is not torch.bfloat16 or w.dtype is not torch.bfloat16 or not a.is_contiguous() or \
-            not w.is_contiguous():
-        return check_problem(a, w, weight_layout, world_size, out)
-    key = (weight_layout, world_size, a.shape, w.shape)
+            not w.is_contiguous() or type(batch) is not int:
+        return check_problem(a, w, weight_layout, world_size, out, bias, batch)
+    key = (weight_layout, world_size, a.shape, w.shape, batch)
     problem = _problems.get(key)
     if problem is None:
-        problem = check_problem(a, w, weight_layout, world_size)
+        problem = check_problem(a, w, weight_layout, world_size, batch=batch)
         if len(_problems) >= _MAX_CACHED:
             _problems.clear()
         _problems[key] = problem
     if out is not None and (out.dtype is not torch.bfloat16 or out.shape != (problem.rows_per_rank, problem.n) or
-                            not out.is_contiguous()):
-        check_problem(a, w, weight_layout, world_size, out)
+                            not out.is_contiguous()) or \
+            bias is not None and (bias.dtype is not torch.bfloat16 or bias.shape != (problem.n,) or
+                                  not bias.is_contiguous()):
+        check_problem(a, w, weight_layout, world_size, out, bias, batch)
     return problem

@@ -2,8 +2,11 @@
 tpfuse::gemm_reduce_scatter_out (writes them into `out`), tpfuse::fused_matmul_reduce_scatter
 (the schema of symm_mem::fused_matmul_reduce_scatter), and the all-gather's tpfuse::all_gather_gemm
 (returns Y), tpfuse::all_gather_gemm_gathered (Y and the gathered X) and
-tpfuse::fused_all_gather_matmul (the schema of symm_mem::fused_all_gather_matmul). Their fake implementations check the
-arguments and give the output's shape, so torch.compile traces them without a graph break; the real
+tpfuse::fused_all_gather_matmul (the schema of symm_mem::fused_all_gather_matmul). All but the drop-ins
+take an optional bias (added before the output's one rounding) and a batch: a's rows are `batch`
+sequences, and each rank holds its 1/P of every sequence (torch's reduce-scatter and all-gather along
+dim 1 of [batch, s, ...]); the drop-ins derive the batch from scatter_dim / gather_dim. Their fake implementations check
+the arguments and give the output's shape, so torch.compile traces them without a graph break; the real
 ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
 
 from typing import List, Optional, Tuple
@@ -21,58 +24,74 @@ def _group_size(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
-def _launch(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: Problem, group_name: str) -> None:
-    check_placement(("a", a), ("w", w), ("out", out))
+def _data_ptr(tensor: Optional[torch.Tensor]) -> Optional[int]:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _launch(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor, problem: Problem,
+            group_name: str) -> None:
+    check_placement(("a", a), ("w", w), ("bias", bias), ("out", out))
     comm = communicator(_resolve_process_group(group_name), a.device)
     handle = comm.reserve(problem.m, problem.n)
     stream = torch.cuda.current_stream(a.device).cuda_stream
     with torch.cuda.device(a.device):
         library().call("tpfuse_gemm_reduce_scatter", handle, problem.m, problem.n, problem.k_per_rank,
-                       problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], a.data_ptr(), w.data_ptr(),
-                       out.data_ptr(), stream)
+                       problem.world_size, problem.layout_code, problem.batch, a.data_ptr(), w.data_ptr(),
+                       _data_ptr(bias), out.data_ptr(), stream)
 
 
-@torch.library.custom_op("tpfuse::gemm_reduce_scatter", mutates_args=())
-def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
-    problem = check_problem(a, w, weight_layout, _group_size(group_name))
+# The schemas are spelled out: an `int` annotation would make batch a SymInt.
+@torch.library.custom_op("tpfuse::gemm_reduce_scatter", mutates_args=(),
+                         schema="(Tensor a, Tensor w, str weight_layout, str group_name, Tensor? bias=None, "
+                                "int batch=1) -> Tensor")
+def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
+                        bias: Optional[torch.Tensor] = None, batch: int = 1) -> torch.Tensor:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name), bias=bias, batch=batch)
     out = a.new_empty((problem.rows_per_rank, problem.n))
-    _launch(a, w, out, problem, group_name)
+    _launch(a, w, bias, out, problem, group_name)
     return out
 
 
 @gemm_reduce_scatter.register_fake
-def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
-    problem = check_problem(a, w, weight_layout, _group_size(group_name))
+def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, bias: Optional[torch.Tensor] = None,
+      batch: int = 1) -> torch.Tensor:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name), bias=bias, batch=batch)
     return a.new_empty((problem.rows_per_rank, problem.n))
 
 
-@torch.library.custom_op("tpfuse::gemm_reduce_scatter_out", mutates_args=("out",))
+@torch.library.custom_op("tpfuse::gemm_reduce_scatter_out", mutates_args=("out",),
+                         schema="(Tensor a, Tensor w, str weight_layout, str group_name, Tensor(a!) out, "
+                                "Tensor? bias=None, int batch=1) -> ()")
 def gemm_reduce_scatter_out(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
-                            out: torch.Tensor) -> None:
-    problem = check_problem(a, w, weight_layout, _group_size(group_name), out)
-    _launch(a, w, out, problem, group_name)
+                            out: torch.Tensor, bias: Optional[torch.Tensor] = None, batch: int = 1) -> None:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name), out, bias, batch)
+    _launch(a, w, bias, out, problem, group_name)
 
 
 @gemm_reduce_scatter_out.register_fake
-def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, out: torch.Tensor) -> None:
-    check_problem(a, w, weight_layout, _group_size(group_name), out)
+def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, out: torch.Tensor,
+      bias: Optional[torch.Tensor] = None, batch: int = 1) -> None:
+    check_problem(a, w, weight_layout, _group_size(group_name), out, bias, batch)
 
 
 def _drop_in_problem(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str):
+    """a (A's rows), w, the problem, and the output's shape: A's with its scatter_dim split and N last."""
     world_size = _group_size(group_name)
-    a, w, weight_layout = check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, world_size)
-    out_shape = (A.shape[0] // world_size, *A.shape[1:-1], B.shape[1])
-    return a, w, check_problem(a, w, weight_layout, world_size), out_shape
+    a, w, weight_layout, batch = check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, world_size)
+    out_shape = [*A.shape[:-1], B.shape[1]]
+    out_shape[scatter_dim] //= world_size
+    return a, w, check_problem(a, w, weight_layout, world_size, batch=batch), out_shape
 
 
 # The schema is spelled out to be symm_mem's exactly (an `int` annotation would make scatter_dim a SymInt).
+# A scatter_dim past 0 is a batch: A's rows, sequence after sequence, each split over the ranks.
 @torch.library.custom_op("tpfuse::fused_matmul_reduce_scatter", mutates_args=(),
                          schema="(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name) -> Tensor")
 def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
                                 group_name: str) -> torch.Tensor:
     a, w, problem, out_shape = _drop_in_problem(A, B, reduce_op, scatter_dim, group_name)
     out = A.new_empty(out_shape)
-    _launch(a, w, out.view(problem.rows_per_rank, problem.n), problem, group_name)
+    _launch(a, w, None, out.view(problem.rows_per_rank, problem.n), problem, group_name)
     return out
 
 
@@ -81,58 +100,68 @@ def _(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_
     return A.new_empty(_drop_in_problem(A, B, reduce_op, scatter_dim, group_name)[3])
 
 
-def _launch_all_gather(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, gathered_x, problem: AllGatherProblem,
-                       group_name: str) -> None:
-    check_placement(("x", x), ("w", w), ("y", y), ("gathered_x", gathered_x))
+def _launch_all_gather(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
+                       gathered_x: Optional[torch.Tensor], problem: AllGatherProblem, group_name: str) -> None:
+    check_placement(("x", x), ("w", w), ("bias", bias), ("y", y), ("gathered_x", gathered_x))
     comm = communicator(_resolve_process_group(group_name), x.device)
     handle = comm.reserve(problem.m, problem.n_per_rank, problem.k)
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
         library().call("tpfuse_all_gather_gemm", handle, problem.m, problem.n_per_rank, problem.k,
-                       problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], x.data_ptr(), w.data_ptr(),
-                       y.data_ptr(), None if gathered_x is None else gathered_x.data_ptr(), stream)
+                       problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.batch, x.data_ptr(),
+                       w.data_ptr(), _data_ptr(bias), y.data_ptr(), _data_ptr(gathered_x), stream)
 
 
-@torch.library.custom_op("tpfuse::all_gather_gemm", mutates_args=())
-def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+@torch.library.custom_op("tpfuse::all_gather_gemm", mutates_args=(),
+                         schema="(Tensor x, Tensor w, str weight_layout, str group_name, Tensor? bias=None, "
+                                "int batch=1) -> Tensor")
+def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
+                    bias: Optional[torch.Tensor] = None, batch: int = 1) -> torch.Tensor:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
     y = x.new_empty((problem.m, problem.n_per_rank))
-    _launch_all_gather(x, w, y, None, problem, group_name)
+    _launch_all_gather(x, w, bias, y, None, problem, group_name)
     return y
 
 
 @all_gather_gemm.register_fake
-def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> torch.Tensor:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, bias: Optional[torch.Tensor] = None,
+      batch: int = 1) -> torch.Tensor:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
     return x.new_empty((problem.m, problem.n_per_rank))
 
 
-@torch.library.custom_op("tpfuse::all_gather_gemm_gathered", mutates_args=())
-def all_gather_gemm_gathered(x: torch.Tensor, w: torch.Tensor, weight_layout: str,
-                             group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+@torch.library.custom_op("tpfuse::all_gather_gemm_gathered", mutates_args=(),
+                         schema="(Tensor x, Tensor w, str weight_layout, str group_name, Tensor? bias=None, "
+                                "int batch=1) -> (Tensor, Tensor)")
+def all_gather_gemm_gathered(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
+                             bias: Optional[torch.Tensor] = None,
+                             batch: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
     y, gathered_x = x.new_empty((problem.m, problem.n_per_rank)), x.new_empty((problem.m, problem.k))
-    _launch_all_gather(x, w, y, gathered_x, problem, group_name)
+    _launch_all_gather(x, w, bias, y, gathered_x, problem, group_name)
     return y, gathered_x
 
 
 @all_gather_gemm_gathered.register_fake
-def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name))
+def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, bias: Optional[torch.Tensor] = None,
+      batch: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
     return x.new_empty((problem.m, problem.n_per_rank)), x.new_empty((problem.m, problem.k))
 
 
 def _all_gather_drop_in(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str):
-    """x and, per B, its w and problem; the gathered A's shape; each output's shape."""
+    """x and, per B, its w and problem; the gathered A's shape (A's with gather_dim times P); each output's
+    shape."""
     world_size = _group_size(group_name)
-    x, weights = check_fused_all_gather_matmul(A, Bs, gather_dim)
-    problems = [(w, check_all_gather_problem(x, w, layout, world_size)) for w, layout in weights]
-    gathered_shape = (A.shape[0] * world_size, *A.shape[1:])
+    x, weights, batch = check_fused_all_gather_matmul(A, Bs, gather_dim)
+    problems = [(w, check_all_gather_problem(x, w, layout, world_size, batch=batch)) for w, layout in weights]
+    gathered_shape = list(A.shape)
+    gathered_shape[gather_dim] *= world_size
     return x, problems, gathered_shape, [(*gathered_shape[:-1], p.n_per_rank) for _, p in problems]
 
 
 def _gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: AllGatherProblem) -> None:
-    """out = a @ w with tpfuse's per-rank GEMM (a: the gathered m x k rows)."""
+    """out = a @ w with tpfuse's per-rank GEMM (a: the gathered m x k rows, in the problem's order)."""
     stream = torch.cuda.current_stream(a.device).cuda_stream
     with torch.cuda.device(a.device):
         library().call("tpfuse_gemm", problem.m, problem.n_per_rank, problem.k,
@@ -140,7 +169,8 @@ def _gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: AllGathe
 
 
 # symm_mem's schema exactly. The first B is the fused call, which also gives the gathered A; every
-# later B multiplies that gathered A with the per-rank GEMM (A is gathered once).
+# later B multiplies that gathered A with the per-rank GEMM (A is gathered once). A gather_dim past 0 is
+# a batch: each sequence's rows gathered in rank order, sequence after sequence.
 @torch.library.custom_op("tpfuse::fused_all_gather_matmul", mutates_args=(),
                          schema="(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, bool return_A=True) "
                                 "-> (Tensor?, Tensor[])")
@@ -156,7 +186,7 @@ def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim:
         y = out.view(problem.m, problem.n_per_rank)
         gathered_x = None if gathered is None else gathered.view(problem.m, problem.k)
         if i == 0:
-            _launch_all_gather(x, w, y, gathered_x, problem, group_name)
+            _launch_all_gather(x, w, None, y, gathered_x, problem, group_name)
         else:
             _gemm(gathered_x, w, y, problem)
         outs.append(out)
@@ -200,16 +230,20 @@ def eager_allowed(first: torch.Tensor, *tensors) -> bool:
 
 
 def gemm_reduce_scatter_eager(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
-                              out: Optional[torch.Tensor]) -> torch.Tensor:
-    """The eager path of tpfuse.gemm_reduce_scatter (eager_allowed(a, w, out) holds)."""
+                              out: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None,
+                              batch: int = 1) -> torch.Tensor:
+    """The eager path of tpfuse.gemm_reduce_scatter (eager_allowed(a, w, out, bias) holds)."""
     device = a.device
     comm = _by_name.get((group_name, device.index))
-    problem = check_problem_cached(a, w, weight_layout, comm.group_size if comm else _group_size(group_name), out)
+    problem = check_problem_cached(a, w, weight_layout, comm.group_size if comm else _group_size(group_name), out,
+                                   bias, batch)
     if out is None:
         out = torch.empty((problem.rows_per_rank, problem.n), dtype=_BF16, device=device)
     a_ptr, w_ptr, out_ptr = a.data_ptr(), w.data_ptr(), out.data_ptr()
-    if (a_ptr | w_ptr | out_ptr) % 16 or device.type != "cuda" or w.device != device or out.device != device:
-        check_placement(("a", a), ("w", w), ("out", out))
+    bias_ptr = 0 if bias is None else bias.data_ptr()
+    if (a_ptr | w_ptr | out_ptr | bias_ptr) % 16 or device.type != "cuda" or w.device != device or \
+            out.device != device or (bias is not None and bias.device != device):
+        check_placement(("a", a), ("w", w), ("bias", bias), ("out", out))
     if comm is None or problem.m > comm.max_m or problem.n > comm.max_n:
         comm = comm or communicator(_resolve_process_group(group_name), device)
         handle = comm.reserve(problem.m, problem.n)
@@ -220,8 +254,8 @@ def gemm_reduce_scatter_eager(a: torch.Tensor, w: torch.Tensor, weight_layout: s
     index = device.index
     lib = library()
     function = lib.functions["tpfuse_gemm_reduce_scatter"]
-    args = (handle, problem.m, problem.n, problem.k_per_rank, problem.world_size, problem.layout_code, a_ptr, w_ptr,
-            out_ptr, _current_stream(index))
+    args = (handle, problem.m, problem.n, problem.k_per_rank, problem.world_size, problem.layout_code, problem.batch,
+            a_ptr, w_ptr, bias_ptr, out_ptr, _current_stream(index))
     if _current_device() == index:
         status = function(*args)
     else:

@@ -10,12 +10,17 @@ Each fused op's backward is the other fused op (the kernels take an nn.Linear we
 Swapping the layout name is what transposes W: a row op's "nk" w (N x K/P) is, read as the all-gather's
 "kn" (K' x N'/P with K' = N, N'/P = K/P), exactly W^T; the same holds for the other three cases.
 
+The backward of an op with batch b (a scatter_dim / gather_dim past 0 for the drop-ins) is the other op with
+the same batch. A bias's gradient is grad summed over the rows it was added to: this rank's rows for the
+reduce-scatter (its part of the whole, as for the layers' bias), every row of y for the all-gather.
+
 register_autograd gives every functional op (gemm_reduce_scatter, fused_matmul_reduce_scatter,
 all_gather_gemm, all_gather_gemm_gathered, fused_all_gather_matmul) its backward, so that torch.compile
 traces forward and backward without a graph break. `gemm_reduce_scatter_out` writes into `out` and has
 no backward. The layers' functions below add a bias and Megatron's FP32 `main_grad` accumulation.
 """
 
+import math
 from typing import List, Optional
 
 import torch
@@ -45,41 +50,68 @@ def reduce_scatter_rows(x: torch.Tensor, group_name: str, world_size: int) -> to
     return torch.ops._c10d_functional.wait_tensor(rows)
 
 
+def gather_sequences(x: torch.Tensor, group_name: str, world_size: int, batch: int) -> torch.Tensor:
+    """all_gather_gemm's gathered X: x holds this rank's rows of each of `batch` sequences; the result has each
+    sequence's rows in rank order, sequence after sequence (batch 1: gather_rows)."""
+    gathered = gather_rows(x, group_name, world_size)
+    if batch == 1:
+        return gathered
+    return gathered.view(world_size, batch, -1, x.shape[-1]).transpose(0, 1).reshape(-1, x.shape[-1])
+
+
+def reduce_scatter_sequences(x: torch.Tensor, group_name: str, world_size: int, batch: int) -> torch.Tensor:
+    """gemm_reduce_scatter's rows: this rank's rows of each of the `batch` sequences of x, summed over the group
+    (batch 1: reduce_scatter_rows)."""
+    if batch > 1:
+        x = x.view(batch, world_size, -1, x.shape[-1]).transpose(0, 1).reshape(-1, x.shape[-1])
+    return reduce_scatter_rows(x, group_name, world_size)
+
+
 def _weight_grad(operand: torch.Tensor, grad: torch.Tensor, weight_layout: str) -> torch.Tensor:
     """dL/dw for y = operand @ W (both M-row matrices, M summed over): W^T-shaped for 'nk'."""
     return grad.t() @ operand if weight_layout == "nk" else operand.t() @ grad
 
 
+def _needs_grad(ctx, index: int) -> bool:
+    """Whether the op's input `index` needs a gradient (an argument left at its default was not passed)."""
+    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]
+
+
 # --- the row-parallel op: the backward of out = RS(a @ W) ---
 
 def row_parallel_backward(grad: torch.Tensor, a: torch.Tensor, w: torch.Tensor, weight_layout: str,
-                          group_name: str, world_size: int, need_input_grad: bool):
-    """(grad_a or None, G): grad (M/P x N) gathered to G (M x N); grad_a = G @ W^T (M x K/P), computed by the
-    fused all-gather + GEMM, which also gives G."""
+                          group_name: str, world_size: int, need_input_grad: bool, batch: int = 1):
+    """(grad_a or None, G): grad (M/P x N) gathered to G (M x N, every sequence's rows in rank order);
+    grad_a = G @ W^T (M x K/P), computed by the fused all-gather + GEMM, which also gives G."""
     grad = grad.contiguous()
     if need_input_grad:
-        return torch.ops.tpfuse.all_gather_gemm_gathered(grad, w, SWAPPED_LAYOUT[weight_layout], group_name)
-    return None, gather_rows(grad, group_name, world_size)
+        return torch.ops.tpfuse.all_gather_gemm_gathered(grad, w, SWAPPED_LAYOUT[weight_layout], group_name, None,
+                                                         batch)
+    return None, gather_sequences(grad, group_name, world_size, batch)
 
 
 def _setup_gemm_reduce_scatter(ctx, inputs, output):
-    a, w, weight_layout, group_name = inputs
+    a, w, weight_layout, group_name, _, batch = inputs
     ctx.save_for_backward(a, w)
     ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
+    ctx.batch = batch
 
 
 def _backward_gemm_reduce_scatter(ctx, grad):
     a, w = ctx.saved_tensors
     grad_a, gathered = row_parallel_backward(grad, a, w, ctx.weight_layout, ctx.group_name, ctx.world_size,
-                                             ctx.needs_input_grad[0])
+                                             ctx.needs_input_grad[0], ctx.batch)
     grad_w = _weight_grad(a, gathered, ctx.weight_layout) if ctx.needs_input_grad[1] else None
-    return grad_a, grad_w, None, None
+    # The bias was added to this rank's rows only: its gradient here is their part (see tpfuse.nn).
+    grad_bias = grad.sum(0) if _needs_grad(ctx, 4) else None
+    return grad_a, grad_w, None, None, grad_bias, None
 
 
 def _setup_fused_matmul_reduce_scatter(ctx, inputs, output):
-    A, B, _, _, group_name = inputs
+    A, B, _, scatter_dim, group_name = inputs
     ctx.save_for_backward(A, B)
     ctx.group_name, ctx.world_size = group_name, _group_size(group_name)
+    ctx.batch = math.prod(A.shape[:scatter_dim])
 
 
 def _backward_fused_matmul_reduce_scatter(ctx, grad):
@@ -87,7 +119,7 @@ def _backward_fused_matmul_reduce_scatter(ctx, grad):
     w, weight_layout = weight_of(B, "B")  # the tensor the forward multiplied by, in place
     a = A.reshape(-1, A.shape[-1])
     grad_a, gathered = row_parallel_backward(grad.reshape(-1, grad.shape[-1]), a, w, weight_layout, ctx.group_name,
-                                             ctx.world_size, ctx.needs_input_grad[0])
+                                             ctx.world_size, ctx.needs_input_grad[0], ctx.batch)
     grad_A = None if grad_a is None else grad_a.view(A.shape)
     grad_B = a.t() @ gathered if ctx.needs_input_grad[1] else None  # B is K/P x N whichever the layout
     return grad_A, grad_B, None, None, None
@@ -95,47 +127,53 @@ def _backward_fused_matmul_reduce_scatter(ctx, grad):
 
 # --- the column-parallel op: the backward of y = AG(x) @ W ---
 
-def column_parallel_input_grad(grad: torch.Tensor, w: torch.Tensor, weight_layout: str,
-                               group_name: str) -> torch.Tensor:
+def column_parallel_input_grad(grad: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
+                               batch: int = 1) -> torch.Tensor:
     """grad_x (M/P x K): this rank's rows of sum_r grad_r @ W_r^T, by the fused GEMM + reduce-scatter."""
-    return torch.ops.tpfuse.gemm_reduce_scatter(grad.contiguous(), w, SWAPPED_LAYOUT[weight_layout], group_name)
+    return torch.ops.tpfuse.gemm_reduce_scatter(grad.contiguous(), w, SWAPPED_LAYOUT[weight_layout], group_name,
+                                                None, batch)
 
 
-def several_weights_input_grad(grads: List[torch.Tensor], Bs: List[torch.Tensor], group_name: str) -> torch.Tensor:
+def several_weights_input_grad(grads: List[torch.Tensor], Bs: List[torch.Tensor], group_name: str,
+                               batch: int = 1) -> torch.Tensor:
     """grad_x (M/P x K) of y_i = AG(x) @ B_i, every B_i K x N_i: RS(sum_i g_i @ B_i^T) as ONE fused GEMM +
     reduce-scatter (SwiGLU's gate and up: one reduce-scatter, not one per weight): the g_i side by side
     (M x sum N_i) times the B_i^T stacked ((sum N_i) x K), both copied to do so."""
     if len(Bs) == 1:
         w, weight_layout = weight_of(Bs[0], "B")
-        return column_parallel_input_grad(grads[0], w, weight_layout, group_name)
+        return column_parallel_input_grad(grads[0], w, weight_layout, group_name, batch)
     stacked_weights = torch.cat([B.t() for B in Bs])  # each B^T is N_i x K, read by the op as K'/P x N ("kn")
-    return torch.ops.tpfuse.gemm_reduce_scatter(torch.cat(grads, dim=1), stacked_weights, "kn", group_name)
+    return torch.ops.tpfuse.gemm_reduce_scatter(torch.cat(grads, dim=1), stacked_weights, "kn", group_name, None,
+                                                batch)
 
 
 def _setup_all_gather_gemm(ctx, inputs, output):
-    x, w, weight_layout, group_name = inputs
+    x, w, weight_layout, group_name, _, batch = inputs
     gathered = output[1] if isinstance(output, (tuple, list)) else None
     # all_gather_gemm saves x and gathers it again in backward; all_gather_gemm_gathered saves the gathered X.
     ctx.save_for_backward(x if gathered is None else gathered, w)
     ctx.regather = gathered is None
     ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
+    ctx.batch = batch
     # The gathered X's grad is None where unused (no reduce-scatter of zeros).
     ctx.set_materialize_grads(False)
 
 
 def _backward_all_gather_gemm(ctx, grad, grad_gathered=None):
     saved, w = ctx.saved_tensors
-    grad_x = grad_w = None
+    grad_x = grad_w = grad_bias = None
     if ctx.needs_input_grad[0]:
         if grad is not None:
-            grad_x = column_parallel_input_grad(grad, w, ctx.weight_layout, ctx.group_name)
+            grad_x = column_parallel_input_grad(grad, w, ctx.weight_layout, ctx.group_name, ctx.batch)
         if grad_gathered is not None:
-            rows = reduce_scatter_rows(grad_gathered, ctx.group_name, ctx.world_size)
+            rows = reduce_scatter_sequences(grad_gathered, ctx.group_name, ctx.world_size, ctx.batch)
             grad_x = rows if grad_x is None else grad_x + rows
     if ctx.needs_input_grad[1] and grad is not None:
-        gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
+        gathered = gather_sequences(saved, ctx.group_name, ctx.world_size, ctx.batch) if ctx.regather else saved
         grad_w = _weight_grad(gathered, grad.contiguous(), ctx.weight_layout)
-    return grad_x, grad_w, None, None
+    if _needs_grad(ctx, 4) and grad is not None:
+        grad_bias = grad.sum(0)  # added to every row of y
+    return grad_x, grad_w, None, None, grad_bias, None
 
 
 def _setup_fused_all_gather_matmul(ctx, inputs, keyword_only_inputs, output):
@@ -144,6 +182,7 @@ def _setup_fused_all_gather_matmul(ctx, inputs, keyword_only_inputs, output):
     ctx.regather = gathered is None
     ctx.save_for_backward(A if gathered is None else gathered, *Bs)
     ctx.group_name, ctx.world_size = group_name, _group_size(group_name)
+    ctx.gather_dim, ctx.batch = gather_dim, math.prod(A.shape[:gather_dim])
     ctx.set_materialize_grads(False)
 
 
@@ -154,17 +193,20 @@ def _backward_fused_all_gather_matmul(ctx, grad_gathered, grad_outs):
     if ctx.needs_input_grad[0]:
         used = [(B, grad.reshape(-1, grad.shape[-1])) for B, grad in zip(Bs, grad_outs) if grad is not None]
         if used:
-            grad_rows = several_weights_input_grad([grad for _, grad in used], [B for B, _ in used], ctx.group_name)
+            grad_rows = several_weights_input_grad([grad for _, grad in used], [B for B, _ in used], ctx.group_name,
+                                                   ctx.batch)
         if grad_gathered is not None:
-            part = reduce_scatter_rows(grad_gathered.reshape(-1, k), ctx.group_name, ctx.world_size)
+            part = reduce_scatter_sequences(grad_gathered.reshape(-1, k), ctx.group_name, ctx.world_size, ctx.batch)
             grad_rows = part if grad_rows is None else grad_rows + part
     if ctx.needs_input_grad[1]:
-        gathered = gather_rows(saved.reshape(-1, k), ctx.group_name, ctx.world_size) if ctx.regather \
-            else saved.reshape(-1, k)
+        gathered = gather_sequences(saved.reshape(-1, k), ctx.group_name, ctx.world_size, ctx.batch) \
+            if ctx.regather else saved.reshape(-1, k)
         # Each B is K x N_i as a tensor, whether stored so or a weight's transpose view.
         grad_Bs = [None if grad is None else gathered.t() @ grad.reshape(-1, grad.shape[-1]).contiguous()
                    for grad in grad_outs]
-    shard_shape = saved.shape if ctx.regather else (saved.shape[0] // ctx.world_size, *saved.shape[1:])
+    shard_shape = list(saved.shape)
+    if not ctx.regather:
+        shard_shape[ctx.gather_dim] //= ctx.world_size
     grad_A = None if grad_rows is None else grad_rows.view(shard_shape)
     return grad_A, grad_Bs, None, None
 

@@ -1,7 +1,8 @@
 """A process group simulated on CPU: its P ranks are P threads of this process, and the points where
 tpfuse's ops hand off to the library (_ops._launch, _launch_all_gather, _gemm) and tpfuse.autograd's plain
 collectives compute, in plain torch, from every rank's tensors: the reduce-scatter sums every rank's
-partial (FP32) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order.
+partial (FP64) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order; the
+launches do it per sequence (the C ABI's batch) and add the bias in FP64 before the one cast.
 Everything above those points (the custom ops, their argument checks, the backward formulas, the layers)
 is the package's own code."""
 
@@ -54,15 +55,29 @@ class SimulatedGroup:
         rows = x.shape[0] // self.size
         return total[self.rank * rows:(self.rank + 1) * rows].to(x.dtype)
 
-    def _launch(self, a, w, out, problem, group_name):
+    def _sequences(self, rows: torch.Tensor, batch: int) -> torch.Tensor:
+        """rows (batch sequences one after the other) as (batch, P, S/P, columns): [i, d] is rank d's share
+        of sequence i."""
+        return rows.view(batch, self.size, -1, rows.shape[-1])
+
+    def _launch(self, a, w, bias, out, problem, group_name):
+        """The contract of tpfuse_gemm_reduce_scatter: this rank keeps its S/P rows of each of the batch
+        sequences of the summed product, sequence after sequence, plus the bias, rounded once."""
         self.launches.append((self.rank, "gemm_reduce_scatter"))
         partial = a.double() @ weight_as_k_by_n(w, problem.weight_layout).double()
-        out.copy_(self.reduce_scatter(partial))
+        total = torch.stack(self._exchange(partial)).sum(0)
+        rows = self._sequences(total, problem.batch)[:, self.rank].reshape(out.shape)
+        out.copy_(rows if bias is None else rows + bias.double())
 
-    def _launch_all_gather(self, x, w, y, gathered_x, problem, group_name):
+    def _launch_all_gather(self, x, w, bias, y, gathered_x, problem, group_name):
+        """The contract of tpfuse_all_gather_gemm: each sequence's rows gathered in rank order, sequence
+        after sequence, times w, plus the bias, rounded once."""
         self.launches.append((self.rank, "all_gather_gemm"))
-        gathered = self.gather(x)
-        y.copy_(gathered.double() @ weight_as_k_by_n(w, problem.weight_layout).double())
+        parts = self._exchange(x)
+        shards = [parts[r].view(problem.batch, -1, x.shape[1]) for r in self.rank_order]
+        gathered = torch.cat(shards, dim=1).view(problem.m, problem.k)
+        product = gathered.double() @ weight_as_k_by_n(w, problem.weight_layout).double()
+        y.copy_(product if bias is None else product + bias.double())
         if gathered_x is not None:
             gathered_x.copy_(gathered)
 

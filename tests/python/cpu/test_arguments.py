@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import tpfuse
-from tpfuse import _ops
+from tpfuse import _checks, _ops
 
 BF16 = torch.bfloat16
 M, N, K = 64, 48, 32  # this rank: a is M x K/P, w is N x K/P (nk) or K/P x N (kn); M divides by 4
@@ -52,6 +52,19 @@ CASES = {
     "a_misaligned": (lambda: misaligned(M, K), lambda: cpu(N, K), {}, "a's data at 0x"),
     "w_misaligned": (lambda: cpu(M, K), lambda: misaligned(N, K), {}, "is not 16-byte aligned"),
     "device": (lambda: cpu(M, K), lambda: cpu(N, K), {}, "a is on cpu; tpfuse runs on CUDA devices"),
+    "bias_dtype": (lambda: cpu(M, K), lambda: cpu(N, K), {"bias": lambda: cpu(N, dtype=torch.float32)},
+                   "bias has dtype torch.float32"),
+    "bias_shape": (lambda: cpu(M, K), lambda: cpu(N, K), {"bias": lambda: cpu(1, N)},
+                   "bias has shape (1, 48); it must be (48,), one entry per output column (N)"),
+    "bias_non_contiguous": (lambda: cpu(M, K), lambda: cpu(N, K), {"bias": lambda: cpu(2 * N)[::2]},
+                            "bias with strides (2,) is not contiguous"),
+    "bias_misaligned": (lambda: cpu(M, K), lambda: cpu(N, K), {"bias": lambda: misaligned(N)}, "bias's data at 0x"),
+    "batch_zero": (lambda: cpu(M, K), lambda: cpu(N, K), {"batch": 0}, "batch = 0 must be an integer of 1 or more"),
+    "batch_not_int": (lambda: cpu(M, K), lambda: cpu(N, K), {"batch": 2.0}, "batch = 2.0 must be an integer"),
+    "batch_does_not_divide": (lambda: cpu(M, K), lambda: cpu(N, K), {"batch": 3},
+                              "batch = 3: the M = 64 rows of a are not 3 sequences of equal length"),
+    "sequence_does_not_divide": (lambda: cpu(M, K), lambda: cpu(N, K), {"batch": 32},
+                                 "batch = 32: each sequence has 2 rows, which do not divide over the group's 4 ranks"),
 }
 
 
@@ -66,7 +79,11 @@ def test_bad_argument_raises_before_launch(group, case):
 DROP_IN_CASES = {
     # name: (A, B, reduce_op, scatter_dim, what the message says)
     "reduce_op": (lambda: cpu(8, K), lambda: cpu(K, N), "avg", 0, "reduce_op = 'avg': tpfuse reduces with 'sum'"),
-    "scatter_dim": (lambda: cpu(8, 3, K), lambda: cpu(K, N), "sum", 1, "scatter_dim = 1: tpfuse scatters the rows"),
+    "scatter_dim_last": (lambda: cpu(8, 4, K), lambda: cpu(K, N), "sum", 2,
+                         "scatter_dim = 2: tpfuse splits A \\(8, 4, 32\\) along one of its dimensions before the "
+                         "last \\(0 to 1\\)"),
+    "scatter_dim_negative": (lambda: cpu(8, 4, K), lambda: cpu(K, N), "sum", -2, "scatter_dim = -2: tpfuse splits A"),
+    "dim_1_does_not_divide": (lambda: cpu(2, 6, K), lambda: cpu(K, N), "sum", 1, "A.shape\\[1\\] = 6 does not divide"),
     "a_1d": (lambda: cpu(K), lambda: cpu(K, N), "sum", 0, "must have 2 or more dimensions"),
     "dim_0_does_not_divide": (lambda: cpu(6, 4, K), lambda: cpu(K, N), "sum", 0, "A.shape\\[0\\] = 6 does not divide"),
     "a_non_contiguous": (lambda: cpu(3, 8, K).transpose(0, 1), lambda: cpu(K, N), "sum", 0, "is not contiguous"),
@@ -96,6 +113,14 @@ ALL_GATHER_CASES = {
     "k_not_multiple_of_8": (lambda: cpu(M, K + 4), lambda: cpu(N, K + 4), {}, "K = 36 is not a multiple of 8"),
     "x_misaligned": (lambda: misaligned(M, K), lambda: cpu(N, K), {}, "x's data at 0x"),
     "device": (lambda: cpu(M, K), lambda: cpu(N, K), {}, "x is on cpu; tpfuse runs on CUDA devices"),
+    "bias_dtype": (lambda: cpu(M, K), lambda: cpu(N, K), {"bias": cpu(N).half()}, "bias has dtype torch.float16"),
+    "bias_shape": (lambda: cpu(M, K), lambda: cpu(N, K), {"bias": cpu(4 * N)},
+                   "bias has shape \\(192,\\); it must be \\(48,\\), one entry per output column \\(N/P\\)"),
+    "bias_misaligned": (lambda: cpu(M, K), lambda: cpu(N, K), {"bias": misaligned(N)}, "bias's data at 0x"),
+    "batch_negative": (lambda: cpu(M, K), lambda: cpu(N, K), {"batch": -1},
+                       "batch = -1 must be an integer of 1 or more"),
+    "batch_does_not_divide": (lambda: cpu(M, K), lambda: cpu(N, K), {"batch": 3},
+                              "batch = 3: x's 64 rows are not 3 shards of equal length"),
 }
 
 
@@ -109,7 +134,7 @@ def test_all_gather_bad_argument_raises_before_launch(group, case, return_gather
 
 AG_DROP_IN_CASES = {
     # name: (A, Bs, gather_dim, what the message says)
-    "gather_dim": (lambda: cpu(8, 3, K), lambda: [cpu(K, N)], 1, "gather_dim = 1: tpfuse gathers the rows"),
+    "gather_dim_last": (lambda: cpu(8, 3, K), lambda: [cpu(K, N)], 2, "gather_dim = 2: tpfuse splits A"),
     "a_1d": (lambda: cpu(K), lambda: [cpu(K, N)], 0, "must have 2 or more dimensions"),
     "a_non_contiguous": (lambda: cpu(3, 8, K).transpose(0, 1), lambda: [cpu(K, N)], 0, "is not contiguous"),
     "no_weights": (lambda: cpu(8, K), lambda: [], 0, "Bs is empty"),
@@ -131,3 +156,31 @@ def test_group_larger_than_a_node_is_refused(monkeypatch, group):
     monkeypatch.setattr(_ops, "_group_size", lambda group_name: 16)
     with pytest.raises(tpfuse.InvalidArgumentError, match="the group has 16 ranks; tpfuse supports 1 to 8"):
         tpfuse.gemm_reduce_scatter(cpu(M, K), cpu(N, K), group)
+
+
+def test_group_of_one_takes_any_batch():
+    # At P = 1 every batch is the plain product: no slab rule.
+    problem = _checks.check_problem(cpu(6, K), cpu(N, K), "nk", 1, batch=3)
+    assert (problem.m, problem.batch, problem.rows_per_rank) == (6, 3, 6)
+    assert _checks.check_all_gather_problem(cpu(6, K), cpu(N, K), "nk", 1, batch=6).m == 6
+
+
+SLAB_CASES = {
+    # name: (call, the rows of a rank's share of a sequence); P = 4, batch > 1
+    "gemm_reduce_scatter": (lambda g: tpfuse.gemm_reduce_scatter(cpu(2 * 96, K), cpu(N, K), g, batch=2), 24),
+    "all_gather_gemm": (lambda g: tpfuse.all_gather_gemm(cpu(3 * 32, K), cpu(N, K), g, batch=3), 32),
+    "fused_matmul_reduce_scatter": (
+        lambda g: tpfuse.fused_matmul_reduce_scatter(cpu(2, 8, K), cpu(N, K).t(), "sum", 1, g.group_name), 2),
+    "fused_all_gather_matmul": (
+        lambda g: tpfuse.fused_all_gather_matmul(cpu(2, 8, 3, K), [cpu(N, K).t()], 1, g.group_name), 24),
+}
+
+
+@pytest.mark.parametrize("case", SLAB_CASES)
+def test_batched_shard_of_whole_slabs_only(group, case):
+    """With batch > 1 on more than one rank, the kernels need each rank's rows of a sequence in whole
+    slabs of 64: valid, but unsupported, before anything is launched."""
+    call, shard_rows = SLAB_CASES[case]
+    with pytest.raises(tpfuse.UnsupportedError, match=f"each rank's share of a sequence is {shard_rows} rows; with "
+                                                      "batch > 1 tpfuse needs a multiple of 64 rows"):
+        call(group)

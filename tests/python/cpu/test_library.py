@@ -99,11 +99,11 @@ show(lib.tpfuse_nccl_open(b"libc.so.6"))
 def test_a_failed_status_raises_with_the_librarys_message():
     library = tpfuse._library.library()
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
-        library.call("tpfuse_gemm_reduce_scatter", None, 512, 64, 64, 1, 1, None, None, None, None)
+        library.call("tpfuse_gemm_reduce_scatter", None, 512, 64, 64, 1, 1, 1, None, None, None, None, None)
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
-        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, None, None, None, None, None)
+        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, 1, None, None, None, None, None, None)
     with pytest.raises(tpfuse.InvalidArgumentError, match="weight_layout = 7 is neither"):
-        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 7, None, None, None, None, None)
+        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 7, 1, None, None, None, None, None, None)
     with pytest.raises(tpfuse.InvalidArgumentError, match="a must not be null"):
         library.call("tpfuse_gemm", 512, 64, 64, 1, None, None, None, None)
     with pytest.raises(tpfuse.InvalidArgumentError, match="weight_layout = 2 is neither"):

@@ -8,6 +8,7 @@ import torch
 import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
 
 import tpfuse
+from tpfuse import _ops
 
 BF16 = torch.bfloat16
 
@@ -19,11 +20,10 @@ def meta(*shape):
 def test_ops_are_registered_with_their_schemas():
     schemas = {name: str(getattr(torch.ops.tpfuse, name).default._schema) for name in
                ("gemm_reduce_scatter", "gemm_reduce_scatter_out", "fused_matmul_reduce_scatter")}
-    assert schemas["gemm_reduce_scatter"] == \
-        "tpfuse::gemm_reduce_scatter(Tensor a, Tensor w, str weight_layout, str group_name) -> Tensor"
-    assert schemas["gemm_reduce_scatter_out"].startswith(
-        "tpfuse::gemm_reduce_scatter_out(Tensor a, Tensor w, str weight_layout, str group_name, Tensor(")
-    assert schemas["gemm_reduce_scatter_out"].endswith("!) out) -> ()")
+    assert schemas["gemm_reduce_scatter"] == "tpfuse::gemm_reduce_scatter(Tensor a, Tensor w, str weight_layout, " \
+        "str group_name, Tensor? bias=None, int batch=1) -> Tensor"
+    assert schemas["gemm_reduce_scatter_out"] == "tpfuse::gemm_reduce_scatter_out(Tensor a, Tensor w, " \
+        "str weight_layout, str group_name, Tensor(a!) out, Tensor? bias=None, int batch=1) -> ()"
     assert schemas["fused_matmul_reduce_scatter"] == str(
         torch.ops.symm_mem.fused_matmul_reduce_scatter.default._schema).replace("symm_mem::", "tpfuse::")
 
@@ -39,22 +39,48 @@ def test_drop_in_has_the_signature_of_symm_mem_op():
 
 
 @pytest.mark.parametrize("weight_layout, w_shape", [("nk", (48, 32)), ("kn", (32, 48))])
-def test_fake_shapes(group, weight_layout, w_shape):
-    out = torch.ops.tpfuse.gemm_reduce_scatter(meta(64, 32), meta(*w_shape), weight_layout, group.group_name)
-    assert out.shape == (64 // group.size(), 48) and out.dtype == BF16 and out.device.type == "meta"
-    out = meta(64 // group.size(), 48)
-    assert tpfuse.gemm_reduce_scatter(meta(64, 32), meta(*w_shape), group, weight_layout=weight_layout,
-                                      out=out) is out
+@pytest.mark.parametrize("batch", [1, 2])
+def test_fake_shapes(group, weight_layout, w_shape, batch):
+    m = 256 * batch  # with batch 2, each rank's share of a sequence is one slab of 64 rows
+    for bias in (None, meta(48)):
+        out = torch.ops.tpfuse.gemm_reduce_scatter(meta(m, 32), meta(*w_shape), weight_layout, group.group_name, bias,
+                                                   batch)
+        assert out.shape == (m // group.size(), 48) and out.dtype == BF16 and out.device.type == "meta"
 
 
-@pytest.mark.parametrize("a_shape", [(16, 32), (8, 3, 32), (4, 2, 5, 32)])
-def test_drop_in_fake_shape_is_symm_mems(group, a_shape):
+def test_out_is_the_tensor_the_launch_writes(group, monkeypatch):
+    """tpfuse.gemm_reduce_scatter(..., out=out) launches into `out` itself and returns it: a stand-in launch
+    writes its rows' number, which the returned tensor and `out` must both show."""
+    launched = []
+
+    def launch(a, w, bias, out, problem, group_name):
+        launched.append((out, problem.batch, bias))
+        out.copy_(torch.arange(out.shape[0], dtype=BF16)[:, None].expand_as(out))
+
+    monkeypatch.setattr(_ops, "_launch", launch)
+    monkeypatch.setattr(_ops, "check_placement", lambda *named: None)
+    out, bias = torch.full((128, 48), float("nan"), dtype=BF16), torch.zeros(48, dtype=BF16)
+    result = tpfuse.gemm_reduce_scatter(torch.zeros(512, 32, dtype=BF16), torch.zeros(48, 32, dtype=BF16), group,
+                                        out=out, bias=bias, batch=2)
+    [(launched_out, batch, launched_bias)] = launched
+    assert launched_out.data_ptr() == out.data_ptr() and launched_out.shape == out.shape
+    assert batch == 2 and launched_bias is bias
+    rows = torch.arange(128, dtype=BF16)[:, None].expand(128, 48)
+    assert torch.equal(out, rows) and torch.equal(result, rows)
+
+
+@pytest.mark.parametrize("a_shape, scatter_dim", [((16, 32), 0), ((8, 3, 32), 0), ((4, 2, 5, 32), 0),
+                                                  ((2, 256, 32), 1), ((2, 3, 256, 32), 2), ((2, 64, 4, 32), 1)])
+def test_drop_in_fake_shape_is_symm_mems(group, a_shape, scatter_dim):
     weight = meta(48, 32)
+    expected = list(a_shape[:-1]) + [48]
+    expected[scatter_dim] //= group.size()
     for B in (weight.t(), meta(32, 48)):
-        ours = tpfuse.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", 0, group.group_name)
-        theirs = torch.ops.symm_mem.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", 0, group.group_name)
-        assert ours.shape == theirs.shape == (a_shape[0] // group.size(), *a_shape[1:-1], 48)
-        assert ours.dtype == BF16
+        ours = tpfuse.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", scatter_dim, group.group_name)
+        theirs = torch.ops.symm_mem.fused_matmul_reduce_scatter(meta(*a_shape), B, "sum", scatter_dim,
+                                                                group.group_name)
+        assert ours.shape == theirs.shape == tuple(expected)
+        assert ours.stride() == theirs.stride() and ours.dtype == BF16
 
 
 class GraphCapture:
@@ -131,20 +157,23 @@ def test_compile_errors_carry_the_tpfuse_error(group, fullgraph):
 
 
 def test_all_gather_ops_are_registered_with_their_schemas():
-    assert str(torch.ops.tpfuse.all_gather_gemm.default._schema) == \
-        "tpfuse::all_gather_gemm(Tensor x, Tensor w, str weight_layout, str group_name) -> Tensor"
-    assert str(torch.ops.tpfuse.all_gather_gemm_gathered.default._schema) == \
-        "tpfuse::all_gather_gemm_gathered(Tensor x, Tensor w, str weight_layout, str group_name) -> (Tensor, Tensor)"
+    assert str(torch.ops.tpfuse.all_gather_gemm.default._schema) == "tpfuse::all_gather_gemm(Tensor x, Tensor w, " \
+        "str weight_layout, str group_name, Tensor? bias=None, int batch=1) -> Tensor"
+    assert str(torch.ops.tpfuse.all_gather_gemm_gathered.default._schema) == "tpfuse::all_gather_gemm_gathered(" \
+        "Tensor x, Tensor w, str weight_layout, str group_name, Tensor? bias=None, int batch=1) -> (Tensor, Tensor)"
 
 
 @pytest.mark.parametrize("weight_layout, w_shape", [("nk", (48, 32)), ("kn", (32, 48))])
-def test_all_gather_fake_shapes(group, weight_layout, w_shape):
-    p = group.size()
-    y = tpfuse.all_gather_gemm(meta(16, 32), meta(*w_shape), group, weight_layout=weight_layout)
-    assert y.shape == (16 * p, 48) and y.dtype == BF16 and y.device.type == "meta"
-    y, gathered = tpfuse.all_gather_gemm(meta(16, 32), meta(*w_shape), group, weight_layout=weight_layout,
-                                         return_gathered=True)
-    assert y.shape == (16 * p, 48) and gathered.shape == (16 * p, 32)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_all_gather_fake_shapes(group, weight_layout, w_shape, batch):
+    p, rows = group.size(), 64 * batch
+    for bias in (None, meta(48)):
+        y = tpfuse.all_gather_gemm(meta(rows, 32), meta(*w_shape), group, weight_layout=weight_layout, bias=bias,
+                                   batch=batch)
+        assert y.shape == (rows * p, 48) and y.dtype == BF16 and y.device.type == "meta"
+        y, gathered = tpfuse.all_gather_gemm(meta(rows, 32), meta(*w_shape), group, weight_layout=weight_layout,
+                                             return_gathered=True, bias=bias, batch=batch)
+        assert y.shape == (rows * p, 48) and gathered.shape == (rows * p, 32)
 
 
 def test_compile_traces_the_all_gather_in_one_graph(group):
@@ -164,13 +193,17 @@ def test_all_gather_drop_in_has_symm_mems_schema():
     assert ours == str(torch.ops.symm_mem.fused_all_gather_matmul.default._schema).replace("symm_mem::", "tpfuse::")
 
 
-@pytest.mark.parametrize("a_shape", [(16, 32), (8, 3, 32)])
+@pytest.mark.parametrize("a_shape, gather_dim", [((16, 32), 0), ((8, 3, 32), 0), ((2, 64, 32), 1),
+                                                 ((2, 3, 64, 32), 2), ((2, 16, 4, 32), 1)])
 @pytest.mark.parametrize("return_A", [True, False])
-def test_all_gather_drop_in_fake_shapes_are_symm_mems(group, a_shape, return_A):
+def test_all_gather_drop_in_fake_shapes_are_symm_mems(group, a_shape, gather_dim, return_A):
     Bs = [meta(48, 32).t(), meta(32, 24)]  # an nn.Linear weight's transpose, and a K x N matrix
-    ours = tpfuse.fused_all_gather_matmul(meta(*a_shape), Bs, 0, group.group_name, return_A=return_A)
-    theirs = torch.ops.symm_mem.fused_all_gather_matmul(meta(*a_shape), Bs, 0, group.group_name, return_A=return_A)
-    gathered = (a_shape[0] * group.size(), *a_shape[1:])
+    ours = tpfuse.fused_all_gather_matmul(meta(*a_shape), Bs, gather_dim, group.group_name, return_A=return_A)
+    theirs = torch.ops.symm_mem.fused_all_gather_matmul(meta(*a_shape), Bs, gather_dim, group.group_name,
+                                                        return_A=return_A)
+    gathered = list(a_shape)
+    gathered[gather_dim] *= group.size()
+    gathered = tuple(gathered)
     if return_A:
         assert ours[0].shape == theirs[0].shape == gathered
     else:
