@@ -17,9 +17,11 @@ reduce-scatter (its part of the whole, as for the layers' bias), every row of y 
 register_autograd gives every functional op (gemm_reduce_scatter, fused_matmul_reduce_scatter,
 all_gather_gemm, all_gather_gemm_gathered, fused_all_gather_matmul) its backward, so that torch.compile
 traces forward and backward without a graph break. `gemm_reduce_scatter_out` writes into `out` and has
-no backward. The layers' functions below add a bias and Megatron's FP32 `main_grad` accumulation.
+no backward. The layers' functions below give the ops their bias and their sequences (a sequence dimension
+past 0 is the ops' batch) and add Megatron's FP32 `main_grad` accumulation.
 """
 
+import logging
 import math
 from typing import List, Optional
 
@@ -27,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import weight_of
+from ._checks import SLAB_ROWS, weight_of
 from .errors import InvalidArgumentError
 
 # The layout name under which the paired op reads the same w as W^T.
@@ -223,7 +225,7 @@ torch.library.register_autograd("tpfuse::fused_all_gather_matmul", _backward_fus
                                 setup_context=_setup_fused_all_gather_matmul)
 
 
-# --- the layers: bias and Megatron's main_grad accumulation ---
+# --- the layers: sequence order, the bias, and Megatron's main_grad accumulation ---
 
 # torch.mm(..., out_dtype=) (aten::mm.dtype) came with torch 2.8; the floor, torch 2.7, lacks it.
 MM_HAS_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
@@ -278,20 +280,18 @@ def _accumulate_or_return(ctx, weight: torch.Tensor, operand: torch.Tensor,
 
 
 class ColumnParallelLinearFunction(torch.autograd.Function):
-    """y = AG(x) @ weight^T + bias: x (M/P x K) this rank's rows, weight (N/P x K) and bias (N/P) this
-    rank's output columns; y is M x N/P."""
+    """y = AG(x) @ weight^T + bias: x (M/P x K) this rank's rows of each of `batch` sequences, weight (N/P x K)
+    and bias (N/P) this rank's output columns; y is M x N/P, every sequence's rows in rank order."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, save_gathered_input, mode):
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, save_gathered_input, mode):
         if save_gathered_input:
-            y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x, weight, "nk", group_name)
+            y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x, weight, "nk", group_name, bias, batch)
         else:
-            y, gathered = torch.ops.tpfuse.all_gather_gemm(x, weight, "nk", group_name), None
-        if bias is not None:
-            y = y + bias
+            y, gathered = torch.ops.tpfuse.all_gather_gemm(x, weight, "nk", group_name, bias, batch), None
         ctx.save_for_backward(x if gathered is None else gathered, weight)
         _keep_main_grad(ctx, main_grad, mode)
-        ctx.group_name, ctx.world_size, ctx.regather = group_name, world_size, gathered is None
+        ctx.group_name, ctx.world_size, ctx.batch, ctx.regather = group_name, world_size, batch, gathered is None
         ctx.has_bias = bias is not None
         return y
 
@@ -299,38 +299,38 @@ class ColumnParallelLinearFunction(torch.autograd.Function):
     def backward(ctx, grad):
         saved, weight = ctx.saved_tensors
         grad = grad.contiguous()
-        grad_x = column_parallel_input_grad(grad, weight, "nk", ctx.group_name) if ctx.needs_input_grad[0] else None
+        grad_x = column_parallel_input_grad(grad, weight, "nk", ctx.group_name, ctx.batch) \
+            if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
-            gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
+            gathered = gather_sequences(saved, ctx.group_name, ctx.world_size, ctx.batch) if ctx.regather else saved
             grad_w = _accumulate_or_return(ctx, weight, gathered, grad)
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None, None
 
 
 class RowParallelLinearFunction(torch.autograd.Function):
-    """out = RS(x @ weight^T) + bias: x (M x K/P), weight (N x K/P) this rank's input columns, bias (N)
-    whole on every rank, added once after the reduce-scatter; out is this rank's M/P x N rows."""
+    """out = RS(x @ weight^T) + bias: x (M x K/P) `batch` sequences, weight (N x K/P) this rank's input
+    columns, bias (N) whole on every rank, added once to the reduced rows; out is this rank's M/P x N rows,
+    its 1/P of each sequence."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, mode):
-        out = torch.ops.tpfuse.gemm_reduce_scatter(x, weight, "nk", group_name)
-        if bias is not None:
-            out = out + bias
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, mode):
+        out = torch.ops.tpfuse.gemm_reduce_scatter(x, weight, "nk", group_name, bias, batch)
         ctx.save_for_backward(x, weight)
         _keep_main_grad(ctx, main_grad, mode)
-        ctx.group_name, ctx.world_size, ctx.has_bias = group_name, world_size, bias is not None
+        ctx.group_name, ctx.world_size, ctx.batch, ctx.has_bias = group_name, world_size, batch, bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         grad_x, gathered = row_parallel_backward(grad, x, weight, "nk", ctx.group_name, ctx.world_size,
-                                                 ctx.needs_input_grad[0])
+                                                 ctx.needs_input_grad[0], ctx.batch)
         grad_w = _accumulate_or_return(ctx, weight, x, gathered) if ctx.needs_input_grad[1] else None
         # This rank's rows only: the bias's full gradient is the sum over the group (see tpfuse.nn).
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None
 
 
 def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
@@ -348,34 +348,71 @@ def _check_sequence_dim(x: torch.Tensor, sequence_dim: int) -> None:
                                    f"before its features (0 to {x.dim() - 2})")
 
 
+_log = logging.getLogger(__name__)
+_logged_fallbacks = set()  # the layer kinds whose sequence-major fallback was logged
+
+
+def _kernels_serve(layer: str, x: torch.Tensor, sequence_dim: int, shard_rows: int, world_size: int) -> bool:
+    """Whether the kernels take x's sequences as they lie: `batch` sequences (the dimensions before
+    sequence_dim), of which each rank holds `shard_rows` rows. Where not, the layer runs on a sequence-major
+    copy, which is logged once per layer kind (not under torch.compile, which cannot trace a log call)."""
+    batch = math.prod(x.shape[:sequence_dim])
+    if batch == 1 or world_size == 1 or shard_rows % SLAB_ROWS == 0:
+        return True
+    if layer not in _logged_fallbacks and not torch.compiler.is_compiling():
+        _logged_fallbacks.add(layer)
+        _log.warning("%s: x %s with sequence_dim = %d: each rank's share of a sequence is %d rows, not a multiple "
+                     "of %d (the kernels' slab, with several sequences); running on a copy in sequence-major "
+                     "order (sequence_dim 0), and back", layer, tuple(x.shape), sequence_dim, shard_rows, SLAB_ROWS)
+    return False
+
+
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                           group: dist.ProcessGroup, *, save_gathered_input: bool = True,
+                           group: dist.ProcessGroup, *, sequence_dim: int = 0, save_gathered_input: bool = True,
                            gradient_accumulation_fusion: bool = False) -> torch.Tensor:
-    """The column-parallel linear layer with sequence parallelism: x (S/P, ..., K), this rank's rows of the
-    activations (sharded on dim 0), all-gathered and multiplied by this rank's weight (N/P x K, nn.Linear's
-    layout) in one kernel, plus its bias (N/P): (S, ..., N/P).
+    """The column-parallel linear layer with sequence parallelism: x (..., S/P, ..., K), this rank's tokens of
+    the sequence (dimension sequence_dim: 0 for [s, b, h], 1 for [b, s, h]), all-gathered and multiplied by
+    this rank's weight (N/P x K, nn.Linear's layout) in one kernel, which also adds its bias (N/P):
+    (..., S, ..., N/P), every token of this rank's output features.
 
     save_gathered_input: keep the gathered x (S x K per rank) for the weight's gradient (memory), else
     gather x again in backward (time: one all-gather of x, not hidden behind a GEMM).
     gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode)."""
-    _check_sequence_dim(x, 0)
+    _check_sequence_dim(x, sequence_dim)
+    world_size = group.size()
+    if not _kernels_serve("ColumnParallelLinear", x, sequence_dim, math.prod(x.shape[sequence_dim:-1]), world_size):
+        y = column_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
+                                   save_gathered_input=save_gathered_input,
+                                   gradient_accumulation_fusion=gradient_accumulation_fusion)
+        return y.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
     y = ColumnParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
-                                           group.size(), save_gathered_input, mode)
-    return y.view(-1, *x.shape[1:-1], y.shape[-1])
+                                           world_size, math.prod(x.shape[:sequence_dim]), save_gathered_input, mode)
+    shape = list(x.shape)
+    shape[sequence_dim], shape[-1] = shape[sequence_dim] * world_size, y.shape[-1]
+    return y.view(shape)
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                        group: dist.ProcessGroup, *, gradient_accumulation_fusion: bool = False) -> torch.Tensor:
-    """The row-parallel linear layer with sequence parallelism: x (S, ..., K/P), this rank's input features,
-    times this rank's weight (N x K/P, nn.Linear's layout), summed over the group and scattered by rows in
-    one kernel, plus the bias (N, whole on every rank): this rank's rows (S/P, ..., N)."""
-    _check_sequence_dim(x, 0)
+                        group: dist.ProcessGroup, *, sequence_dim: int = 0,
+                        gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+    """The row-parallel linear layer with sequence parallelism: x (..., S, ..., K/P), this rank's input
+    features of every token, times this rank's weight (N x K/P, nn.Linear's layout), summed over the group
+    and scattered by tokens of the sequence (dimension sequence_dim) in one kernel, which also adds the bias
+    (N, whole on every rank) to the summed rows: this rank's tokens (..., S/P, ..., N)."""
+    _check_sequence_dim(x, sequence_dim)
     world_size = group.size()
-    if x.shape[0] % world_size:
-        raise InvalidArgumentError(f"x {tuple(x.shape)}: its sequence (dim 0) of {x.shape[0]} tokens does not "
-                                   f"divide over the group's {world_size} ranks")
+    if x.shape[sequence_dim] % world_size:
+        raise InvalidArgumentError(f"x {tuple(x.shape)}: its sequence (dim {sequence_dim}) of {x.shape[sequence_dim]} "
+                                   f"tokens does not divide over the group's {world_size} ranks")
+    shard_rows = math.prod(x.shape[sequence_dim:-1]) // world_size
+    if not _kernels_serve("RowParallelLinear", x, sequence_dim, shard_rows, world_size):
+        out = row_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
+                                  gradient_accumulation_fusion=gradient_accumulation_fusion)
+        return out.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
     out = RowParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
-                                          world_size, mode)
-    return out.view(-1, *x.shape[1:-1], out.shape[-1])
+                                          world_size, math.prod(x.shape[:sequence_dim]), mode)
+    shape = list(x.shape)
+    shape[sequence_dim], shape[-1] = shape[sequence_dim] // world_size, out.shape[-1]
+    return out.view(shape)

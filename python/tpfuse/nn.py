@@ -71,12 +71,12 @@ class _ParallelLinear(torch.nn.Module):
     _shard_dim: int  # the weight's dimension split over the group: 0, its output rows; 1, its input columns
 
     def __init__(self, in_features: int, out_features: int, weight_shape, bias_features: int, bias: bool,
-                 group: Optional[dist.ProcessGroup], *, stride: int, init_method, rng_tracker, skip_bias_add: bool,
-                 gradient_accumulation_fusion: bool, device, dtype):
+                 group: Optional[dist.ProcessGroup], *, sequence_dim: int, stride: int, init_method, rng_tracker,
+                 skip_bias_add: bool, gradient_accumulation_fusion: bool, device, dtype):
         super().__init__()
         self.group = _group(group)
         self.in_features, self.out_features, self.stride = in_features, out_features, stride
-        self.skip_bias_add = skip_bias_add
+        self.sequence_dim, self.skip_bias_add = sequence_dim, skip_bias_add
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.weight = torch.nn.Parameter(torch.empty(weight_shape, device=device, dtype=dtype))
         _set_tensor_parallel(self.weight, self._shard_dim, stride)
@@ -111,13 +111,13 @@ class _ParallelLinear(torch.nn.Module):
     def _output(self, parallel_linear, x: torch.Tensor, **options):
         """The layer's output, or (output, bias) without the bias added where skip_bias_add is set."""
         bias = None if self.skip_bias_add else self.bias
-        out = parallel_linear(x, self.weight, bias, self.group,
+        out = parallel_linear(x, self.weight, bias, self.group, sequence_dim=self.sequence_dim,
                               gradient_accumulation_fusion=self.gradient_accumulation_fusion, **options)
         return (out, self.bias) if self.skip_bias_add else out
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"world_size={self.group.size()}")
+                f"world_size={self.group.size()}, sequence_dim={self.sequence_dim}")
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -132,13 +132,15 @@ class ColumnParallelLinear(_ParallelLinear):
     _shard_dim = 0
 
     def __init__(self, in_features: int, out_features: int, group: Optional[dist.ProcessGroup] = None,
-                 bias: bool = True, *, stride: int = 1, init_method: Optional[Callable[[torch.Tensor], None]] = None,
-                 rng_tracker=None, skip_bias_add: bool = False, save_gathered_input: bool = True,
+                 bias: bool = True, *, sequence_dim: int = 0, stride: int = 1,
+                 init_method: Optional[Callable[[torch.Tensor], None]] = None, rng_tracker=None,
+                 skip_bias_add: bool = False, save_gathered_input: bool = True,
                  gradient_accumulation_fusion: bool = False, device=None, dtype=torch.bfloat16):
         if stride < 1:
             raise InvalidArgumentError(f"stride = {stride} must be 1 or more")
         shard = _shard_extent(out_features, "out_features", _group(group).size(), stride)
-        super().__init__(in_features, out_features, (shard, in_features), shard, bias, group, stride=stride,
+        super().__init__(in_features, out_features, (shard, in_features), shard, bias, group,
+                         sequence_dim=sequence_dim, stride=stride,
                          init_method=init_method, rng_tracker=rng_tracker, skip_bias_add=skip_bias_add,
                          gradient_accumulation_fusion=gradient_accumulation_fusion, device=device, dtype=dtype)
         if self.bias is not None:
@@ -160,11 +162,13 @@ class RowParallelLinear(_ParallelLinear):
     _shard_dim = 1
 
     def __init__(self, in_features: int, out_features: int, group: Optional[dist.ProcessGroup] = None,
-                 bias: bool = True, *, init_method: Optional[Callable[[torch.Tensor], None]] = None,
-                 rng_tracker=None, skip_bias_add: bool = False, gradient_accumulation_fusion: bool = False,
-                 device=None, dtype=torch.bfloat16):
+                 bias: bool = True, *, sequence_dim: int = 0,
+                 init_method: Optional[Callable[[torch.Tensor], None]] = None, rng_tracker=None,
+                 skip_bias_add: bool = False, gradient_accumulation_fusion: bool = False, device=None,
+                 dtype=torch.bfloat16):
         shard = _shard_extent(in_features, "in_features", _group(group).size())
-        super().__init__(in_features, out_features, (out_features, shard), out_features, bias, group, stride=1,
+        super().__init__(in_features, out_features, (out_features, shard), out_features, bias, group,
+                         sequence_dim=sequence_dim, stride=1,
                          init_method=init_method, rng_tracker=rng_tracker, skip_bias_add=skip_bias_add,
                          gradient_accumulation_fusion=gradient_accumulation_fusion, device=device, dtype=dtype)
         if self.bias is not None:

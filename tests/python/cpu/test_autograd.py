@@ -49,8 +49,7 @@ class MlpCase:
     def __init__(self, p, seed, d=16, h_per_rank=8, rows_per_rank=2, batch=2):
         generator = torch.Generator().manual_seed(seed)
         self.p, self.d, self.h = p, d, h_per_rank * p
-        self.x = small_integers(rows_per_rank * p, batch, d, generator=generator)
-        self.g = small_integers(rows_per_rank * p, batch, d, generator=generator)  # d loss / d output
+        self.x, self.g = self.activations(rows_per_rank * p, batch, d, generator)  # g: d loss / d output
         self.fc1 = torch.nn.Linear(d, self.h, dtype=torch.float64)
         self.fc2 = torch.nn.Linear(self.h, d, dtype=torch.float64)
         with torch.no_grad():
@@ -63,6 +62,12 @@ class MlpCase:
         for reference in (self.y, self.x_grad, self.fc1.weight.grad, self.fc2.weight.grad, self.fc1.bias.grad,
                           self.fc2.bias.grad):
             exact(reference)
+
+    @staticmethod
+    def activations(tokens, batch, d, generator):
+        """x and the upstream gradient, (S, B, D) each."""
+        return (small_integers(tokens, batch, d, generator=generator),
+                small_integers(tokens, batch, d, generator=generator))
 
     def shard(self, tensor, rank):
         rows = tensor.shape[0] // self.p

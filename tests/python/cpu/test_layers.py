@@ -1,24 +1,120 @@
-"""Megatron's conventions on tpfuse.nn's layers, on the simulated group (simulated_group.py) at P = 2, 4
-and 8: a pipeline-shaped step (two micro-batches forward, then both backward) accumulating into main_grad,
-the FP32 weight gradient with and without torch.mm's out_dtype, the parameters' tensor-parallel attributes,
-init_method and the RNG tracker, skip_bias_add, the named error of a sequence that does not divide, and
-SwiGLU's gate and up costing one reduce-scatter in backward.
+"""tpfuse.nn's layers on the simulated group (simulated_group.py) at P = 2, 4 and 8: [b, s, h] activations
+sharded on s (sequence_dim=1), served by the kernels' batch or, where they cannot, by a sequence-major copy;
+Megatron's conventions: a pipeline-shaped step (two micro-batches forward, then both backward) accumulating
+into main_grad, the FP32 weight gradient with and without torch.mm's out_dtype, the parameters'
+tensor-parallel attributes, init_method and the RNG tracker, skip_bias_add, the named error of a sequence
+that does not divide; and SwiGLU's gate and up costing one reduce-scatter in backward.
 
 Exactness as in test_autograd.py: small-integer entries, every reference value an integer of at most 256,
 so BF16 results equal the float64 reference exactly."""
 
 import contextlib
+import logging
 
 import pytest
 import torch
 
 import tpfuse
-from tpfuse import autograd as tpfuse_autograd
+from tpfuse import _ops, autograd as tpfuse_autograd
 from tpfuse.nn import ColumnParallelLinear, RowParallelLinear
 from simulated_group import SimulatedGroup
-from test_autograd import BF16, SIZES, MlpCase, exact, groups, small_integers  # noqa: F401 (groups: a fixture)
+from test_autograd import BF16, SIZES, GraphsOf, MlpCase, exact, groups, small_integers  # noqa: F401 (a fixture)
 
 TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+# --- [b, s, h] sharded on s: sequence_dim=1 ---
+
+class BatchFirstMlpCase(MlpCase):
+    """MlpCase's MLP on [b, s, h] activations sharded on s (dim 1). The upstream gradient is on about one token
+    in 8, so that the weights' and biases' gradients, sums over every token, stay exact in BF16."""
+
+    @staticmethod
+    def activations(tokens, batch, d, generator):
+        x = small_integers(batch, tokens, d, generator=generator)
+        on = torch.rand(batch, tokens, 1, generator=generator) < 0.125
+        return x, small_integers(batch, tokens, d, generator=generator) * on
+
+    def shard(self, tensor, rank):
+        rows = tensor.shape[1] // self.p
+        return tensor[:, rank * rows:(rank + 1) * rows]
+
+
+def record_batches(monkeypatch):
+    """The batch of every simulated launch (after SimulatedGroup has replaced the launches)."""
+    batches = []
+    for name in ("_launch", "_launch_all_gather"):
+        launch = getattr(_ops, name)
+
+        def recording(*args, launch=launch):
+            batches.append(args[-2].batch)  # (..., problem, group_name)
+            return launch(*args)
+
+        monkeypatch.setattr(_ops, name, recording)
+    return batches
+
+
+@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("save_gathered_input", [True, False])
+def test_sequence_dim_1_is_the_kernels_batch(groups, monkeypatch, caplog, p, save_gathered_input):
+    """64 tokens of each of 2 sequences per rank (whole slabs): every launch, forward and backward, takes the
+    rows as they lie with batch 2, and the MLP equals one device's."""
+    case = BatchFirstMlpCase(p, seed=70 + p, rows_per_rank=64)
+    sim = SimulatedGroup(groups[p], monkeypatch)
+    batches = record_batches(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="tpfuse.autograd"):
+        results = sim.run(lambda rank: case.step(groups[p], rank, sequence_dim=1,
+                                                 save_gathered_input=save_gathered_input))
+    assert case.mismatches(results) == []
+    assert batches == [2] * (4 * p) and caplog.records == []
+    assert results[0][0].shape == (2, 64, case.d)
+
+
+@pytest.mark.parametrize("p", SIZES)
+def test_sequence_dim_1_off_the_slabs_runs_sequence_major_and_says_so_once(groups, monkeypatch, caplog, p):
+    """2 tokens of each sequence per rank, which the kernels do not serve with several sequences: the layers
+    run on a sequence-major copy (batch 1), exactly, and log it once per layer kind."""
+    case = BatchFirstMlpCase(p, seed=80 + p)
+    sim = SimulatedGroup(groups[p], monkeypatch)
+    batches = record_batches(monkeypatch)
+    monkeypatch.setattr(tpfuse_autograd, "_logged_fallbacks", set())
+    with caplog.at_level(logging.WARNING, logger="tpfuse.autograd"):
+        for _ in range(2):
+            results = sim.run(lambda rank: case.step(groups[p], rank, sequence_dim=1))
+            assert case.mismatches(results) == []
+    assert batches == [1] * (2 * 4 * p)
+    assert sorted(record.getMessage().split(":")[0] for record in caplog.records) == \
+        ["ColumnParallelLinear", "RowParallelLinear"]
+    assert "not a multiple of 64" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("tokens, batch", [(64, 2), (2, 1)])
+def test_sequence_dim_1_compiles_without_a_graph_break(groups, tokens, batch):
+    """Forward and backward graphs hold the fused ops with the kernels' batch, or, off the slabs, the
+    sequence-major path (whose log is left out under torch.compile)."""
+    group = groups[4]
+    column = ColumnParallelLinear(64, 256, group, device="meta", sequence_dim=1)
+    row = RowParallelLinear(256, 64, group, device="meta", sequence_dim=1)
+    graphs = GraphsOf()
+    model = torch.compile(torch.nn.Sequential(column, torch.nn.GELU(), row), fullgraph=True, backend=graphs.backend)
+    x = torch.empty(2, tokens, 64, dtype=BF16, device="meta", requires_grad=True)
+    y = model(x)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    ops = [node for graph in graphs.forward + graphs.backward for node in graph.graph.nodes
+           if node.op == "call_function" and "tpfuse" in str(node.target)]
+    # (x, w, weight_layout, group_name, bias, batch): the graph leaves out trailing defaults
+    assert len(ops) == 4 and {node.args[5] if len(node.args) > 5 else 1 for node in ops} == {batch}
+
+
+def test_sequence_dim_errors(groups):
+    column = ColumnParallelLinear(16, 64, groups[4], sequence_dim=2)
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"sequence_dim = 2 is not a dimension of x \(4, 16\)"):
+        column(torch.zeros(4, 16, dtype=BF16))
+    row = RowParallelLinear(32, 16, groups[4], sequence_dim=1)
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"sequence \(dim 1\) of 6 tokens does not divide"):
+        row(torch.zeros(2, 6, 8, dtype=BF16))
 
 
 # --- main_grad: two micro-batches forward, then both backward (a pipeline's 1F1B warm-up) ---
