@@ -1,14 +1,25 @@
 """Megatron-style tensor-parallel linear layers with sequence parallelism, on tpfuse's fused ops.
 
-Between a ColumnParallelLinear and the RowParallelLinear after it, activations are sharded on dim 0
-(sequence, or tokens): each rank holds S/P rows of the full width outside the pair, and all S rows of
-its N/P features inside it.
+Between a ColumnParallelLinear and the RowParallelLinear after it, activations are sharded on the
+sequence: each rank holds S/P tokens of the full width outside the pair, and all S tokens of its N/P
+features inside it.
 
     column = ColumnParallelLinear.from_linear(fc1, group)   # x (S/P, ..., K) -> (S, ..., N/P)
     row = RowParallelLinear.from_linear(fc2, group)         # (S, ..., N/P) -> (S/P, ..., K)
 
+The options of both layers, as Megatron's:
+- sequence_dim: the sequence's dimension, 0 for [s, b, h] (Megatron's), 1 for [b, s, h] (TorchTitan's);
+  the dimensions before it are the ops' batch (tpfuse.autograd.column_parallel_linear).
+- init_method(weight): fills this rank's weight shard (default: nn.Linear's, with the whole fan-in), inside
+  rng_tracker.fork() where an rng_tracker is given (Megatron's get_cuda_rng_tracker()), so that shards
+  differ. Biases start at zero: the same on every rank.
+- skip_bias_add: return (output, bias) without adding the bias.
+- gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32
+  (tpfuse.autograd.main_grad_mode).
+The sharded parameters carry Megatron's tensor_model_parallel, partition_dim and partition_stride.
+
 The row layer's bias, like every parameter used on the sequence shard (LayerNorm's), gets this rank's
-rows' gradient only: its full gradient is the sum over the group. It is marked `sequence_parallel = True`
+tokens' gradient only: its full gradient is the sum over the group. It is marked `sequence_parallel = True`
 (Megatron's attribute, whose finalize_model_grads all-reduces such gradients);
 `allreduce_sequence_parallel_grads(module, group)` does the same.
 """
@@ -61,8 +72,8 @@ def _set_tensor_parallel(parameter: torch.nn.Parameter, partition_dim: int, part
 
 
 def linear_init_method(in_features: int) -> Callable[[torch.Tensor], None]:
-    """nn.Linear's initialization of a weight shard, with the whole layer's fan-in (the shard's could be P
-    times too small): uniform in +-1/sqrt(in_features)."""
+    """nn.Linear's initialization of a weight shard, with the whole layer's fan-in (a row layer's shard has
+    1/P of it): uniform in +-1/sqrt(in_features)."""
     bound = 1 / math.sqrt(in_features)
     return lambda weight: torch.nn.init.uniform_(weight, -bound, bound)
 
@@ -123,7 +134,8 @@ class _ParallelLinear(torch.nn.Module):
 class ColumnParallelLinear(_ParallelLinear):
     """y = AG(x) @ W^T + b with W's N/P output rows (and b's N/P entries) on this rank.
 
-    forward: x (S/P, ..., in_features), this rank's rows, BF16 -> (S, ..., out_features/P).
+    forward: x (S/P, ..., in_features), this rank's tokens, BF16 -> (S, ..., out_features/P) (the sequence on
+    dim sequence_dim; (output, bias) with skip_bias_add).
     stride: Megatron's partition_stride: W is `stride` blocks of rows sharded alike (a SwiGLU's [gate; up],
     2: this rank holds [gate's rows; up's rows], and y.chunk(2, -1) gives its gate and up).
     save_gathered_input: keep the gathered x (S x in_features) for the weight's gradient (the default;
@@ -153,10 +165,11 @@ class ColumnParallelLinear(_ParallelLinear):
 
 class RowParallelLinear(_ParallelLinear):
     """out = RS(x @ W^T) + b with W's in_features/P input columns on this rank; b whole on every rank,
-    added once after the reduce-scatter.
+    added once, by the kernel, to the reduced rows.
 
-    forward: x (S, ..., in_features/P), BF16 -> this rank's rows (S/P, ..., out_features).
-    The bias's gradient is this rank's rows' part (bias.sequence_parallel is True: see the module's doc).
+    forward: x (S, ..., in_features/P), BF16 -> this rank's tokens (S/P, ..., out_features) (the sequence on
+    dim sequence_dim; (output, bias) with skip_bias_add).
+    The bias's gradient is this rank's tokens' part (bias.sequence_parallel is True: see the module's doc).
     The options: see tpfuse.nn."""
 
     _shard_dim = 1
