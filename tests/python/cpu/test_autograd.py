@@ -10,8 +10,6 @@ magnitude, where BF16 holds integers exactly. So BF16 results equal the float64 
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import tpfuse
 from tpfuse import autograd as tpfuse_autograd
@@ -21,16 +19,6 @@ from simulated_group import SimulatedGroup
 BF16 = torch.bfloat16
 SIZES = [2, 4, 8]
 EXACT_LIMIT = 256  # integers up to 2^8 are exact in BF16 (8 significant bits)
-
-
-@pytest.fixture(scope="module")
-def groups():
-    """Groups of 2, 4 and 8 ranks of a fake world of 8 (this process is rank 0 of each; the simulation
-    gives the threads their ranks)."""
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    yield {1: dist.new_group(ranks=[0]), 2: dist.new_group(ranks=[0, 1]), 4: dist.new_group(ranks=[0, 1, 2, 3]),
-           8: dist.group.WORLD}
-    dist.destroy_process_group()
 
 
 def small_integers(*shape, generator, sparse=False):

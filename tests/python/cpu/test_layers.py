@@ -18,7 +18,7 @@ import tpfuse
 from tpfuse import _ops, autograd as tpfuse_autograd
 from tpfuse.nn import ColumnParallelLinear, RowParallelLinear
 from simulated_group import SimulatedGroup
-from test_autograd import BF16, SIZES, GraphsOf, MlpCase, exact, groups, small_integers  # noqa: F401 (a fixture)
+from test_autograd import BF16, SIZES, GraphsOf, MlpCase, exact, small_integers
 
 TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
