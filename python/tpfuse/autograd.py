@@ -352,11 +352,11 @@ _log = logging.getLogger(__name__)
 _logged_fallbacks = set()  # the layer kinds whose sequence-major fallback was logged
 
 
-def _kernels_serve(layer: str, x: torch.Tensor, sequence_dim: int, shard_rows: int, world_size: int) -> bool:
+def _kernels_serve(layer: str, x: torch.Tensor, sequence_dim: int, batch: int, shard_rows: int,
+                   world_size: int) -> bool:
     """Whether the kernels take x's sequences as they lie: `batch` sequences (the dimensions before
     sequence_dim), of which each rank holds `shard_rows` rows. Where not, the layer runs on a sequence-major
     copy, which is logged once per layer kind (not under torch.compile, which cannot trace a log call)."""
-    batch = math.prod(x.shape[:sequence_dim])
     if batch == 1 or world_size == 1 or shard_rows % SLAB_ROWS == 0:
         return True
     if layer not in _logged_fallbacks and not torch.compiler.is_compiling():
@@ -379,15 +379,16 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     gather x again in backward (time: one all-gather of x, not hidden behind a GEMM).
     gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode)."""
     _check_sequence_dim(x, sequence_dim)
-    world_size = group.size()
-    if not _kernels_serve("ColumnParallelLinear", x, sequence_dim, math.prod(x.shape[sequence_dim:-1]), world_size):
+    world_size, batch = group.size(), math.prod(x.shape[:sequence_dim])
+    if not _kernels_serve("ColumnParallelLinear", x, sequence_dim, batch, math.prod(x.shape[sequence_dim:-1]),
+                          world_size):
         y = column_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
                                    save_gathered_input=save_gathered_input,
                                    gradient_accumulation_fusion=gradient_accumulation_fusion)
         return y.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
     y = ColumnParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
-                                           world_size, math.prod(x.shape[:sequence_dim]), save_gathered_input, mode)
+                                           world_size, batch, save_gathered_input, mode)
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] * world_size, y.shape[-1]
     return y.view(shape)
@@ -405,14 +406,14 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     if x.shape[sequence_dim] % world_size:
         raise InvalidArgumentError(f"x {tuple(x.shape)}: its sequence (dim {sequence_dim}) of {x.shape[sequence_dim]} "
                                    f"tokens does not divide over the group's {world_size} ranks")
-    shard_rows = math.prod(x.shape[sequence_dim:-1]) // world_size
-    if not _kernels_serve("RowParallelLinear", x, sequence_dim, shard_rows, world_size):
+    batch, shard_rows = math.prod(x.shape[:sequence_dim]), math.prod(x.shape[sequence_dim:-1]) // world_size
+    if not _kernels_serve("RowParallelLinear", x, sequence_dim, batch, shard_rows, world_size):
         out = row_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
                                   gradient_accumulation_fusion=gradient_accumulation_fusion)
         return out.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
     out = RowParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
-                                          world_size, math.prod(x.shape[:sequence_dim]), mode)
+                                          world_size, batch, mode)
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] // world_size, out.shape[-1]
     return out.view(shape)
