@@ -92,7 +92,8 @@ void fused_all(const LocalCommunicator& comm, GpuSet& gpus, std::vector<RankSets
     y.push_back(ranks[g].y_fused[set].get());
     streams.push_back(gpus[g].stream);
   }
-  check_op(all_gather_gemm_local(comm.get(), problem, x.data(), w.data(), y.data(), nullptr, streams.data(), overrides));
+  check_op(
+      all_gather_gemm_local(comm.get(), problem, x.data(), w.data(), nullptr, y.data(), nullptr, streams.data(), overrides));
 }
 
 // Both paths once on input set 0 into poisoned outputs, each GPU's Y against the FP32 reference of

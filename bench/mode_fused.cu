@@ -70,7 +70,8 @@ void fused_all(const LocalCommunicator& comm, GpuSet& gpus, const UnfusedBuffers
     out.push_back(outs[g][set].get());
     streams.push_back(gpus[g].stream);
   }
-  check_op(gemm_reduce_scatter_local(comm.get(), problem, a.data(), w.data(), out.data(), streams.data(), overrides));
+  check_op(
+      gemm_reduce_scatter_local(comm.get(), problem, a.data(), w.data(), nullptr, out.data(), streams.data(), overrides));
 }
 
 // Runs the fused op once on input set 0 into poisoned outputs and measures it against `refs`.

@@ -74,7 +74,7 @@ struct ReduceScatterOp {
     const void* a = sets.a[set].get();
     const void* w = sets.w[set].get();
     void* o = out[set].get();
-    check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, &o, &stream, overrides, timeline));
+    check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, nullptr, &o, &stream, overrides, timeline));
   }
 
   // The FP32 reference of rank 0's rows: its rows of A_0 @ W_0 plus the preset partials.
@@ -128,7 +128,7 @@ struct AllGatherOp {
     const void* w = sets.w[set].get();
     void* y = out[set].get();
     void* gathered = nullptr;
-    check_op(launch_all_gather(comm.get(), problem, {0}, &x, &w, &y, &gathered, &stream, overrides));
+    check_op(launch_all_gather(comm.get(), problem, {0}, &x, &w, nullptr, &y, &gathered, &stream, overrides));
   }
 
   // The FP32 reference of the gathered X rank 0 multiplied: its own rows of A, then the preset blocks.

@@ -66,6 +66,9 @@ for step in "${steps[@]}"; do
       small_fused+=':*FusedExact*/P4_M32_N520_K128_KxN_split2:*RegisterEpilogueBitIdenticalToStaged*'
       # 128 x 128 tiles at M = 256: shared (P = 8) and in bands of 128 rows (P = 2).
       small_fused+=':*FusedExact*/P8_M256_N8192_K32_KxN:*FusedExact*/P2_M256_N1000_K128_NxK'
+      # Sequences (a tile's slabs from two shards: two boxes), and a bias on the staged and register paths.
+      small_fused+=':*FusedExact*/P4_M1024_N1000_K64_NxK_batch4:*FusedExact*/P4_M1024_N1000_K64_NxK_batch4_bias'
+      small_fused+=':*FusedExact*/P8_M8_N512_K32_NxK_bias:*FusedExact*/P4_M128_N520_K128_KxN_split2_bias'
       run_step memcheck_gemm compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_gemm" --gtest_filter="${small_gemm}"
       run_step memcheck_fused compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter="${small_fused}"
       # The GEMM's tiles of one consumer (64 x 64 and 64 x 192: its ring released by one warpgroup),
@@ -83,8 +86,8 @@ for step in "${steps[@]}"; do
       # of a later step (stage_tile) against the consumers' reads of an earlier one, which the
       # stage's empty mbarrier orders (two arrivals, one per consumer warpgroup, each after a
       # warpgroup barrier); racecheck reports it all the same (docs/EXPERIMENTS.md).
-      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P4_M8_N264_K64_KxN:*FusedExact*/P2_M8_N520_K128_NxK:*FusedExact*/P2_M64_N520_K128_KxN_split2:*FusedExact*/P4_M128_N520_K128_KxN_split2:*FusedExact*/P4_M32_N520_K128_KxN_split2:*FusedExact*/P2_M256_N1000_K128_NxK'
-      run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P8_M512_N8192_K32_KxN:*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P4_M8_N264_K64_KxN:*FusedExact*/P2_M8_N520_K128_NxK:*FusedExact*/P2_M64_N520_K128_KxN_split2:*FusedExact*/P4_M128_N520_K128_KxN_split2:*FusedExact*/P4_M32_N520_K128_KxN_split2:*FusedExact*/P8_M256_N8192_K32_KxN:*FusedExact*/P2_M256_N1000_K128_NxK'
+      run_step racecheck_fused compute-sanitizer --tool racecheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P4_M8_N264_K64_KxN:*FusedExact*/P2_M8_N520_K128_NxK:*FusedExact*/P2_M64_N520_K128_KxN_split2:*FusedExact*/P4_M128_N520_K128_KxN_split2:*FusedExact*/P4_M32_N520_K128_KxN_split2:*FusedExact*/P2_M256_N1000_K128_NxK:*FusedExact*/P4_M1024_N1000_K64_NxK_batch4_bias:*FusedExact*/P8_M8_N512_K32_NxK_bias'
+      run_step synccheck_fused compute-sanitizer --tool synccheck --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedExact*/P2_M512_N776_K128_KxN:*FusedExact*/P8_M512_N8192_K32_KxN:*FusedExact*/P4_M256_N1000_K64_KxN:*FusedExact*/P8_M8_N512_K32_NxK:*FusedExact*/P4_M8_N264_K64_KxN:*FusedExact*/P2_M8_N520_K128_NxK:*FusedExact*/P2_M64_N520_K128_KxN_split2:*FusedExact*/P4_M128_N520_K128_KxN_split2:*FusedExact*/P4_M32_N520_K128_KxN_split2:*FusedExact*/P8_M256_N8192_K32_KxN:*FusedExact*/P2_M256_N1000_K128_NxK:*FusedExact*/P4_M1024_N1000_K64_NxK_batch4_bias:*FusedExact*/P8_M8_N512_K32_NxK_bias'
       # The all-gather + GEMM: P = 2, 3 (rows per rank not a multiple of 64) and 8 (64-row tiles); bands
       # of two 64-row blocks, one band of all blocks (8, 24 and 48 rows each), split K.
       small_ag='*AllGatherExact*/P2_M512_N776_K256_KxN:*AllGatherExact*/P3_M999_N136_K200_KxN:*AllGatherExact*/P8_M64_N264_K256_KxN'
@@ -93,6 +96,8 @@ for step in "${steps[@]}"; do
       small_ag+=':*AllGatherExact*/P2_M256_N520_K256_NxK_split2:*AllGatherExact*/P4_M256_N264_K128_KxN_split2'
       # Every CTA copying where the config leaves the copy to the CTAs without a tile (the others do).
       small_ag+=':*AllGatherExact*/P4_M256_N1000_K128_KxN_allcopy'
+      # Sequences (Y stored by shard, the gathered X copied by sequence), with a bias.
+      small_ag+=':*AllGatherExact*/P4_M1024_N1000_K256_KxN_batch4_bias'
       for tool in memcheck racecheck synccheck; do
         # Racecheck not on the P = 8 bands of two: several steps a CTA, the stage_tile report above.
         filter="${small_ag}"

@@ -15,19 +15,21 @@
 namespace tpfuse {
 
 // The reduce-scatter for the local ranks listed in `local_ranks` (indices into comm->ranks), with
-// their operands; emulated ranks share the first of their streams. Its receive buffer is the
+// their operands (bias may be null, or any of its entries); emulated ranks share the first of their
+// streams. Its receive buffer is the
 // communicator's parity_data (comm/communicator.h), laid out as ops/gemm_rs/workspace.h says.
 // `timeline` (the benchmark's, ops/gemm_rs/push_timeline.h) records every launched rank's pushes;
 // null: none.
 Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
-                      const void* const* a, const void* const* w, void* const* out, const cudaStream_t* streams,
-                      const ConfigOverrides& overrides = {}, PushTimeline* timeline = nullptr);
+                      const void* const* a, const void* const* w, const void* const* bias, void* const* out,
+                      const cudaStream_t* streams, const ConfigOverrides& overrides = {},
+                      PushTimeline* timeline = nullptr);
 
 // The all-gather + GEMM for the local ranks listed in `local_ranks`, as launch_gemm_rs. Its gathered
-// buffer is the communicator's parity_data, laid out as ops/ag_gemm/workspace.h says. gathered_x may
-// be null, or any of its entries.
+// buffer is the communicator's parity_data, laid out as ops/ag_gemm/workspace.h says. bias and
+// gathered_x may be null, or any of their entries.
 Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, const std::vector<int>& local_ranks,
-                         const void* const* x, const void* const* w, void* const* y, void* const* gathered_x,
-                         const cudaStream_t* streams, const ConfigOverrides& overrides = {});
+                         const void* const* x, const void* const* w, const void* const* bias, void* const* y,
+                         void* const* gathered_x, const cudaStream_t* streams, const ConfigOverrides& overrides = {});
 
 }  // namespace tpfuse

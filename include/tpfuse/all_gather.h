@@ -13,18 +13,22 @@
 
 namespace tpfuse {
 
-// This process's rank of `comm`: x (rows_per_rank x k, this rank's rows [rank * m/P, ...)), w as
-// problem.weight_layout says, y = the gathered X @ w (m x n_per_rank, BF16). gathered_x, if not
-// null, receives the gathered X (m x k, BF16), as fused_all_gather_matmul's return_A. Calls on one
-// communicator must be stream-ordered on each rank; the communicator needs options.max_k >= k.
-Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w, void* y,
-                       void* gathered_x, cudaStream_t stream, const ConfigOverrides& overrides = {});
+// This process's rank of `comm`: x (rows_per_rank x k, this rank's rows [rank * m/P, ...), or with
+// problem.batch > 1 its shard of every sequence: tpfuse/problem.h), w as problem.weight_layout says,
+// y = the gathered X @ w + bias (m x n_per_rank, BF16). bias: null, or n_per_rank BF16 entries added
+// in FP32 before the one rounding. gathered_x, if not null, receives the gathered X (m x k, BF16), as
+// fused_all_gather_matmul's return_A. Calls on one communicator must be stream-ordered on each rank;
+// the communicator needs options.max_k >= k.
+Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w,
+                       const void* bias, void* y, void* gathered_x, cudaStream_t stream,
+                       const ConfigOverrides& overrides = {});
 
-// Every rank of a local communicator at once (x[r], w[r], y[r], gathered_x[r] on rank r's device;
-// gathered_x may be null, or any of its entries). One rank per device, as gemm_reduce_scatter_local:
+// Every rank of a local communicator at once (x[r], w[r], bias[r], y[r], gathered_x[r] on rank r's
+// device; bias and gathered_x may be null, or any of their entries). One rank per device, as gemm_reduce_scatter_local:
 // where two ranks share a device the call returns kUnsupported.
 Status all_gather_gemm_local(Communicator* comm, const AllGatherProblem& problem, const void* const* x,
-                             const void* const* w, void* const* y, void* const* gathered_x,
-                             const cudaStream_t* streams, const ConfigOverrides& overrides = {});
+                             const void* const* w, const void* const* bias, void* const* y,
+                             void* const* gathered_x, const cudaStream_t* streams,
+                             const ConfigOverrides& overrides = {});
 
 }  // namespace tpfuse

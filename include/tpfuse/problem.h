@@ -31,8 +31,17 @@ const char* to_string(DType dtype);
 // Bytes of one element of `dtype` (0 for a value that is not a DType).
 constexpr int element_bytes(DType dtype) { return dtype == DType::kBF16 ? 2 : 0; }
 
+// The rows an op splits over the ranks may be `batch` sequences of s = m/batch rows each (row i*s + t
+// is token t of sequence i, as a [batch, s, hidden] tensor flattened): then every rank holds its
+// shard of each sequence, tokens [d*s/P, (d+1)*s/P) on rank d, sequence after sequence (sequence
+// parallelism on dimension 1, as TorchTitan shards). batch = 1 is the plain split of the rows
+// (dimension 0). Where batch > 1 and P > 1, a shard must be whole slabs: s/P a multiple of
+// kSequenceShardRows (64), so that no slab of a tile straddles two sequences.
+constexpr int64_t kSequenceShardRows = 64;
+
 // Rank r holds A_r (m x k_per_rank, row-major) and W_r; it computes C_r = A_r @ W_r (m x n), and the
-// partials are reduce-scattered over rows: rank d keeps rows [d*m/P, (d+1)*m/P) of sum_r C_r.
+// partials are reduce-scattered over rows: rank d keeps rows [d*m/P, (d+1)*m/P) of sum_r C_r, or
+// with batch > 1 its shard of every sequence (above), (batch * s/P) x n.
 struct Problem {
   int64_t m = 0;           // tokens: rows of A_r and of every partial product
   int64_t n = 0;           // output features
@@ -40,6 +49,7 @@ struct Problem {
   int world_size = 1;      // P, the tensor-parallel degree
   WeightLayout weight_layout = WeightLayout::kNxK;
   DType dtype = DType::kBF16;  // of A_r and W_r
+  int64_t batch = 1;           // sequences the rows hold (above); 1: the rows are split as they are
 
   int64_t rows_per_rank() const { return m / world_size; }
   double flops_per_rank() const { return 2.0 * double(m) * double(n) * double(k_per_rank); }
@@ -47,13 +57,16 @@ struct Problem {
 };
 
 // Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), n and
-// k_per_rank multiples of 8; and that the dtype is one the compiled variants take.
-// The message names the bad argument and its value.
+// k_per_rank multiples of 8; batch >= 1 dividing m, each sequence splitting over the ranks, and (with
+// batch > 1 and P > 1) shards of whole slabs (kUnsupported otherwise); and that the dtype is one the
+// compiled variants take. The message names the bad argument and its value.
 Status validate(const Problem& problem);
 
 // The column-parallel layer's shape on one rank (all_gather_gemm, tpfuse/all_gather.h): rank r holds
 // X_r (m/P x k, its rows of the activations) and W_r (its n_per_rank output columns) and computes
-// Y_r = AllGather_rows(X) @ W_r, m x n_per_rank.
+// Y_r = AllGather_rows(X) @ W_r, m x n_per_rank. With batch > 1, X_r holds this rank's shard of each
+// sequence and the gathered rows are in sequence order: Y row i*s + r*s/P + j is X_r's row
+// i*s/P + j times W_r.
 struct AllGatherProblem {
   int64_t m = 0;           // tokens: rows of the gathered X and of Y
   int64_t n_per_rank = 0;  // this rank's output columns (N / P)
@@ -61,14 +74,15 @@ struct AllGatherProblem {
   int world_size = 1;      // P
   WeightLayout weight_layout = WeightLayout::kNxK;  // W_r: k x n_per_rank (kKxN) or n_per_rank x k (kNxK)
   DType dtype = DType::kBF16;                       // of X_r and W_r
+  int64_t batch = 1;                                // sequences the rows hold (as Problem's)
 
   int64_t rows_per_rank() const { return m / world_size; }
   double flops_per_rank() const { return 2.0 * double(m) * double(n_per_rank) * double(k); }
   std::string to_string() const;
 };
 
-// P in 1..8, m divisible by P, n_per_rank and k multiples of 8, a compiled dtype; the message names
-// the bad field.
+// P in 1..8, m divisible by P, n_per_rank and k multiples of 8, batch as Problem's, a compiled dtype;
+// the message names the bad field.
 Status validate(const AllGatherProblem& problem);
 
 // Checks that a device pointer argument is non-null and 16-byte aligned. `name` goes into the message.

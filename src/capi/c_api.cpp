@@ -181,15 +181,18 @@ int tpfuse_communicator_workspace_bytes(const tpfuse_communicator* comm, int64_t
 }
 
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
-                               int weight_layout, const void* a, const void* w, void* out, void* stream) {
+                               int weight_layout, int64_t batch, const void* a, const void* w, const void* bias,
+                               void* out, void* stream) {
   return guarded([&] {
     tpfuse::Problem problem;
     problem.m = m;
     problem.n = n;
     problem.k_per_rank = k_per_rank;
     problem.world_size = world_size;
+    problem.batch = batch;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
-    return tpfuse::gemm_reduce_scatter(from_handle(comm), problem, a, w, out, static_cast<cudaStream_t>(stream));
+    return tpfuse::gemm_reduce_scatter(from_handle(comm), problem, a, w, bias, out,
+                                       static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -206,15 +209,18 @@ int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, const void* 
 }
 
 int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
-                           int weight_layout, const void* x, const void* w, void* y, void* gathered_x, void* stream) {
+                           int weight_layout, int64_t batch, const void* x, const void* w, const void* bias, void* y,
+                           void* gathered_x, void* stream) {
   return guarded([&] {
     tpfuse::AllGatherProblem problem;
     problem.m = m;
     problem.n_per_rank = n_per_rank;
     problem.k = k;
     problem.world_size = world_size;
+    problem.batch = batch;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
-    return tpfuse::all_gather_gemm(from_handle(comm), problem, x, w, y, gathered_x, static_cast<cudaStream_t>(stream));
+    return tpfuse::all_gather_gemm(from_handle(comm), problem, x, w, bias, y, gathered_x,
+                                   static_cast<cudaStream_t>(stream));
   });
 }
 

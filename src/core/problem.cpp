@@ -42,6 +42,31 @@ Status check_dtype(DType dtype) {
                              " is not supported: no compiled GEMM variant takes it (BF16 does)");
 }
 
+// The sequences the rows hold (tpfuse/problem.h): each divides over the ranks, and with several
+// sequences a rank's shard of one is whole slabs.
+Status check_batch(int64_t m, int world_size, int64_t batch) {
+  if (batch < 1 || batch > m) {
+    return Status::InvalidArgument("problem.batch = " + std::to_string(batch) + " must be in 1..m (" +
+                                   std::to_string(m) + ")");
+  }
+  if (m % batch != 0) {
+    return Status::InvalidArgument("problem.batch = " + std::to_string(batch) + " does not divide problem.m = " +
+                                   std::to_string(m) + " into sequences of equal length");
+  }
+  const int64_t sequence = m / batch;
+  if (sequence % world_size != 0) {
+    return Status::InvalidArgument("a sequence of " + std::to_string(sequence) + " rows (problem.m / problem.batch) "
+                                   "does not divide over world_size = " + std::to_string(world_size));
+  }
+  const int64_t shard = sequence / world_size;
+  if (batch > 1 && world_size > 1 && shard % kSequenceShardRows != 0) {
+    return Status::Unsupported("a rank's shard of each of the " + std::to_string(batch) + " sequences is " +
+                               std::to_string(shard) + " rows; with batch > 1 the kernels need a multiple of " +
+                               std::to_string(kSequenceShardRows) + " (whole slabs)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* to_string(DType dtype) {
@@ -63,6 +88,7 @@ std::string Problem::to_string() const {
   std::ostringstream os;
   os << "m=" << m << " n=" << n << " k_per_rank=" << k_per_rank << " world_size=" << world_size
      << " weight_layout=" << tpfuse::to_string(weight_layout) << " dtype=" << tpfuse::to_string(dtype);
+  if (batch != 1) os << " batch=" << batch;
   return os.str();
 }
 
@@ -87,13 +113,14 @@ Status validate(const Problem& problem) {
                                    " is not a WeightLayout (kKxN or kNxK)");
   }
   TPFUSE_RETURN_IF_ERROR(check_dtype(problem.dtype));
-  return Status::Ok();
+  return check_batch(problem.m, problem.world_size, problem.batch);
 }
 
 std::string AllGatherProblem::to_string() const {
   std::ostringstream os;
   os << "m=" << m << " n_per_rank=" << n_per_rank << " k=" << k << " world_size=" << world_size
      << " weight_layout=" << tpfuse::to_string(weight_layout) << " dtype=" << tpfuse::to_string(dtype);
+  if (batch != 1) os << " batch=" << batch;
   return os.str();
 }
 
@@ -106,6 +133,7 @@ Status validate(const AllGatherProblem& problem) {
   gemm.world_size = problem.world_size;
   gemm.weight_layout = problem.weight_layout;
   gemm.dtype = problem.dtype;
+  gemm.batch = problem.batch;
   const Status s = validate(gemm);
   if (s.ok()) return s;
   // Name the all-gather's fields.

@@ -143,8 +143,8 @@ struct ALoad {
   int layer;
   int parity;
   int bytes;  // what a stage's load brings
-  // A layered map's tile may also come in two 64-row halves from two maps (each with 64-row boxes):
-  // the lower one from here when lower_map is set.
+  // A tile may also come in two 64-row halves (each map with 64-row boxes): the lower one from here
+  // when lower_map is set (for a plain map, from lower_row alone).
   const CUtensorMap* lower_map = nullptr;
   int lower_row = 0;
   int lower_layer = 0;
@@ -262,6 +262,9 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
         }
       } else {
         ptx::tma_load_2d(smem.a[stage], a.map, full, k, a.row);
+        if (a.lower_map != nullptr) {
+          ptx::tma_load_2d(smem.a[stage] + kSlabRows * Config::kBlockK, a.lower_map, full, k, a.lower_row);
+        }
       }
 #pragma unroll
       for (int piece = 0; piece < Config::kWPieces; ++piece) {

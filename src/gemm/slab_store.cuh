@@ -58,6 +58,28 @@ __device__ __forceinline__ void add_chunk_bf16(const void* buffer, float* acc_ch
   }
 }
 
+// Adds bias[col] (BF16) to this thread's accumulators of a slab whose columns start at `col_begin`,
+// for the columns before `col_end` (those past it are never stored): rows of row halves
+// first_half..last_half (0: its rows r, 1: rows r + 8; constants once inlined). In FP32, before the
+// slab's one rounding.
+template <int kAccPerThread>
+__device__ __forceinline__ void add_bias(float (&acc)[kAccPerThread], const uint16_t* bias, int col_begin, int col_end,
+                                         int first_half = 0, int last_half = 1) {
+  const int lane_col = col_begin + 2 * (threadIdx.x % 4);
+#pragma unroll
+  for (int block = 0; block < kAccPerThread / 4; ++block) {
+    const int col = lane_col + 8 * block;  // even, and n is a multiple of 8: its pair lies before col_end too
+    if (col < col_end) {
+      const uint32_t pair = __ldg(reinterpret_cast<const unsigned int*>(bias + col));
+#pragma unroll
+      for (int h = first_half; h <= last_half; ++h) {
+        acc[4 * block + 2 * h] += __uint_as_float(pair << 16);
+        acc[4 * block + 2 * h + 1] += __uint_as_float(pair & 0xffff0000u);
+      }
+    }
+  }
+}
+
 // Stores one consumer warpgroup's slabs: the chunks of a slab are staged as many at a time as there
 // are buffers, each batch stored as one bulk group by the warpgroup's first thread.
 class SlabStore {

@@ -1,10 +1,13 @@
-// validate(), validate_operand() and the to_string()s of Status and Problem.
+// validate(), validate_operand(), the to_string()s of Status and Problem, and the rows of
+// sequences (ops/sequence_rows.h).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "ops/sequence_rows.h"
 #include "tpfuse/problem.h"
 #include "tpfuse/status.h"
 
@@ -112,6 +115,62 @@ TEST(Validate, UnsupportedDType) {
   const Status g = validate(AllGatherProblem{64, 64, 64, 8, WeightLayout::kNxK, static_cast<DType>(7)});
   EXPECT_EQ(g.code(), StatusCode::kUnsupported);
   EXPECT_NE(g.message().find("problem.dtype = 7"), std::string::npos) << g.message();
+}
+
+// Rows in sequences: the batch divides m, each sequence divides over the ranks, and with several
+// sequences a shard is whole 64-row slabs (else kUnsupported, naming the shard); one rank takes
+// any batch. The all-gather's problem checks the same.
+TEST(Validate, Sequences) {
+  const auto with_batch = [](Problem p, int64_t batch) {
+    p.batch = batch;
+    return p;
+  };
+  for (const auto& [m, p, batch] : {std::tuple{8192, 8, 4}, std::tuple{1024, 8, 2}, std::tuple{3072, 8, 2},
+                                    std::tuple{512, 2, 4}, std::tuple{96, 1, 3}, std::tuple{1000, 8, 1}}) {
+    const Status s = validate(with_batch(Problem{m, 64, 64, p}, batch));
+    EXPECT_TRUE(s.ok()) << m << " rows, P " << p << ", batch " << batch << ": " << s.to_string();
+  }
+  expect_invalid(with_batch(Problem{1024, 64, 64, 8}, 0), "problem.batch = 0");
+  expect_invalid(with_batch(Problem{1024, 64, 64, 8}, 2048), "problem.batch = 2048");
+  expect_invalid(with_batch(Problem{1024, 64, 64, 8}, 3), "does not divide problem.m = 1024");
+  expect_invalid(with_batch(Problem{1024, 64, 64, 8}, 256), "a sequence of 4 rows");
+  for (const auto& [m, p, batch, shard] :
+       {std::tuple{2 * 4 * 96, 4, 2, 96}, std::tuple{4 * 8 * 32, 8, 4, 32}, std::tuple{2 * 2 * 100, 2, 2, 100}}) {
+    const Status s = validate(with_batch(Problem{m, 64, 64, p}, batch));
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+    EXPECT_NE(s.message().find("is " + std::to_string(shard) + " rows"), std::string::npos) << s.message();
+  }
+  AllGatherProblem gather{2 * 4 * 96, 64, 64, 4};
+  gather.batch = 2;
+  EXPECT_EQ(validate(gather).code(), StatusCode::kUnsupported);
+  gather.batch = 5;
+  EXPECT_EQ(validate(gather).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(with_batch(Problem{1024, 64, 64, 8}, 2).to_string(),
+            "m=1024 n=64 k_per_rank=64 world_size=8 weight_layout=NxK dtype=BF16 batch=2");
+}
+
+// SequenceRows: owner d's segment row i * shard + j is row i * s + d * shard + j of the full rows, a
+// bijection onto them; one sequence is the plain split.
+TEST(SequenceRowsTest, MapsEverySegmentRowOnceInSequenceOrder) {
+  for (const auto& [p, batch, shard] :
+       {std::tuple{8, 4, 128}, std::tuple{2, 3, 64}, std::tuple{4, 1, 100}, std::tuple{1, 5, 64}}) {
+    const int64_t s = int64_t(p) * shard, segment_rows = int64_t(batch) * shard;
+    const SequenceRows rows(batch, segment_rows, p);
+    EXPECT_EQ(rows.batched(), batch > 1);
+    EXPECT_EQ(rows.shard_rows(), shard);
+    std::vector<int> hits(size_t(batch) * s, 0);
+    for (int d = 0; d < p; ++d) {
+      for (int r = 0; r < segment_rows; ++r) {
+        const int row = rows.row_of(d, r);
+        const int sequence = r / shard, j = r % shard;
+        ASSERT_EQ(rows.sequence_of(r), sequence);
+        ASSERT_EQ(row, sequence * s + d * shard + j) << "owner " << d << ", segment row " << r;
+        if (batch == 1) ASSERT_EQ(row, d * segment_rows + r);
+        ++hits[size_t(row)];
+      }
+    }
+    for (size_t row = 0; row < hits.size(); ++row) ASSERT_EQ(hits[row], 1) << "row " << row;
+  }
 }
 
 TEST(ValidateOperand, NullAndMisaligned) {

@@ -3,17 +3,20 @@
 // several: the gathered X bit for bit, Y against tpfuse::gemm and cuBLAS on the gathered X.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "local_ranks.cuh"
 #include "core/device_info.h"
 #include "ops/ag_gemm/config.h"
+#include "ops/sequence_rows.h"
 #include "testing/emulated_ranks.h"
 #include "tpfuse/tpfuse.h"
 
@@ -22,21 +25,25 @@ namespace {
 
 using Array = DeviceArray<__nv_bfloat16>;
 
-// The all-gather's ranks: X_r, W_r, Y_r and the gathered X of every rank, and its calls.
+// The all-gather's ranks: X_r, W_r, bias_r, Y_r and the gathered X of every rank, and its calls (with
+// the bias where `with_bias`).
 struct AllGatherRanks : LocalRanks<AllGatherProblem> {
-  RankArrays x, w, y, gathered;
+  RankArrays x, w, bias, y, gathered;
+  bool with_bias = false;
 
   explicit AllGatherRanks(const AllGatherProblem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
       : LocalRanks(p, timeout_s, std::move(rank_devices)),
         x(ranks_arrays(size_t(p.rows_per_rank()) * p.k)),
         w(ranks_arrays(size_t(p.k) * p.n_per_rank)),
+        bias(ranks_arrays(size_t(p.n_per_rank))),
         y(ranks_arrays(size_t(p.m) * p.n_per_rank)),
         gathered(ranks_arrays(size_t(p.m) * p.k)) {}
 
   void fill(bool exact, uint64_t seed) {
     on_each_rank([&](int r) {
-      (exact ? fill_small_ints : fill_random)(x[r]->ptr, x[r]->count, seed * 1000 + 2 * r);
-      (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 2 * r + 1);
+      (exact ? fill_small_ints : fill_random)(x[r]->ptr, x[r]->count, seed * 1000 + 3 * r);
+      (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 3 * r + 1);
+      (exact ? fill_small_ints : fill_random)(bias[r]->ptr, bias[r]->count, seed * 1000 + 3 * r + 2);
     });
     poison_outputs();
   }
@@ -51,22 +58,36 @@ struct AllGatherRanks : LocalRanks<AllGatherProblem> {
   // Every rank, emulated where they share a device (testing/emulated_ranks.h).
   Status run(const AllGatherProblem& p, bool want_gathered = true, const ConfigOverrides& overrides = {}) {
     const auto xp = pointers<const void*>(x, p.world_size), wp = pointers<const void*>(w, p.world_size);
+    const auto bp = pointers<const void*>(bias, p.world_size);
     const auto yp = pointers<void*>(y, p.world_size);
     std::vector<void*> gp = pointers<void*>(gathered, p.world_size);
     if (!want_gathered) gp.assign(gp.size(), nullptr);
-    return launch_all_gather(comm, p, first_ranks(p.world_size), xp.data(), wp.data(), yp.data(), gp.data(),
-                             streams.data(), overrides);
+    return launch_all_gather(comm, p, first_ranks(p.world_size), xp.data(), wp.data(),
+                             with_bias ? bp.data() : nullptr, yp.data(), gp.data(), streams.data(), overrides);
   }
 
-  // The gathered X of problem `p` (m x k) on the host: every rank's rows in rank order.
+  // The gathered X of problem `p` (m x k) on the host: every rank's rows in rank order, or with
+  // several sequences every rank's shard of each sequence in rank order (ops/sequence_rows.h).
   std::vector<__nv_bfloat16> expected_gathered(const AllGatherProblem& p) {
-    std::vector<__nv_bfloat16> all;
-    const size_t block = size_t(p.rows_per_rank()) * p.k;
+    std::vector<__nv_bfloat16> all(size_t(p.m) * p.k);
+    const SequenceRows sequences(p.batch, p.rows_per_rank(), p.world_size);
     on_each_rank([&](int r) {
-      std::vector<__nv_bfloat16> part = x[r]->to_host();
-      all.insert(all.end(), part.begin(), part.begin() + block);
+      const std::vector<__nv_bfloat16> part = x[r]->to_host();
+      for (int64_t row = 0; row < p.rows_per_rank(); ++row) {
+        std::copy_n(part.begin() + row * p.k, p.k, all.begin() + int64_t(sequences.row_of(r, int(row))) * p.k);
+      }
     });
     return all;
+  }
+
+  // Rank r's bias as FP32, or none without `with_bias`.
+  std::vector<float> bias_of(int r) {
+    std::vector<float> values;
+    if (!with_bias) return values;
+    cudaSetDevice(devices[r]);
+    for (const __nv_bfloat16 b : bias[r]->to_host()) values.push_back(__bfloat162float(b));
+    cudaSetDevice(0);
+    return values;
   }
 };
 
@@ -75,7 +96,8 @@ Problem gemm_of(const AllGatherProblem& p) {
   return Problem{p.m, p.n_per_rank, p.k, 1, p.weight_layout};
 }
 
-// The gathered X uploaded to rank r's device and the FP32 reference of Y_r = gathered @ W_r.
+// The gathered X uploaded to rank r's device and the FP32 reference of Y_r = gathered @ W_r (+ its
+// bias, where the ranks add one).
 std::vector<float> reference_y(AllGatherRanks& ranks, const AllGatherProblem& p, int r,
                                const std::vector<__nv_bfloat16>& gathered_host, Array* gathered_device) {
   cudaSetDevice(ranks.devices[r]);
@@ -84,6 +106,8 @@ std::vector<float> reference_y(AllGatherRanks& ranks, const AllGatherProblem& p,
   reference_gemm(gemm_of(p), gathered_device->ptr, ranks.w[r]->ptr, ref.ptr);
   std::vector<float> host = ref.to_host();
   cudaSetDevice(0);
+  const std::vector<float> bias = ranks.bias_of(r);
+  for (size_t i = 0; i < host.size() && !bias.empty(); ++i) host[i] += bias[i % p.n_per_rank];
   return host;
 }
 
@@ -104,7 +128,13 @@ struct AllGatherCase {
   int split_k = 0;        // forced splits of K (0: the config's)
   int shared_tiles = -1;  // 0: bands of one block also where blocks have 64 rows or fewer; 1: of two at 64
   int idle_copiers = -1;  // 0: every CTA copies beside its tiles, also where some have none
-  AllGatherProblem problem() const { return AllGatherProblem{m, n, k, p, layout}; }
+  int batch = 1;          // sequences the rows hold (ops/sequence_rows.h)
+  bool bias = false;
+  AllGatherProblem problem() const {
+    AllGatherProblem problem{m, n, k, p, layout};
+    problem.batch = batch;
+    return problem;
+  }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.split_k = split_k;
@@ -119,7 +149,8 @@ std::string case_name(const ::testing::TestParamInfo<AllGatherCase>& info) {
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + "_" + to_string(c.layout) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
          (c.shared_tiles == 0 ? "_separate" : c.shared_tiles == 1 ? "_shared" : "") +
-         (c.idle_copiers == 0 ? "_allcopy" : c.idle_copiers == 1 ? "_idlecopy" : "");
+         (c.idle_copiers == 0 ? "_allcopy" : c.idle_copiers == 1 ? "_idlecopy" : "") +
+         (c.batch > 1 ? "_batch" + std::to_string(c.batch) : "") + (c.bias ? "_bias" : "");
 }
 
 // Exact mode (small integers, k <= 256: every sum exact in BF16): Y and the gathered X bit for bit.
@@ -147,6 +178,7 @@ TEST_P(AllGatherExact, BitForBit) {
   const AllGatherProblem p = GetParam().problem();
   AllGatherRanks ranks(p);
   ASSERT_NE(ranks.comm, nullptr);
+  ranks.with_bias = GetParam().bias;
   expect_exact(ranks, p, GetParam().overrides());
 }
 
@@ -169,7 +201,19 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherExact,
                                            AllGatherCase{3, 999, 136, 200, WeightLayout::kKxN},
                                            // Split K: 128-row and 64-row tiles.
                                            AllGatherCase{2, 256, 520, 256, WeightLayout::kNxK, 2},
-                                           AllGatherCase{4, 256, 264, 128, WeightLayout::kKxN, 2}),
+                                           AllGatherCase{4, 256, 264, 128, WeightLayout::kKxN, 2},
+                                           // Sequences: shards of 128, 64 and 192 rows; one rank.
+                                           AllGatherCase{2, 1024, 776, 256, WeightLayout::kKxN, 0, -1, -1, 4},
+                                           AllGatherCase{4, 1024, 1000, 256, WeightLayout::kNxK, 0, -1, -1, 4},
+                                           AllGatherCase{8, 3072, 1000, 248, WeightLayout::kNxK, 0, -1, -1, 2},
+                                           AllGatherCase{1, 384, 512, 256, WeightLayout::kNxK, 0, -1, -1, 3},
+                                           // A bias: bands of one and two blocks, one band of all, split K,
+                                           // sequences.
+                                           AllGatherCase{4, 1000, 1024, 256, WeightLayout::kNxK, 0, -1, -1, 1, true},
+                                           AllGatherCase{8, 512, 1280, 256, WeightLayout::kNxK, 0, 1, -1, 1, true},
+                                           AllGatherCase{8, 64, 264, 256, WeightLayout::kKxN, 0, -1, -1, 1, true},
+                                           AllGatherCase{2, 256, 520, 256, WeightLayout::kNxK, 2, -1, -1, 1, true},
+                                           AllGatherCase{4, 1024, 1000, 256, WeightLayout::kKxN, 0, -1, -1, 4, true}),
                          case_name);
 
 // Random mode: Y bit-identical to tpfuse::gemm on the gathered X (the same mainloop and, with
@@ -182,6 +226,7 @@ TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
   const AllGatherProblem p = GetParam().problem();
   AllGatherRanks ranks(p);
   ASSERT_NE(ranks.comm, nullptr);
+  ranks.with_bias = GetParam().bias;
   const ConfigOverrides overrides = GetParam().overrides();
   // Whole 128-row tiles where the bands' rows are a multiple of 128 (a band: one block, or two).
   DeviceInfo device;
@@ -218,7 +263,9 @@ TEST_P(AllGatherRandom, MatchesGemmOnTheGatheredX) {
     const ErrorSums ours = error_sums(first.back(), ref);
     EXPECT_EQ(ours.num_nonfinite, 0u) << "rank " << r << ": unwritten or non-finite outputs";
     EXPECT_TRUE(within_tolerance(ours.stats(), error_sums(theirs.to_host(), ref).stats())) << "rank " << r;
-    if (band_rows % 128 == 0 && config.gemm.whole_tiles == 0) {  // a split tail: other tiles than the GEMM's
+    // A split tail has other tiles than the GEMM's; so do sequences (a band's rows are not Y's
+    // consecutive rows), and the GEMM adds no bias.
+    if (band_rows % 128 == 0 && config.gemm.whole_tiles == 0 && p.batch == 1 && !ranks.with_bias) {
       const std::vector<__nv_bfloat16> expected = plain.to_host();
       EXPECT_EQ(0, std::memcmp(first.back().data(), expected.data(), expected.size() * 2))
           << "rank " << r << ": Y differs from tpfuse::gemm on the gathered X";
@@ -251,8 +298,50 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AllGatherRandom,
                                            // A split tail: 136 tiles, 4 past a wave (of 132 and of 66).
                                            AllGatherCase{2, 4352, 1024, 5120, WeightLayout::kNxK},
                                            // 128 x 128 tiles (mixtral qkv at P = 8, M = 2048).
-                                           AllGatherCase{8, 2048, 1024, 6144, WeightLayout::kNxK}),
+                                           AllGatherCase{8, 2048, 1024, 6144, WeightLayout::kNxK},
+                                           // Sequences and a bias (shards of 512 and 192 rows).
+                                           AllGatherCase{8, 8192, 1280, 1024, WeightLayout::kNxK, 0, -1, -1, 2},
+                                           AllGatherCase{8, 6144, 1024, 1024, WeightLayout::kKxN, 0, -1, -1, 4, true},
+                                           AllGatherCase{8, 2048, 1280, 1024, WeightLayout::kNxK, 0, -1, -1, 1, true}),
                          case_name);
+
+// Rows in sequences against one sequence of the same ranks' rows: the same bands, tiles and sums,
+// so Y's rows are bit-identical, only placed by sequence (ops/sequence_rows.h), on random inputs.
+TEST(AllGatherSequences, BitIdenticalToOneSequenceOfTheSameRows) {
+  for (const auto& [world_size, sequences_of_rows, shard] :
+       {std::tuple{2, 4, 128}, std::tuple{4, 2, 64}, std::tuple{8, 3, 192}}) {
+    const int p = world_size, batch = sequences_of_rows;  // captured by the lambdas below
+    AllGatherProblem problem{int64_t(batch) * p * shard, 1000, 512, p, WeightLayout::kNxK};
+    problem.batch = batch;
+    AllGatherRanks ranks(problem);
+    ASSERT_NE(ranks.comm, nullptr);
+    ranks.fill(/*exact=*/false, 29);
+    ASSERT_TRUE(ranks.run(problem).ok());
+    ASSERT_CUDA(ranks.synchronize());
+    std::vector<std::vector<__nv_bfloat16>> batched;
+    ranks.on_each_rank([&](int r) { batched.push_back(ranks.y[r]->to_host()); });
+    ranks.poison_outputs();
+    AllGatherProblem one = problem;
+    one.batch = 1;
+    ASSERT_TRUE(ranks.run(one).ok());
+    ASSERT_CUDA(ranks.synchronize());
+    ASSERT_TRUE(communicator_status(ranks.comm).ok());
+    // One sequence's row s * rows_per_rank + t is row t of source s's block: in sequences, row_of(s, t).
+    const SequenceRows sequences(batch, problem.rows_per_rank(), p);
+    const size_t n = size_t(problem.n_per_rank);
+    ranks.on_each_rank([&](int r) {
+      const std::vector<__nv_bfloat16> plain = ranks.y[r]->to_host();
+      int64_t differing = 0;
+      for (int s = 0; s < p; ++s) {
+        for (int64_t t = 0; t < problem.rows_per_rank(); ++t) {
+          differing += std::memcmp(&plain[(s * problem.rows_per_rank() + t) * n],
+                                   &batched[r][size_t(sequences.row_of(s, int(t))) * n], n * 2) != 0;
+        }
+      }
+      EXPECT_EQ(differing, 0) << "P " << p << ", batch " << batch << ", rank " << r << ": rows differ";
+    });
+  }
+}
 
 // Back-to-back calls with random m (exact inputs), no host synchronization between them; every
 // 50th is checked, Y and the gathered X.
@@ -323,7 +412,7 @@ Status launch_all_but_the_last(AllGatherRanks& ranks, const AllGatherProblem& p,
   const int count = p.world_size - 1;
   const auto x = pointers<const void*>(ranks.x, count), w = pointers<const void*>(ranks.w, count);
   const auto y = pointers<void*>(ranks.y, count);
-  return launch_all_gather(ranks.comm, p, first_ranks(count), x.data(), w.data(), y.data(), nullptr,
+  return launch_all_gather(ranks.comm, p, first_ranks(count), x.data(), w.data(), nullptr, y.data(), nullptr,
                            ranks.streams.data(), overrides);
 }
 
@@ -379,9 +468,9 @@ TEST(AllGatherErrors, BadCallsAreReported) {
   EXPECT_NE(s.message().find("problem.n_per_rank = 500"), std::string::npos) << s.message();
   std::vector<const void*> x(4, nullptr), w(4, ranks.w[0]->ptr);
   std::vector<void*> y(4, ranks.y[0]->ptr);
-  s = all_gather_gemm_local(ranks.comm, p, x.data(), w.data(), y.data(), nullptr, ranks.streams.data());
+  s = all_gather_gemm_local(ranks.comm, p, x.data(), w.data(), nullptr, y.data(), nullptr, ranks.streams.data());
   EXPECT_NE(s.message().find("x must not be null"), std::string::npos) << s.message();
-  s = all_gather_gemm(ranks.comm, p, ranks.x[0]->ptr, ranks.w[0]->ptr, ranks.y[0]->ptr, nullptr, nullptr);
+  s = all_gather_gemm(ranks.comm, p, ranks.x[0]->ptr, ranks.w[0]->ptr, nullptr, ranks.y[0]->ptr, nullptr, nullptr);
   EXPECT_NE(s.message().find("use all_gather_gemm_local"), std::string::npos) << s.message();
   // A communicator made without max_k serves no all-gather call.
   CommunicatorOptions options;
@@ -397,7 +486,7 @@ TEST(AllGatherErrors, BadCallsAreReported) {
     ws.push_back(ranks.w[r]->ptr);
     ys.push_back(ranks.y[r]->ptr);
   }
-  s = all_gather_gemm_local(rs_only, p, xs.data(), ws.data(), ys.data(), nullptr, ranks.streams.data());
+  s = all_gather_gemm_local(rs_only, p, xs.data(), ws.data(), nullptr, ys.data(), nullptr, ranks.streams.data());
   EXPECT_NE(s.message().find("max_k 0"), std::string::npos) << s.message();
   EXPECT_TRUE(communicator_destroy(rs_only).ok());
 }
@@ -409,7 +498,7 @@ TEST(AllGatherErrors, LibraryRefusesRanksSharingADevice) {
   expect_only_testing_emulates(ranks, [&] {
     const auto x = pointers<const void*>(ranks.x, 2), w = pointers<const void*>(ranks.w, 2);
     const auto y = pointers<void*>(ranks.y, 2);
-    return all_gather_gemm_local(ranks.comm, ranks.problem, x.data(), w.data(), y.data(), nullptr,
+    return all_gather_gemm_local(ranks.comm, ranks.problem, x.data(), w.data(), nullptr, y.data(), nullptr,
                                  ranks.streams.data());
   });
 }

@@ -15,27 +15,32 @@
 #include "local_ranks.cuh"
 #include "core/device_info.h"
 #include "ops/gemm_rs/config.h"
+#include "ops/sequence_rows.h"
 #include "testing/emulated_ranks.h"
 #include "tpfuse/tpfuse.h"
 
 namespace tpfuse::testing {
 namespace {
 
-// The reduce-scatter's ranks: A_r, W_r and out_r of every rank, its calls, and the references
-// computed from them. Leaves device 0 current.
+// The reduce-scatter's ranks: A_r, W_r, bias_r and out_r of every rank, its calls, and the
+// references computed from them. Leaves device 0 current. The bias goes into the calls where
+// `with_bias` (each rank's own: a rank adds it to the rows it keeps).
 struct ReduceScatterRanks : LocalRanks<Problem> {
-  RankArrays a, w, out;
+  RankArrays a, w, bias, out;
+  bool with_bias = false;
 
   explicit ReduceScatterRanks(const Problem& p, double timeout_s = 0, std::vector<int> rank_devices = {})
       : LocalRanks(p, timeout_s, std::move(rank_devices)),
         a(ranks_arrays(size_t(p.m) * p.k_per_rank)),
         w(ranks_arrays(size_t(p.k_per_rank) * p.n)),
+        bias(ranks_arrays(size_t(p.n))),
         out(ranks_arrays(size_t(p.rows_per_rank()) * p.n)) {}
 
   void fill(bool exact, uint64_t seed) {
     on_each_rank([&](int r) {
-      (exact ? fill_small_ints : fill_random)(a[r]->ptr, a[r]->count, seed * 1000 + 2 * r);
-      (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 2 * r + 1);
+      (exact ? fill_small_ints : fill_random)(a[r]->ptr, a[r]->count, seed * 1000 + 3 * r);
+      (exact ? fill_small_ints : fill_random)(w[r]->ptr, w[r]->count, seed * 1000 + 3 * r + 1);
+      (exact ? fill_small_ints : fill_random)(bias[r]->ptr, bias[r]->count, seed * 1000 + 3 * r + 2);
       poison(out[r]->ptr, out[r]->count);
     });
   }
@@ -50,8 +55,20 @@ struct ReduceScatterRanks : LocalRanks<Problem> {
   // Launches ranks 0 .. count-1 only: the others never run (a missing peer).
   Status run_first(int count, const Problem& p, const ConfigOverrides& overrides = {}) {
     const auto ap = pointers<const void*>(a, count), wp = pointers<const void*>(w, count);
+    const auto bp = pointers<const void*>(bias, count);
     const auto op = pointers<void*>(out, count);
-    return launch_gemm_rs(comm, p, first_ranks(count), ap.data(), wp.data(), op.data(), streams.data(), overrides);
+    return launch_gemm_rs(comm, p, first_ranks(count), ap.data(), wp.data(), with_bias ? bp.data() : nullptr,
+                          op.data(), streams.data(), overrides);
+  }
+
+  // Rank d's bias as FP32, or none without `with_bias`.
+  std::vector<float> bias_of(int d) {
+    std::vector<float> values;
+    if (!with_bias) return values;
+    cudaSetDevice(devices[d]);
+    for (const __nv_bfloat16 b : bias[d]->to_host()) values.push_back(__bfloat162float(b));
+    cudaSetDevice(0);
+    return values;
   }
 
   // Every rank's FP32 partial (m x n), computed on its device.
@@ -66,17 +83,24 @@ struct ReduceScatterRanks : LocalRanks<Problem> {
   }
 };
 
-// Rank d's rows of the sum of the partials, each partial first rounded to BF16 when `round` (the
-// unfused path on one GPU: cuBLAS's BF16 partials summed in FP32), exact FP32 products otherwise.
-std::vector<float> reduce_rows(const std::vector<std::vector<float>>& partials, const Problem& p, int d, bool round) {
+// Rank d's rows (ops/sequence_rows.h: its shard of every sequence) of the sum of the partials, each
+// partial first rounded to BF16 when `round` (the unfused path on one GPU: cuBLAS's BF16 partials
+// summed in FP32), exact FP32 products otherwise; plus `bias` (n entries) where not empty.
+std::vector<float> reduce_rows(const std::vector<std::vector<float>>& partials, const Problem& p, int d, bool round,
+                               const std::vector<float>& bias = {}) {
   const int64_t rows = p.rows_per_rank();
+  const SequenceRows sequences(p.batch, rows, p.world_size);
   std::vector<float> sum(size_t(rows) * p.n, 0.0f);
   for (const auto& partial : partials) {
-    for (size_t i = 0; i < sum.size(); ++i) {
-      const float v = partial[size_t(d) * rows * p.n + i];
-      sum[i] += round ? __bfloat162float(__float2bfloat16(v)) : v;
+    for (int64_t row = 0; row < rows; ++row) {
+      const float* from = partial.data() + size_t(sequences.row_of(d, int(row))) * p.n;
+      for (int64_t col = 0; col < p.n; ++col) {
+        const float v = from[col];
+        sum[size_t(row) * p.n + col] += round ? __bfloat162float(__float2bfloat16(v)) : v;
+      }
     }
   }
+  for (size_t i = 0; i < sum.size() && !bias.empty(); ++i) sum[i] += bias[i % p.n];
   return sum;
 }
 
@@ -84,6 +108,16 @@ std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
   std::vector<__nv_bfloat16> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = __float2bfloat16(v[i]);
   return out;
+}
+
+// The unfused path's rank d rows: the BF16 partials reduced and rounded (as NCCL's BF16
+// reduce-scatter would hold them), then the bias added to that BF16 sum and rounded again.
+std::vector<__nv_bfloat16> unfused_rows(const std::vector<std::vector<float>>& partials, const Problem& p, int d,
+                                        const std::vector<float>& bias) {
+  std::vector<float> sum = reduce_rows(partials, p, d, /*round=*/true);
+  if (bias.empty()) return to_bf16(sum);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = __bfloat162float(__float2bfloat16(sum[i])) + bias[i % p.n];
+  return to_bf16(sum);
 }
 
 // Exact mode (small integers: every partial and total exact in BF16): bit for bit.
@@ -95,20 +129,28 @@ void expect_bit_for_bit(ReduceScatterRanks& ranks, const Problem& problem, const
   ASSERT_TRUE(communicator_status(ranks.comm).ok());
   const auto partials = ranks.partials(problem);
   for (int d = 0; d < problem.world_size; ++d) {
-    const int64_t bad = first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false));
+    const int64_t bad =
+        first_mismatch(ranks.out[d]->to_host(), reduce_rows(partials, problem, d, false, ranks.bias_of(d)));
     EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at " << element_at(bad, problem.n);
   }
 }
 
 // One shape of the emulated-rank tests, with the own tiles' lag (-1: the config's; 0: own tiles
-// inside the rounds from the first ones, which the tests' small shapes never get by themselves).
+// inside the rounds from the first ones, which the tests' small shapes never get by themselves),
+// the sequences its rows hold, and whether the call adds a bias.
 struct FusedCase {
   int p, m, n, k;
   WeightLayout layout;
   int own_lag = -1;
   int split_k = 0;  // splits of K with shared tiles; 0: the config's
+  int batch = 1;
+  bool bias = false;
 
-  Problem problem() const { return Problem{m, n, k, p, layout}; }
+  Problem problem() const {
+    Problem problem{m, n, k, p, layout};
+    problem.batch = batch;
+    return problem;
+  }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.own_lag = own_lag;
@@ -121,7 +163,8 @@ std::string case_name(const ::testing::TestParamInfo<FusedCase>& info) {
   const FusedCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + "_" + to_string(c.layout) + (c.own_lag >= 0 ? "_lag" + std::to_string(c.own_lag) : "") +
-         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "");
+         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
+         (c.batch > 1 ? "_batch" + std::to_string(c.batch) : "") + (c.bias ? "_bias" : "");
 }
 
 class FusedExact : public ::testing::TestWithParam<FusedCase> {};
@@ -130,6 +173,7 @@ TEST_P(FusedExact, BitForBit) {
   const Problem problem = GetParam().problem();
   ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
+  ranks.with_bias = GetParam().bias;
   expect_bit_for_bit(ranks, problem, GetParam().overrides());
 }
 
@@ -168,7 +212,29 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedExact,
                                            FusedCase{4, 256, 1000, 64, WeightLayout::kKxN},
                                            FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, 0},
                                            // M = 256 at P = 2: bands of 128 rows on 128 x 128 tiles
-                                           FusedCase{2, 256, 1000, 128, WeightLayout::kNxK}),
+                                           FusedCase{2, 256, 1000, 128, WeightLayout::kNxK},
+                                           // Sequences (ops/sequence_rows.h): shards of 128 rows; of 64 and
+                                           // 192, whose 128-row tiles load their slabs from two sequences;
+                                           // own tiles in the rounds.
+                                           FusedCase{2, 1024, 776, 128, WeightLayout::kKxN, -1, 0, 4},
+                                           FusedCase{4, 1024, 1000, 64, WeightLayout::kNxK, -1, 0, 4},
+                                           FusedCase{4, 1024, 1000, 64, WeightLayout::kNxK, 0, 0, 4},
+                                           FusedCase{8, 3072, 1000, 32, WeightLayout::kKxN, -1, 0, 2},
+                                           FusedCase{8, 3072, 1000, 32, WeightLayout::kNxK, 0, 0, 2},
+                                           FusedCase{1, 384, 512, 256, WeightLayout::kNxK, -1, 0, 3},
+                                           // A bias, on every epilogue: tiles of one owner, bands of two,
+                                           // shared tiles staged (32 rows a rank) and from registers (8, 1),
+                                           // split K, one rank, sequences.
+                                           FusedCase{4, 1000, 1024, 64, WeightLayout::kNxK, -1, 0, 1, true},
+                                           FusedCase{2, 512, 776, 128, WeightLayout::kKxN, 0, 0, 1, true},
+                                           FusedCase{4, 256, 1000, 64, WeightLayout::kKxN, -1, 0, 1, true},
+                                           FusedCase{8, 256, 8192, 32, WeightLayout::kKxN, -1, 0, 1, true},
+                                           FusedCase{8, 64, 264, 32, WeightLayout::kKxN, -1, 0, 1, true},
+                                           FusedCase{8, 8, 512, 32, WeightLayout::kNxK, -1, 0, 1, true},
+                                           FusedCase{4, 128, 520, 128, WeightLayout::kKxN, -1, 2, 1, true},
+                                           FusedCase{2, 64, 520, 128, WeightLayout::kKxN, -1, 2, 1, true},
+                                           FusedCase{1, 256, 512, 256, WeightLayout::kNxK, -1, 0, 1, true},
+                                           FusedCase{4, 1024, 1000, 64, WeightLayout::kNxK, -1, 0, 4, true}),
                          case_name);
 
 // Random mode: within 1.1x of the unfused path's error (BF16 partials summed in FP32), deterministic.
@@ -184,9 +250,10 @@ void expect_within_unfused_error_and_deterministic(ReduceScatterRanks& ranks, co
   ErrorSums fused, unfused;
   for (int d = 0; d < p; ++d) {
     first.push_back(ranks.out[d]->to_host());
-    const auto ref = reduce_rows(partials, problem, d, false);
+    const std::vector<float> bias = ranks.bias_of(d);
+    const auto ref = reduce_rows(partials, problem, d, false, bias);
     fused.merge(error_sums(first.back(), ref));
-    unfused.merge(error_sums(to_bf16(reduce_rows(partials, problem, d, true)), ref));
+    unfused.merge(error_sums(unfused_rows(partials, problem, d, bias), ref));
   }
   EXPECT_EQ(fused.num_nonfinite, 0u) << "unwritten or non-finite outputs";
   EXPECT_TRUE(within_tolerance(fused.stats(), unfused.stats()))
@@ -208,6 +275,7 @@ TEST_P(FusedRandom, WithinUnfusedErrorAndDeterministic) {
   const Problem problem = GetParam().problem();
   ReduceScatterRanks ranks(problem);
   ASSERT_NE(ranks.comm, nullptr);
+  ranks.with_bias = GetParam().bias;
   expect_within_unfused_error_and_deterministic(ranks, problem, GetParam().overrides());
 }
 
@@ -229,8 +297,67 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedRandom,
                                            FusedCase{4, 96, 6144, 768, WeightLayout::kKxN},
                                            FusedCase{4, 32, 1000, 2048, WeightLayout::kKxN},
                                            FusedCase{8, 64, 8192, 1024, WeightLayout::kNxK, -1, 4},
-                                           FusedCase{8, 8, 1000, 640, WeightLayout::kKxN, -1, 3}),
+                                           FusedCase{8, 8, 1000, 640, WeightLayout::kKxN, -1, 3},
+                                           // Sequences, with and without a bias (shards of 512 and 192 rows).
+                                           FusedCase{8, 8192, 4096, 512, WeightLayout::kNxK, -1, 0, 2},
+                                           FusedCase{8, 6144, 4096, 512, WeightLayout::kNxK, -1, 0, 4, true},
+                                           FusedCase{8, 2048, 8192, 1024, WeightLayout::kKxN, -1, 0, 1, true},
+                                           FusedCase{8, 64, 8192, 1024, WeightLayout::kNxK, -1, 0, 1, true}),
                          case_name);
+
+// Rows in sequences against the same rows split as one sequence: A's rows permuted so that rank
+// d's shards come together (what a movedim would make) give the same segments, tiles and sums, so
+// every rank's rows are bit-identical, on random inputs, whichever way a tile's slabs are loaded.
+TEST(FusedSequences, BitIdenticalToOneSequenceOfTheSameRows) {
+  for (const auto& [world_size, sequences_of_rows, shard] :
+       {std::tuple{2, 4, 128}, std::tuple{4, 2, 64}, std::tuple{8, 3, 192}}) {
+    const int p = world_size, batch = sequences_of_rows;  // captured by the lambdas below
+    Problem problem{int64_t(batch) * p * shard, 1000, 256, p, WeightLayout::kNxK};
+    problem.batch = batch;
+    ReduceScatterRanks ranks(problem);
+    ASSERT_NE(ranks.comm, nullptr);
+    ranks.fill(/*exact=*/false, 23);
+    ASSERT_TRUE(ranks.run(problem).ok());
+    ASSERT_CUDA(ranks.synchronize());
+    std::vector<std::vector<__nv_bfloat16>> batched;
+    for (int d = 0; d < p; ++d) batched.push_back(ranks.out[d]->to_host());
+    // Owner d's segment of the batched rows is rows [d * rows_per_rank, ...) of the permuted A.
+    const SequenceRows sequences(batch, problem.rows_per_rank(), p);
+    ranks.on_each_rank([&](int r) {
+      const std::vector<__nv_bfloat16> a = ranks.a[r]->to_host();
+      std::vector<__nv_bfloat16> permuted(a.size());
+      const size_t k = size_t(problem.k_per_rank);
+      for (int d = 0; d < p; ++d) {
+        for (int64_t row = 0; row < problem.rows_per_rank(); ++row) {
+          std::memcpy(&permuted[(d * problem.rows_per_rank() + row) * k], &a[sequences.row_of(d, int(row)) * k], k * 2);
+        }
+      }
+      ASSERT_CUDA(cudaMemcpy(ranks.a[r]->ptr, permuted.data(), permuted.size() * 2, cudaMemcpyHostToDevice));
+    });
+    ranks.poison_outputs();
+    Problem one = problem;
+    one.batch = 1;
+    ASSERT_TRUE(ranks.run(one).ok());
+    ASSERT_CUDA(ranks.synchronize());
+    ASSERT_TRUE(communicator_status(ranks.comm).ok());
+    for (int d = 0; d < p; ++d) {
+      const auto plain = ranks.out[d]->to_host();
+      EXPECT_EQ(0, std::memcmp(plain.data(), batched[d].data(), plain.size() * 2))
+          << "P " << p << ", batch " << batch << ", rank " << d;
+    }
+  }
+}
+
+// Shards that are not whole slabs: refused, naming the shard, before anything runs.
+TEST(FusedSequences, ShardsOfPartialSlabsAreRefused) {
+  Problem problem{2 * 4 * 96, 512, 64, 4, WeightLayout::kNxK};
+  problem.batch = 2;
+  ReduceScatterRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  const Status s = ranks.run(problem);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+  EXPECT_NE(s.message().find("is 96 rows"), std::string::npos) << s.message();
+}
 
 // Tiles of several owners' rows against tiles of one (the same 64 x 256 tiles either way, and no
 // partials added during the K loop, so every element takes the same products and the same
@@ -497,7 +624,8 @@ TEST(FusedErrors, BadCallsAreReported) {
   EXPECT_NE(too_big.message().find("max_m"), std::string::npos) << too_big.message();
   std::vector<const void*> a(4, nullptr), w(4, ranks.w[0]->ptr);
   std::vector<void*> out(4, ranks.out[0]->ptr);
-  const Status null_a = gemm_reduce_scatter_local(ranks.comm, problem, a.data(), w.data(), out.data(), ranks.streams.data());
+  const Status null_a =
+      gemm_reduce_scatter_local(ranks.comm, problem, a.data(), w.data(), nullptr, out.data(), ranks.streams.data());
   EXPECT_EQ(null_a.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(null_a.message().find("a must not be null"), std::string::npos) << null_a.message();
   ConfigOverrides bad_lag;
@@ -505,8 +633,10 @@ TEST(FusedErrors, BadCallsAreReported) {
   const Status bad_override = ranks.run(problem, bad_lag);
   EXPECT_EQ(bad_override.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad_override.message().find("overrides.own_lag = -3"), std::string::npos) << bad_override.message();
-  EXPECT_EQ(gemm_reduce_scatter(ranks.comm, problem, ranks.a[0]->ptr, ranks.w[0]->ptr, ranks.out[0]->ptr, nullptr).code(),
-            StatusCode::kInvalidArgument)
+  EXPECT_EQ(
+      gemm_reduce_scatter(ranks.comm, problem, ranks.a[0]->ptr, ranks.w[0]->ptr, nullptr, ranks.out[0]->ptr, nullptr)
+          .code(),
+      StatusCode::kInvalidArgument)
       << "a local communicator of 4 ranks needs gemm_reduce_scatter_local";
 }
 
@@ -517,7 +647,8 @@ TEST(FusedErrors, LibraryRefusesRanksSharingADevice) {
   expect_only_testing_emulates(ranks, [&] {
     const auto a = pointers<const void*>(ranks.a, 2), w = pointers<const void*>(ranks.w, 2);
     const auto out = pointers<void*>(ranks.out, 2);
-    return gemm_reduce_scatter_local(ranks.comm, ranks.problem, a.data(), w.data(), out.data(), ranks.streams.data());
+    return gemm_reduce_scatter_local(ranks.comm, ranks.problem, a.data(), w.data(), nullptr, out.data(),
+                                     ranks.streams.data());
   });
 }
 
@@ -538,7 +669,7 @@ TEST(FusedNccl, SingleRankMatchesGemm) {
   fill_random(a.ptr, a.count, 11);
   fill_random(w.ptr, w.count, 12);
   poison(out.ptr, out.count);
-  ASSERT_TRUE(gemm_reduce_scatter(comm, problem, a.ptr, w.ptr, out.ptr, nullptr).ok());
+  ASSERT_TRUE(gemm_reduce_scatter(comm, problem, a.ptr, w.ptr, nullptr, out.ptr, nullptr).ok());
   ASSERT_TRUE(gemm(problem, a.ptr, w.ptr, c.ptr, nullptr).ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
   const auto fused = out.to_host(), plain = c.to_host();

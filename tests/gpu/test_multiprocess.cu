@@ -97,7 +97,7 @@ void check_exact(Rank& r) {
       out(size_t(p.rows_per_rank()) * p.n);
   fill_inputs(p, r.rank, true, 1, a.ptr, w.ptr);
   poison(out.ptr, out.count);
-  if (!r.ok(gemm_reduce_scatter(r.comm, p, a.ptr, w.ptr, out.ptr, r.stream), "exact call")) return;
+  if (!r.ok(gemm_reduce_scatter(r.comm, p, a.ptr, w.ptr, nullptr, out.ptr, r.stream), "exact call")) return;
   cudaStreamSynchronize(r.stream);
   if (!r.ok(communicator_status(r.comm), "exact call status")) return;
   const int64_t bad = first_mismatch(out.to_host(), reference_rows(r, p, true, 1));
@@ -110,7 +110,7 @@ void check_random(Rank& r) {
       out(size_t(p.rows_per_rank()) * p.n), partial(size_t(p.m) * p.n), unfused(size_t(p.rows_per_rank()) * p.n);
   fill_inputs(p, r.rank, false, 2, a.ptr, w.ptr);
   poison(out.ptr, out.count);
-  if (!r.ok(gemm_reduce_scatter(r.comm, p, a.ptr, w.ptr, out.ptr, r.stream), "random call")) return;
+  if (!r.ok(gemm_reduce_scatter(r.comm, p, a.ptr, w.ptr, nullptr, out.ptr, r.stream), "random call")) return;
   // The unfused path on the same inputs: cuBLAS (row-major C = A W^T for an N x K weight), then NCCL.
   const float alpha = 1, beta = 0;
   cublasSetStream(r.cublas, r.stream);
@@ -144,7 +144,7 @@ void check_back_to_back(Rank& r) {
   for (int call = 0; call < 200; ++call) {
     last = Problem{int64_t(p) * int64_t(1 + rng() % 256), max_problem.n, max_problem.k_per_rank, p};
     if (call == 0) fill_inputs(max_problem, r.rank, true, 3, a.ptr, w.ptr);
-    if (!r.ok(gemm_reduce_scatter(r.comm, last, a.ptr, w.ptr, out.ptr, r.stream), "back-to-back call")) return;
+    if (!r.ok(gemm_reduce_scatter(r.comm, last, a.ptr, w.ptr, nullptr, out.ptr, r.stream), "back-to-back call")) return;
   }
   cudaStreamSynchronize(r.stream);
   if (!r.ok(communicator_status(r.comm), "back-to-back status")) return;

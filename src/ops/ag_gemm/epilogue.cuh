@@ -14,7 +14,8 @@
 // a tile of another band it waits (bounded) for the flags of the row blocks the tile's rows span,
 // then loads them from its own gathered buffer. The consumers store Y's tiles as the plain GEMM
 // does, into a map of P/G layers (bands) of G * m/P rows, so that a tile's store is clipped at its
-// band's last row.
+// band's last row. With several sequences (ops/sequence_rows.h) the schedule, the copies and the
+// waits are the same: only Y's store puts a band's rows at its shard of each sequence.
 //
 //   P = 4, rank 0:  copiers  pieces of X_0 -> ranks 1, 2, 3 (and 0)     from the start
 //                   tiles    band 0 (X_0, local)  band 3 (waits on rank 3's pieces)  band 2  band 1
@@ -40,6 +41,7 @@
 #include "gemm/split_k_epilogue.cuh"
 #include "ops/ag_gemm/shared_storage.h"
 #include "ops/ag_gemm/workspace.h"
+#include "ops/sequence_rows.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse::kernels {
@@ -54,7 +56,9 @@ class AllGatherEpilogue : public EpilogueBase {
     CopyPlan copy;                       // X_r's pieces (ops/ag_gemm/workspace.h)
     int sources_per_band;                // G (ops/ag_gemm/schedule.h)
     bool copy_own;                       // also copy X_r into this rank's gathered buffer
-    CUtensorMap y;                       // Y: 4D (column, row in band, band, 1), box 64 x 64
+    CUtensorMap y;                       // Y: 4D (column, row in a band's shard, band, sequence), box 64 x 64
+    SequenceRows sequences;              // a band's rows by sequence (ops/sequence_rows.h)
+    const uint16_t* bias;                // n_per_rank entries (BF16) added before Y's rounding; null: none
     CUtensorMap own_x;                   // X_r: 4D (k, row, 1, 1), box 64 x block_m
     CUtensorMap gathered;                // this rank's gathered buffer: 4D (k, row in band, band, parity)
     // Bands of two 64-row blocks: a tile's halves from their blocks, the own one from X_r itself.
@@ -144,8 +148,8 @@ class AllGatherEpilogue : public EpilogueBase {
     k_slice_ = k_slice;
   }
 
-  // The slab goes to Y's band; split, by the split that counts in last, with the sum of all splits'
-  // partials (gemm/split_k_epilogue.cuh).
+  // The slab (plus the bias) goes to Y's band, at its shard of its sequence; split, by the split that
+  // counts in last, with the sum of all splits' partials (gemm/split_k_epilogue.cuh).
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            StorageOf<Config>&, StageCursor&) {
@@ -158,9 +162,13 @@ class AllGatherEpilogue : public EpilogueBase {
       const SplitPartials split(p_.split_partials, p_.splits_done, consumer_, k_slice_);
       if (!split.sum_if_last<Config>(acc, tile.row_end - (tile.row_begin + slab.row), slabs_)) return;
     }
+    if (p_.bias != nullptr) add_bias(acc, p_.bias, col, tile.col_end);
+    const int sequence = p_.sequences.sequence_of(row);  // a slab lies in one sequence's shard
+    const int shard_row = row - sequence * p_.sequences.shard_rows();
     slabs_.store<Config::kChunksPerSlab, Config::kStagedChunks>(
         acc, chunks_before<Config>(col, tile.col_end), [&](int c, const void* buffer) {
-          ptx::tma_store_4d(&p_.y, buffer, col + c * kChunkCols, row, tile.owner_rank / p_.sources_per_band, 0);
+          ptx::tma_store_4d(&p_.y, buffer, col + c * kChunkCols, shard_row, tile.owner_rank / p_.sources_per_band,
+                            sequence);
         });
   }
 

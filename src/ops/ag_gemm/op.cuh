@@ -25,6 +25,7 @@ struct AllGatherOp {
   struct Operands {
     const void* const* x;
     const void* const* w;
+    const void* const* bias;  // may be null, or any of its entries: no bias
     void* const* y;
     void* const* gathered_x;  // may be null, or any of its entries
 
@@ -40,8 +41,8 @@ struct AllGatherOp {
                                      std::to_string(comm.options.max_n) + ", max_k " +
                                      std::to_string(comm.options.max_k) + ")");
     }
-    return check_operands({{operands.x, "x"}, {operands.w, "w"}, {operands.y, "y"},
-                           {operands.gathered_x, "gathered_x", /*optional=*/true}},
+    return check_operands({{operands.x, "x"}, {operands.w, "w"}, {operands.bias, "bias", /*optional=*/true},
+                           {operands.y, "y"}, {operands.gathered_x, "gathered_x", /*optional=*/true}},
                           streams, num_ranks);
   }
 
@@ -103,11 +104,17 @@ struct AllGatherOp {
     e.copy = copy_plan(rows, k, config.gemm.num_ctas, schedule.num_tiles(), step_k_blocks,
                        e.copy_own ? comm.world_size : comm.world_size - 1, config.idle_copiers);
     // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
+    // With several sequences (G = 1) a band's rows in Y are its shards of the sequences
+    // (ops/sequence_rows.h): Y's map has a layer per band and shard, a sequence's P shards apart.
     const int64_t bands = comm.world_size / config.sources_per_band, band_rows = rows * config.sources_per_band;
     const DType dtype = problem.dtype;  // of X, gathered
     const int64_t parity_elems = int64_t(comm.parity.data_bytes / element_bytes(dtype));
-    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(DType::kBF16, y, bands, band_rows, problem.n_per_rank, 1,
-                                                   band_rows * problem.n_per_rank, kChunkRows, kChunkCols, &e.y));
+    e.sequences = SequenceRows(problem.batch, band_rows, int(bands));
+    const int64_t shard_rows = e.sequences.shard_rows();
+    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(DType::kBF16, y, bands, shard_rows, problem.n_per_rank,
+                                                   problem.batch, bands * shard_rows * problem.n_per_rank, kChunkRows,
+                                                   kChunkCols, &e.y));
+    e.bias = operands.bias != nullptr ? static_cast<const uint16_t*>(operands.bias[i]) : nullptr;
     TPFUSE_RETURN_IF_ERROR(
         make_layered_tensor_map(dtype, x, 1, rows, k, 1, rows * k, Config::kBlockM, Config::kBlockK, &e.own_x));
     TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(dtype, rank.data, bands, band_rows, k, 2, parity_elems,
@@ -134,15 +141,18 @@ struct AllGatherOp {
     return Status::Ok();
   }
 
-  // The gathered X of the call just queued on `stream`, into `out` (m x k).
+  // The gathered X of the call just queued on `stream`, into `out` (m x k, the rows in sequence order).
   static Status copy_gathered(const Communicator& comm, const RankState& rank, const Problem& problem, void* out,
                               cudaStream_t stream) {
     TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
-    const size_t elems = size_t(problem.m) * size_t(problem.k);
-    const int blocks = int(std::min<size_t>((elems / 8 + 255) / 256, 2048));
-    kernels::copy_gathered_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(rank.data),
-                                                              comm.parity.data_bytes / 2, rank.calls,
-                                                              static_cast<uint16_t*>(out), elems);
+    // A block a row at a time, a thread per 16 bytes of it (up to 256).
+    const int vectors = int(problem.k / 8);
+    const int blocks = int(std::min<int64_t>(problem.m, 2048));
+    const int threads = std::min(256, (vectors + 31) / 32 * 32);
+    const SequenceRows sequences(problem.batch, problem.rows_per_rank(), comm.world_size);
+    kernels::copy_gathered_kernel<<<blocks, threads, 0, stream>>>(
+        static_cast<const uint16_t*>(rank.data), comm.parity.data_bytes / 2, rank.calls, static_cast<uint16_t*>(out),
+        int(problem.m), vectors, FastDivision(int(problem.rows_per_rank())), sequences);
     TPFUSE_CUDA_TRY(cudaGetLastError());
     return Status::Ok();
   }

@@ -79,6 +79,26 @@ class PushReduceEpilogue : public EpilogueBase {
     ptx::mbarrier_init(&smem.op.extra_taken, 1);
   }
 
+  // Producer thread, before a tile's K stages: where its rows of A are. With several sequences
+  // (ops/sequence_rows.h; never in shared tiles, whose segments are shorter than a slab) a segment's
+  // rows are the owner's shards of the sequences: a tile within one shard is one box, a 128-row tile
+  // whose slabs lie in two shards (64-row shards, or a shard of 64 rows past a multiple of 128) two.
+  template <class Config, class Mainloop>
+  __device__ static ALoad a_load(const Params& p, const Mainloop& mainloop, const Tile& tile) {
+    static_assert(kSequenceShardRows == kSlabRows, "a shard is whole slabs");
+    if (kSharedTiles || !p.sequences.batched()) return EpilogueBase::a_load<Config>(p, mainloop, tile);
+    const int row = p.sequences.row_of(tile.owner_rank, tile.segment_row);
+    if (Config::kBlockM == kSlabRows || p.sequences.shard_rows() % Config::kBlockM == 0) {
+      return {&mainloop.a, row, 0, 0, Config::kABytes};
+    }
+    // The lower slab past the segment's last row (its last tile) holds nothing: it loads the upper's rows.
+    const int lower = tile.segment_row + kSlabRows;
+    ALoad a{&p.a_slab, row, 0, 0, Config::kABytes};
+    a.lower_map = &p.a_slab;
+    a.lower_row = lower < p.rows_per_rank ? p.sequences.row_of(tile.owner_rank, lower) : row;
+    return a;
+  }
+
   // The sender thread (sender.cuh).
   template <class Config>
   __device__ static void send(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
@@ -144,6 +164,7 @@ class PushReduceEpilogue : public EpilogueBase {
       if (keeps && (pushed_ & bit)) hand_off<Config>(tile, slab, acc, /*to_output=*/false);
     }
     if (reduces) reducer().template add_partials<Config>(reduced_, acc, smem, ring);
+    if (keeps && p_.bias != nullptr) add_bias(acc, p_.bias, tile.col_begin + slab.col, tile.col_end);
     hand_off<Config>(tile, slab, acc, /*to_output=*/keeps);
     if (reduced_ != 0 && !reduces) {
       reducer().template pass_extra_stages<Config>(Layout<Config>::extra_stages(p_, reduced_), smem, ring);

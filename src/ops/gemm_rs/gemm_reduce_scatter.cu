@@ -4,15 +4,15 @@
 
 namespace tpfuse {
 
-Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const void* a, const void* w, void* out,
-                           cudaStream_t stream, const ConfigOverrides& overrides) {
-  return launch_op_on_one_rank<GemmRsOp>(comm, problem, {&a, &w, &out}, &stream, overrides);
+Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const void* a, const void* w, const void* bias,
+                           void* out, cudaStream_t stream, const ConfigOverrides& overrides) {
+  return launch_op_on_one_rank<GemmRsOp>(comm, problem, {&a, &w, &bias, &out}, &stream, overrides);
 }
 
 Status gemm_reduce_scatter_local(Communicator* comm, const Problem& problem, const void* const* a,
-                                 const void* const* w, void* const* out, const cudaStream_t* streams,
-                                 const ConfigOverrides& overrides) {
-  return launch_op_on_local_ranks<GemmRsOp>(comm, problem, {a, w, out}, streams, overrides);
+                                 const void* const* w, const void* const* bias, void* const* out,
+                                 const cudaStream_t* streams, const ConfigOverrides& overrides) {
+  return launch_op_on_local_ranks<GemmRsOp>(comm, problem, {a, w, bias, out}, streams, overrides);
 }
 
 }  // namespace tpfuse

@@ -24,6 +24,7 @@ struct GemmRsOp {
   struct Operands {
     const void* const* a;
     const void* const* w;
+    const void* const* bias;  // may be null, or any of its entries: no bias
     void* const* out;
     PushTimeline* timeline = nullptr;  // the benchmark's record of the pushes (push_timeline.h); null: none
   };
@@ -36,7 +37,9 @@ struct GemmRsOp {
                                      std::to_string(comm.options.max_m) + ", max_n " +
                                      std::to_string(comm.options.max_n) + ")");
     }
-    return check_operands({{operands.a, "a"}, {operands.w, "w"}, {operands.out, "out"}}, streams, num_ranks);
+    return check_operands(
+        {{operands.a, "a"}, {operands.w, "w"}, {operands.bias, "bias", /*optional=*/true}, {operands.out, "out"}},
+        streams, num_ranks);
   }
 
   static Status select_config(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides,
@@ -98,6 +101,14 @@ struct GemmRsOp {
     }
     e.recv_parity_elems = size_t(parity_elems);
     e.out_rows = static_cast<uint16_t*>(operands.out[i]);
+    e.bias = operands.bias != nullptr ? static_cast<const uint16_t*>(operands.bias[i]) : nullptr;
+    // A's rows of a segment in sequences (ops/sequence_rows.h): tiles whose slabs lie in two load
+    // them as two boxes of a slab's rows.
+    e.sequences = SequenceRows(problem.batch, problem.rows_per_rank(), comm.world_size);
+    if (e.sequences.batched()) {
+      TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, operands.a[i], problem.m, problem.k_per_rank,
+                                             problem.k_per_rank, kSlabRows, Config::kBlockK, &e.a_slab));
+    }
     if (!config.register_epilogue) {
       TPFUSE_RETURN_IF_ERROR(make_tensor_map(DType::kBF16, operands.out[i], problem.rows_per_rank(), problem.n,
                                              problem.n, e.box_rows, kChunkCols, &e.out));

@@ -14,6 +14,7 @@
 #include "comm/peer_error.h"
 #include "gemm/mainloop.cuh"
 #include "ops/gemm_rs/push_timeline.h"
+#include "ops/sequence_rows.h"
 #include "tpfuse/problem.h"
 
 namespace tpfuse::kernels {
@@ -27,6 +28,9 @@ struct PushReduceParams {
   int tiles_per_band;
   CUtensorMap recv_at[kMaxWorldSize];  // each owner's receive buffer, 4D: (column, row, source, parity)
   CUtensorMap out;                 // rows_per_rank x n, this rank's output
+  const uint16_t* bias;            // n entries (BF16) added to this rank's rows before their rounding; null: none
+  SequenceRows sequences;          // where a segment's rows lie in A (ops/sequence_rows.h)
+  CUtensorMap a_slab;              // A, box 64 x 64: a tile whose slabs lie in two sequences loads them apart
   int box_rows;                    // rows of those maps' boxes: a chunk's 64, or a segment's with shared tiles
   uint16_t* recv[kMaxWorldSize];   // the receive buffers as addressed from this GPU (shared_tiles.cuh)
   size_t recv_parity_elems;        // distance between their two parity halves

@@ -342,6 +342,14 @@ class SharedTileEpilogue : public EpilogueBase {
         sum[2 * m + 1] += __uint_as_float(part[s][m] & 0xffff0000u);
       }
     }
+    if (p_.bias != nullptr) {
+#pragma unroll
+      for (int m = 0; m < kPairs; ++m) {
+        const uint32_t pair = __ldg(reinterpret_cast<const unsigned int*>(p_.bias + col + 2 * m));
+        sum[2 * m] += __uint_as_float(pair << 16);
+        sum[2 * m + 1] += __uint_as_float(pair & 0xffff0000u);
+      }
+    }
     uint32_t out[kPairs];
 #pragma unroll
     for (int m = 0; m < kPairs; ++m) out[m] = pack_bf16x2(sum[2 * m], sum[2 * m + 1]);
@@ -436,6 +444,7 @@ class SharedTileEpilogue : public EpilogueBase {
           }
         }
       }
+      if (p_.bias != nullptr) add_bias(acc, p_.bias, col, tile.col_end, h, h);
       store_row_half<Config>(acc, h, p_.out_rows + size_t(row) * p_.n, col, tile.col_end, own[h]);
     }
   }
