@@ -1,12 +1,13 @@
 """A transformer block's MLP trained with tensor + sequence parallelism on tpfuse's layers, beside the same
 model on torch's unfused collectives, from the same initial weights and data; each step's loss is printed
-for both.
+for both. The model is trained twice so: on activations laid out [s, b, h] (Megatron's; sequence_dim=0)
+and on the same data laid out [b, s, h] (TorchTitan's; sequence_dim=1), whose losses match the first's.
 
     torchrun --nproc-per-node=P examples/tp_mlp/train.py [--steps 10] [--compile]
 
 P = 1, 2, 4 or 8 GPUs of one node (Hopper); with tpfuse installed (pip install .), or PYTHONPATH=python.
-Activations are sharded on the sequence between blocks: each rank holds S/P tokens. The block is
-x + fc2(gelu(fc1(layer_norm(x)))), fc1 column-parallel (all-gather + GEMM), fc2 row-parallel
+Activations are sharded on the sequence between blocks: each rank holds S/P tokens of every sequence. The
+block is x + fc2(gelu(fc1(layer_norm(x)))), fc1 column-parallel (all-gather + GEMM), fc2 row-parallel
 (GEMM + reduce-scatter). LayerNorm's parameters and fc2's bias see only this rank's tokens: their gradients
 are summed over the group before each optimizer step (allreduce_sequence_parallel_grads).
 """
@@ -32,11 +33,11 @@ class Block(torch.nn.Module):
 
 
 class UnfusedCopy(torch.nn.Module):
-    """A copy of a tpfuse layer's group, weight and bias, for its unfused counterpart."""
+    """A copy of a tpfuse layer's group, sequence dimension, weight and bias, for its unfused counterpart."""
 
     def __init__(self, fused):
         super().__init__()
-        self.group = fused.group
+        self.group, self.sequence_dim = fused.group, fused.sequence_dim
         self.weight = torch.nn.Parameter(fused.weight.detach().clone())
         self.bias = torch.nn.Parameter(fused.bias.detach().clone())
 
@@ -45,7 +46,8 @@ class UnfusedColumn(UnfusedCopy):
     """The column-parallel layer on torch's collectives: all_gather_tensor, then x @ W^T + b."""
 
     def forward(self, x):
-        return torch.nn.functional.linear(funcol.all_gather_tensor_autograd(x, 0, self.group), self.weight, self.bias)
+        gathered = funcol.all_gather_tensor_autograd(x, self.sequence_dim, self.group)
+        return torch.nn.functional.linear(gathered, self.weight, self.bias)
 
 
 class UnfusedRow(UnfusedCopy):
@@ -56,7 +58,8 @@ class UnfusedRow(UnfusedCopy):
         self.bias.sequence_parallel = True
 
     def forward(self, x):
-        return funcol.reduce_scatter_tensor_autograd(x @ self.weight.t(), "sum", 0, self.group) + self.bias
+        rows = funcol.reduce_scatter_tensor_autograd(x @ self.weight.t(), "sum", self.sequence_dim, self.group)
+        return rows + self.bias
 
 
 def layer_norm(dim, device):
@@ -74,7 +77,7 @@ def main():
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) both models")
+    parser.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) every model")
     args = parser.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -87,34 +90,40 @@ def main():
     torch.manual_seed(0)  # every rank draws the same full layers, then keeps its shard
     fc1 = torch.nn.Linear(args.dim, args.hidden, device=device, dtype=torch.bfloat16)
     fc2 = torch.nn.Linear(args.hidden, args.dim, device=device, dtype=torch.bfloat16)
-    fused = Block(layer_norm(args.dim, device), ColumnParallelLinear.from_linear(fc1, group),
-                  RowParallelLinear.from_linear(fc2, group))
-    unfused = Block(layer_norm(args.dim, device), UnfusedColumn(fused.fc1), UnfusedRow(fused.fc2))
-    unfused.norm.load_state_dict(fused.norm.state_dict())
-    models = {"tpfuse": fused, "unfused": unfused}
+    models = {}  # LayerNorm starts at ones and zeros: every copy alike
+    for layout, sequence_dim in (("[s,b,h]", 0), ("[b,s,h]", 1)):
+        fused = Block(layer_norm(args.dim, device),
+                      ColumnParallelLinear.from_linear(fc1, group, sequence_dim=sequence_dim),
+                      RowParallelLinear.from_linear(fc2, group, sequence_dim=sequence_dim))
+        unfused = Block(layer_norm(args.dim, device), UnfusedColumn(fused.fc1), UnfusedRow(fused.fc2))
+        models[f"{layout} tpfuse"], models[f"{layout} unfused"] = fused, unfused
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=args.lr) for name, model in models.items()}
     runs = {name: torch.compile(model, fullgraph=True) if args.compile else model for name, model in models.items()}
 
-    # A fixed regression task: inputs and targets, this rank's tokens of each sequence step.
+    # A fixed regression task: inputs and targets, this rank's tokens of each sequence, per step.
     generator = torch.Generator(device=device).manual_seed(1)
     rows = args.seq // p
     if args.seq % p:
         raise SystemExit(f"--seq {args.seq} does not divide over {p} ranks")
     inputs = torch.randn(args.steps, args.seq, args.batch, args.dim, generator=generator, device=device)
     targets = torch.randn(args.steps, args.seq, args.batch, args.dim, generator=generator, device=device)
-    inputs = inputs[:, rank * rows:(rank + 1) * rows].to(torch.bfloat16).contiguous()
-    targets = targets[:, rank * rows:(rank + 1) * rows].contiguous()
+    inputs = inputs[:, rank * rows:(rank + 1) * rows].to(torch.bfloat16)
+    targets = targets[:, rank * rows:(rank + 1) * rows]
+    # [s, b, h] per step, and the same tokens as [b, s, h].
+    data = {"[s,b,h]": (inputs.contiguous(), targets.contiguous()),
+            "[b,s,h]": (inputs.transpose(1, 2).contiguous(), targets.transpose(1, 2).contiguous())}
 
     if rank == 0:
         print(f"P = {p}, tokens {args.seq} x {args.batch}, dim {args.dim}, hidden {args.hidden}, "
               f"compile {args.compile}")
-        print(f"{'step':>4}  {'loss (tpfuse)':>14}  {'loss (unfused)':>14}  {'difference':>10}")
+        print(f"{'step':>4}  " + "  ".join(f"{name:>16}" for name in models))
     for step in range(args.steps):
         losses = {}
         for name, model in models.items():
+            step_inputs, step_targets = data[name.split()[0]]
             optimizers[name].zero_grad(set_to_none=True)
-            out = runs[name](inputs[step])
-            loss = torch.nn.functional.mse_loss(out.float(), targets[step], reduction="sum")
+            out = runs[name](step_inputs[step])
+            loss = torch.nn.functional.mse_loss(out.float(), step_targets[step], reduction="sum")
             loss.backward()
             allreduce_sequence_parallel_grads(model, group)
             optimizers[name].step()
@@ -122,8 +131,7 @@ def main():
             dist.all_reduce(total, group=group)
             losses[name] = total.item() / (args.seq * args.batch * args.dim)
         if rank == 0:
-            print(f"{step:>4}  {losses['tpfuse']:>14.6f}  {losses['unfused']:>14.6f}  "
-                  f"{losses['tpfuse'] - losses['unfused']:>10.2e}", flush=True)
+            print(f"{step:>4}  " + "  ".join(f"{loss:>16.6f}" for loss in losses.values()), flush=True)
 
     tpfuse.close()
     dist.destroy_process_group()

@@ -17,17 +17,19 @@ reduce-scatter (its part of the whole, as for the layers' bias), every row of y 
 register_autograd gives every functional op (gemm_reduce_scatter, fused_matmul_reduce_scatter,
 all_gather_gemm, all_gather_gemm_gathered, fused_all_gather_matmul) its backward, so that torch.compile
 traces forward and backward without a graph break. `gemm_reduce_scatter_out` writes into `out` and has
-no backward. The layers' functions below add a bias and Megatron's FP32 `main_grad` accumulation.
+no backward. The layers' functions below give the ops their bias and their sequences (a sequence dimension
+past 0 is the ops' batch) and add Megatron's FP32 `main_grad` accumulation.
 """
 
+import logging
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import weight_of
+from ._checks import SLAB_ROWS, weight_of
 from .errors import InvalidArgumentError
 
 # The layout name under which the paired op reads the same w as W^T.
@@ -70,13 +72,6 @@ def reduce_scatter_sequences(x: torch.Tensor, group_name: str, world_size: int, 
 def _weight_grad(operand: torch.Tensor, grad: torch.Tensor, weight_layout: str) -> torch.Tensor:
     """dL/dw for y = operand @ W (both M-row matrices, M summed over): W^T-shaped for 'nk'."""
     return grad.t() @ operand if weight_layout == "nk" else operand.t() @ grad
-
-
-def _fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b accumulated and returned in FP32 (on CUDA from BF16 without converting the operands)."""
-    if a.is_cuda and a.dtype == torch.bfloat16:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return torch.mm(a.float(), b.float())
 
 
 def _needs_grad(ctx, index: int) -> bool:
@@ -141,6 +136,19 @@ def column_parallel_input_grad(grad: torch.Tensor, w: torch.Tensor, weight_layou
                                                 None, batch)
 
 
+def several_weights_input_grad(grads: List[torch.Tensor], Bs: List[torch.Tensor], group_name: str,
+                               batch: int = 1) -> torch.Tensor:
+    """grad_x (M/P x K) of y_i = AG(x) @ B_i, every B_i K x N_i: RS(sum_i g_i @ B_i^T) as ONE fused GEMM +
+    reduce-scatter (SwiGLU's gate and up: one reduce-scatter, not one per weight): the g_i side by side
+    (M x sum N_i) times the B_i^T stacked ((sum N_i) x K), both copied to do so."""
+    if len(Bs) == 1:
+        w, weight_layout = weight_of(Bs[0], "B")
+        return column_parallel_input_grad(grads[0], w, weight_layout, group_name, batch)
+    stacked_weights = torch.cat([B.t() for B in Bs])  # each B^T is N_i x K, read by the op as K'/P x N ("kn")
+    return torch.ops.tpfuse.gemm_reduce_scatter(torch.cat(grads, dim=1), stacked_weights, "kn", group_name, None,
+                                                batch)
+
+
 def _setup_all_gather_gemm(ctx, inputs, output):
     x, w, weight_layout, group_name, _, batch = inputs
     gathered = output[1] if isinstance(output, (tuple, list)) else None
@@ -185,12 +193,10 @@ def _backward_fused_all_gather_matmul(ctx, grad_gathered, grad_outs):
     k = saved.shape[-1]
     grad_rows = grad_Bs = None
     if ctx.needs_input_grad[0]:
-        for B, grad in zip(Bs, grad_outs):
-            if grad is not None:
-                w, weight_layout = weight_of(B, "B")
-                part = column_parallel_input_grad(grad.reshape(-1, grad.shape[-1]), w, weight_layout, ctx.group_name,
-                                                  ctx.batch)
-                grad_rows = part if grad_rows is None else grad_rows + part
+        used = [(B, grad.reshape(-1, grad.shape[-1])) for B, grad in zip(Bs, grad_outs) if grad is not None]
+        if used:
+            grad_rows = several_weights_input_grad([grad for _, grad in used], [B for B, _ in used], ctx.group_name,
+                                                   ctx.batch)
         if grad_gathered is not None:
             part = reduce_scatter_sequences(grad_gathered.reshape(-1, k), ctx.group_name, ctx.world_size, ctx.batch)
             grad_rows = part if grad_rows is None else grad_rows + part
@@ -219,7 +225,20 @@ torch.library.register_autograd("tpfuse::fused_all_gather_matmul", _backward_fus
                                 setup_context=_setup_fused_all_gather_matmul)
 
 
-# --- the layers: bias and Megatron's main_grad accumulation ---
+# --- the layers: sequence order, the bias, and Megatron's main_grad accumulation ---
+
+# torch.mm(..., out_dtype=) (aten::mm.dtype) came with torch 2.8; the floor, torch 2.7, lacks it.
+MM_HAS_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
+
+
+def fp32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b summed and returned in FP32."""
+    if MM_HAS_OUT_DTYPE and a.is_cuda and a.dtype == torch.bfloat16:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    # FP32 copies of the operands give the same products (a BF16 value is exact in FP32, and in TF32 where
+    # matmuls use it), at the cost of the copies and an FP32 GEMM: torch before 2.8, and the CPU.
+    return torch.mm(a.float(), b.float())
+
 
 def main_grad_mode(weight: torch.Tensor) -> str:
     """How the backward treats a weight whose gradient it adds into `weight.main_grad` (Megatron's
@@ -241,71 +260,77 @@ def main_grad_mode(weight: torch.Tensor) -> str:
     return "zeros" if getattr(weight, "zero_out_wgrad", False) else "empty"
 
 
-def _accumulate_or_return(main_grad: Optional[torch.Tensor], mode: Optional[str], weight: torch.Tensor,
-                          operand: torch.Tensor, grad: torch.Tensor) -> Optional[torch.Tensor]:
-    """The weight (N x K, nn.Linear's layout) gradient grad^T @ operand: returned (mode None), or added into
-    main_grad in FP32, returning what main_grad_mode says."""
-    if mode is None:
+def _keep_main_grad(ctx, main_grad: Optional[torch.Tensor], mode: Optional[str]) -> None:
+    # NOTE: on the context, not through save_for_backward: the backward adds into main_grad in place, so a
+    # second forward before this backward (a pipeline's warm-up, a weight used twice) would fail
+    # save_for_backward's version check. Megatron's layers keep it so too.
+    ctx.main_grad, ctx.mode = main_grad, mode
+
+
+def _accumulate_or_return(ctx, weight: torch.Tensor, operand: torch.Tensor,
+                          grad: torch.Tensor) -> Optional[torch.Tensor]:
+    """The weight (N x K, nn.Linear's layout) gradient grad^T @ operand: returned (no main_grad), or added
+    into main_grad in FP32, returning what main_grad_mode says."""
+    if ctx.mode is None:
         return grad.t() @ operand
-    main_grad.add_(_fp32_product(grad.t(), operand))
-    if mode == "none":
+    ctx.main_grad.add_(fp32_product(grad.t(), operand))
+    if ctx.mode == "none":
         return None
-    return torch.zeros_like(weight) if mode == "zeros" else torch.empty_like(weight)
+    return torch.zeros_like(weight) if ctx.mode == "zeros" else torch.empty_like(weight)
 
 
 class ColumnParallelLinearFunction(torch.autograd.Function):
-    """y = AG(x) @ weight^T + bias: x (M/P x K) this rank's rows, weight (N/P x K) and bias (N/P) this
-    rank's output columns; y is M x N/P."""
+    """y = AG(x) @ weight^T + bias: x (M/P x K) this rank's rows of each of `batch` sequences, weight (N/P x K)
+    and bias (N/P) this rank's output columns; y is M x N/P, every sequence's rows in rank order."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, save_gathered_input, mode):
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, save_gathered_input, mode):
         if save_gathered_input:
-            y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x, weight, "nk", group_name)
+            y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x, weight, "nk", group_name, bias, batch)
         else:
-            y, gathered = torch.ops.tpfuse.all_gather_gemm(x, weight, "nk", group_name), None
-        if bias is not None:
-            y = y + bias
-        ctx.save_for_backward(x if gathered is None else gathered, weight, main_grad)
-        ctx.group_name, ctx.world_size, ctx.regather = group_name, world_size, gathered is None
-        ctx.mode, ctx.has_bias = mode, bias is not None
+            y, gathered = torch.ops.tpfuse.all_gather_gemm(x, weight, "nk", group_name, bias, batch), None
+        ctx.save_for_backward(x if gathered is None else gathered, weight)
+        _keep_main_grad(ctx, main_grad, mode)
+        ctx.group_name, ctx.world_size, ctx.batch, ctx.regather = group_name, world_size, batch, gathered is None
+        ctx.has_bias = bias is not None
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        saved, weight, main_grad = ctx.saved_tensors
+        saved, weight = ctx.saved_tensors
         grad = grad.contiguous()
-        grad_x = column_parallel_input_grad(grad, weight, "nk", ctx.group_name) if ctx.needs_input_grad[0] else None
+        grad_x = column_parallel_input_grad(grad, weight, "nk", ctx.group_name, ctx.batch) \
+            if ctx.needs_input_grad[0] else None
         grad_w = None
         if ctx.needs_input_grad[1]:
-            gathered = gather_rows(saved, ctx.group_name, ctx.world_size) if ctx.regather else saved
-            grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, gathered, grad)
+            gathered = gather_sequences(saved, ctx.group_name, ctx.world_size, ctx.batch) if ctx.regather else saved
+            grad_w = _accumulate_or_return(ctx, weight, gathered, grad)
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None, None
 
 
 class RowParallelLinearFunction(torch.autograd.Function):
-    """out = RS(x @ weight^T) + bias: x (M x K/P), weight (N x K/P) this rank's input columns, bias (N)
-    whole on every rank, added once after the reduce-scatter; out is this rank's M/P x N rows."""
+    """out = RS(x @ weight^T) + bias: x (M x K/P) `batch` sequences, weight (N x K/P) this rank's input
+    columns, bias (N) whole on every rank, added once to the reduced rows; out is this rank's M/P x N rows,
+    its 1/P of each sequence."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, mode):
-        out = torch.ops.tpfuse.gemm_reduce_scatter(x, weight, "nk", group_name)
-        if bias is not None:
-            out = out + bias
-        ctx.save_for_backward(x, weight, main_grad)
-        ctx.group_name, ctx.world_size, ctx.mode, ctx.has_bias = group_name, world_size, mode, bias is not None
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, mode):
+        out = torch.ops.tpfuse.gemm_reduce_scatter(x, weight, "nk", group_name, bias, batch)
+        ctx.save_for_backward(x, weight)
+        _keep_main_grad(ctx, main_grad, mode)
+        ctx.group_name, ctx.world_size, ctx.batch, ctx.has_bias = group_name, world_size, batch, bias is not None
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, weight, main_grad = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         grad_x, gathered = row_parallel_backward(grad, x, weight, "nk", ctx.group_name, ctx.world_size,
-                                                 ctx.needs_input_grad[0])
-        grad_w = _accumulate_or_return(main_grad, ctx.mode, weight, x, gathered) if ctx.needs_input_grad[1] \
-            else None
+                                                 ctx.needs_input_grad[0], ctx.batch)
+        grad_w = _accumulate_or_return(ctx, weight, x, gathered) if ctx.needs_input_grad[1] else None
         # This rank's rows only: the bias's full gradient is the sum over the group (see tpfuse.nn).
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None
 
 
 def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
@@ -315,35 +340,80 @@ def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
     return weight.main_grad, mode
 
 
-def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
+def _check_sequence_dim(x: torch.Tensor, sequence_dim: int) -> None:
     if x.dim() < 2:
-        raise InvalidArgumentError(f"{name} {tuple(x.shape)} must have 2 or more dimensions (..., features)")
-    return x.reshape(-1, x.shape[-1])
+        raise InvalidArgumentError(f"x {tuple(x.shape)} must have 2 or more dimensions (..., features)")
+    if not 0 <= sequence_dim < x.dim() - 1:
+        raise InvalidArgumentError(f"sequence_dim = {sequence_dim} is not a dimension of x {tuple(x.shape)} "
+                                   f"before its features (0 to {x.dim() - 2})")
+
+
+_log = logging.getLogger(__name__)
+_logged_fallbacks = set()  # the layer kinds whose sequence-major fallback was logged
+
+
+def _kernels_serve(layer: str, x: torch.Tensor, sequence_dim: int, batch: int, shard_rows: int,
+                   world_size: int) -> bool:
+    """Whether the kernels take x's sequences as they lie: `batch` sequences (the dimensions before
+    sequence_dim), of which each rank holds `shard_rows` rows. Where not, the layer runs on a sequence-major
+    copy, which is logged once per layer kind (not under torch.compile, which cannot trace a log call)."""
+    if batch == 1 or world_size == 1 or shard_rows % SLAB_ROWS == 0:
+        return True
+    if layer not in _logged_fallbacks and not torch.compiler.is_compiling():
+        _logged_fallbacks.add(layer)
+        _log.warning("%s: x %s with sequence_dim = %d: each rank's share of a sequence is %d rows, not a multiple "
+                     "of %d (the kernels' slab, with several sequences); running on a copy in sequence-major "
+                     "order (sequence_dim 0), and back", layer, tuple(x.shape), sequence_dim, shard_rows, SLAB_ROWS)
+    return False
 
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                           group: dist.ProcessGroup, *, save_gathered_input: bool = True,
+                           group: dist.ProcessGroup, *, sequence_dim: int = 0, save_gathered_input: bool = True,
                            gradient_accumulation_fusion: bool = False) -> torch.Tensor:
-    """The column-parallel linear layer with sequence parallelism: x (S/P, ..., K), this rank's rows of the
-    activations (sharded on dim 0), all-gathered and multiplied by this rank's weight (N/P x K, nn.Linear's
-    layout) in one kernel, plus its bias (N/P): (S, ..., N/P).
+    """The column-parallel linear layer with sequence parallelism: x (..., S/P, ..., K), this rank's tokens of
+    the sequence (dimension sequence_dim: 0 for [s, b, h], 1 for [b, s, h]), all-gathered and multiplied by
+    this rank's weight (N/P x K, nn.Linear's layout) in one kernel, which also adds its bias (N/P):
+    (..., S, ..., N/P), every token of this rank's output features.
 
     save_gathered_input: keep the gathered x (S x K per rank) for the weight's gradient (memory), else
     gather x again in backward (time: one all-gather of x, not hidden behind a GEMM).
     gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode)."""
-    rows = _rows(x, "x")
+    _check_sequence_dim(x, sequence_dim)
+    world_size, batch = group.size(), math.prod(x.shape[:sequence_dim])
+    if not _kernels_serve("ColumnParallelLinear", x, sequence_dim, batch, math.prod(x.shape[sequence_dim:-1]),
+                          world_size):
+        y = column_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
+                                   save_gathered_input=save_gathered_input,
+                                   gradient_accumulation_fusion=gradient_accumulation_fusion)
+        return y.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    y = ColumnParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(),
-                                           save_gathered_input, mode)
-    return y.view(-1, *x.shape[1:-1], y.shape[-1])
+    y = ColumnParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
+                                           world_size, batch, save_gathered_input, mode)
+    shape = list(x.shape)
+    shape[sequence_dim], shape[-1] = shape[sequence_dim] * world_size, y.shape[-1]
+    return y.view(shape)
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                        group: dist.ProcessGroup, *, gradient_accumulation_fusion: bool = False) -> torch.Tensor:
-    """The row-parallel linear layer with sequence parallelism: x (S, ..., K/P), this rank's input features,
-    times this rank's weight (N x K/P, nn.Linear's layout), summed over the group and scattered by rows in
-    one kernel, plus the bias (N, whole on every rank): this rank's rows (S/P, ..., N)."""
-    rows = _rows(x, "x")
+                        group: dist.ProcessGroup, *, sequence_dim: int = 0,
+                        gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+    """The row-parallel linear layer with sequence parallelism: x (..., S, ..., K/P), this rank's input
+    features of every token, times this rank's weight (N x K/P, nn.Linear's layout), summed over the group
+    and scattered by tokens of the sequence (dimension sequence_dim) in one kernel, which also adds the bias
+    (N, whole on every rank) to the summed rows: this rank's tokens (..., S/P, ..., N)."""
+    _check_sequence_dim(x, sequence_dim)
+    world_size = group.size()
+    if x.shape[sequence_dim] % world_size:
+        raise InvalidArgumentError(f"x {tuple(x.shape)}: its sequence (dim {sequence_dim}) of {x.shape[sequence_dim]} "
+                                   f"tokens does not divide over the group's {world_size} ranks")
+    batch, shard_rows = math.prod(x.shape[:sequence_dim]), math.prod(x.shape[sequence_dim:-1]) // world_size
+    if not _kernels_serve("RowParallelLinear", x, sequence_dim, batch, shard_rows, world_size):
+        out = row_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
+                                  gradient_accumulation_fusion=gradient_accumulation_fusion)
+        return out.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    out = RowParallelLinearFunction.apply(rows, weight, bias, main_grad, group.group_name, group.size(), mode)
-    return out.view(-1, *x.shape[1:-1], out.shape[-1])
+    out = RowParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
+                                          world_size, batch, mode)
+    shape = list(x.shape)
+    shape[sequence_dim], shape[-1] = shape[sequence_dim] // world_size, out.shape[-1]
+    return out.view(shape)

@@ -1,20 +1,32 @@
 """Megatron-style tensor-parallel linear layers with sequence parallelism, on tpfuse's fused ops.
 
-Between a ColumnParallelLinear and the RowParallelLinear after it, activations are sharded on dim 0
-(sequence, or tokens): each rank holds S/P rows of the full width outside the pair, and all S rows of
-its N/P features inside it.
+Between a ColumnParallelLinear and the RowParallelLinear after it, activations are sharded on the
+sequence: each rank holds S/P tokens of the full width outside the pair, and all S tokens of its N/P
+features inside it.
 
     column = ColumnParallelLinear.from_linear(fc1, group)   # x (S/P, ..., K) -> (S, ..., N/P)
     row = RowParallelLinear.from_linear(fc2, group)         # (S, ..., N/P) -> (S/P, ..., K)
 
+The options of both layers, as Megatron's:
+- sequence_dim: the sequence's dimension, 0 for [s, b, h] (Megatron's), 1 for [b, s, h] (TorchTitan's);
+  the dimensions before it are the ops' batch (tpfuse.autograd.column_parallel_linear).
+- init_method(weight): fills this rank's weight shard (default: nn.Linear's, with the whole fan-in), inside
+  rng_tracker.fork() where an rng_tracker is given (Megatron's get_cuda_rng_tracker()), so that shards
+  differ. Biases start at zero: the same on every rank.
+- skip_bias_add: return (output, bias) without adding the bias.
+- gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32
+  (tpfuse.autograd.main_grad_mode).
+The sharded parameters carry Megatron's tensor_model_parallel, partition_dim and partition_stride.
+
 The row layer's bias, like every parameter used on the sequence shard (LayerNorm's), gets this rank's
-rows' gradient only: its full gradient is the sum over the group. It is marked `sequence_parallel = True`
+tokens' gradient only: its full gradient is the sum over the group. It is marked `sequence_parallel = True`
 (Megatron's attribute, whose finalize_model_grads all-reduces such gradients);
 `allreduce_sequence_parallel_grads(module, group)` does the same.
 """
 
+import contextlib
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -31,9 +43,10 @@ def _group(group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
     return group
 
 
-def _shard_extent(extent: int, name: str, world_size: int) -> int:
-    if extent % world_size != 0:
-        raise InvalidArgumentError(f"{name} = {extent} does not divide over the group's {world_size} ranks")
+def _shard_extent(extent: int, name: str, world_size: int, stride: int = 1) -> int:
+    if extent % (world_size * stride) != 0:
+        blocks = f" in each of its stride = {stride} blocks" if stride > 1 else ""
+        raise InvalidArgumentError(f"{name} = {extent} does not divide over the group's {world_size} ranks{blocks}")
     return extent // world_size
 
 
@@ -44,95 +57,138 @@ def _rank(group: dist.ProcessGroup, rank: Optional[int]) -> int:
     return rank
 
 
+def _shard(full: torch.Tensor, dim: int, rank: int, world_size: int, stride: int) -> torch.Tensor:
+    """This rank's part of `full` split on `dim` as Megatron's partition_stride says: `full` is `stride`
+    equal blocks (a [gate; up] weight: 2), and the rank holds its 1/P of each, in block order."""
+    pieces = full.split(full.shape[dim] // (stride * world_size), dim)
+    return torch.cat(pieces[rank::world_size], dim)
+
+
+def _set_tensor_parallel(parameter: torch.nn.Parameter, partition_dim: int, partition_stride: int) -> None:
+    """Megatron's attributes of a sharded parameter (set_tensor_model_parallel_attributes), which its
+    gradient clipping, checkpointing and optimizers read."""
+    parameter.tensor_model_parallel = True
+    parameter.partition_dim, parameter.partition_stride = partition_dim, partition_stride
+
+
+def linear_init_method(in_features: int) -> Callable[[torch.Tensor], None]:
+    """nn.Linear's initialization of a weight shard, with the whole layer's fan-in (a row layer's shard has
+    1/P of it): uniform in +-1/sqrt(in_features)."""
+    bound = 1 / math.sqrt(in_features)
+    return lambda weight: torch.nn.init.uniform_(weight, -bound, bound)
+
+
 class _ParallelLinear(torch.nn.Module):
+    _shard_dim: int  # the weight's dimension split over the group: 0, its output rows; 1, its input columns
+
     def __init__(self, in_features: int, out_features: int, weight_shape, bias_features: int, bias: bool,
-                 group: Optional[dist.ProcessGroup], gradient_accumulation_fusion: bool, device, dtype):
+                 group: Optional[dist.ProcessGroup], *, sequence_dim: int, stride: int, init_method, rng_tracker,
+                 skip_bias_add: bool, gradient_accumulation_fusion: bool, device, dtype):
         super().__init__()
         self.group = _group(group)
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features, self.stride = in_features, out_features, stride
+        self.sequence_dim, self.skip_bias_add = sequence_dim, skip_bias_add
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.weight = torch.nn.Parameter(torch.empty(weight_shape, device=device, dtype=dtype))
-        self.bias = torch.nn.Parameter(torch.empty(bias_features, device=device, dtype=dtype)) if bias else None
-        # nn.Linear's initialization with the full layer's fan-in (the shard's would be P times too wide).
-        bound = 1 / math.sqrt(in_features)
-        with torch.no_grad():
-            self.weight.uniform_(-bound, bound)
-            if self.bias is not None:
-                self.bias.uniform_(-bound, bound)
-
-    _shard_dim: int  # the weight's dimension split over the group: 0, its output rows; 1, its input columns
+        _set_tensor_parallel(self.weight, self._shard_dim, stride)
+        # The shard from the tracker's fork, so that shards differ where each rank's fork is seeded apart.
+        init_method = init_method or linear_init_method(in_features)
+        with torch.no_grad(), rng_tracker.fork() if rng_tracker is not None else contextlib.nullcontext():
+            init_method(self.weight)
+        # Zero, as Megatron's: the same on every rank whatever each one's generators.
+        self.bias = torch.nn.Parameter(torch.zeros(bias_features, device=device, dtype=dtype)) if bias else None
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group: Optional[dist.ProcessGroup] = None, *,
                     rank: Optional[int] = None, **options) -> "_ParallelLinear":
-        """This rank's shard of a full nn.Linear, copied: its output rows and bias entries (column), or its
-        input columns and the whole bias (row); `rank` picks another rank's shard (default: this process's
-        rank in the group)."""
+        """This rank's shard of a full nn.Linear, copied: its output rows and bias entries (column, of each
+        of `stride` blocks), or its input columns and the whole bias (row); `rank` picks another rank's
+        shard (default: this process's rank in the group)."""
         group = _group(group)
         layer = cls(linear.in_features, linear.out_features, group, linear.bias is not None,
                     device=linear.weight.device, dtype=linear.weight.dtype, **options)
-        extent = layer.weight.shape[cls._shard_dim]
-        start = _rank(group, rank) * extent
+        rank, world_size = _rank(group, rank), group.size()
         with torch.no_grad():
-            layer.weight.copy_(linear.weight.narrow(cls._shard_dim, start, extent))
+            layer.weight.copy_(_shard(linear.weight, cls._shard_dim, rank, world_size, layer.stride))
             if layer.bias is not None:
-                layer.bias.copy_(linear.bias.narrow(0, start, extent) if cls._shard_dim == 0 else linear.bias)
+                layer.bias.copy_(_shard(linear.bias, 0, rank, world_size, layer.stride) if cls._shard_dim == 0
+                                 else linear.bias)
         return layer
 
     @property
     def group_name(self) -> str:
         return self.group.group_name
 
+    def _output(self, parallel_linear, x: torch.Tensor, **options):
+        """The layer's output, or (output, bias) without the bias added where skip_bias_add is set."""
+        bias = None if self.skip_bias_add else self.bias
+        out = parallel_linear(x, self.weight, bias, self.group, sequence_dim=self.sequence_dim,
+                              gradient_accumulation_fusion=self.gradient_accumulation_fusion, **options)
+        return (out, self.bias) if self.skip_bias_add else out
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"world_size={self.group.size()}")
+                f"world_size={self.group.size()}, sequence_dim={self.sequence_dim}")
 
 
 class ColumnParallelLinear(_ParallelLinear):
     """y = AG(x) @ W^T + b with W's N/P output rows (and b's N/P entries) on this rank.
 
-    forward: x (S/P, ..., in_features), this rank's rows, contiguous BF16 -> (S, ..., out_features/P).
+    forward: x (S/P, ..., in_features), this rank's tokens, BF16 -> (S, ..., out_features/P) (the sequence on
+    dim sequence_dim; (output, bias) with skip_bias_add).
+    stride: Megatron's partition_stride: W is `stride` blocks of rows sharded alike (a SwiGLU's [gate; up],
+    2: this rank holds [gate's rows; up's rows], and y.chunk(2, -1) gives its gate and up).
     save_gathered_input: keep the gathered x (S x in_features) for the weight's gradient (the default;
-    memory), else gather x again in backward (time). gradient_accumulation_fusion: add the weight's
-    gradient into weight.main_grad in FP32, as Megatron does (tpfuse.autograd.main_grad_mode)."""
+    memory), else gather x again in backward (time). The other options: see tpfuse.nn."""
 
     _shard_dim = 0
 
     def __init__(self, in_features: int, out_features: int, group: Optional[dist.ProcessGroup] = None,
-                 bias: bool = True, *, save_gathered_input: bool = True, gradient_accumulation_fusion: bool = False,
-                 device=None, dtype=torch.bfloat16):
-        shard = _shard_extent(out_features, "out_features", _group(group).size())
+                 bias: bool = True, *, sequence_dim: int = 0, stride: int = 1,
+                 init_method: Optional[Callable[[torch.Tensor], None]] = None, rng_tracker=None,
+                 skip_bias_add: bool = False, save_gathered_input: bool = True,
+                 gradient_accumulation_fusion: bool = False, device=None, dtype=torch.bfloat16):
+        if stride < 1:
+            raise InvalidArgumentError(f"stride = {stride} must be 1 or more")
+        shard = _shard_extent(out_features, "out_features", _group(group).size(), stride)
         super().__init__(in_features, out_features, (shard, in_features), shard, bias, group,
-                         gradient_accumulation_fusion, device, dtype)
+                         sequence_dim=sequence_dim, stride=stride,
+                         init_method=init_method, rng_tracker=rng_tracker, skip_bias_add=skip_bias_add,
+                         gradient_accumulation_fusion=gradient_accumulation_fusion, device=device, dtype=dtype)
+        if self.bias is not None:
+            _set_tensor_parallel(self.bias, 0, stride)
         self.save_gathered_input = save_gathered_input
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return column_parallel_linear(x, self.weight, self.bias, self.group,
-                                      save_gathered_input=self.save_gathered_input,
-                                      gradient_accumulation_fusion=self.gradient_accumulation_fusion)
+    def forward(self, x: torch.Tensor):
+        return self._output(column_parallel_linear, x, save_gathered_input=self.save_gathered_input)
 
 
 class RowParallelLinear(_ParallelLinear):
     """out = RS(x @ W^T) + b with W's in_features/P input columns on this rank; b whole on every rank,
-    added once after the reduce-scatter.
+    added once, by the kernel, to the reduced rows.
 
-    forward: x (S, ..., in_features/P), contiguous BF16 -> this rank's rows (S/P, ..., out_features).
-    The bias's gradient is this rank's rows' part (bias.sequence_parallel is True: see the module's doc)."""
+    forward: x (S, ..., in_features/P), BF16 -> this rank's tokens (S/P, ..., out_features) (the sequence on
+    dim sequence_dim; (output, bias) with skip_bias_add).
+    The bias's gradient is this rank's tokens' part (bias.sequence_parallel is True: see the module's doc).
+    The options: see tpfuse.nn."""
 
     _shard_dim = 1
 
     def __init__(self, in_features: int, out_features: int, group: Optional[dist.ProcessGroup] = None,
-                 bias: bool = True, *, gradient_accumulation_fusion: bool = False, device=None,
+                 bias: bool = True, *, sequence_dim: int = 0,
+                 init_method: Optional[Callable[[torch.Tensor], None]] = None, rng_tracker=None,
+                 skip_bias_add: bool = False, gradient_accumulation_fusion: bool = False, device=None,
                  dtype=torch.bfloat16):
         shard = _shard_extent(in_features, "in_features", _group(group).size())
         super().__init__(in_features, out_features, (out_features, shard), out_features, bias, group,
-                         gradient_accumulation_fusion, device, dtype)
+                         sequence_dim=sequence_dim, stride=1,
+                         init_method=init_method, rng_tracker=rng_tracker, skip_bias_add=skip_bias_add,
+                         gradient_accumulation_fusion=gradient_accumulation_fusion, device=device, dtype=dtype)
         if self.bias is not None:
             self.bias.sequence_parallel = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return row_parallel_linear(x, self.weight, self.bias, self.group,
-                                   gradient_accumulation_fusion=self.gradient_accumulation_fusion)
+    def forward(self, x: torch.Tensor):
+        return self._output(row_parallel_linear, x)
 
 
 def allreduce_sequence_parallel_grads(module: torch.nn.Module, group: Optional[dist.ProcessGroup] = None) -> None:

@@ -10,8 +10,6 @@ magnitude, where BF16 holds integers exactly. So BF16 results equal the float64 
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import tpfuse
 from tpfuse import autograd as tpfuse_autograd
@@ -21,16 +19,6 @@ from simulated_group import SimulatedGroup
 BF16 = torch.bfloat16
 SIZES = [2, 4, 8]
 EXACT_LIMIT = 256  # integers up to 2^8 are exact in BF16 (8 significant bits)
-
-
-@pytest.fixture(scope="module")
-def groups():
-    """Groups of 2, 4 and 8 ranks of a fake world of 8 (this process is rank 0 of each; the simulation
-    gives the threads their ranks)."""
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
-    yield {1: dist.new_group(ranks=[0]), 2: dist.new_group(ranks=[0, 1]), 4: dist.new_group(ranks=[0, 1, 2, 3]),
-           8: dist.group.WORLD}
-    dist.destroy_process_group()
 
 
 def small_integers(*shape, generator, sparse=False):
@@ -49,8 +37,7 @@ class MlpCase:
     def __init__(self, p, seed, d=16, h_per_rank=8, rows_per_rank=2, batch=2):
         generator = torch.Generator().manual_seed(seed)
         self.p, self.d, self.h = p, d, h_per_rank * p
-        self.x = small_integers(rows_per_rank * p, batch, d, generator=generator)
-        self.g = small_integers(rows_per_rank * p, batch, d, generator=generator)  # d loss / d output
+        self.x, self.g = self.activations(rows_per_rank * p, batch, d, generator)  # g: d loss / d output
         self.fc1 = torch.nn.Linear(d, self.h, dtype=torch.float64)
         self.fc2 = torch.nn.Linear(self.h, d, dtype=torch.float64)
         with torch.no_grad():
@@ -63,6 +50,12 @@ class MlpCase:
         for reference in (self.y, self.x_grad, self.fc1.weight.grad, self.fc2.weight.grad, self.fc1.bias.grad,
                           self.fc2.bias.grad):
             exact(reference)
+
+    @staticmethod
+    def activations(tokens, batch, d, generator):
+        """x and the upstream gradient, (S, B, D) each."""
+        return (small_integers(tokens, batch, d, generator=generator),
+                small_integers(tokens, batch, d, generator=generator))
 
     def shard(self, tensor, rank):
         rows = tensor.shape[0] // self.p

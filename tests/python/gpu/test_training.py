@@ -1,9 +1,11 @@
 """Training on GPUs, at any world size (torchrun --nproc-per-node=N, or alone as a group of one): a two-layer
-TP + SP MLP step (ColumnParallelLinear, GELU, RowParallelLinear) eager, compiled and CUDA-graphed, its loss
-and every gradient against the unfused path (all_gather / reduce_scatter of torch's functional collectives
-+ torch.mm, with autograd; compiled too where tpfuse's is) by docs/SPEC.md's 1.1x rule, bit-identical reruns,
-tpfuse's kernels in forward and backward (profiler), and the symm_mem override running tpfuse under
-torch.compile's async-TP pass."""
+TP + SP MLP step (ColumnParallelLinear, GELU, RowParallelLinear) eager (activations [s, b, h] sharded on s,
+and [b, s, h] sharded on s), compiled and CUDA-graphed, its loss and every gradient against the unfused
+path (all_gather / reduce_scatter of torch's functional collectives + torch.mm, with autograd; compiled too
+where tpfuse's is) by docs/SPEC.md's 1.1x rule, bit-identical reruns, tpfuse's kernels in forward and
+backward (profiler), and the symm_mem override running tpfuse under torch.compile's async-TP pass. Each layer
+with a bias within the rule of nn.Linear's error against an FP64 reference; sequence_dim=1 against
+sequence_dim=0 on the same rows."""
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from tpfuse.nn import ColumnParallelLinear, RowParallelLinear
 
 BF16 = torch.bfloat16
 ROWS_PER_RANK, BATCH, D, H = 128, 2, 512, 2048  # tokens (S/P, B) per rank, model width, hidden width
+SEQUENCE_DIMS = [0, 1]  # Megatron's [s, b, h], and [b, s, h] (TorchTitan's), sharded on s
 
 
 def full_mlp(device, seed=0):
@@ -31,19 +34,20 @@ def full_mlp(device, seed=0):
 
 
 class Step:
-    """One rank's inputs: x (its rows) and the upstream gradient of its output rows."""
+    """One rank's inputs: x (its tokens of the sequence, dim sequence_dim) and the upstream gradient of its
+    output's tokens."""
 
-    def __init__(self, group, device, seed=0):
-        self.group, self.p, self.rank = group, group.size(), group.rank()
+    def __init__(self, group, device, seed=0, sequence_dim=0):
+        self.group, self.p, self.rank, self.sequence_dim = group, group.size(), group.rank(), sequence_dim
         self.fc1, self.fc2, generator = full_mlp(device, seed)
-        rows = ROWS_PER_RANK * self.p
-        self.x_full = torch.randn(rows, BATCH, D, generator=generator, device=device).to(BF16)
-        self.g_full = torch.randn(rows, BATCH, D, generator=generator, device=device).to(BF16)
+        shape = [ROWS_PER_RANK * self.p, BATCH, D] if sequence_dim == 0 else [BATCH, ROWS_PER_RANK * self.p, D]
+        self.x_full = torch.randn(shape, generator=generator, device=device).to(BF16)
+        self.g_full = torch.randn(shape, generator=generator, device=device).to(BF16)
         self.x = self.shard(self.x_full).contiguous()
         self.g = self.shard(self.g_full)
 
     def shard(self, tensor):
-        return tensor.chunk(self.p)[self.rank]
+        return tensor.chunk(self.p, dim=self.sequence_dim)[self.rank]
 
     def run(self, forward, params):
         """(loss, y, x.grad, [grads of params]) of forward(x) with loss = sum(y * g) over every rank."""
@@ -75,22 +79,22 @@ class Step:
 
 def unfused_layers(step):
     """The same TP layers from torch's differentiable functional collectives and torch.mm: the unfused path."""
-    group, rank, p = step.group, step.rank, step.p
+    group, rank, p, sequence_dim = step.group, step.rank, step.p, step.sequence_dim
     w1, b1 = (t.detach().chunk(p)[rank].clone().requires_grad_() for t in (step.fc1.weight, step.fc1.bias))
     w2 = step.fc2.weight.detach().chunk(p, dim=1)[rank].clone().requires_grad_()
     b2 = step.fc2.bias.detach().clone().requires_grad_()
 
     def forward(x):
-        X = funcol.all_gather_tensor_autograd(x, 0, group)
+        X = funcol.all_gather_tensor_autograd(x, sequence_dim, group)
         h = torch.nn.functional.gelu(X @ w1.t() + b1)
-        return funcol.reduce_scatter_tensor_autograd(h @ w2.t(), "sum", 0, group) + b2
+        return funcol.reduce_scatter_tensor_autograd(h @ w2.t(), "sum", sequence_dim, group) + b2
 
     return forward, [w1, b1, w2, b2]
 
 
 def tpfuse_layers(step, **options):
-    column = ColumnParallelLinear.from_linear(step.fc1, step.group, **options)
-    row = RowParallelLinear.from_linear(step.fc2, step.group)
+    column = ColumnParallelLinear.from_linear(step.fc1, step.group, sequence_dim=step.sequence_dim, **options)
+    row = RowParallelLinear.from_linear(step.fc2, step.group, sequence_dim=step.sequence_dim)
     return torch.nn.Sequential(column, torch.nn.GELU(), row), [column.weight, column.bias, row.weight, row.bias]
 
 
@@ -126,9 +130,10 @@ def check_within_the_rule(step, fused, *unfused_runs):
         assert fused_errors.within(baseline), f"{name}: fused {fused_errors} against unfused {baselines}"
 
 
+@pytest.mark.parametrize("sequence_dim", SEQUENCE_DIMS)
 @pytest.mark.parametrize("save_gathered_input", [True, False])
-def test_mlp_step_eager_within_the_rule_and_bit_identical(group, device, save_gathered_input):
-    step = Step(group, device)
+def test_mlp_step_eager_within_the_rule_and_bit_identical(group, device, save_gathered_input, sequence_dim):
+    step = Step(group, device, sequence_dim=sequence_dim)
     model, params = tpfuse_layers(step, save_gathered_input=save_gathered_input)
     fused = step.run(model, params)
     check_within_the_rule(step, fused, step.run(*unfused_layers(step)))
@@ -236,3 +241,72 @@ def test_multi_gpu_regathered_input_and_rank_order(multi_gpu, device):
     step = Step(multi_gpu, device, seed=5)
     model, params = tpfuse_layers(step, save_gathered_input=False)
     check_within_the_rule(step, step.run(model, params), step.run(*unfused_layers(step)))
+
+
+@pytest.mark.parametrize("layer_type", [ColumnParallelLinear, RowParallelLinear])
+def test_layer_with_bias_within_the_rule_of_nn_linear(group, device, layer_type):
+    """The bias is added inside the kernel, before the output's one rounding, as nn.Linear's cuBLAS adds it
+    in its epilogue: the layer's error against an FP64 reference within the rule of nn.Linear's (BF16, the
+    whole layer on one GPU) on the same entries. A bias as large as the product shows a second rounding."""
+    p, rank = group.size(), group.rank()
+    generator = torch.Generator(device=device).manual_seed(6)
+    full = torch.nn.Linear(D, H, device=device, dtype=BF16) if layer_type is ColumnParallelLinear \
+        else torch.nn.Linear(H, D, device=device, dtype=BF16)
+    with torch.no_grad():
+        full.weight.copy_(torch.randn(full.weight.shape, generator=generator, device=device) * full.in_features ** -0.5)
+        full.bias.copy_(torch.randn(full.bias.shape, generator=generator, device=device))
+    x_full = torch.randn(ROWS_PER_RANK * p, BATCH, full.in_features, generator=generator, device=device).to(BF16)
+    reference = torch.nn.functional.linear(x_full.double(), full.weight.double(), full.bias.double())
+    linear = full(x_full)
+    layer = layer_type.from_linear(full, group)
+    if layer_type is ColumnParallelLinear:  # this rank's tokens in, its output features of every token out
+        out = layer(x_full.chunk(p)[rank].contiguous())
+        part = slice(rank * (H // p), (rank + 1) * (H // p))
+        reference, linear = reference[..., part], linear[..., part]
+    else:  # its input features in, its tokens out
+        out = layer(x_full.chunk(p, dim=-1)[rank].contiguous())
+        reference, linear = reference.chunk(p)[rank], linear.chunk(p)[rank]
+    fused, baseline = errors(out, reference, group), errors(linear, reference, group)
+    assert fused.within(baseline), f"{layer_type.__name__}: {fused} against nn.Linear's {baseline}"
+
+
+@pytest.mark.parametrize("layer_type", [ColumnParallelLinear, RowParallelLinear])
+def test_sequence_dim_1_against_sequence_dim_0_on_the_same_rows(group, device, layer_type):
+    """[b, s, h] sharded on s (sequence_dim=1, the kernels' batch) against the same tokens as [s, b, h]
+    (sequence_dim=0): bit for bit at world size 1 (the same call on rows in another order), within the rule
+    of it at more ranks; and both within the rule of torch's computation rounded once (nn.Linear's), each
+    against an FP64 reference."""
+    p = group.size()
+    generator = torch.Generator(device=device).manual_seed(7)
+    full = torch.nn.Linear(D, H, device=device, dtype=BF16) if layer_type is ColumnParallelLinear \
+        else torch.nn.Linear(H, D, device=device, dtype=BF16)
+    with torch.no_grad():
+        full.weight.copy_(torch.randn(full.weight.shape, generator=generator, device=device) * full.in_features ** -0.5)
+        full.bias.copy_(torch.randn(full.bias.shape, generator=generator, device=device))
+    tokens = ROWS_PER_RANK * (1 if layer_type is ColumnParallelLinear else p)
+    features = full.in_features if layer_type is ColumnParallelLinear else full.in_features // p
+    x_generator = torch.Generator(device=device).manual_seed(70 + group.rank())  # this rank's part differs
+    x = torch.randn(BATCH, tokens, features, generator=x_generator, device=device).to(BF16)  # [b, s, h]
+    by_sequence_layer = layer_type.from_linear(full, group, sequence_dim=0)
+    by_batch = layer_type.from_linear(full, group, sequence_dim=1)(x)
+    by_sequence = by_sequence_layer(x.transpose(0, 1).contiguous()).transpose(0, 1)
+    assert by_batch.shape == by_sequence.shape
+
+    weight, bias = by_sequence_layer.weight, by_sequence_layer.bias
+    if layer_type is ColumnParallelLinear:  # torch's all-gather on dim 1, then nn.Linear's GEMM
+        X = funcol.all_gather_tensor(x, 1, group)
+        reference = torch.nn.functional.linear(X.double(), weight.double(), bias.double())
+        linear = torch.nn.functional.linear(X, weight, bias)
+    else:  # torch's reduce-scatter on dim 1 of the partials, in FP64 and in FP32 rounded once
+        reference = funcol.reduce_scatter_tensor(torch.nn.functional.linear(x.double(), weight.double()), "sum", 1,
+                                                 group) + bias.double()
+        linear = (funcol.reduce_scatter_tensor(torch.nn.functional.linear(x.float(), weight.float()), "sum", 1,
+                                               group) + bias.float()).to(BF16)
+    baseline = errors(linear, reference, group)
+    for name, out in (("sequence_dim=1", by_batch), ("sequence_dim=0", by_sequence)):
+        assert errors(out, reference, group).within(baseline), f"{name}: {errors(out, reference, group)} against " \
+                                                               f"torch's {baseline}"
+    if p == 1:
+        assert torch.equal(by_batch, by_sequence)
+    else:
+        assert errors(by_batch, reference, group).within(errors(by_sequence, reference, group))
