@@ -1,6 +1,6 @@
 """Training on GPUs, at any world size (torchrun --nproc-per-node=N, or alone as a group of one): a two-layer
 TP + SP MLP step (ColumnParallelLinear, GELU, RowParallelLinear) eager (activations [s, b, h] sharded on s,
-and [b, s, h] sharded on s), compiled and CUDA-graphed, its loss and every gradient against the unfused
+and [b, s, h] sharded on s), compiled and CUDA-graphed, its output and every gradient against the unfused
 path (all_gather / reduce_scatter of torch's functional collectives + torch.mm, with autograd; compiled too
 where tpfuse's is) by docs/SPEC.md's 1.1x rule, bit-identical reruns, tpfuse's kernels in forward and
 backward (profiler), and the symm_mem override running tpfuse under torch.compile's async-TP pass. Each layer
@@ -116,12 +116,27 @@ def results_of(step, result):
 NAMES = ["loss", "y", "x.grad", "column.weight.grad", "column.bias.grad", "row.weight.grad", "row.bias.grad"]
 
 
+def check_loss_is_the_outputs(step, result):
+    """The loss is sum(y * g) of the returned y, up to FP32 summation (relative to sum |y * g|). The scalar
+    loss is not held to the rule: a sum of products that cancel, its two paths' relative errors are two
+    small random numbers (one of them may lie near zero by chance); the rule holds on y, whose error is the
+    loss's."""
+    loss, y = result[0], result[1]
+    products = y.double() * step.g.double().reshape(y.shape)
+    sums = torch.stack([products.sum(), products.abs().sum()])
+    dist.all_reduce(sums, group=step.group)
+    assert abs(loss.double() - sums[0]) <= 1e-5 * sums[1], f"loss {loss.item()} is not sum(y * g) = {sums[0].item()}"
+
+
 def check_within_the_rule(step, fused, *unfused_runs):
     """Each quantity's errors within the rule of the unfused path's; given several unfused runs, of the
-    largest of their errors."""
+    largest of their errors. The loss: check_loss_is_the_outputs."""
+    check_loss_is_the_outputs(step, fused)
     references = references_of(step)
     unfused_results = [results_of(step, run) for run in unfused_runs]
     for index, (name, ours, reference) in enumerate(zip(NAMES, results_of(step, fused), references)):
+        if name == "loss":
+            continue
         reference = reference.float().reshape(ours.shape)
         fused_errors = errors(ours, reference, step.group)
         baselines = [errors(results[index], reference, step.group) for results in unfused_results]
@@ -244,10 +259,12 @@ def test_multi_gpu_regathered_input_and_rank_order(multi_gpu, device):
 
 
 @pytest.mark.parametrize("layer_type", [ColumnParallelLinear, RowParallelLinear])
-def test_layer_with_bias_within_the_rule_of_nn_linear(group, device, layer_type):
+def test_layer_with_bias_within_the_rule_of_nn_linear(group, device, layer_type, record_property):
     """The bias is added inside the kernel, before the output's one rounding, as nn.Linear's cuBLAS adds it
     in its epilogue: the layer's error against an FP64 reference within the rule of nn.Linear's (BF16, the
-    whole layer on one GPU) on the same entries. A bias as large as the product shows a second rounding."""
+    whole layer on one GPU) on the same entries. A bias as large as the product shows a second rounding.
+    The errors go into the JUnit record, with those of the op's output plus the bias added after it (the
+    layers' way before the bias was in the kernel), for the docs."""
     p, rank = group.size(), group.rank()
     generator = torch.Generator(device=device).manual_seed(6)
     full = torch.nn.Linear(D, H, device=device, dtype=BF16) if layer_type is ColumnParallelLinear \
@@ -260,13 +277,22 @@ def test_layer_with_bias_within_the_rule_of_nn_linear(group, device, layer_type)
     linear = full(x_full)
     layer = layer_type.from_linear(full, group)
     if layer_type is ColumnParallelLinear:  # this rank's tokens in, its output features of every token out
-        out = layer(x_full.chunk(p)[rank].contiguous())
+        x = x_full.chunk(p)[rank].contiguous()
+        out = layer(x)
+        after_op = torch.ops.tpfuse.all_gather_gemm(x.view(-1, D), layer.weight, "nk", group.group_name) + layer.bias
         part = slice(rank * (H // p), (rank + 1) * (H // p))
         reference, linear = reference[..., part], linear[..., part]
     else:  # its input features in, its tokens out
-        out = layer(x_full.chunk(p, dim=-1)[rank].contiguous())
+        x = x_full.chunk(p, dim=-1)[rank].contiguous()
+        out = layer(x)
+        after_op = torch.ops.tpfuse.gemm_reduce_scatter(x.view(-1, H // p), layer.weight, "nk", group.group_name) \
+            + layer.bias
         reference, linear = reference.chunk(p)[rank], linear.chunk(p)[rank]
     fused, baseline = errors(out, reference, group), errors(linear, reference, group)
+    for name, measured in (("fused", fused), ("nn_linear", baseline),
+                           ("bias_after_op", errors(after_op.view(out.shape), reference, group))):
+        record_property(f"{name}_max_rel", measured.max_rel)
+        record_property(f"{name}_norm_rel", measured.norm_rel)
     assert fused.within(baseline), f"{layer_type.__name__}: {fused} against nn.Linear's {baseline}"
 
 
