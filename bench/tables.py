@@ -37,7 +37,7 @@ SWEEP = "p[12]_{layout}_after"                  # its proxy sweep of the current
 TIMELINE_KN = "2026-12-03-h200-c9ba200/run141/timeline_kn"   # the push timeline (proxy --timeline)
 TIMELINE_NK = "2026-12-03-h200-c9ba200/run141/timeline_nk"
 SEPARATE_PROXY = "2026-12-03-h200-c9ba200/run141/separate_nk"  # the current proxy sweep, --separate-loops
-PYTHON = "2026-12-03-h200-56277f1/run148/bench_python"       # python -m tpfuse.bench, world size 1
+PYTHON = "2026-12-04-h200-6abcf47/run152/bench_python"       # python -m tpfuse.bench, world size 1
 
 geomean = clock_split.geomean
 
