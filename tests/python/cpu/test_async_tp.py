@@ -131,8 +131,9 @@ def compiled_run(request, groups):
         yield case, results, tpfuse.stats(), list(sim.launches), compiled_graphs
 
 
-def test_every_fused_call_is_served_by_tpfuse_and_exact(compiled_run):
+def test_every_fused_call_is_served_by_tpfuse_and_exact(compiled_run, record_property):
     case, results, stats, launches, compiled_graphs = compiled_run
+    record_property("stats", stats)  # the step's tpfuse.stats(), in the JUnit XML
     assert compiled_graphs == 0, "the ranks ran the rehearsal's compiled code"
     for op in symm_mem.OPS:
         assert stats[op]["fallbacks"] == {}, (op, stats[op])
