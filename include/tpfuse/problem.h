@@ -24,12 +24,19 @@ const char* to_string(WeightLayout layout);
 // run; another type is new rows of that table and a mainloop input, not another op.
 enum class DType {
   kBF16,
+  kE4M3,  // FP8 (e4m3): no compiled variant takes it yet, so validate() refuses it (kUnsupported)
 };
 
 const char* to_string(DType dtype);
 
 // Bytes of one element of `dtype` (0 for a value that is not a DType).
-constexpr int element_bytes(DType dtype) { return dtype == DType::kBF16 ? 2 : 0; }
+constexpr int element_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return 2;
+    case DType::kE4M3: return 1;
+  }
+  return 0;
+}
 
 // The rows an op splits over the ranks may be `batch` sequences of s = m/batch rows each (row i*s + t
 // is token t of sequence i, as a [batch, s, hidden] tensor flattened): then every rank holds its
@@ -56,10 +63,10 @@ struct Problem {
   std::string to_string() const;
 };
 
-// Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), n and
-// k_per_rank multiples of 8; batch >= 1 dividing m, each sequence splitting over the ranks, and (with
-// batch > 1 and P > 1) shards of whole slabs (kUnsupported otherwise); and that the dtype is one the
-// compiled variants take. The message names the bad argument and its value.
+// Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), a dtype
+// the compiled variants take, n and k_per_rank whole 16-byte units of it (multiples of 8 BF16); batch >= 1 dividing m, each sequence splitting over the ranks, and (with
+// batch > 1 and P > 1) shards of whole slabs (kUnsupported otherwise). The message names the bad
+// argument and its value.
 Status validate(const Problem& problem);
 
 // The column-parallel layer's shape on one rank (all_gather_gemm, tpfuse/all_gather.h): rank r holds

@@ -11,9 +11,6 @@ namespace tpfuse {
 
 namespace {
 
-// BF16 rows must be whole 16-byte units (TMA and vector loads).
-constexpr int64_t kElementsPer16Bytes = 8;
-
 Status check_extent(const char* name, int64_t value) {
   if (value <= 0) {
     return Status::InvalidArgument("problem." + std::string(name) + " = " + std::to_string(value) +
@@ -26,15 +23,18 @@ Status check_extent(const char* name, int64_t value) {
   return Status::Ok();
 }
 
-Status check_row_bytes(const char* name, int64_t value) {
-  if (value % kElementsPer16Bytes != 0) {
+// Rows of `dtype` elements must be whole 16-byte units (TMA and vector loads).
+Status check_row_bytes(const char* name, int64_t value, DType dtype) {
+  const int64_t elements_per_16_bytes = 16 / element_bytes(dtype);
+  if (value % elements_per_16_bytes != 0) {
     return Status::InvalidArgument("problem." + std::string(name) + " = " + std::to_string(value) +
-                                   " is not a multiple of 8 (BF16 rows must be multiples of 16 bytes)");
+                                   " is not a multiple of " + std::to_string(elements_per_16_bytes) + " (" +
+                                   to_string(dtype) + " rows must be multiples of 16 bytes)");
   }
   return Status::Ok();
 }
 
-// A dtype the compiled variants take (gemm/variants.h).
+// A dtype the compiled variants take (gemm/variants.h): E4M3 is a DType, but no variant takes it yet.
 Status check_dtype(DType dtype) {
   if (variants_take(dtype)) return Status::Ok();
   const std::string name = to_string(dtype);
@@ -72,6 +72,7 @@ Status check_batch(int64_t m, int world_size, int64_t batch) {
 const char* to_string(DType dtype) {
   switch (dtype) {
     case DType::kBF16: return "BF16";
+    case DType::kE4M3: return "E4M3";
   }
   return "unknown";
 }
@@ -106,13 +107,14 @@ Status validate(const Problem& problem) {
     return Status::InvalidArgument("problem.m = " + std::to_string(problem.m) +
                                    " is not divisible by world_size = " + std::to_string(problem.world_size));
   }
-  TPFUSE_RETURN_IF_ERROR(check_row_bytes("n", problem.n));
-  TPFUSE_RETURN_IF_ERROR(check_row_bytes("k_per_rank", problem.k_per_rank));
+  // The dtype first: it says how many elements make the 16 bytes a row must be whole units of.
+  TPFUSE_RETURN_IF_ERROR(check_dtype(problem.dtype));
+  TPFUSE_RETURN_IF_ERROR(check_row_bytes("n", problem.n, problem.dtype));
+  TPFUSE_RETURN_IF_ERROR(check_row_bytes("k_per_rank", problem.k_per_rank, problem.dtype));
   if (problem.weight_layout != WeightLayout::kKxN && problem.weight_layout != WeightLayout::kNxK) {
     return Status::InvalidArgument("problem.weight_layout = " + std::to_string(int(problem.weight_layout)) +
                                    " is not a WeightLayout (kKxN or kNxK)");
   }
-  TPFUSE_RETURN_IF_ERROR(check_dtype(problem.dtype));
   return check_batch(problem.m, problem.world_size, problem.batch);
 }
 
