@@ -257,7 +257,7 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
 std::string GemmConfig::to_string() const {
   const GemmVariant& v = tile();
   std::ostringstream os;
-  os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << kBlockK << ", stages "
+  os << "variant " << variant << ": tile " << v.block_m << "x" << v.block_n << "x" << block_k_of(v.dtype) << ", stages "
      << v.stages << ", staged chunks " << (v.staged_chunks > 0 ? std::to_string(v.staged_chunks) : std::string("all"))
      << ", split_k " << split_k << (whole_tiles > 0 ? " from tile " + std::to_string(whole_tiles) : std::string())
      << ", threads " << threads_of(v) << ", ctas " << num_ctas << ", group_rows "
@@ -319,10 +319,10 @@ int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigO
   // blocks the tiled kernel's own choice was up to 10% faster.
   constexpr int kFewRows = 16;
   constexpr int64_t kDeepKBlocks = 48;
-  if (problem.m > 64 || overrides.swap_ab == 0) return 0;
+  if (problem.m > 64 || overrides.swap_ab == 0 || problem.dtype != kSwapAbDType) return 0;
   const bool tiles_forced = overrides.block_n != 0 || overrides.split_k != 0;
   const bool fills_sms = 2 * ((problem.n + kCols - 1) / kCols) >= device.num_sms;
-  const int64_t k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
+  const int64_t k_blocks = k_blocks_of(problem.k_per_rank, problem.dtype);
   const bool faster = problem.m <= kFewRows || k_blocks >= kDeepKBlocks;
   if (overrides.swap_ab != 1 && (tiles_forced || !fills_sms || !faster)) return 0;
   for (const int rows : {8, 16, 32}) {
@@ -380,7 +380,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   grid.dtype = problem.dtype;
-  const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
+  const int64_t num_k_blocks = k_blocks_of(problem.k_per_rank, problem.dtype);
   return select_config({grid, std::max(int(num_k_blocks), 1), device, overrides}, PlainGemmTiles(), config);
 }
 

@@ -154,10 +154,14 @@ Status select_split_k_gemm_config(const TileGrid& grid, int num_k_blocks, const 
 // row segments (1 for the plain GEMM, P for the reduce-scatter's rounds), or overrides.group_rows.
 int group_rows_for(int segments_in_flight, const ConfigOverrides& overrides);
 
+// The inputs' dtype the plain GEMM's swap-AB kernel is compiled for.
+constexpr DType kSwapAbDType = DType::kBF16;
+
 // The plain GEMM's kernel for m <= 64 (gemm/swap_ab.cuh): the rows of A a stage holds (m rounded up
 // to 8, 16, 32 or 64), or 0 where the tiled kernel runs. The config's choice: at least half the
 // SMs' worth of 64-column tiles, m <= 16 or (m <= 64) K of 48 blocks or more, neither block_n nor
-// split_k forced; overrides.swap_ab 1 takes it wherever m <= 64, 0 never.
+// split_k forced; overrides.swap_ab 1 takes it wherever m <= 64, 0 never; inputs of another dtype
+// than kSwapAbDType never.
 int swap_ab_rows(const Problem& problem, const DeviceInfo& device, const ConfigOverrides& overrides);
 
 // The plain GEMM's config: the whole m x n output as one band, K split where that fills the SMs.

@@ -59,10 +59,10 @@ Status launch_gemm(Kernel kernel, const Params& params, const GemmConfig& config
   return launch_persistent<Config>(kernel, params, grid, smem, /*cooperative=*/false, stream);
 }
 
-// The swap-AB kernel over A's rows rounded up to kRows.
+// The swap-AB kernel over A's rows rounded up to kRows (inputs of kSwapAbDType: swap_ab_rows takes no other).
 template <int kRows, bool kWeightKMajor>
 Status launch_swap_ab(const Problem& problem, const void* a, const void* w, void* c, bool debug, cudaStream_t stream) {
-  using Config = kernels::SwapAbConfig<kRows, kWeightKMajor>;
+  using Config = kernels::SwapAbConfig<kRows, kWeightKMajor, kSwapAbDType>;
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
   kernels::SwapAbParams params{};
   TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, a, m, k, k, kRows, Config::kBlockK, &params.a));
@@ -144,7 +144,7 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
       return launch_gemm<Config>(kernels::gemm_kernel<Config>, params, config, debug, stream);
     }
     kernels::SplitKGemmParams params{};
-    const int num_k_blocks = int((problem.k_per_rank + kBlockK - 1) / kBlockK);
+    const int num_k_blocks = int(k_blocks_of(problem.k_per_rank, problem.dtype));
     const SplitKSchedule schedule(tiles, SplitPlan{config.whole_tiles, config.split_k}, num_k_blocks);
     TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &params.mainloop));
     SplitKWorkspace workspace;

@@ -30,9 +30,11 @@ Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
       return Status::Internal("kernel variant " + std::to_string(variant) + " is not compiled for this op");
     } else {
       if (layout == WeightLayout::kNxK) {
-        return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, v.consumers, OpSync>{});
+        return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, v.consumers, v.dtype,
+                                          OpSync>{});
       }
-      return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, v.consumers, OpSync>{});
+      return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, v.consumers, v.dtype,
+                                        OpSync>{});
     }
   }
 }
@@ -80,22 +82,26 @@ Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
   return Status::Ok();
 }
 
-// The mainloop's operands: A (m x k) and W in its layout. The tiles of the last row tile's rows
-// (from the last multiple of kBlockM below m on) load only the rows left before m (rounded up to 8,
-// whole rows of the swizzle) through a map of their own: filling the rest with zeros slowed the
-// loads (docs/EXPERIMENTS.md). The rest of the stage keeps stale data, whose products land in rows
-// past m, which no epilogue stores or pushes. (A tile starting there holds no rows past the box:
-// it starts at or after that multiple.)
+// The mainloop's operands: A (m x k) and W in its layout, of the problem's dtype (the variant's). The
+// tiles of the last row tile's rows (from the last multiple of kBlockM below m on) load only the rows
+// left before m (rounded up to 8, whole rows of the swizzle) through a map of their own: filling the
+// rest with zeros slowed the loads (docs/EXPERIMENTS.md). The rest of the stage keeps stale data,
+// whose products land in rows past m, which no epilogue stores or pushes. (A tile starting there
+// holds no rows past the box: it starts at or after that multiple.)
 template <class Config, class Schedule>
 Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const Schedule& schedule,
                             kernels::MainloopParams<Schedule>* p) {
+  if (problem.dtype != Config::kDType) {
+    return Status::Internal(std::string("a problem of ") + to_string(problem.dtype) + " inputs on a variant of " +
+                            to_string(Config::kDType));
+  }
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
   TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));
   const int64_t last_row = (m - 1) / Config::kBlockM * Config::kBlockM;
   const int last_rows = int((m - last_row + 7) / 8 * 8);
   TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, a, m, k, k, last_rows, Config::kBlockK, &p->a_last));
   p->a_last_row = int(last_row);
-  p->a_last_bytes = last_rows * Config::kBlockK * element_bytes(problem.dtype);
+  p->a_last_bytes = last_rows * kStageRowBytes;
   // W is loaded in pieces (see MainloopConfig): K-major, half the tile's rows; MN-major, 64 columns.
   if (Config::kWeightKMajor) {
     TPFUSE_RETURN_IF_ERROR(

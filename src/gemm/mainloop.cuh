@@ -32,11 +32,16 @@ namespace tpfuse::kernels {
 
 // A compiled variant (gemm/variants.h) in one weight layout, with the op's shared-memory part.
 template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kStagedChunks_, int kConsumers_,
-          class OpSync_>
+          DType kDType_, class OpSync_>
 struct MainloopConfig {
+  // The inputs' (A's and W's) element type. A stage holds kStageRowBytes of each row whatever it is,
+  // so its K extent is the dtype's (64 BF16, 128 E4M3) and its bytes are the same.
+  static constexpr DType kDType = kDType_;
+  static constexpr int kInputBytes = element_bytes(kDType);
+  using Element = ElementBits<kDType>;  // what the stages hold
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kBlockK = tpfuse::kBlockK;
+  static constexpr int kBlockK = kStageRowBytes / kInputBytes;
   static constexpr int kStages = kStages_;
   // W stored N x K (nn.Linear, K contiguous) when true; K x N (N contiguous) when false.
   static constexpr bool kWeightKMajor = kWeightKMajor_;
@@ -52,17 +57,20 @@ struct MainloopConfig {
   static constexpr int kAccPerThread = kWgRows * kWgCols / 128;
   static constexpr int kThreads = 128 * (1 + kConsumers);
 
-  static constexpr int kABytes = kBlockM * kBlockK * 2;
-  static constexpr int kWBytes = kBlockN * kBlockK * 2;
-  static constexpr int kWChunkBytes = 64 * kBlockK * 2;  // one 64-column chunk of an MN-major W tile
+  static constexpr int kABytes = kBlockM * kStageRowBytes;
+  static constexpr int kWBytes = kBlockN * kStageRowBytes;
+  // One 64-column chunk of an MN-major W tile: kBlockK rows of 64 BF16 (an MN-major W is BF16's only:
+  // FP8 WGMMA takes K-major operands).
+  static constexpr int kWChunkBytes = 64 * kStageRowBytes;
+  static_assert(kWeightKMajor || kDType == DType::kBF16, "an MN-major W is BF16's only");
   // W tiles are loaded in pieces: K-major, two halves of the tile's rows; MN-major, its 64-column chunks.
   static constexpr int kWPieces = kWeightKMajor ? 2 : kBlockN / 64;
   static constexpr int kWPieceElems = kBlockN * kBlockK / kWPieces;
   static constexpr int kWPieceBoxRows = kWeightKMajor ? kBlockN / 2 : kBlockK;
   static constexpr int kWPieceBoxCols = kWeightKMajor ? kBlockK : 64;
 
-  // Extra stages (see above) carry 8 KB pieces: a 64 x 64 BF16 chunk each, A's part of a stage
-  // first, then W's.
+  // Extra stages (see above) carry 8 KB pieces: a 64 x 64 BF16 chunk each (partials, whatever the
+  // inputs' dtype), A's part of a stage first, then W's.
   static constexpr int kPieceBytes = 64 * 64 * 2;
   static constexpr int kAPieces = kABytes / kPieceBytes;
   static constexpr int kPiecesPerStage = (kABytes + kWBytes) / kPieceBytes;
@@ -73,7 +81,7 @@ struct MainloopConfig {
   static_assert(kChunksPerSlab % kStagedChunks == 0, "a slab is staged in equal batches");
 
   using OpSync = OpSync_;
-  using Storage = SharedStorage<kBlockM, kBlockN, kStages, kStagedChunks, kConsumers, OpSync>;
+  using Storage = SharedStorage<kBlockM, kBlockN, kStages, kStagedChunks, kConsumers, kDType, OpSync>;
 
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -108,18 +116,20 @@ struct StageCursor {
   }
 };
 
-// Piece q of a stage used as an extra stage (8 KB, 1024-byte aligned).
+// Piece q of a stage used as an extra stage (8 KB, 1024-byte aligned): a chunk of BF16, whatever the
+// inputs' dtype.
 template <class Config>
 __device__ __forceinline__ uint16_t* stage_piece(StorageOf<Config>& smem, int stage, int q) {
-  constexpr int kPieceElems = Config::kPieceBytes / 2;
-  return q < Config::kAPieces ? smem.a[stage] + q * kPieceElems : smem.w[stage] + (q - Config::kAPieces) * kPieceElems;
+  constexpr int kPieceElems = Config::kPieceBytes / Config::kInputBytes;  // of the stage's elements
+  return reinterpret_cast<uint16_t*>(q < Config::kAPieces ? smem.a[stage] + q * kPieceElems
+                                                          : smem.w[stage] + (q - Config::kAPieces) * kPieceElems);
 }
 
 template <class Schedule>
 struct MainloopParams {
-  CUtensorMap a;       // m x k_per_rank, K-major, box 64 x kBlockM
-  CUtensorMap a_last;  // the same, box 64 x the rows of the last row tile (launch.cuh)
-  CUtensorMap w;       // K-major: box 64 x kBlockN / 2; MN-major: box 64 x 64
+  CUtensorMap a;       // m x k_per_rank, K-major, box kBlockK x kBlockM
+  CUtensorMap a_last;  // the same, box kBlockK x the rows of the last row tile (launch.cuh)
+  CUtensorMap w;       // K-major: box kBlockK x kBlockN / 2; MN-major: box 64 x kBlockK
   Schedule schedule;
   int num_k_blocks;
   int a_last_row;      // tiles from this row on load A through a_last
@@ -185,29 +195,31 @@ __device__ __forceinline__ void for_each_step(const Schedule& schedule, int cta,
 
 namespace gmma = cute::SM90::GMMA;
 
-// The m64nNk16 BF16 WGMMA atom with both operands in shared memory, for each N the kernels issue.
-template <int N, gmma::Major A, gmma::Major B>
+// The m64nNkK WGMMA atom for inputs of a dtype, both operands in shared memory, for each N the
+// kernels issue. BF16's (k16) so far; an E4M3 mainloop adds its k32 atoms (K-major operands only).
+template <DType kDType, int N, gmma::Major A, gmma::Major B>
 struct WgmmaAtom;
 template <gmma::Major A, gmma::Major B>
-struct WgmmaAtom<8, A, B> { using Op = gmma::MMA_64x8x16_F32BF16BF16_SS<A, B>; };
+struct WgmmaAtom<DType::kBF16, 8, A, B> { using Op = gmma::MMA_64x8x16_F32BF16BF16_SS<A, B>; };
 template <gmma::Major A, gmma::Major B>
-struct WgmmaAtom<16, A, B> { using Op = gmma::MMA_64x16x16_F32BF16BF16_SS<A, B>; };
+struct WgmmaAtom<DType::kBF16, 16, A, B> { using Op = gmma::MMA_64x16x16_F32BF16BF16_SS<A, B>; };
 template <gmma::Major A, gmma::Major B>
-struct WgmmaAtom<32, A, B> { using Op = gmma::MMA_64x32x16_F32BF16BF16_SS<A, B>; };
+struct WgmmaAtom<DType::kBF16, 32, A, B> { using Op = gmma::MMA_64x32x16_F32BF16BF16_SS<A, B>; };
 template <gmma::Major A, gmma::Major B>
-struct WgmmaAtom<64, A, B> { using Op = gmma::MMA_64x64x16_F32BF16BF16_SS<A, B>; };
+struct WgmmaAtom<DType::kBF16, 64, A, B> { using Op = gmma::MMA_64x64x16_F32BF16BF16_SS<A, B>; };
 template <gmma::Major A, gmma::Major B>
-struct WgmmaAtom<128, A, B> { using Op = gmma::MMA_64x128x16_F32BF16BF16_SS<A, B>; };
+struct WgmmaAtom<DType::kBF16, 128, A, B> { using Op = gmma::MMA_64x128x16_F32BF16BF16_SS<A, B>; };
 template <gmma::Major A, gmma::Major B>
-struct WgmmaAtom<192, A, B> { using Op = gmma::MMA_64x192x16_F32BF16BF16_SS<A, B>; };
+struct WgmmaAtom<DType::kBF16, 192, A, B> { using Op = gmma::MMA_64x192x16_F32BF16BF16_SS<A, B>; };
 template <gmma::Major A, gmma::Major B>
-struct WgmmaAtom<256, A, B> { using Op = gmma::MMA_64x256x16_F32BF16BF16_SS<A, B>; };
+struct WgmmaAtom<DType::kBF16, 256, A, B> { using Op = gmma::MMA_64x256x16_F32BF16BF16_SS<A, B>; };
 
-// One m64nNk16 WGMMA, both operands from shared memory (each K- or MN-major), accumulating into
-// `acc` (N/2 floats a thread).
-template <int N, gmma::Major kMajorA, gmma::Major kMajorB>
+// One m64nNkK WGMMA on inputs of kDType, both operands from shared memory (each K- or MN-major),
+// accumulating into `acc` (N/2 floats a thread). Its K is 32 bytes of each row: 16 BF16, 32 E4M3.
+template <DType kDType, int N, gmma::Major kMajorA, gmma::Major kMajorB>
 struct WgmmaSS {
-  using Op = typename WgmmaAtom<N, kMajorA, kMajorB>::Op;
+  using Op = typename WgmmaAtom<kDType, N, kMajorA, kMajorB>::Op;
+  static constexpr int kK = 32 / element_bytes(kDType);
 
   template <size_t... I>
   __device__ __forceinline__ static void call(uint64_t desc_a, uint64_t desc_b, float* acc, bool accumulate,
@@ -224,8 +236,8 @@ template <bool kWeightKMajor>
 inline constexpr gmma::Major kMajorW = kWeightKMajor ? gmma::Major::K : gmma::Major::MN;
 
 // The tiled kernel's WGMMA: A (K-major) by W.
-template <int N, bool kWeightKMajor>
-using Wgmma = WgmmaSS<N, gmma::Major::K, kMajorW<kWeightKMajor>>;
+template <DType kDType, int N, bool kWeightKMajor>
+using Wgmma = WgmmaSS<kDType, N, gmma::Major::K, kMajorW<kWeightKMajor>>;
 
 // Where a consumer's 64-row slab sits inside the tile.
 template <class Config>
@@ -265,7 +277,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       }
 #pragma unroll
       for (int piece = 0; piece < Config::kWPieces; ++piece) {
-        uint16_t* dst = smem.w[stage] + piece * Config::kWPieceElems;
+        typename Config::Element* dst = smem.w[stage] + piece * Config::kWPieceElems;
         const int x = Config::kWeightKMajor ? k : tile.col_begin + piece * 64;
         const int y = Config::kWeightKMajor ? tile.col_begin + piece * (Config::kBlockN / 2) : k;
         ptx::tma_load_2d(dst, &p.w, full, x, y);
@@ -288,11 +300,13 @@ template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring,
                                              Epilogue& epilogue) {
-  using Mma = Wgmma<Config::kWgCols, Config::kWeightKMajor>;
-  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major chunk.
-  constexpr uint64_t kStepA = 32 >> 4;
-  constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
-  // Byte offset of the slab's columns inside a W stage (the same for both layouts: kWgCols x 64 BF16).
+  using Mma = Wgmma<Config::kDType, Config::kWgCols, Config::kWeightKMajor>;
+  // Descriptor steps (16-byte units) for one WGMMA's K: its 32 bytes along a K-major row, its rows of
+  // an MN-major chunk (128 bytes each).
+  constexpr uint64_t kStepA = (Mma::kK * Config::kInputBytes) >> 4;
+  constexpr uint64_t kStepW = Config::kWeightKMajor ? kStepA : ((Mma::kK * 128) >> 4);
+  // Offset of the slab's columns inside a W stage, in elements (the same for both layouts: kWgCols
+  // rows, or kWgCols / 64 chunks, of kBlockK elements each).
   const int w_offset_elems = slab.col * Config::kBlockK;
 
   int prev_stage = -1;
@@ -307,7 +321,7 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
     cute::warpgroup_arrive();
 #pragma unroll
-    for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+    for (int kk = 0; kk < Config::kBlockK / Mma::kK; ++kk) {
       Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
     }
     cute::warpgroup_commit_batch();

@@ -1,7 +1,9 @@
 // A kernel's shared memory, composed from the parts that use it: the mainloop's ring of stages and
 // its barriers, the epilogue's chunk buffers (every epilogue stages its slabs there), and an op's
 // own barriers (none for the plain GEMM). Pure C++, so that the config choice and the CPU tests
-// take the same sizeof the kernels use. BF16 data are their raw bits (uint16_t).
+// take the same sizeof the kernels use. The stages hold input elements of the variant's dtype as their
+// raw bits (ElementBits), kStageRowBytes of each row whatever the dtype; the chunk buffers hold BF16
+// outputs as theirs (uint16_t).
 #pragma once
 
 #include <array>
@@ -35,15 +37,17 @@ struct NoOpSync {
 
 // NOTE: the arrays come first, each a multiple of 1024 bytes, so that every stage and chunk buffer
 // stays 1024-byte aligned (128-byte-swizzled TMA boxes need it); the barriers follow.
-template <int kBlockM, int kBlockN, int kStages, int kStagedChunks, int kNumConsumers, class OpSync>
+template <int kBlockM, int kBlockN, int kStages, int kStagedChunks, int kNumConsumers, DType kDType, class OpSync>
 struct alignas(1024) SharedStorage {
-  uint16_t a[kStages][kBlockM * kBlockK];
-  uint16_t w[kStages][kBlockN * kBlockK];
+  using Element = ElementBits<kDType>;
+  Element a[kStages][kBlockM * kStageRowBytes / sizeof(Element)];
+  Element w[kStages][kBlockN * kStageRowBytes / sizeof(Element)];
   uint16_t chunks[kNumConsumers][kStagedChunks][kChunkElems];
   RingSync<kStages> ring;
   OpSync op;
 };
-static_assert(kBlockK * 64 * 2 % 1024 == 0, "stages and chunk buffers are whole multiples of 1024 bytes");
+static_assert(kStageRowBytes * 64 % 1024 == 0 && kChunkElems * 2 % 1024 == 0,
+              "stages and chunk buffers are whole multiples of 1024 bytes");
 
 // Chunk buffers of a variant: staged_chunks, or a whole slab (its 64-column chunks).
 constexpr int staged_chunks_of(const GemmVariant& v) {
@@ -55,7 +59,8 @@ constexpr int staged_chunks_of(const GemmVariant& v) {
 template <int I, class OpSync>
 constexpr size_t launch_smem_bytes() {
   constexpr GemmVariant v = kGemmVariants[I];
-  return sizeof(SharedStorage<v.block_m, v.block_n, v.stages, staged_chunks_of(v), v.consumers, OpSync>) + 1024;
+  return sizeof(SharedStorage<v.block_m, v.block_n, v.stages, staged_chunks_of(v), v.consumers, v.dtype, OpSync>) +
+         1024;
 }
 
 template <class OpSync, size_t... I>

@@ -18,26 +18,31 @@
 
 namespace tpfuse::kernels {
 
-template <int kRows_, bool kWeightKMajor_>
+template <int kRows_, bool kWeightKMajor_, DType kDType_>
 struct SwapAbConfig {
   static constexpr int kRows = kRows_;  // A's rows a stage holds: M rounded up (the WGMMA's N)
   static constexpr int kCols = 64;      // C's columns a tile: the WGMMA's M
-  static constexpr int kBlockK = 64;
+  // The inputs' element type: a stage holds kStageRowBytes of each row (gemm/variants.h).
+  static constexpr DType kDType = kDType_;
+  static constexpr int kInputBytes = element_bytes(kDType);
+  static constexpr int kBlockK = kStageRowBytes / kInputBytes;
+  using Element = ElementBits<kDType>;  // what the stages hold
   // W stored N x K (nn.Linear, K contiguous) when true; K x N (N contiguous) when false.
   static constexpr bool kWeightKMajor = kWeightKMajor_;
   static constexpr int kThreads = 256;
 
-  static constexpr int kWBytes = kCols * kBlockK * 2;
-  static constexpr int kABytes = kRows * kBlockK * 2;
+  static constexpr int kWBytes = kCols * kStageRowBytes;
+  static constexpr int kABytes = kRows * kStageRowBytes;
   static constexpr int kStages = 10;
 
   struct Storage {
-    uint16_t w[kStages][kCols * kBlockK];  // 1024-byte aligned pieces (TMA SWIZZLE_128B)
-    uint16_t a[kStages][kRows * kBlockK];
+    Element w[kStages][kCols * kBlockK];  // 1024-byte aligned pieces (TMA SWIZZLE_128B)
+    Element a[kStages][kRows * kBlockK];
     uint64_t full[kStages];
     uint64_t empty[kStages];
   };
   static_assert(kRows == 8 || kRows == 16 || kRows == 32 || kRows == 64, "a WGMMA's N of 8, 16, 32 or 64");
+  static_assert(kWeightKMajor || kDType == DType::kBF16, "an MN-major W is BF16's only");
   static_assert(kABytes % 1024 == 0, "A's pieces stay 1024-byte aligned");
   static_assert(sizeof(Storage) + 1024 <= 232448, "the ring and its alignment slack fit the 227 KiB a block takes");
 };
@@ -89,10 +94,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1) swap_ab_gemm_kernel(const
   }
 
   // W from shared memory as the A operand (as stored), A's rows as the B operand (K-major).
-  using Mma = WgmmaSS<Config::kRows, kMajorW<Config::kWeightKMajor>, gmma::Major::K>;
-  // Descriptor steps for 16 elements of K: 32 bytes along a K-major row, 16 rows of an MN-major piece.
-  constexpr uint64_t kStepW = Config::kWeightKMajor ? (32 >> 4) : ((16 * 128) >> 4);
-  constexpr uint64_t kStepA = 32 >> 4;
+  using Mma = WgmmaSS<Config::kDType, Config::kRows, kMajorW<Config::kWeightKMajor>, gmma::Major::K>;
+  // Descriptor steps (16-byte units) for one WGMMA's K: its 32 bytes along a K-major row, its rows of
+  // an MN-major piece (128 bytes each).
+  constexpr uint64_t kStepA = (Mma::kK * Config::kInputBytes) >> 4;
+  constexpr uint64_t kStepW = Config::kWeightKMajor ? kStepA : ((Mma::kK * 128) >> 4);
   float acc[Config::kRows / 2];
   const int lane = threadIdx.x % 32, warp = (threadIdx.x - 128) / 32;
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
@@ -107,7 +113,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1) swap_ab_gemm_kernel(const
       for (int i = 0; i < Config::kRows / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
       cute::warpgroup_arrive();
 #pragma unroll
-      for (int kk = 0; kk < Config::kBlockK / 16; ++kk) {
+      for (int kk = 0; kk < Config::kBlockK / Mma::kK; ++kk) {
         Mma::mma(desc_w + kk * kStepW, desc_a + kk * kStepA, acc, kb > 0 || kk > 0);
       }
       cute::warpgroup_commit_batch();

@@ -3,13 +3,18 @@
 // choice can only pick what is compiled. Pure C++.
 #pragma once
 
+#include <cstdint>
+#include <type_traits>
+
 #include "tpfuse/problem.h"
 
 namespace tpfuse {
 
-// Fixed for every variant: K per pipeline stage (128 bytes of BF16: one TMA swizzle row) and one
-// producer warpgroup beside the consumer warpgroups issuing WGMMA, at most kConsumers of them.
-constexpr int kBlockK = 64;
+// Fixed for every variant: a pipeline stage holds kStageRowBytes of each of its rows of A and W (one
+// 128-byte TMA swizzle row), whatever the inputs' dtype, so its K extent is the dtype's: block_k_of
+// (64 BF16, 128 E4M3), and a stage's bytes are the same for every dtype. One producer warpgroup
+// beside the consumer warpgroups issuing WGMMA, at most kConsumers of them.
+constexpr int kStageRowBytes = 128;
 constexpr int kConsumers = 2;
 constexpr int kSlabRows = 64;  // a consumer's slab of a tile
 
@@ -36,6 +41,16 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 128, 5, 0, 2, true, true},    // the same for the fused ops (a stage fewer: the all-gather's copier's ring)
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
+
+// K per pipeline stage for inputs of `dtype` (a dtype validate() takes): a stage's kStageRowBytes of a row.
+constexpr int block_k_of(DType dtype) { return kStageRowBytes / element_bytes(dtype); }
+// The K blocks (pipeline stages) of a reduction dimension of k elements of `dtype`.
+constexpr int64_t k_blocks_of(int64_t k, DType dtype) { return (k + block_k_of(dtype) - 1) / block_k_of(dtype); }
+
+// The raw bits of one input element of kDType: what the stages hold and offsets in elements count
+// (never computed with).
+template <DType kDType>
+using ElementBits = std::conditional_t<element_bytes(kDType) == 2, uint16_t, uint8_t>;
 
 // Whether some compiled variant takes inputs of `dtype` (problem validation asks).
 constexpr bool variants_take(DType dtype) {

@@ -179,14 +179,15 @@ TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
            {64, 8192}, {256, 8192}, {1024, 6144}, {4096, 8192}, {1, 8192}, {8, 512}, {100, 24}, {130, 1000}, {3, 8}}) {
     for (int ctas : {132, 16, 1}) {
       SCOPED_TRACE(::testing::Message() << rows << " rows x " << k << ", " << ctas << " CTAs");
-      const CopyPlan plan = copy_plan(rows, k, ctas, /*steps=*/ctas, /*step_k_blocks=*/128, /*destinations=*/7);
+      const CopyPlan plan =
+          copy_plan(rows, k, DType::kBF16, ctas, /*steps=*/ctas, /*step_k_blocks=*/128, /*destinations=*/7);
       EXPECT_EQ(plan.first_copier, 0) << "no CTA without a step: all copy";
       EXPECT_EQ(plan.copiers, ctas);
       ASSERT_EQ(plan.row_blocks, copy_row_blocks(rows));
       ASSERT_GT(plan.pieces_per_block, 0);
-      ASSERT_EQ(plan.piece_elems % 8, 0) << "pieces start 16-byte aligned";
+      ASSERT_EQ(plan.piece_elems % 8, 0) << "pieces start 16-byte aligned (8 BF16)";
       EXPECT_LE(plan.piece_elems, std::max<int64_t>(std::min<int64_t>(rows, kCopyRows) * k, 8));
-      EXPECT_GE(plan.piece_elems, std::min<int64_t>(kMinPieceElems, std::min<int64_t>(rows, kCopyRows) * k));
+      EXPECT_GE(plan.piece_elems, std::min<int64_t>(kMinPieceBytes / 2, std::min<int64_t>(rows, kCopyRows) * k));
       // Walking the pieces in order tiles every row block with no gap or overlap; each piece lies
       // inside its row block, and every row block has pieces_per_block of them (empty ones included).
       int64_t next = 0;
@@ -204,7 +205,7 @@ TEST(AllGatherSchedule, PiecesCoverEveryRowBlockOnce) {
       }
       EXPECT_EQ(next, rows * k) << "the pieces cover the block";
       for (int n : pieces_of_block) EXPECT_EQ(n, plan.pieces_per_block);
-      if (ctas == 132 && rows * k >= 2 * 132 * kMinPieceElems) {
+      if (ctas == 132 && rows * k * 2 >= 2 * 132 * kMinPieceBytes) {
         // About a piece a CTA where the block is large enough for every CTA to copy.
         const int pieces = plan.row_blocks * plan.pieces_per_block;
         EXPECT_GE(pieces, ctas);
@@ -218,47 +219,47 @@ TEST(AllGatherCopy, CtasWithoutAStepCopyWhereTheyFinishInAStep) {
   // Llama-3-70B qkv at M = 2048, P = 8: 256 rows x 8192 a block, 112 tiles of 128 x 192 (128 K
   // blocks: 96 of a tile 256 wide) on 132 CTAs: 20 CTAs without a step store 4 MiB to 7 peers,
   // 1.4 MiB each, within the 3 MiB of a step.
-  CopyPlan plan = copy_plan(256, 8192, 132, 112, 96, 7);
+  CopyPlan plan = copy_plan(256, 8192, DType::kBF16, 132, 112, 96, 7);
   EXPECT_EQ(plan.first_copier, 112);
   EXPECT_EQ(plan.copiers, 20);
   EXPECT_GE(plan.row_blocks * plan.pieces_per_block, plan.copiers) << "about a piece a copier";
   EXPECT_LE(plan.row_blocks * plan.pieces_per_block, 2 * plan.copiers);
   // Mixtral qkv at M = 512: 64 x 256 tiles split in 4 (24 K blocks a step, 0.75 MiB), 128 steps:
   // 4 idle CTAs would store 1.3 MiB each; every CTA copies.
-  plan = copy_plan(64, 6144, 132, 128, 24, 7);
+  plan = copy_plan(64, 6144, DType::kBF16, 132, 128, 24, 7);
   EXPECT_EQ(plan.first_copier, 0);
   EXPECT_EQ(plan.copiers, 132);
   // Llama qkv at M = 512: split in 3 (42.7 K blocks a step), 120 steps: 12 idle CTAs, 0.58 MiB each.
-  plan = copy_plan(64, 8192, 132, 120, 128.0 / 3, 7);
+  plan = copy_plan(64, 8192, DType::kBF16, 132, 120, 128.0 / 3, 7);
   EXPECT_EQ(plan.first_copier, 120);
   EXPECT_EQ(plan.copiers, 12);
   // Mixtral w1/w3 at M = 512: 128 x 256 tiles over bands of two blocks split in 2 (48 K blocks a
   // step, 1.5 MiB), 128 steps: the 4 idle CTAs store 1.3 MiB each.
-  plan = copy_plan(64, 6144, 132, 128, 48, 7);
+  plan = copy_plan(64, 6144, DType::kBF16, 132, 128, 48, 7);
   EXPECT_EQ(plan.first_copier, 128);
   EXPECT_EQ(plan.copiers, 4);
   // Mixtral qkv at M = 2048: 128 x 256 tiles split in 2, 128 steps: 4 idle CTAs, 5.25 MiB each.
-  plan = copy_plan(256, 6144, 132, 128, 48, 7);
+  plan = copy_plan(256, 6144, DType::kBF16, 132, 128, 48, 7);
   EXPECT_EQ(plan.first_copier, 0);
   EXPECT_EQ(plan.copiers, 132);
   // More steps than CTAs (several waves): every CTA.
-  plan = copy_plan(4096, 8192, 132, 1280, 128, 7);
+  plan = copy_plan(4096, 8192, DType::kBF16, 132, 1280, 128, 7);
   EXPECT_EQ(plan.first_copier, 0);
   EXPECT_EQ(plan.copiers, 132);
   // The limit is the bytes a copier stores in a step: exactly at it, the idle CTAs copy; over, all.
   const int64_t rows = 64, k = 10 * kIdleCopierBytesPerKBlock / (2 * 64);
-  plan = copy_plan(rows, k, 132, 131, 10, 1);
+  plan = copy_plan(rows, k, DType::kBF16, 132, 131, 10, 1);
   EXPECT_EQ(plan.first_copier, 131);
   EXPECT_EQ(plan.copiers, 1);
-  plan = copy_plan(rows, k, 132, 131, 10, 2);
+  plan = copy_plan(rows, k, DType::kBF16, 132, 131, 10, 2);
   EXPECT_EQ(plan.copiers, 132);
   // overrides.idle_copiers: 1 whenever a CTA has no step, 0 never.
-  plan = copy_plan(rows, k, 132, 131, 10, 2, /*idle_copiers=*/1);
+  plan = copy_plan(rows, k, DType::kBF16, 132, 131, 10, 2, /*idle_copiers=*/1);
   EXPECT_EQ(plan.first_copier, 131);
   EXPECT_EQ(plan.copiers, 1);
-  plan = copy_plan(rows, k, 132, 132, 10, 2, /*idle_copiers=*/1);
+  plan = copy_plan(rows, k, DType::kBF16, 132, 132, 10, 2, /*idle_copiers=*/1);
   EXPECT_EQ(plan.copiers, 132) << "no CTA without a step";
-  plan = copy_plan(256, 8192, 132, 112, 96, 7, /*idle_copiers=*/0);
+  plan = copy_plan(256, 8192, DType::kBF16, 132, 112, 96, 7, /*idle_copiers=*/0);
   EXPECT_EQ(plan.first_copier, 0);
   EXPECT_EQ(plan.copiers, 132);
 }

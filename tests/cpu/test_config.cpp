@@ -92,7 +92,7 @@ void expect_split_fits(const GemmConfig& c, const Problem& p, const DeviceInfo& 
   if (c.split_k == 1) return;
   const GemmVariant& v = c.tile();
   const int64_t tiles = ((p.m + v.block_m - 1) / v.block_m) * ((p.n + v.block_n - 1) / v.block_n);
-  const int64_t num_k_blocks = (p.k_per_rank + kBlockK - 1) / kBlockK;
+  const int64_t num_k_blocks = k_blocks_of(p.k_per_rank, p.dtype);
   EXPECT_EQ(c.whole_tiles % device.num_sms, 0) << what << ": a split tail after full waves";
   EXPECT_LT(c.whole_tiles, tiles) << what;
   EXPECT_LE((tiles - c.whole_tiles) * c.split_k, device.num_sms) << what << ": more split steps than SMs";

@@ -38,7 +38,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
   // more than a wave, the last wave's tiles alone may be split (the last bands' tiles).
   const int64_t rows = problem.rows_per_rank();
   const int p = problem.world_size;
-  const int64_t num_k_blocks = (problem.k + kBlockK - 1) / kBlockK;
+  const int64_t num_k_blocks = k_blocks_of(problem.k, problem.dtype);
   const auto with_bands_of = [&](int sources_per_band, AllGatherConfig* c) -> Status {
     c->sources_per_band = sources_per_band;
     TileGrid grid;

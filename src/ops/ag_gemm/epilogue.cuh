@@ -65,9 +65,9 @@ class AllGatherEpilogue : public EpilogueBase {
     bool halves_by_block;
     CUtensorMap own_x_half;              // X_r, box 64 x 64
     CUtensorMap gathered_half;           // 4D (k, row in block, source, parity), box 64 x 64
-    const uint16_t* x;                   // X_r, rows_per_rank x k, BF16
-    uint16_t* gathered_at[kMaxWorldSize];  // each rank's gathered buffer (parity 0), as this rank addresses it
-    size_t parity_elems;                 // distance between the parity halves of a gathered buffer
+    const uint8_t* x;                    // X_r, rows_per_rank x k elements of the problem's dtype
+    uint8_t* gathered_at[kMaxWorldSize];  // each rank's gathered buffer (parity 0), as this rank addresses it
+    size_t parity_elems;                 // distance between the parity halves of a gathered buffer (elements)
     uint32_t* flags_at[kMaxWorldSize];   // each rank's flags, [parity][source][row block]
     size_t flags_parity_words;
     uint32_t* counts_at[kMaxWorldSize];  // each rank's counts, [parity][source][row block]
@@ -131,14 +131,16 @@ class AllGatherEpilogue : public EpilogueBase {
     if (destinations == 0) return;  // one rank, no gathered X wanted: nothing to move
     if (cta < p.copy.first_copier) return;
     if (p.copy.first_copier == 0) {
-      copy_pieces<kCopyStages, kCopyStageBytes, 2>(p, smem.op.buffer[0], smem.op.full, cta, destinations);
+      copy_pieces<typename Config::Element, kCopyStages, kCopyStageBytes, 2>(p, smem.op.buffer[0], smem.op.full, cta,
+                                                                             destinations);
       return;
     }
     static_assert(sizeof(IdleCopyStages) <= sizeof(smem.a) + sizeof(smem.w), "the deep ring fits in the stages");
     IdleCopyStages& ring = *reinterpret_cast<IdleCopyStages*>(&smem.a[0][0]);
     for (int s = 0; s < kIdleCopyStages; ++s) ptx::mbarrier_init(&ring.full[s], 1);
     ptx::fence_barrier_init();
-    copy_pieces<kIdleCopyStages, kIdleCopyStageBytes, kIdleCopyAhead>(p, ring.buffer[0], ring.full, cta, destinations);
+    copy_pieces<typename Config::Element, kIdleCopyStages, kIdleCopyStageBytes, kIdleCopyAhead>(
+        p, ring.buffer[0], ring.full, cta, destinations);
   }
 
   // Consumers: the step's slice of K, for split K's workspace (nothing to add during the K loop, no
@@ -175,11 +177,12 @@ class AllGatherEpilogue : public EpilogueBase {
   __device__ void finish() { slabs_.drain(); }
 
  private:
-  // The pieces of copier `cta` through a ring of kStages buffers of kStageBytes (contiguous, from
-  // `buffers`), loads kAhead stages ahead of the stores.
-  template <int kStages, int kStageBytes, int kAhead>
+  // The pieces of copier `cta` (X's elements, of the Element's size) through a ring of kStages buffers
+  // of kStageBytes (contiguous, from `buffers`), loads kAhead stages ahead of the stores.
+  template <class Element, int kStages, int kStageBytes, int kAhead>
   __device__ static void copy_pieces(const Params& p, uint8_t* buffers, uint64_t* full, int cta, int destinations) {
     static_assert(kAhead >= 1 && kAhead < kStages, "a stage is stored while later ones load");
+    constexpr int kElementBytes = int(sizeof(Element));
     const uint32_t epoch = comm::call_epoch(p.calls);
     // X_r's place in every gathered buffer: this call's parity, this rank's slot.
     const size_t slot = size_t(epoch & 1) * p.parity_elems + size_t(p.rank) * p.rows_per_rank * p.k;
@@ -190,9 +193,9 @@ class AllGatherEpilogue : public EpilogueBase {
     uint32_t uses = 0;  // stages loaded so far: the ring position and its barriers' phase
     for (int piece = cta - p.copy.first_copier; piece < num_pieces; piece += p.copy.copiers) {
       const PieceRange range = piece_range(p.copy, p.rows_per_rank, p.k, piece);
-      const uint32_t bytes = uint32_t(range.end - range.begin) * 2;
+      const uint32_t bytes = uint32_t(range.end - range.begin) * kElementBytes;
       const int stages = int((bytes + kStageBytes - 1) / kStageBytes);
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.x + range.begin);
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(reinterpret_cast<const Element*>(p.x) + range.begin);
       for (int i = 0; i < stages + kAhead; ++i) {
         if (i < stages) {
           // Stage i's buffer was last read by the stores of stage i - kStages; of the store groups
@@ -208,10 +211,9 @@ class AllGatherEpilogue : public EpilogueBase {
         const uint32_t s = (uses + c) % kStages;
         ptx::mbarrier_wait(&full[s], ((uses + c) / kStages) & 1);
         const uint32_t n = min(uint32_t(kStageBytes), bytes - uint32_t(c) * kStageBytes);
-        const size_t at = (slot + range.begin) * 2 + size_t(c) * kStageBytes;
+        const size_t at = (slot + range.begin) * kElementBytes + size_t(c) * kStageBytes;
         for (int d = 1; d <= destinations; ++d) {
-          ptx::bulk_store(reinterpret_cast<uint8_t*>(p.gathered_at[destination(p, d)]) + at,
-                          buffers + size_t(s) * kStageBytes, n, evict_first);
+          ptx::bulk_store(p.gathered_at[destination(p, d)] + at, buffers + size_t(s) * kStageBytes, n, evict_first);
         }
         ptx::bulk_commit_group();
       }

@@ -101,7 +101,7 @@ struct AllGatherOp {
     // A step's K blocks: a split's where every tile is split (a split tail is past the first wave).
     const int step_splits = schedule.whole_tiles() > 0 ? 1 : schedule.num_splits();
     const double step_k_blocks = double(rp->mainloop.num_k_blocks) / step_splits * Config::kBlockN / 256.0;
-    e.copy = copy_plan(rows, k, config.gemm.num_ctas, schedule.num_tiles(), step_k_blocks,
+    e.copy = copy_plan(rows, k, problem.dtype, config.gemm.num_ctas, schedule.num_tiles(), step_k_blocks,
                        e.copy_own ? comm.world_size : comm.world_size - 1, config.idle_copiers);
     // Y and the gathered buffers as bands (layers) of G blocks: a box is clipped at its band's end.
     // With several sequences (G = 1) a band's rows in Y are its shards of the sequences
@@ -125,9 +125,9 @@ struct AllGatherOp {
       TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(dtype, rank.data, comm.world_size, rows, k, 2, parity_elems,
                                                      kSlabRows, Config::kBlockK, &e.gathered_half));
     }
-    e.x = static_cast<const uint16_t*>(x);
+    e.x = static_cast<const uint8_t*>(x);
     for (int r = 0; r < comm.world_size; ++r) {
-      e.gathered_at[r] = static_cast<uint16_t*>(rank.data_at[r]);
+      e.gathered_at[r] = static_cast<uint8_t*>(rank.data_at[r]);
       e.flags_at[r] = rank.flags_at[r];
       e.counts_at[r] = rank.counts_at[r];
     }
@@ -141,18 +141,28 @@ struct AllGatherOp {
     return Status::Ok();
   }
 
+  // The element size of X the copy of the gathered X is compiled for: that of every dtype the
+  // compiled variants take (so the problem's, which validate() checked is one of theirs).
+  static constexpr int kGatheredElementBytes = max_input_element_bytes();
+  static_assert([] {
+    for (const GemmVariant& v : kGemmVariants) {
+      if (element_bytes(v.dtype) != kGatheredElementBytes) return false;
+    }
+    return true;
+  }(), "a copy of the gathered X for each element size of the variants' dtypes");
+
   // The gathered X of the call just queued on `stream`, into `out` (m x k, the rows in sequence order).
   static Status copy_gathered(const Communicator& comm, const RankState& rank, const Problem& problem, void* out,
                               cudaStream_t stream) {
     TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
     // A block a row at a time, a thread per 16 bytes of it (up to 256).
-    const int vectors = int(problem.k / 8);
+    const int vectors = int(problem.k * kGatheredElementBytes / 16);
     const int blocks = int(std::min<int64_t>(problem.m, 2048));
     const int threads = std::min(256, (vectors + 31) / 32 * 32);
     const SequenceRows sequences(problem.batch, problem.rows_per_rank(), comm.world_size);
-    kernels::copy_gathered_kernel<<<blocks, threads, 0, stream>>>(
-        static_cast<const uint16_t*>(rank.data), comm.parity.data_bytes / 2, rank.calls, static_cast<uint16_t*>(out),
-        int(problem.m), vectors, FastDivision(int(problem.rows_per_rank())), sequences);
+    kernels::copy_gathered_kernel<kGatheredElementBytes><<<blocks, threads, 0, stream>>>(
+        static_cast<const uint8_t*>(rank.data), comm.parity.data_bytes / kGatheredElementBytes, rank.calls,
+        static_cast<uint8_t*>(out), int(problem.m), vectors, FastDivision(int(problem.rows_per_rank())), sequences);
     TPFUSE_CUDA_TRY(cudaGetLastError());
     return Status::Ok();
   }

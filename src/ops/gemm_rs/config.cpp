@@ -33,7 +33,7 @@ int partial_rounds_of(const Problem& problem, const GemmRsConfig& c) {
       (own_last && problem.world_size < 4)) {
     return 0;
   }
-  const int num_k_blocks = int((problem.k_per_rank + kBlockK - 1) / kBlockK);
+  const int num_k_blocks = int(k_blocks_of(problem.k_per_rank, problem.dtype));
   return partial_rounds_that_fit(num_k_blocks, kConsumers, problem.world_size - 1);
 }
 
@@ -134,7 +134,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     // Shared tiles may split K as the plain GEMM does (their tiles fill few SMs); the others take
     // whole tiles.
     if (share_tiles) {
-      const int64_t num_k_blocks = (problem.k_per_rank + kBlockK - 1) / kBlockK;
+      const int64_t num_k_blocks = k_blocks_of(problem.k_per_rank, problem.dtype);
       TPFUSE_RETURN_IF_ERROR(select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides,
                                                         GemmRsTiles(register_epilogue, false), &c.gemm));
     } else {
