@@ -38,6 +38,10 @@ constexpr int element_bytes(DType dtype) {
   return 0;
 }
 
+// The type of every output (C, Y, the reduce-scatter's out) and of the partials the reduce-scatter
+// moves between ranks, whatever the inputs' dtype.
+constexpr DType kOutputDType = DType::kBF16;
+
 // The rows an op splits over the ranks may be `batch` sequences of s = m/batch rows each (row i*s + t
 // is token t of sequence i, as a [batch, s, hidden] tensor flattened): then every rank holds its
 // shard of each sequence, tokens [d*s/P, (d+1)*s/P) on rank d, sequence after sequence (sequence

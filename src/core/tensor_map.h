@@ -13,7 +13,7 @@ namespace tpfuse {
 
 // A rows x cols row-major matrix of `dtype` elements (row pitch `pitch_elems`), read or written in
 // boxes of box_rows x box_cols with 128-byte swizzle (box_cols elements must be 128 bytes). The
-// inputs' maps take the problem's dtype; outputs (and the reduce-scatter's partials) are BF16.
+// inputs' maps take the problem's dtype; outputs (and the reduce-scatter's partials) kOutputDType.
 Status make_tensor_map(DType dtype, const void* base, int64_t rows, int64_t cols, int64_t pitch_elems, int box_rows,
                        int box_cols, CUtensorMap* map);
 

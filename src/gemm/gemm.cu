@@ -136,7 +136,7 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
     const GemmSchedule tiles(int(problem.m), int(problem.n), Config::kBlockM, Config::kBlockN, config.group_rows);
     CUtensorMap c_map;
     TPFUSE_RETURN_IF_ERROR(
-        make_tensor_map(DType::kBF16, c, problem.m, problem.n, problem.n, kChunkRows, kChunkCols, &c_map));
+        make_tensor_map(kOutputDType, c, problem.m, problem.n, problem.n, kChunkRows, kChunkCols, &c_map));
     if (config.split_k == 1) {
       kernels::GemmParams params{};
       TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, tiles, &params.mainloop));

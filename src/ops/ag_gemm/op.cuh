@@ -111,7 +111,7 @@ struct AllGatherOp {
     const int64_t parity_elems = int64_t(comm.parity.data_bytes / element_bytes(dtype));
     e.sequences = SequenceRows(problem.batch, band_rows, int(bands));
     const int64_t shard_rows = e.sequences.shard_rows();
-    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(DType::kBF16, y, bands, shard_rows, problem.n_per_rank,
+    TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(kOutputDType, y, bands, shard_rows, problem.n_per_rank,
                                                    problem.batch, bands * shard_rows * problem.n_per_rank, kChunkRows,
                                                    kChunkCols, &e.y));
     e.bias = operands.bias != nullptr ? static_cast<const uint16_t*>(operands.bias[i]) : nullptr;

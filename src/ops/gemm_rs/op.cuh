@@ -89,10 +89,10 @@ struct GemmRsOp {
     // Shared tiles move a segment's rows as one box (ops/gemm_rs/epilogue.cuh), or from registers
     // without tensor maps (ops/gemm_rs/shared_tiles.cuh); the others a chunk.
     e.box_rows = config.shared_tiles ? int(problem.rows_per_rank()) : kChunkRows;
-    const int64_t parity_elems = int64_t(comm.parity.data_bytes / element_bytes(DType::kBF16));
+    const int64_t parity_elems = int64_t(comm.parity.data_bytes / element_bytes(kOutputDType));
     for (int owner = 0; owner < comm.world_size; ++owner) {
       if (!config.register_epilogue) {
-        TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(DType::kBF16, rank.data_at[owner], comm.world_size,
+        TPFUSE_RETURN_IF_ERROR(make_layered_tensor_map(kOutputDType, rank.data_at[owner], comm.world_size,
                                                        problem.rows_per_rank(), problem.n, 2, parity_elems,
                                                        e.box_rows, kChunkCols, &e.recv_at[owner]));
       }
@@ -104,7 +104,7 @@ struct GemmRsOp {
     e.bias = operands.bias != nullptr ? static_cast<const uint16_t*>(operands.bias[i]) : nullptr;
     e.sequences = SequenceRows(problem.batch, problem.rows_per_rank(), comm.world_size);
     if (!config.register_epilogue) {
-      TPFUSE_RETURN_IF_ERROR(make_tensor_map(DType::kBF16, operands.out[i], problem.rows_per_rank(), problem.n,
+      TPFUSE_RETURN_IF_ERROR(make_tensor_map(kOutputDType, operands.out[i], problem.rows_per_rank(), problem.n,
                                              problem.n, e.box_rows, kChunkCols, &e.out));
     }
     e.flags_parity_words = comm.parity.flag_words;

@@ -31,8 +31,8 @@ inline WorkspaceSize gemm_rs_workspace(const CommunicatorOptions& options, int w
       size_t((band_rows + min_block_m - 1) / min_block_m) * size_t((options.max_n + min_block_n - 1) / min_block_n);
   constexpr size_t kSlabsPerTile = kConsumers;
   WorkspaceSize size;
-  // The partials are the GEMM's outputs: BF16 whatever the inputs.
-  size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_n) * element_bytes(DType::kBF16);
+  // The partials are the GEMM's outputs: kOutputDType whatever the inputs.
+  size.data_bytes = size_t(world_size) * size_t(rows) * size_t(options.max_n) * element_bytes(kOutputDType);
   size.flag_words = size_t(world_size) * tiles * kSlabsPerTile;
   return size;
 }
