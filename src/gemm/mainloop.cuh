@@ -3,8 +3,8 @@
 // tile locally) and the fused ops (the reduce-scatter pushes a tile to its owner, or reduces it).
 //
 //   warpgroup 0        producer: one thread issues the TMA loads of A and W into a ring of stages,
-//                      and leaves each step's tile next to its first stage; two more threads may
-//                      help the epilogue (run_persistent)
+//                      and leaves each step's tile next to its first stage; three more threads may
+//                      help the epilogue (Role, run_persistent)
 //   warpgroups 1, 2    consumers: WGMMA on each stage, then the epilogue of the tile
 //
 // An epilogue may also stream inputs of its own through the same ring, after a tile's K stages
@@ -97,6 +97,22 @@ using StorageOf = typename Config::Storage;
 
 // A consumer's chunk buffers (gemm/shared_storage.h).
 using ChunkBuffer = uint16_t[kChunkElems];
+
+// The roles of a CTA's threads, as CUTLASS names its warp-group roles. Warpgroup 0 is the
+// producer warpgroup: one thread of each of its warps works, in Role's order: the producer (the TMA
+// loads of the ring), and the epilogue's sender, watcher and copier where the epilogue has them
+// (run_persistent); its other threads idle. Every thread of warpgroup w >= 1 is a consumer, of slab
+// w - 1.
+enum class Role { kProducer, kSender, kWatcher, kCopier, kConsumer };
+
+// The one place that maps threads (threadIdx.x) to roles: the thread of each role of the producer
+// warpgroup (lane 0 of its warp 0, 1, 2, 3), and the warpgroup of a thread, whose consumers are
+// warpgroups 1 and up.
+template <Role kRole>
+inline constexpr uint32_t kRoleThread = 32 * uint32_t(kRole);
+static_assert(kRoleThread<Role::kCopier> < 128, "the producer warpgroup's roles");
+__device__ __forceinline__ int warpgroup_of(uint32_t thread) { return thread / 128; }
+inline constexpr int kProducerWarpgroup = 0;
 
 // Synchronizes the 128 threads of consumer warpgroup `consumer` (named barrier 1 + consumer; 0 is
 // the CTA's).
@@ -353,22 +369,22 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 // stages (where its A rows come from: ALoad; a layered 4D map with Epilogue::kLayeredA), and
 // Epilogue::produce_extra_stages<Config>(params, tile, k_slice, smem, ring, extra_phase) after them (both
 // sides must agree on the number of extra stages; extra_phase is the epilogue's to keep across tiles).
-// Two more threads of the producer warpgroup may help the epilogue:
-//   with Epilogue::kHasSender, warp 1 runs Epilogue::send<Config>(params, schedule, smem, cta,
+// More threads of the producer warpgroup may help the epilogue (their Role):
+//   with Epilogue::kHasSender, the sender runs Epilogue::send<Config>(params, schedule, smem, cta,
 //   num_ctas): it takes every consumer's staged slab of every step, so that the consumers go back
 //   to multiplying while the slab goes out;
-//   with Epilogue::kHasWatcher, warp 2 runs Epilogue::watch<Config>(params, schedule, smem, cta,
+//   with Epilogue::kHasWatcher, the watcher runs Epilogue::watch<Config>(params, schedule, smem, cta,
 //   num_ctas): it waits for the inputs of the tiles with extra stages ahead of the producer;
-//   with Epilogue::kHasCopier, warp 3 runs Epilogue::copy<Config>(params, smem, cta, num_ctas): data
-//   the op moves by bulk copies while the tiles multiply.
-// Epilogue::init<Config>(smem) initializes the op's barriers (one thread, before the CTA's barrier).
+//   with Epilogue::kHasCopier, the copier runs Epilogue::copy<Config>(params, smem, cta, num_ctas):
+//   data the op moves by bulk copies while the tiles multiply.
+// Epilogue::init<Config>(smem) initializes the op's barriers (the producer, before the CTA's barrier).
 // Every thread of the CTA returns from here (none exits early), so callers may synchronize after it.
 template <class Config, class Epilogue, class Schedule>
 __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& mainloop,
                                                const typename Epilogue::Params& epilogue_params,
                                                StorageOf<Config>& smem, int cta, int num_ctas) {
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
+  const int warpgroup = warpgroup_of(threadIdx.x);
+  if (threadIdx.x == kRoleThread<Role::kProducer>) {
     ptx::prefetch_tensor_map(&mainloop.a);
     ptx::prefetch_tensor_map(&mainloop.a_last);
     ptx::prefetch_tensor_map(&mainloop.w);
@@ -381,21 +397,29 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
   }
   __syncthreads();
 
-  if (warpgroup == 0) {
+  if (warpgroup == kProducerWarpgroup) {
     ptx::setmaxnreg_dec<Config::kProducerRegs>();
-    if (threadIdx.x == 0) produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    if (threadIdx.x == kRoleThread<Role::kProducer>) {
+      produce<Config, Epilogue>(mainloop, epilogue_params, smem, cta, num_ctas);
+    }
     if constexpr (Epilogue::kHasSender) {
-      if (threadIdx.x == 32) Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      if (threadIdx.x == kRoleThread<Role::kSender>) {
+        Epilogue::template send<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      }
     }
     if constexpr (Epilogue::kHasWatcher) {
-      if (threadIdx.x == 64) Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      if (threadIdx.x == kRoleThread<Role::kWatcher>) {
+        Epilogue::template watch<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
+      }
     }
     if constexpr (Epilogue::kHasCopier) {
-      if (threadIdx.x == 96) Epilogue::template copy<Config>(epilogue_params, smem, cta, num_ctas);
+      if (threadIdx.x == kRoleThread<Role::kCopier>) {
+        Epilogue::template copy<Config>(epilogue_params, smem, cta, num_ctas);
+      }
     }
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
-    const int consumer = warpgroup - 1;
+    const int consumer = warpgroup - 1;  // Role::kConsumer
     const Slab<Config> slab = Slab<Config>::of_consumer(consumer);
     Epilogue epilogue(epilogue_params, consumer, smem);
     float acc[Config::kAccPerThread];
