@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 /* Raised whenever a function of this header changes its arguments or meaning. */
-#define TPFUSE_C_API_VERSION 4
+#define TPFUSE_C_API_VERSION 5
 
 enum {
   TPFUSE_OK = 0,
@@ -31,6 +31,13 @@ enum {
 enum {
   TPFUSE_WEIGHT_KXN = 0, /* K/P x N, row-major */
   TPFUSE_WEIGHT_NXK = 1, /* N x K/P, row-major: nn.Linear's weight */
+};
+
+/* The element type of the GEMM's inputs (tpfuse::DType): a and w, the all-gather's x (and so its
+ * gathered_x). Outputs (out, c, y) and the bias are BF16 whatever it is. */
+enum {
+  TPFUSE_DTYPE_BF16 = 0,
+  TPFUSE_DTYPE_E4M3 = 1, /* FP8 (e4m3): no kernel takes it yet, so the ops return TPFUSE_UNSUPPORTED */
 };
 
 /* sizeof(ncclUniqueId). */
@@ -87,32 +94,33 @@ int tpfuse_communicator_status(const tpfuse_communicator* comm);
 int tpfuse_communicator_workspace_bytes(const tpfuse_communicator* comm, int64_t* bytes);
 
 /* tpfuse::gemm_reduce_scatter on `stream` (a cudaStream_t): out (m/world_size x n, BF16) = this rank's
- * rows of sum over ranks of a (m x k_per_rank, BF16) @ w (weight_layout), + bias. batch >= 1: the m
- * rows are `batch` sequences of s = m/batch rows, and this rank (d) keeps rows [d*s/P, (d+1)*s/P) of
- * each, sequence after sequence (a reduce-scatter along dimension 1 of [batch, s, n]; 1: rows
- * [d*m/P, (d+1)*m/P)); with batch > 1 and P > 1, s/P must be a multiple of 64 (TPFUSE_UNSUPPORTED
- * otherwise). bias: null, or n BF16 entries added in FP32 before the one rounding. Device pointers,
+ * rows of sum over ranks of a (m x k_per_rank) @ w (weight_layout), both of `dtype` (TPFUSE_DTYPE_*),
+ * + bias. batch >= 1: the m rows are `batch` sequences of s = m/batch rows, and this rank (d) keeps
+ * rows [d*s/P, (d+1)*s/P) of each, sequence after sequence (a reduce-scatter along dimension 1 of
+ * [batch, s, n]; 1: rows [d*m/P, (d+1)*m/P)); with batch > 1 and P > 1, s/P must be a multiple of 64
+ * (TPFUSE_UNSUPPORTED otherwise). bias: null, or n BF16 entries added in FP32 before the one rounding. Device pointers,
  * 16-byte aligned; world_size is the communicator's size. */
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
-                               int weight_layout, int64_t batch, const void* a, const void* w, const void* bias,
-                               void* out, void* stream);
+                               int weight_layout, int dtype, int64_t batch, const void* a, const void* w,
+                               const void* bias, void* out, void* stream);
 
-/* tpfuse::gemm on `stream`: c (m x n, BF16) = a (m x k, BF16) @ w (weight_layout: k x n or n x k), the
- * per-rank GEMM alone. Device pointers, 16-byte aligned. */
-int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, const void* a, const void* w, void* c,
+/* tpfuse::gemm on `stream`: c (m x n, BF16) = a (m x k) @ w (weight_layout: k x n or n x k), both of
+ * `dtype` (TPFUSE_DTYPE_*), the per-rank GEMM alone. Device pointers, 16-byte aligned. */
+int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, const void* a, const void* w, void* c,
                 void* stream);
 
 /* tpfuse::all_gather_gemm on `stream`: y (m x n_per_rank, BF16) = the rows of every rank's x
- * (m/world_size x k, BF16) gathered in rank order, @ w (weight_layout: k x n_per_rank or
- * n_per_rank x k), + bias. batch >= 1: x holds this rank's shard of each of `batch` sequences (s/P
- * rows each, s = m/batch), and y's rows are in sequence order: y row i*s + r*s/P + j comes from rank
- * r's x row i*s/P + j (an all-gather along dimension 1); the same limits as the reduce-scatter's.
+ * (m/world_size x k) gathered in rank order, @ w (weight_layout: k x n_per_rank or n_per_rank x k),
+ * both of `dtype` (TPFUSE_DTYPE_*), + bias. batch >= 1: x holds this rank's shard of each of `batch`
+ * sequences (s/P rows each, s = m/batch), and y's rows are in sequence order: y row i*s + r*s/P + j
+ * comes from rank r's x row i*s/P + j (an all-gather along dimension 1); the same limits as the
+ * reduce-scatter's.
  * bias: null, or n_per_rank BF16 entries added in FP32 before the one rounding. gathered_x, if not
  * null, receives the gathered X (m x k, in y's row order). Device pointers, 16-byte aligned; the
  * communicator needs max_k >= k. */
 int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
-                           int weight_layout, int64_t batch, const void* x, const void* w, const void* bias, void* y,
-                           void* gathered_x, void* stream);
+                           int weight_layout, int dtype, int64_t batch, const void* x, const void* w, const void* bias,
+                           void* y, void* gathered_x, void* stream);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._library import WEIGHT_LAYOUT_CODES
+from ._library import DTYPE_CODES, WEIGHT_LAYOUT_CODES
 from .errors import InvalidArgumentError, UnsupportedError
 
 MAX_WORLD_SIZE = 8       # tpfuse::kMaxWorldSize: the ranks of one NVLink node
@@ -16,6 +16,8 @@ ROW_ALIGNMENT = 8        # BF16 rows must be whole 16-byte units
 POINTER_ALIGNMENT = 16   # bytes
 MAX_EXTENT = 2**31 - 1   # the kernels index with 32 bits
 SLAB_ROWS = 64           # the kernels' slab: with batch > 1 and P > 1, a rank's rows of a sequence are whole slabs
+
+BF16_CODE = DTYPE_CODES[torch.bfloat16]  # the C ABI's dtype of BF16 inputs, the only ones served so far
 
 _WEIGHT_SHAPES = {"nk": "N x K/P (nn.Linear's weight)", "kn": "K/P x N"}
 _AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
@@ -33,6 +35,7 @@ class Problem:
     world_size: int
     weight_layout: str
     batch: int = 1
+    dtype_code: int = BF16_CODE  # the C ABI's code of a's and w's dtype (DTYPE_CODES)
 
     @property
     def rows_per_rank(self) -> int:
@@ -54,6 +57,7 @@ class AllGatherProblem:
     world_size: int
     weight_layout: str
     batch: int = 1
+    dtype_code: int = BF16_CODE  # the C ABI's code of x's and w's dtype (DTYPE_CODES)
 
 
 def _fail(message: str) -> None:
@@ -68,13 +72,20 @@ def _check_layout_and_group(weight_layout: str, world_size: int, weight_shapes: 
         _fail(f"the group has {world_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}")
 
 
-def _check_matrices(*named) -> None:
-    """BF16 matrices, each (name, tensor); a None tensor is an output not asked for."""
-    for name, tensor in named:
+def _check_matrices(inputs, outputs=()) -> int:
+    """BF16 matrices, each (name, tensor) (an output of None is one not asked for); returns the C ABI's code
+    of the inputs' dtype. FP8 inputs (e4m3, a dtype the C ABI names) raise UnsupportedError: no kernel
+    serves them yet."""
+    for name, tensor in inputs:
+        if tensor.dtype == torch.float8_e4m3fn:
+            raise UnsupportedError(f"{name} has dtype {tensor.dtype}: tpfuse does not serve FP8 inputs yet; it takes "
+                                   "and returns torch.bfloat16")
+    for name, tensor in (*inputs, *outputs):
         if tensor is not None and tensor.dtype != torch.bfloat16:
             _fail(f"{name} has dtype {tensor.dtype}; tpfuse takes and returns torch.bfloat16")
         if tensor is not None and tensor.dim() != 2:
             _fail(f"{name} has {tensor.dim()} dimensions {tuple(tensor.shape)}; it must be a matrix")
+    return DTYPE_CODES[inputs[0][1].dtype]
 
 
 def _weight_columns(w: torch.Tensor, weight_layout: str, name: str, operand: torch.Tensor, operand_shape: str,
@@ -154,16 +165,16 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
                   out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                   batch: int = 1) -> Problem:
     """The reduce-scatter's problem of a, w, out, bias and batch, or an InvalidArgumentError naming the bad
-    argument (UnsupportedError for a batched shard that is not whole slabs)."""
+    argument (UnsupportedError for FP8 inputs and for a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _WEIGHT_SHAPES)
-    _check_matrices(("a", a), ("w", w), ("out", out))
+    dtype_code = _check_matrices((("a", a), ("w", w)), (("out", out),))
     m, k_per_rank = a.shape
     n = _weight_columns(w, weight_layout, "a", a, "M x K/P", "K/P", _WEIGHT_SHAPES)
     _check_operands_contiguous("a", a, "M x K/P", w, weight_layout, _WEIGHT_SHAPES)
     _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n), ("K/P", k_per_rank)))
     _check_batch(batch, m, world_size)
     _check_bias(bias, n, "N")
-    problem = Problem(m, n, k_per_rank, world_size, weight_layout, batch)
+    problem = Problem(m, n, k_per_rank, world_size, weight_layout, batch, dtype_code)
     if out is not None:
         if tuple(out.shape) != (problem.rows_per_rank, problem.n):
             _fail(f"out has shape {tuple(out.shape)}; this rank's rows are {problem.rows_per_rank} x {problem.n} "
@@ -176,9 +187,9 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
 def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
                              bias: Optional[torch.Tensor] = None, batch: int = 1) -> AllGatherProblem:
     """The all-gather's problem of x, w, bias and batch, or an InvalidArgumentError naming the bad argument
-    (UnsupportedError for a batched shard that is not whole slabs)."""
+    (UnsupportedError for FP8 inputs and for a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _AG_WEIGHT_SHAPES)
-    _check_matrices(("x", x), ("w", w))
+    dtype_code = _check_matrices((("x", x), ("w", w)))
     rows, k = x.shape
     n_per_rank = _weight_columns(w, weight_layout, "x", x, "M/P x K", "K", _AG_WEIGHT_SHAPES)
     _check_operands_contiguous("x", x, "M/P x K", w, weight_layout, _AG_WEIGHT_SHAPES)
@@ -190,7 +201,7 @@ def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: st
               "sequence)")
     _check_shard_rows(batch, rows // batch, world_size)
     _check_bias(bias, n_per_rank, "N/P")
-    return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout, batch)
+    return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout, batch, dtype_code)
 
 
 def _sharded_dim_batch(A: torch.Tensor, dim: int, dim_name: str) -> int:
@@ -266,8 +277,9 @@ _MAX_CACHED = 4096
 def check_problem_cached(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
                          out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                          batch: int = 1) -> Problem:
-    """check_problem, remembered per shape: its outcome depends only on the shapes, dtypes,
-    contiguity, layout, batch and world size, and the per-call part (out, bias) is checked each time."""
+    """check_problem, remembered per shape: its outcome (the problem with its dtype code) depends only on the
+    shapes, dtypes, contiguity, layout, batch and world size, and the per-call part (out, bias) is checked
+    each time."""
     if a.dtype is not torch.bfloat16 or w.dtype is not torch.bfloat16 or not a.is_contiguous() or \
             not w.is_contiguous() or type(batch) is not int:
         return check_problem(a, w, weight_layout, world_size, out, bias, batch)

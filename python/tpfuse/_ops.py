@@ -37,8 +37,8 @@ def _launch(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out:
     stream = torch.cuda.current_stream(a.device).cuda_stream
     with torch.cuda.device(a.device):
         library().call("tpfuse_gemm_reduce_scatter", handle, problem.m, problem.n, problem.k_per_rank,
-                       problem.world_size, problem.layout_code, problem.batch, a.data_ptr(), w.data_ptr(),
-                       _data_ptr(bias), out.data_ptr(), stream)
+                       problem.world_size, problem.layout_code, problem.dtype_code, problem.batch, a.data_ptr(),
+                       w.data_ptr(), _data_ptr(bias), out.data_ptr(), stream)
 
 
 # The schemas are spelled out: an `int` annotation would make batch a SymInt.
@@ -109,8 +109,9 @@ def _launch_all_gather(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Te
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
         library().call("tpfuse_all_gather_gemm", handle, problem.m, problem.n_per_rank, problem.k,
-                       problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.batch, x.data_ptr(),
-                       w.data_ptr(), _data_ptr(bias), y.data_ptr(), _data_ptr(gathered_x), stream)
+                       problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.dtype_code,
+                       problem.batch, x.data_ptr(), w.data_ptr(), _data_ptr(bias), y.data_ptr(),
+                       _data_ptr(gathered_x), stream)
 
 
 @torch.library.custom_op("tpfuse::all_gather_gemm", mutates_args=(),
@@ -166,7 +167,8 @@ def _gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: AllGathe
     stream = torch.cuda.current_stream(a.device).cuda_stream
     with torch.cuda.device(a.device):
         library().call("tpfuse_gemm", problem.m, problem.n_per_rank, problem.k,
-                       WEIGHT_LAYOUT_CODES[problem.weight_layout], a.data_ptr(), w.data_ptr(), out.data_ptr(), stream)
+                       WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.dtype_code, a.data_ptr(), w.data_ptr(),
+                       out.data_ptr(), stream)
 
 
 # symm_mem's schema exactly. The first B is the fused call, which also gives the gathered A; every
@@ -257,8 +259,8 @@ def gemm_reduce_scatter_eager(a: torch.Tensor, w: torch.Tensor, weight_layout: s
     index = device.index
     lib = library()
     function = lib.functions["tpfuse_gemm_reduce_scatter"]
-    args = (handle, problem.m, problem.n, problem.k_per_rank, problem.world_size, problem.layout_code, problem.batch,
-            a_ptr, w_ptr, bias_ptr, out_ptr, _current_stream(index))
+    args = (handle, problem.m, problem.n, problem.k_per_rank, problem.world_size, problem.layout_code,
+            problem.dtype_code, problem.batch, a_ptr, w_ptr, bias_ptr, out_ptr, _current_stream(index))
     if _current_device() == index:
         status = function(*args)
     else:

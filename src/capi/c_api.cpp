@@ -77,6 +77,16 @@ Status weight_layout_of(int code, tpfuse::WeightLayout* layout) {
   }
 }
 
+Status dtype_of(int code, tpfuse::DType* dtype) {
+  switch (code) {
+    case TPFUSE_DTYPE_BF16: *dtype = tpfuse::DType::kBF16; return Status::Ok();
+    case TPFUSE_DTYPE_E4M3: *dtype = tpfuse::DType::kE4M3; return Status::Ok();
+    default:
+      return Status::InvalidArgument("dtype = " + std::to_string(code) +
+                                     " is neither TPFUSE_DTYPE_BF16 (0) nor TPFUSE_DTYPE_E4M3 (1)");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -181,8 +191,8 @@ int tpfuse_communicator_workspace_bytes(const tpfuse_communicator* comm, int64_t
 }
 
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
-                               int weight_layout, int64_t batch, const void* a, const void* w, const void* bias,
-                               void* out, void* stream) {
+                               int weight_layout, int dtype, int64_t batch, const void* a, const void* w,
+                               const void* bias, void* out, void* stream) {
   return guarded([&] {
     tpfuse::Problem problem;
     problem.m = m;
@@ -191,12 +201,13 @@ int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, 
     problem.world_size = world_size;
     problem.batch = batch;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
+    TPFUSE_RETURN_IF_ERROR(dtype_of(dtype, &problem.dtype));
     return tpfuse::gemm_reduce_scatter(from_handle(comm), problem, a, w, bias, out,
                                        static_cast<cudaStream_t>(stream));
   });
 }
 
-int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, const void* a, const void* w, void* c,
+int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, const void* a, const void* w, void* c,
                 void* stream) {
   return guarded([&] {
     tpfuse::Problem problem;
@@ -204,13 +215,14 @@ int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, const void* 
     problem.n = n;
     problem.k_per_rank = k;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
+    TPFUSE_RETURN_IF_ERROR(dtype_of(dtype, &problem.dtype));
     return tpfuse::gemm(problem, a, w, c, static_cast<cudaStream_t>(stream));
   });
 }
 
 int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
-                           int weight_layout, int64_t batch, const void* x, const void* w, const void* bias, void* y,
-                           void* gathered_x, void* stream) {
+                           int weight_layout, int dtype, int64_t batch, const void* x, const void* w, const void* bias,
+                           void* y, void* gathered_x, void* stream) {
   return guarded([&] {
     tpfuse::AllGatherProblem problem;
     problem.m = m;
@@ -219,6 +231,7 @@ int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_r
     problem.world_size = world_size;
     problem.batch = batch;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
+    TPFUSE_RETURN_IF_ERROR(dtype_of(dtype, &problem.dtype));
     return tpfuse::all_gather_gemm(from_handle(comm), problem, x, w, bias, y, gathered_x,
                                    static_cast<cudaStream_t>(stream));
   });

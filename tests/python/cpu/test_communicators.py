@@ -224,6 +224,8 @@ def test_an_eager_call_after_capture_keeps_the_captured_buffers_through_growth(g
     big = torch.zeros(256, 16, dtype=torch.bfloat16)
     tpfuse.gemm_reduce_scatter(big, w, group)          # grows: communicator 2
     assert library.launched_with() == [1, 1, 1, 2]
+    # comm, m, n, k, world_size, weight_layout, dtype (TPFUSE_DTYPE_BF16), batch, pointers and the stream
+    assert [args[6] for name, args in library.calls if name == "tpfuse_gemm_reduce_scatter"] == [0, 0, 0, 0]
     assert library.destroyed() == []                   # the graph may replay with communicator 1
     tpfuse.gemm_reduce_scatter(torch.zeros(1024, 16, dtype=torch.bfloat16), w, group)
     assert library.destroyed() == [2]                  # 2 was never captured

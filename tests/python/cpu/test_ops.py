@@ -1,14 +1,16 @@
 """The custom ops: registered with their schemas, fake implementations that give the output's shape,
 torch.compile(fullgraph=True) traces them without a graph break, the drop-in has symm_mem's schema."""
 
+import contextlib
 import inspect
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
 
 import tpfuse
-from tpfuse import _ops
+from tpfuse import _checks, _library, _ops
 
 BF16 = torch.bfloat16
 
@@ -210,3 +212,31 @@ def test_all_gather_drop_in_fake_shapes_are_symm_mems(group, a_shape, gather_dim
         assert ours[0] is None and theirs[0] is None
     assert [out.shape for out in ours[1]] == [out.shape for out in theirs[1]] == \
         [(*gathered[:-1], 48), (*gathered[:-1], 24)]
+
+
+def test_every_launch_passes_the_c_abis_arguments_with_the_inputs_dtype(group, monkeypatch):
+    """The launches of the custom ops call the C ABI with as many arguments as its signatures take, the
+    dtype's code (TPFUSE_DTYPE_BF16) where the header has it; the problem carries the code, computed once."""
+    calls = []
+
+    class Recorder:
+        def call(self, name, *args):
+            assert len(args) == len(_library._SIGNATURES[name]), name
+            calls.append((name, args))
+
+    monkeypatch.setattr(_ops, "library", lambda: Recorder())
+    monkeypatch.setattr(_ops, "check_placement", lambda *named: None)
+    monkeypatch.setattr(_ops, "communicator", lambda group, device: SimpleNamespace(reserve=lambda *extents: 1))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    a, w, y = torch.zeros(64, 32, dtype=BF16), torch.zeros(48, 32, dtype=BF16), torch.zeros(64, 48, dtype=BF16)
+    problem = _checks.check_problem(a, w, "nk", group.size())
+    ag_problem = _checks.check_all_gather_problem(a, w, "nk", 1)
+    assert problem.dtype_code == ag_problem.dtype_code == _library.DTYPE_CODES[BF16] == 0
+    _ops._launch(a, w, None, torch.zeros(problem.rows_per_rank, 48, dtype=BF16), problem, group.group_name)
+    _ops._launch_all_gather(a, w, None, y, None, ag_problem, group.group_name)
+    _ops._gemm(a, w, y, ag_problem)
+    # The dtype follows weight_layout in each: comm, m, n, k, world_size, weight_layout, dtype, ...; and
+    # m, n, k, weight_layout, dtype, ... for the plain GEMM.
+    dtypes = {name: args[6] if name != "tpfuse_gemm" else args[4] for name, args in calls}
+    assert dtypes == {"tpfuse_gemm_reduce_scatter": 0, "tpfuse_all_gather_gemm": 0, "tpfuse_gemm": 0}
