@@ -37,6 +37,7 @@ int main() {
   p.n = 512;
   p.k_per_rank = 64;
   p.weight_layout = tpfuse::WeightLayout::kKxN;
+  p.dtype = tpfuse::DType::kBF16;  // of a and w (c is BF16 whatever they are)
   // Small integers: every product and sum is exact in BF16, so the result must match exactly.
   std::vector<uint16_t> a(size_t(p.m * p.k_per_rank)), w(size_t(p.k_per_rank * p.n)), c(size_t(p.m * p.n));
   for (size_t i = 0; i < a.size(); ++i) a[i] = bf16_of(float(int(i % 3) - 1));
