@@ -68,9 +68,9 @@ struct Problem {
 };
 
 // Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), a dtype
-// the compiled variants take, n and k_per_rank whole 16-byte units of it (multiples of 8 BF16); batch >= 1 dividing m, each sequence splitting over the ranks, and (with
-// batch > 1 and P > 1) shards of whole slabs (kUnsupported otherwise). The message names the bad
-// argument and its value.
+// the compiled variants take, n and k_per_rank whole 16-byte units of it (multiples of 8 BF16); batch >= 1
+// dividing m, each sequence splitting over the ranks, and (with batch > 1 and P > 1) shards of whole slabs
+// (kUnsupported otherwise). The message names the bad argument and its value.
 Status validate(const Problem& problem);
 
 // The column-parallel layer's shape on one rank (all_gather_gemm, tpfuse/all_gather.h): rank r holds
