@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 /* Raised whenever a function of this header changes its arguments or meaning. */
-#define TPFUSE_C_API_VERSION 5
+#define TPFUSE_C_API_VERSION 6
 
 enum {
   TPFUSE_OK = 0,
@@ -37,7 +37,24 @@ enum {
  * gathered_x). Outputs (out, c, y) and the bias are BF16 whatever it is. */
 enum {
   TPFUSE_DTYPE_BF16 = 0,
-  TPFUSE_DTYPE_E4M3 = 1, /* FP8 (e4m3): no kernel takes it yet, so the ops return TPFUSE_UNSUPPORTED */
+  TPFUSE_DTYPE_E4M3 = 1, /* FP8 (e4m3), K-major weight (TPFUSE_WEIGHT_NXK) only, with scales */
+};
+
+/* How inputs of TPFUSE_DTYPE_E4M3 are scaled (tpfuse::Scaling): each rank's product a @ w is
+ * multiplied in FP32 by a_scale * w_scale before anything else is done with it (the bias, the
+ * rounding to BF16, the reduction over ranks). a_scale and w_scale are FP32 device pointers. BF16
+ * inputs take TPFUSE_SCALING_NONE and null scales. */
+enum {
+  TPFUSE_SCALING_NONE = 0,
+  TPFUSE_SCALING_TENSORWISE = 1, /* one value each */
+  TPFUSE_SCALING_ROWWISE = 2,    /* a_scale: one per row of a (m; the all-gather's x: m/P), w_scale: one per
+                                    output column (n; the all-gather's n_per_rank) */
+};
+
+/* How FP8 products are accumulated (tpfuse::Accumulation); BF16 inputs ignore it. */
+enum {
+  TPFUSE_ACCUMULATION_PROMOTED = 0, /* the tensor cores' partial sums added into FP32 every 128 K */
+  TPFUSE_ACCUMULATION_FAST = 1,     /* the tensor cores' own accumulation (torch's use_fast_accum) */
 };
 
 /* sizeof(ncclUniqueId). */
@@ -98,16 +115,19 @@ int tpfuse_communicator_workspace_bytes(const tpfuse_communicator* comm, int64_t
  * + bias. batch >= 1: the m rows are `batch` sequences of s = m/batch rows, and this rank (d) keeps
  * rows [d*s/P, (d+1)*s/P) of each, sequence after sequence (a reduce-scatter along dimension 1 of
  * [batch, s, n]; 1: rows [d*m/P, (d+1)*m/P)); with batch > 1 and P > 1, s/P must be a multiple of 64
- * (TPFUSE_UNSUPPORTED otherwise). bias: null, or n BF16 entries added in FP32 before the one rounding. Device pointers,
- * 16-byte aligned; world_size is the communicator's size. */
+ * (TPFUSE_UNSUPPORTED otherwise). bias: null, or n BF16 entries added in FP32 before the one rounding.
+ * FP8 inputs: `scaling` and `accumulation` above. Device pointers, 16-byte aligned (scales 4-byte);
+ * world_size is the communicator's size. */
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
-                               int weight_layout, int dtype, int64_t batch, const void* a, const void* w,
+                               int weight_layout, int dtype, int scaling, int accumulation, int64_t batch,
+                               const void* a, const void* w, const float* a_scale, const float* w_scale,
                                const void* bias, void* out, void* stream);
 
 /* tpfuse::gemm on `stream`: c (m x n, BF16) = a (m x k) @ w (weight_layout: k x n or n x k), both of
- * `dtype` (TPFUSE_DTYPE_*), the per-rank GEMM alone. Device pointers, 16-byte aligned. */
-int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, const void* a, const void* w, void* c,
-                void* stream);
+ * `dtype` (TPFUSE_DTYPE_*) scaled as `scaling` says, the per-rank GEMM alone. Device pointers, 16-byte
+ * aligned. */
+int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, int scaling, int accumulation,
+                const void* a, const void* w, const float* a_scale, const float* w_scale, void* c, void* stream);
 
 /* tpfuse::all_gather_gemm on `stream`: y (m x n_per_rank, BF16) = the rows of every rank's x
  * (m/world_size x k) gathered in rank order, @ w (weight_layout: k x n_per_rank or n_per_rank x k),
@@ -117,10 +137,12 @@ int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, c
  * reduce-scatter's.
  * bias: null, or n_per_rank BF16 entries added in FP32 before the one rounding. gathered_x, if not
  * null, receives the gathered X (m x k, in y's row order). Device pointers, 16-byte aligned; the
- * communicator needs max_k >= k. */
+ * communicator needs max_k >= k. FP8 inputs are not served yet (TPFUSE_UNSUPPORTED); their scales' arguments
+ * are the reduce-scatter's, x's rowwise scales this rank's m/P. */
 int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
-                           int weight_layout, int dtype, int64_t batch, const void* x, const void* w, const void* bias,
-                           void* y, void* gathered_x, void* stream);
+                           int weight_layout, int dtype, int scaling, int accumulation, int64_t batch, const void* x,
+                           const void* w, const float* x_scale, const float* w_scale, const void* bias, void* y,
+                           void* gathered_x, void* stream);
 
 #ifdef __cplusplus
 }
