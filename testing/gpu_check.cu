@@ -47,7 +47,7 @@ __global__ void fill_small_ints_kernel(bf16* data, size_t count, uint64_t seed) 
 }
 
 __device__ float e4m3_to_float(uint8_t bits) {
-  return float(__nv_fp8_e4m3(__nv_fp8_storage_t(bits)));
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(bits), __NV_E4M3)));
 }
 
 __global__ void fill_random_e4m3_kernel(uint8_t* data, size_t count, uint64_t seed) {
