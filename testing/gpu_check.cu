@@ -67,6 +67,13 @@ __global__ void fill_small_ints_e4m3_kernel(uint8_t* data, size_t count, uint64_
   }
 }
 
+__global__ void fill_random_scales_kernel(float* data, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(mix(seed + 0x9e3779b97f4a7c15ull * (i + 1)) >> 40) / float(1 << 24);  // [0, 1)
+    data[i] = (0.5f + 1.5f * u) / 448.0f;
+  }
+}
+
 // Reference GEMM: 64 x 64 output tiles, K in steps of 16, each of 256 threads computing 4 x 4 outputs
 // (rows ty + 16i, columns tx + 16j). Any m, n, k; exact BF16 products, FP32 sums.
 constexpr int kRefTile = 64;
@@ -237,6 +244,11 @@ void fill_random_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t s
 
 void fill_small_ints_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream) {
   fill_small_ints_e4m3_kernel<<<grid_for(count), kThreads, 0, stream>>>(data, count, seed);
+  TESTING_CHECK(cudaGetLastError());
+}
+
+void fill_random_scales(float* data, size_t count, uint64_t seed, cudaStream_t stream) {
+  fill_random_scales_kernel<<<grid_for(count), kThreads, 0, stream>>>(data, count, seed);
   TESTING_CHECK(cudaGetLastError());
 }
 

@@ -199,7 +199,6 @@ struct EpilogueBase {
   static constexpr bool kHasWatcher = false;
   static constexpr bool kHasCopier = false;
   static constexpr bool kLayeredA = false;
-  static constexpr int kPromotionSets = 2;  // promoted E4M3 sums in flight (consume_tile_promoted)
 
   template <class Config, class Params, class Mainloop>
   __device__ static ALoad a_load(const Params&, const Mainloop& mainloop, const Tile& tile) {
@@ -384,62 +383,27 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 }
 
 // The same, promoted (Config::kPromoted): the tensor cores' E4M3 sums keep fewer bits than FP32, so
-// each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done. With
-// two sets (Epilogue::kPromotionSets) the blocks take them in turn: while one block multiplies, the
-// one before it is added and its stage released, and after_k_block(kb) sees `acc` up to block kb - 1.
-// With one, each block is added as soon as it is done (an epilogue whose own registers leave no room
-// for a second set).
+// each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done (its
+// stage is then released at once). Two sets taken in turn, one block in flight while the other is
+// added, measured slower (docs/EXPERIMENTS.md).
 template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
                                                       float (&acc)[Config::kAccPerThread], StageCursor& ring,
                                                       Epilogue& epilogue) {
-  using Sums = float[Config::kAccPerThread];
-  Sums even, odd;
-  const auto promote = [&](Sums& done, bool first) {
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(done[i]);
-#pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = first ? done[i] : acc[i] + done[i];
-  };
-  if constexpr (Epilogue::kPromotionSets == 1) {
-    for (int kb = 0; kb < num_k_blocks; ++kb) {
-      const int stage = ring.stage;
-      ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
-      issue_k_block<Config>(smem, stage, slab, even, false);
-      cute::warpgroup_wait<0>();
-      promote(even, kb == 0);
-      release_stage<Config>(smem, stage);
-      ring.advance<Config>();
-      epilogue.template after_k_block<Config>(kb, acc, smem);
-    }
-    return;
-  }
-  int prev_stage = -1;
-  // Block kb into `into`; then the block before it, in `done`, is complete (one batch left in flight).
-  const auto step = [&](int kb, Sums& into, Sums& done) {
+  float block_sum[Config::kAccPerThread];
+  for (int kb = 0; kb < num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
-    issue_k_block<Config>(smem, stage, slab, into, false);
-    cute::warpgroup_wait<1>();
-    if (prev_stage >= 0) {
-      promote(done, kb == 1);
-      release_stage<Config>(smem, prev_stage);
-    }
-    prev_stage = stage;
+    issue_k_block<Config>(smem, stage, slab, block_sum, false);
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
+    release_stage<Config>(smem, stage);
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + block_sum[i] : block_sum[i];
     ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
-  };
-  for (int kb = 0; kb < num_k_blocks; kb += 2) {
-    step(kb, even, odd);
-    if (kb + 1 < num_k_blocks) step(kb + 1, odd, even);
   }
-  cute::warpgroup_wait<0>();
-  if (num_k_blocks % 2 == 1) {
-    promote(even, num_k_blocks == 1);
-  } else {
-    promote(odd, false);
-  }
-  release_stage<Config>(smem, prev_stage);
 }
 
 // Brings a slab's scales into L1 while its K loop runs, so that scale_slab's loads after it hit there:

@@ -60,8 +60,6 @@ class PushReduceEpilogue : public EpilogueBase {
 
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
-  // Its registers leave no room for a second set of promoted sums (they would spill).
-  static constexpr int kPromotionSets = 1;
 
   template <class Storage>
   __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)

@@ -41,8 +41,6 @@ namespace tpfuse::kernels {
 class SharedTileEpilogue : public EpilogueBase {
  public:
   using Params = PushReduceParams;
-  // Its registers leave no room for a second set of promoted sums (they would spill).
-  static constexpr int kPromotionSets = 1;
 
   template <class Storage>
   __device__ SharedTileEpilogue(const Params& params, int consumer, Storage& smem)
