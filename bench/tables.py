@@ -38,6 +38,7 @@ TIMELINE_KN = "2026-12-03-h200-c9ba200/run141/timeline_kn"   # the push timeline
 TIMELINE_NK = "2026-12-03-h200-c9ba200/run141/timeline_nk"
 SEPARATE_PROXY = "2026-12-03-h200-c9ba200/run141/separate_nk"  # the current proxy sweep, --separate-loops
 PYTHON = "2026-12-04-h200-6abcf47/run152/bench_python"       # python -m tpfuse.bench, world size 1
+FP8 = "2026-12-04-h200-7f49829/run159"          # E4M3 inputs: the GEMM and the proxy N x K, BF16's proxy beside
 
 geomean = clock_split.geomean
 
@@ -349,6 +350,33 @@ def all_gather(results):
     return out + split_summary(sep, "fused_solo", "gemm", "fused/GEMM")
 
 
+def fp8(results):
+    """E4M3 inputs (N x K, P = 8): the GEMM against cuBLASLt's scaled GEMM, and the proxy, per scaling and accumulation."""
+    out = ["| scaling, accumulation | GEMM: cuBLASLt/ours | at or above 1.00 | proxy: fused/GEMM | within 1.05 "
+           "| fused/cuBLASLt's GEMM alone |", "|---|---:|---:|---:|---:|---:|"]
+    meta = None
+    for scaling in ("tensorwise", "rowwise"):
+        for accumulation in ("promoted", "fast"):
+            meta, gemm_rows = load(results, f"{FP8}/gemm_fp8_{scaling}_{accumulation}")
+            _, proxy_rows = load(results, f"{FP8}/proxy_fp8_{scaling}_{accumulation}")
+            over_cublas = [ratio(r, "cublas", "ours") for r in gemm_rows.values()]
+            fused = [ratio(r, "fused_solo", "gemm") for r in proxy_rows.values()]
+            fused_cublas = [ratio(r, "fused_solo", "cublas") for r in proxy_rows.values()]
+            if not over_cublas or not fused:
+                continue
+            out.append(f"| {scaling}, {accumulation} | {geomean(over_cublas):.3f} ({span(over_cublas)}) "
+                       f"| {counted(over_cublas, lambda v: v >= 1.0)} of {len(over_cublas)} "
+                       f"| {geomean(fused):.3f} ({span(fused)}) | {counted(fused, lambda v: v <= 1.05)} of {len(fused)} "
+                       f"| {geomean(fused_cublas):.3f} ({span(fused_cublas)}) |")
+    _, bf16 = load(results, f"{FP8}/proxy_bf16_nk")
+    bf16_fused = [ratio(r, "fused_solo", "gemm") for r in bf16.values()]
+    head = [f"Measured on {machine(meta)} (`bench/results/{FP8}/gemm_fp8_*.json`, `proxy_fp8_*.json`: the sweep's "
+            "16 shapes at P = 8, N x K, each a geomean over them with its range).", ""] if meta else []
+    tail = ["", f"BF16's proxy in the same session (`proxy_bf16_nk.json`): fused/GEMM geomean {geomean(bf16_fused):.3f} "
+            f"({span(bf16_fused)})."] if bf16_fused else []
+    return head + out + tail
+
+
 # The T_comm models of the projection's table (bench/projection.py's COMM_MODELS), and their names in it.
 TABLE_MODELS = {"fit2": "fit", "ring8": "ring"}
 
@@ -552,6 +580,7 @@ TABLES = {
     "small_m": small_m,
     "m256": m256,
     "all_gather": all_gather,
+    "fp8": fp8,
     "projection": projection_p8,
     "python": python_host,
     "targets": targets,
