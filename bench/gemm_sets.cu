@@ -11,27 +11,6 @@ namespace {
 
 enum Tensor { kA, kW, kAScale, kWScale };
 
-// E4M3 sets of `count` elements (testing/gpu_check.h's fill).
-std::vector<DeviceBuffer> random_e4m3_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed) {
-  std::vector<DeviceBuffer> sets;
-  TESTING_CHECK(cudaSetDevice(gpu.device));
-  for (int s = 0; s < num_sets; ++s) {
-    sets.emplace_back(gpu.device, count);
-    fill_random_e4m3(sets.back().as<uint8_t>(), count, tensor_seed(seed, 0, 0, s, 0), gpu.stream);
-  }
-  return sets;
-}
-
-std::vector<DeviceBuffer> random_scale_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed) {
-  std::vector<DeviceBuffer> sets;
-  TESTING_CHECK(cudaSetDevice(gpu.device));
-  for (int s = 0; s < num_sets; ++s) {
-    sets.emplace_back(gpu.device, count * sizeof(float));
-    fill_random_scales(sets.back().as<float>(), count, tensor_seed(seed, 0, 0, s, 0), gpu.stream);
-  }
-  return sets;
-}
-
 }  // namespace
 
 GemmSets make_gemm_sets(Gpu& gpu, const Problem& problem, size_t extra_bytes_per_set, uint64_t run_seed,
@@ -50,10 +29,10 @@ GemmSets make_gemm_sets(Gpu& gpu, const Problem& problem, size_t extra_bytes_per
   sets.num_sets = rotation_sets(set_bytes, gpu.l2_bytes, rotation_budget_bytes(gpu.device));
   const auto seed = [&](Tensor t) { return tensor_seed(run_seed, shape_index, 0, 0, t); };
   if (e4m3) {
-    sets.a = random_e4m3_sets(gpu, a_count, sets.num_sets, seed(kA));
-    sets.w = random_e4m3_sets(gpu, w_count, sets.num_sets, seed(kW));
-    sets.a_scale = random_scale_sets(gpu, a_scales, sets.num_sets, seed(kAScale));
-    sets.w_scale = random_scale_sets(gpu, w_scales, sets.num_sets, seed(kWScale));
+    sets.a = filled_sets<uint8_t>(gpu, a_count, sets.num_sets, seed(kA), fill_random_e4m3);
+    sets.w = filled_sets<uint8_t>(gpu, w_count, sets.num_sets, seed(kW), fill_random_e4m3);
+    sets.a_scale = filled_sets<float>(gpu, a_scales, sets.num_sets, seed(kAScale), fill_random_scales);
+    sets.w_scale = filled_sets<float>(gpu, w_scales, sets.num_sets, seed(kWScale), fill_random_scales);
     sets.cublaslt = std::make_shared<CublasLtFp8>();
   } else {
     sets.a = random_bf16_sets(gpu, a_count, sets.num_sets, seed(kA));

@@ -289,23 +289,13 @@ size_t rotation_budget_bytes(int device) {
 }
 
 std::vector<DeviceBuffer> random_bf16_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed) {
-  std::vector<DeviceBuffer> sets;
-  TESTING_CHECK(cudaSetDevice(gpu.device));
-  for (int s = 0; s < num_sets; ++s) {
-    sets.emplace_back(gpu.device, count * sizeof(bf16));
-    fill_random_bf16(sets.back().as<bf16>(), count, tensor_seed(seed, 0, 0, s, 0), gpu.stream);
-  }
-  return sets;
+  return filled_sets<bf16>(gpu, count, num_sets, seed, fill_random_bf16);
 }
 
 std::vector<DeviceBuffer> poisoned_bf16_sets(Gpu& gpu, size_t count, int num_sets) {
-  std::vector<DeviceBuffer> sets;
-  TESTING_CHECK(cudaSetDevice(gpu.device));
-  for (int s = 0; s < num_sets; ++s) {
-    sets.emplace_back(gpu.device, count * sizeof(bf16));
-    poison_bf16(sets.back().as<bf16>(), count, gpu.stream);
-  }
-  return sets;
+  return filled_sets<bf16>(gpu, count, num_sets, 0, [](bf16* data, size_t n, uint64_t, cudaStream_t stream) {
+    poison_bf16(data, n, stream);
+  });
 }
 
 bool attempt(const std::function<void()>& step, std::string* failure) {

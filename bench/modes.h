@@ -157,6 +157,19 @@ uint64_t tensor_seed(uint64_t run_seed, uint64_t shape_index, int gpu, int set, 
 // check's FP32 references.
 size_t rotation_budget_bytes(int device);
 
+// `num_sets` buffers of `count` elements of T on the GPU, each filled by
+// fill(T* data, count, seed, stream) with a seed of its own drawn from `seed`.
+template <class T, class Fill>
+std::vector<DeviceBuffer> filled_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed, Fill&& fill) {
+  std::vector<DeviceBuffer> sets;
+  TESTING_CHECK(cudaSetDevice(gpu.device));
+  for (int s = 0; s < num_sets; ++s) {
+    sets.emplace_back(gpu.device, count * sizeof(T));
+    fill(sets.back().as<T>(), count, tensor_seed(seed, 0, 0, s, 0), gpu.stream);
+  }
+  return sets;
+}
+
 // `num_sets` BF16 buffers of `count` elements on `device`, random (seeded per set from `seed`) or poisoned.
 std::vector<DeviceBuffer> random_bf16_sets(Gpu& gpu, size_t count, int num_sets, uint64_t seed);
 std::vector<DeviceBuffer> poisoned_bf16_sets(Gpu& gpu, size_t count, int num_sets);
