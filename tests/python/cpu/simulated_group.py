@@ -126,6 +126,7 @@ class SimulatedGroup:
         finally:
             self._rehearsing = False
             self.launches.clear()
+            self.problems.clear()
 
     def run(self, fn):
         """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one), in a copy of this thread's
