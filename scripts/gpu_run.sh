@@ -5,6 +5,8 @@
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
 # Steps (default: all, in this order): env tests sanitize gemm proxy timeline ag_proxy baseline fused;
+# fp8 (not in the default) runs the E4M3 tests and times the E4M3 GEMM against cuBLASLt's
+# (bench/fp8_gemm.py, torch._scaled_mm) on the sweep at P = 8;
 # small_m (not in the default) times the small-M targets: the GEMM at M = 1..512 and the
 # reduce-scatter's proxy at M = 8..512 (P = 8 both layouts, P = 4 and 2 N x K), interleaved and
 # checked, then N x K in separate loops (the cycles x clock split).
@@ -50,6 +52,7 @@ for step in "${steps[@]}"; do
       run_step test_gemm "${build}/tests/gpu/test_gemm"
       run_step test_fused "${build}/tests/gpu/test_fused"
       run_step test_all_gather "${build}/tests/gpu/test_all_gather"
+      run_step test_fp8 "${build}/tests/gpu/test_fp8"
       # One process per GPU needs 2 or more GPUs; on one it runs a single rank, to check the harness.
       run_step test_multiprocess bash -c "\"${build}/tests/gpu/test_multiprocess\"; rc=\$?; [ \$rc -ne 77 ] && exit \$rc; TPFUSE_TEST_RANKS=1 \"${build}/tests/gpu/test_multiprocess\""
       ;;
@@ -156,6 +159,11 @@ for step in "${steps[@]}"; do
       ;;
     baseline)
       run_step baseline "${bench}" --mode baseline --check --json "${out}/baseline.json" --csv "${out}/baseline.csv"
+      ;;
+    fp8)
+      run_step test_fp8 "${build}/tests/gpu/test_fp8"
+      run_step fp8_gemm python3 "$(dirname "${projection}")/fp8_gemm.py" --library "${build}/src/libtpfuse.so" \
+        --json "${out}/fp8_gemm.json"
       ;;
     fused)
       run_step fused "${bench}" --mode fused --check --json "${out}/fused.json" --csv "${out}/fused.csv"

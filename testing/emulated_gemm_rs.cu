@@ -9,9 +9,10 @@ namespace tpfuse {
 
 Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
                       const void* const* a, const void* const* w, const void* const* bias, void* const* out,
-                      const cudaStream_t* streams, const ConfigOverrides& overrides, PushTimeline* timeline) {
-  return launch_op<GemmRsOp, EmulatedRanks>(comm, problem, local_ranks, {a, w, bias, out, timeline}, streams,
-                                            overrides);
+                      const cudaStream_t* streams, const ConfigOverrides& overrides, PushTimeline* timeline,
+                      const InputScales* scales) {
+  return launch_op<GemmRsOp, EmulatedRanks>(comm, problem, local_ranks, {a, w, bias, out, scales, timeline},
+                                            streams, overrides);
 }
 
 }  // namespace tpfuse

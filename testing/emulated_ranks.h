@@ -19,11 +19,11 @@ namespace tpfuse {
 // streams. Its receive buffer is the
 // communicator's parity_data (comm/communicator.h), laid out as ops/gemm_rs/workspace.h says.
 // `timeline` (the benchmark's, ops/gemm_rs/push_timeline.h) records every launched rank's pushes;
-// null: none.
+// null: none. `scales`: E4M3 inputs' (tpfuse/problem.h), indexed as the operands; null for BF16.
 Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
                       const void* const* a, const void* const* w, const void* const* bias, void* const* out,
                       const cudaStream_t* streams, const ConfigOverrides& overrides = {},
-                      PushTimeline* timeline = nullptr);
+                      PushTimeline* timeline = nullptr, const InputScales* scales = nullptr);
 
 // The all-gather + GEMM for the local ranks listed in `local_ranks`, as launch_gemm_rs. Its gathered
 // buffer is the communicator's parity_data, laid out as ops/ag_gemm/workspace.h says. bias and

@@ -1,5 +1,6 @@
 #include "testing/gpu_check.h"
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -45,12 +46,37 @@ __global__ void fill_small_ints_kernel(bf16* data, size_t count, uint64_t seed) 
   }
 }
 
+__device__ float e4m3_to_float(uint8_t bits) {
+  return float(__nv_fp8_e4m3(__nv_fp8_storage_t(bits)));
+}
+
+__global__ void fill_random_e4m3_kernel(uint8_t* data, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    const uint64_t bits = mix(seed + 0x9e3779b97f4a7c15ull * (i + 1));
+    const float u = float(bits >> 40) * (2.0f / float(1 << 24)) - 1.0f;  // [-1, 1)
+    const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(448.0f * u, __NV_SATFINITE, __NV_E4M3);
+    // e4m3's smallest normal, 2^-6, where the value rounded to zero (0x00 or 0x80)
+    data[i] = (q & 0x7f) == 0 ? uint8_t(q | 0x08) : uint8_t(q);
+  }
+}
+
+__global__ void fill_small_ints_e4m3_kernel(uint8_t* data, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = float(int(mix(seed + 0x9e3779b97f4a7c15ull * (i + 1)) % 3) - 1);
+    data[i] = uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+
 // Reference GEMM: 64 x 64 output tiles, K in steps of 16, each of 256 threads computing 4 x 4 outputs
 // (rows ty + 16i, columns tx + 16j). Any m, n, k; exact BF16 products, FP32 sums.
 constexpr int kRefTile = 64;
 constexpr int kRefTileK = 16;
 
-__global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const bf16* a, const bf16* w, float* c, int64_t m,
+__device__ float to_float(bf16 v) { return __bfloat162float(v); }
+__device__ float to_float(uint8_t v) { return e4m3_to_float(v); }
+
+template <class T>
+__global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const T* a, const T* w, float* c, int64_t m,
                                                                   int64_t n, int64_t k, bool w_is_nxk) {
   __shared__ float a_tile[kRefTileK][kRefTile + 1];  // [k][row]
   __shared__ float w_tile[kRefTileK][kRefTile + 1];  // [k][column]
@@ -65,13 +91,13 @@ __global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const bf16* a,
     for (int idx = threadIdx.x; idx < kRefTile * kRefTileK; idx += kThreads) {
       const int a_row = idx / kRefTileK, a_k = idx % kRefTileK;
       const int64_t gr = row0 + a_row, gk = k0 + a_k;
-      a_tile[a_k][a_row] = (gr < m && gk < k) ? __bfloat162float(a[gr * k + gk]) : 0.0f;
+      a_tile[a_k][a_row] = (gr < m && gk < k) ? to_float(a[gr * k + gk]) : 0.0f;
 
       const int w_k = w_is_nxk ? idx % kRefTileK : idx / kRefTile;
       const int w_col = w_is_nxk ? idx / kRefTileK : idx % kRefTile;
       const int64_t wk = k0 + w_k, wc = col0 + w_col;
       float wv = 0.0f;
-      if (wk < k && wc < n) wv = __bfloat162float(w_is_nxk ? w[wc * k + wk] : w[wk * n + wc]);
+      if (wk < k && wc < n) wv = to_float(w_is_nxk ? w[wc * k + wk] : w[wk * n + wc]);
       w_tile[w_k][w_col] = wv;
     }
     __syncthreads();
@@ -97,6 +123,16 @@ __global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const bf16* a,
       const int64_t r = row0 + ty + 16 * i, col = col0 + tx + 16 * j;
       if (r < m && col < n) c[r * n + col] = acc[i][j];
     }
+  }
+}
+
+// ref[r][c] *= a_scale[r * a_step] * w_scale[c * w_step]: as the kernels scale, in FP32.
+__global__ void scale_ref_kernel(float* ref, int64_t m, int64_t n, const float* a_scale, int a_step,
+                                 const float* w_scale, int w_step) {
+  const size_t count = size_t(m) * size_t(n);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    const int64_t r = int64_t(i / size_t(n)), c = int64_t(i % size_t(n));
+    ref[i] *= a_scale[r * a_step] * w_scale[c * w_step];
   }
 }
 
@@ -194,6 +230,16 @@ void fill_small_ints_bf16(bf16* data, size_t count, uint64_t seed, cudaStream_t 
   TESTING_CHECK(cudaGetLastError());
 }
 
+void fill_random_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream) {
+  fill_random_e4m3_kernel<<<grid_for(count), kThreads, 0, stream>>>(data, count, seed);
+  TESTING_CHECK(cudaGetLastError());
+}
+
+void fill_small_ints_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream) {
+  fill_small_ints_e4m3_kernel<<<grid_for(count), kThreads, 0, stream>>>(data, count, seed);
+  TESTING_CHECK(cudaGetLastError());
+}
+
 void poison_bf16(bf16* data, size_t count, cudaStream_t stream) {
   TESTING_CHECK(cudaMemsetAsync(data, 0xFF, count * sizeof(bf16), stream));
 }
@@ -202,6 +248,18 @@ void reference_gemm(const Problem& problem, const bf16* a, const bf16* w, float*
   const dim3 grid(unsigned((problem.n + kRefTile - 1) / kRefTile), unsigned((problem.m + kRefTile - 1) / kRefTile));
   reference_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, w, ref, problem.m, problem.n, problem.k_per_rank,
                                                        problem.weight_layout == WeightLayout::kNxK);
+  TESTING_CHECK(cudaGetLastError());
+}
+
+void reference_gemm_e4m3(const Problem& problem, const uint8_t* a, const uint8_t* w, const InputScales& scales,
+                         float* ref, cudaStream_t stream) {
+  const dim3 grid(unsigned((problem.n + kRefTile - 1) / kRefTile), unsigned((problem.m + kRefTile - 1) / kRefTile));
+  reference_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, w, ref, problem.m, problem.n, problem.k_per_rank,
+                                                       problem.weight_layout == WeightLayout::kNxK);
+  TESTING_CHECK(cudaGetLastError());
+  const int step = problem.scaling == Scaling::kRowwise ? 1 : 0;
+  scale_ref_kernel<<<grid_for(size_t(problem.m) * problem.n), kThreads, 0, stream>>>(ref, problem.m, problem.n,
+                                                                                    scales.a, step, scales.w, step);
   TESTING_CHECK(cudaGetLastError());
 }
 

@@ -22,12 +22,21 @@ void fill_random_bf16(bf16* data, size_t count, uint64_t seed, cudaStream_t stre
 // Small integers in {-1, 0, 1}, a function of (seed, index): with K per rank at most 256 / P every
 // partial and every total is an integer of magnitude at most 256, exact in BF16 (the exact mode).
 void fill_small_ints_bf16(bf16* data, size_t count, uint64_t seed, cudaStream_t stream);
+// The same for E4M3 inputs (one byte each): uniform in [-448, 448] (e4m3's range) rounded to E4M3,
+// never zero; small integers in {-1, 0, 1}.
+void fill_random_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream);
+void fill_small_ints_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream);
 // Fills with 0xFFFF, a NaN, so that any element a kernel fails to write shows up.
 void poison_bf16(bf16* data, size_t count, cudaStream_t stream);
 
 // ref = a @ w (m x n, row-major), the exact products of the BF16 inputs summed in FP32.
 // `w` is laid out as problem.weight_layout says.
 void reference_gemm(const Problem& problem, const bf16* a, const bf16* w, float* ref, cudaStream_t stream);
+
+// The same for E4M3 inputs (problem.dtype, N x K weight): the exact products summed in FP32, then
+// multiplied by their row's and column's scales as problem.scaling says (the dequantized product).
+void reference_gemm_e4m3(const Problem& problem, const uint8_t* a, const uint8_t* w, const InputScales& scales,
+                         float* ref, cudaStream_t stream);
 
 // sum += addend, element by element in FP32: a BF16 partial, or an FP32 one, added into a reference.
 void add_bf16_to_ref(float* sum, const bf16* addend, size_t count, cudaStream_t stream);

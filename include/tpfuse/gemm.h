@@ -23,4 +23,9 @@ namespace tpfuse {
 Status gemm(const Problem& problem, const void* a, const void* w, void* c, cudaStream_t stream,
             const ConfigOverrides& overrides = {});
 
+// The same with inputs of any dtype: E4M3 ones (problem.dtype) are scaled by `scales` as
+// problem.scaling says (tpfuse/problem.h) and accumulated as problem.accumulation says.
+Status gemm(const Problem& problem, const void* a, const void* w, const InputScales& scales, void* c,
+            cudaStream_t stream, const ConfigOverrides& overrides = {});
+
 }  // namespace tpfuse

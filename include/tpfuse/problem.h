@@ -24,7 +24,7 @@ const char* to_string(WeightLayout layout);
 // run; another type is new rows of that table and a mainloop input, not another op.
 enum class DType {
   kBF16,
-  kE4M3,  // FP8 (e4m3): no compiled variant takes it yet, so validate() refuses it (kUnsupported)
+  kE4M3,  // FP8 (e4m3): a K-major weight (kNxK) only, scaled (Scaling) and accumulated (Accumulation) as asked
 };
 
 const char* to_string(DType dtype);
@@ -37,6 +37,32 @@ constexpr int element_bytes(DType dtype) {
   }
   return 0;
 }
+
+// How inputs of E4M3 are scaled back: each rank's product A_r @ W_r is multiplied in FP32 by
+// a_scale * w_scale (InputScales) before anything else is done with it (the bias, the rounding to
+// BF16, the reduction over ranks: the scales differ by rank). BF16 inputs take kNone.
+enum class Scaling {
+  kNone,
+  kTensorwise,  // one scale for A_r, one for W_r
+  kRowwise,     // one for each row of A_r (m), one for each output column of W_r (n)
+};
+
+const char* to_string(Scaling scaling);
+
+// How E4M3 products are accumulated; BF16 inputs ignore it.
+enum class Accumulation {
+  kPromoted,  // the tensor cores' partial sums over each 128 of K added into FP32 registers
+  kFast,      // the tensor cores' own accumulation, which keeps fewer bits (torch's use_fast_accum)
+};
+
+const char* to_string(Accumulation accumulation);
+
+// The scales of E4M3 inputs (Scaling): FP32 device pointers, a_scale for A_r (or the all-gather's X),
+// w_scale for W_r. Null for BF16 inputs.
+struct InputScales {
+  const float* a = nullptr;
+  const float* w = nullptr;
+};
 
 // The type of every output (C, Y, the reduce-scatter's out) and of the partials the reduce-scatter
 // moves between ranks, whatever the inputs' dtype.
@@ -61,6 +87,8 @@ struct Problem {
   WeightLayout weight_layout = WeightLayout::kNxK;
   DType dtype = DType::kBF16;  // of A_r and W_r
   int64_t batch = 1;           // sequences the rows hold (above); 1: the rows are split as they are
+  Scaling scaling = Scaling::kNone;                    // E4M3 inputs: kTensorwise or kRowwise
+  Accumulation accumulation = Accumulation::kPromoted;  // E4M3 inputs
 
   int64_t rows_per_rank() const { return m / world_size; }
   double flops_per_rank() const { return 2.0 * double(m) * double(n) * double(k_per_rank); }
@@ -70,7 +98,8 @@ struct Problem {
 // Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), a dtype
 // the compiled variants take, n and k_per_rank whole 16-byte units of it (multiples of 8 BF16); batch >= 1
 // dividing m, each sequence splitting over the ranks, and (with batch > 1 and P > 1) shards of whole slabs
-// (kUnsupported otherwise). The message names the bad argument and its value.
+// (kUnsupported otherwise); E4M3 with a kNxK weight and a scaling, BF16 with none. The message names the
+// bad argument and its value.
 Status validate(const Problem& problem);
 
 // The column-parallel layer's shape on one rank (all_gather_gemm, tpfuse/all_gather.h): rank r holds
@@ -86,14 +115,16 @@ struct AllGatherProblem {
   WeightLayout weight_layout = WeightLayout::kNxK;  // W_r: k x n_per_rank (kKxN) or n_per_rank x k (kNxK)
   DType dtype = DType::kBF16;                       // of X_r and W_r
   int64_t batch = 1;                                // sequences the rows hold (as Problem's)
+  Scaling scaling = Scaling::kNone;                    // as Problem's
+  Accumulation accumulation = Accumulation::kPromoted;  // as Problem's
 
   int64_t rows_per_rank() const { return m / world_size; }
   double flops_per_rank() const { return 2.0 * double(m) * double(n_per_rank) * double(k); }
   std::string to_string() const;
 };
 
-// P in 1..8, m divisible by P, n_per_rank and k multiples of 8, batch as Problem's, a compiled dtype;
-// the message names the bad field.
+// P in 1..8, m divisible by P, n_per_rank and k multiples of 8, batch as Problem's, BF16 inputs (E4M3
+// is not served by the all-gather yet: kUnsupported); the message names the bad field.
 Status validate(const AllGatherProblem& problem);
 
 // Checks that a device pointer argument is non-null and 16-byte aligned. `name` goes into the message.

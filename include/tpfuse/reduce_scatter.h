@@ -18,6 +18,12 @@ namespace tpfuse {
 Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const void* a, const void* w, const void* bias,
                            void* out, cudaStream_t stream, const ConfigOverrides& overrides = {});
 
+// The same with inputs of any dtype: E4M3 ones (problem.dtype) are scaled by this rank's `scales` as
+// problem.scaling says, before the bias and the reduction (tpfuse/problem.h).
+Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const void* a, const void* w,
+                           const InputScales& scales, const void* bias, void* out, cudaStream_t stream,
+                           const ConfigOverrides& overrides = {});
+
 // Every rank of a local communicator (communicator_create_local) at once: a[r], w[r], bias[r], out[r]
 // on rank r's device (bias may be null, or any of its entries), work on streams[r]. One rank per device: where two ranks share a device the call
 // returns kUnsupported and launches nothing (ranks emulated on one GPU are the testing library's, so
@@ -25,5 +31,9 @@ Status gemm_reduce_scatter(Communicator* comm, const Problem& problem, const voi
 Status gemm_reduce_scatter_local(Communicator* comm, const Problem& problem, const void* const* a,
                                  const void* const* w, const void* const* bias, void* const* out,
                                  const cudaStream_t* streams, const ConfigOverrides& overrides = {});
+// With inputs of any dtype: scales[r] are rank r's (null: BF16 inputs).
+Status gemm_reduce_scatter_local(Communicator* comm, const Problem& problem, const void* const* a,
+                                 const void* const* w, const InputScales* scales, const void* const* bias,
+                                 void* const* out, const cudaStream_t* streams, const ConfigOverrides& overrides = {});
 
 }  // namespace tpfuse

@@ -87,6 +87,26 @@ Status dtype_of(int code, tpfuse::DType* dtype) {
   }
 }
 
+// The inputs' scaling and accumulation codes (tpfuse_c.h), into the problem's.
+Status scaling_of(int scaling_code, int accumulation_code, tpfuse::Scaling* scaling,
+                  tpfuse::Accumulation* accumulation) {
+  switch (scaling_code) {
+    case TPFUSE_SCALING_NONE: *scaling = tpfuse::Scaling::kNone; break;
+    case TPFUSE_SCALING_TENSORWISE: *scaling = tpfuse::Scaling::kTensorwise; break;
+    case TPFUSE_SCALING_ROWWISE: *scaling = tpfuse::Scaling::kRowwise; break;
+    default:
+      return Status::InvalidArgument("scaling = " + std::to_string(scaling_code) +
+                                     " is not TPFUSE_SCALING_NONE (0), _TENSORWISE (1) or _ROWWISE (2)");
+  }
+  switch (accumulation_code) {
+    case TPFUSE_ACCUMULATION_PROMOTED: *accumulation = tpfuse::Accumulation::kPromoted; return Status::Ok();
+    case TPFUSE_ACCUMULATION_FAST: *accumulation = tpfuse::Accumulation::kFast; return Status::Ok();
+    default:
+      return Status::InvalidArgument("accumulation = " + std::to_string(accumulation_code) +
+                                     " is neither TPFUSE_ACCUMULATION_PROMOTED (0) nor TPFUSE_ACCUMULATION_FAST (1)");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -191,7 +211,8 @@ int tpfuse_communicator_workspace_bytes(const tpfuse_communicator* comm, int64_t
 }
 
 int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, int64_t k_per_rank, int world_size,
-                               int weight_layout, int dtype, int64_t batch, const void* a, const void* w,
+                               int weight_layout, int dtype, int scaling, int accumulation, int64_t batch,
+                               const void* a, const void* w, const float* a_scale, const float* w_scale,
                                const void* bias, void* out, void* stream) {
   return guarded([&] {
     tpfuse::Problem problem;
@@ -202,13 +223,14 @@ int tpfuse_gemm_reduce_scatter(tpfuse_communicator* comm, int64_t m, int64_t n, 
     problem.batch = batch;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
     TPFUSE_RETURN_IF_ERROR(dtype_of(dtype, &problem.dtype));
-    return tpfuse::gemm_reduce_scatter(from_handle(comm), problem, a, w, bias, out,
-                                       static_cast<cudaStream_t>(stream));
+    TPFUSE_RETURN_IF_ERROR(scaling_of(scaling, accumulation, &problem.scaling, &problem.accumulation));
+    return tpfuse::gemm_reduce_scatter(from_handle(comm), problem, a, w, tpfuse::InputScales{a_scale, w_scale}, bias,
+                                       out, static_cast<cudaStream_t>(stream));
   });
 }
 
-int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, const void* a, const void* w, void* c,
-                void* stream) {
+int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, int scaling, int accumulation,
+                const void* a, const void* w, const float* a_scale, const float* w_scale, void* c, void* stream) {
   return guarded([&] {
     tpfuse::Problem problem;
     problem.m = m;
@@ -216,13 +238,15 @@ int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, c
     problem.k_per_rank = k;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
     TPFUSE_RETURN_IF_ERROR(dtype_of(dtype, &problem.dtype));
-    return tpfuse::gemm(problem, a, w, c, static_cast<cudaStream_t>(stream));
+    TPFUSE_RETURN_IF_ERROR(scaling_of(scaling, accumulation, &problem.scaling, &problem.accumulation));
+    return tpfuse::gemm(problem, a, w, tpfuse::InputScales{a_scale, w_scale}, c, static_cast<cudaStream_t>(stream));
   });
 }
 
 int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
-                           int weight_layout, int dtype, int64_t batch, const void* x, const void* w, const void* bias,
-                           void* y, void* gathered_x, void* stream) {
+                           int weight_layout, int dtype, int scaling, int accumulation, int64_t batch, const void* x,
+                           const void* w, const float* x_scale, const float* w_scale, const void* bias, void* y,
+                           void* gathered_x, void* stream) {
   return guarded([&] {
     tpfuse::AllGatherProblem problem;
     problem.m = m;
@@ -232,6 +256,11 @@ int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_r
     problem.batch = batch;
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
     TPFUSE_RETURN_IF_ERROR(dtype_of(dtype, &problem.dtype));
+    TPFUSE_RETURN_IF_ERROR(scaling_of(scaling, accumulation, &problem.scaling, &problem.accumulation));
+    // The all-gather serves BF16 inputs only so far (validate() refuses E4M3), which take no scales.
+    if (problem.dtype == tpfuse::DType::kBF16 && (x_scale != nullptr || w_scale != nullptr)) {
+      return Status::InvalidArgument("scales are for E4M3 inputs: BF16 ones take none");
+    }
     return tpfuse::all_gather_gemm(from_handle(comm), problem, x, w, bias, y, gathered_x,
                                    static_cast<cudaStream_t>(stream));
   });

@@ -34,12 +34,39 @@ Status check_row_bytes(const char* name, int64_t value, DType dtype) {
   return Status::Ok();
 }
 
-// A dtype the compiled variants take (gemm/variants.h): E4M3 is a DType, but no variant takes it yet.
+// A dtype the compiled variants take (gemm/variants.h).
 Status check_dtype(DType dtype) {
   if (variants_take(dtype)) return Status::Ok();
   const std::string name = to_string(dtype);
   return Status::Unsupported("problem.dtype = " + (name == "unknown" ? std::to_string(int(dtype)) : name) +
-                             " is not supported: no compiled GEMM variant takes it (BF16 does)");
+                             " is not supported: no compiled GEMM variant takes it");
+}
+
+// E4M3 inputs come with their scaling and a K-major weight (FP8 WGMMA reads K-major operands only);
+// BF16 ones with no scaling.
+Status check_scaling(DType dtype, WeightLayout layout, Scaling scaling, Accumulation accumulation) {
+  if (scaling != Scaling::kNone && scaling != Scaling::kTensorwise && scaling != Scaling::kRowwise) {
+    return Status::InvalidArgument("problem.scaling = " + std::to_string(int(scaling)) +
+                                   " is not a Scaling (kNone, kTensorwise or kRowwise)");
+  }
+  if (accumulation != Accumulation::kPromoted && accumulation != Accumulation::kFast) {
+    return Status::InvalidArgument("problem.accumulation = " + std::to_string(int(accumulation)) +
+                                   " is not an Accumulation (kPromoted or kFast)");
+  }
+  if (dtype == DType::kBF16) {
+    if (scaling == Scaling::kNone) return Status::Ok();
+    return Status::InvalidArgument(std::string("problem.scaling = ") + to_string(scaling) +
+                                   " with BF16 inputs: scales are for E4M3 inputs (BF16 takes kNone)");
+  }
+  if (scaling == Scaling::kNone) {
+    return Status::InvalidArgument(std::string("problem.dtype = ") + to_string(dtype) +
+                                   " needs a scaling (kTensorwise or kRowwise), not kNone");
+  }
+  if (layout != WeightLayout::kNxK) {
+    return Status::Unsupported(std::string("problem.weight_layout = ") + to_string(layout) + " with " +
+                               to_string(dtype) + " inputs: FP8 takes an N x K weight (K contiguous) only");
+  }
+  return Status::Ok();
 }
 
 // The sequences the rows hold (tpfuse/problem.h): each divides over the ranks, and with several
@@ -77,6 +104,23 @@ const char* to_string(DType dtype) {
   return "unknown";
 }
 
+const char* to_string(Scaling scaling) {
+  switch (scaling) {
+    case Scaling::kNone: return "none";
+    case Scaling::kTensorwise: return "tensorwise";
+    case Scaling::kRowwise: return "rowwise";
+  }
+  return "unknown";
+}
+
+const char* to_string(Accumulation accumulation) {
+  switch (accumulation) {
+    case Accumulation::kPromoted: return "promoted";
+    case Accumulation::kFast: return "fast";
+  }
+  return "unknown";
+}
+
 const char* to_string(WeightLayout layout) {
   switch (layout) {
     case WeightLayout::kKxN: return "KxN";
@@ -90,6 +134,9 @@ std::string Problem::to_string() const {
   os << "m=" << m << " n=" << n << " k_per_rank=" << k_per_rank << " world_size=" << world_size
      << " weight_layout=" << tpfuse::to_string(weight_layout) << " dtype=" << tpfuse::to_string(dtype);
   if (batch != 1) os << " batch=" << batch;
+  if (dtype != DType::kBF16) {
+    os << " scaling=" << tpfuse::to_string(scaling) << " accumulation=" << tpfuse::to_string(accumulation);
+  }
   return os.str();
 }
 
@@ -115,6 +162,7 @@ Status validate(const Problem& problem) {
     return Status::InvalidArgument("problem.weight_layout = " + std::to_string(int(problem.weight_layout)) +
                                    " is not a WeightLayout (kKxN or kNxK)");
   }
+  TPFUSE_RETURN_IF_ERROR(check_scaling(problem.dtype, problem.weight_layout, problem.scaling, problem.accumulation));
   return check_batch(problem.m, problem.world_size, problem.batch);
 }
 
@@ -136,8 +184,14 @@ Status validate(const AllGatherProblem& problem) {
   gemm.weight_layout = problem.weight_layout;
   gemm.dtype = problem.dtype;
   gemm.batch = problem.batch;
+  gemm.scaling = problem.scaling;
+  gemm.accumulation = problem.accumulation;
   const Status s = validate(gemm);
-  if (s.ok()) return s;
+  if (s.ok()) {
+    if (problem.dtype == DType::kBF16) return s;
+    return Status::Unsupported(std::string("problem.dtype = ") + to_string(problem.dtype) +
+                               ": the all-gather does not serve FP8 inputs yet (the reduce-scatter and gemm do)");
+  }
   // Name the all-gather's fields.
   std::string message = s.message();
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"problem.n ", "problem.n_per_rank "},

@@ -29,13 +29,17 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* fn) {
 // 128-byte swizzle.
 Status encode(DType dtype, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* byte_strides,
               const cuuint32_t* box, CUtensorMap* map) {
-  if (dtype != DType::kBF16) {
-    return Status::Unsupported(std::string("tensor maps of ") + to_string(dtype) + " elements");
+  // The map only moves bytes: E4M3 elements travel as bytes.
+  CUtensorMapDataType data_type;
+  switch (dtype) {
+    case DType::kBF16: data_type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16; break;
+    case DType::kE4M3: data_type = CU_TENSOR_MAP_DATA_TYPE_UINT8; break;
+    default: return Status::Unsupported(std::string("tensor maps of ") + to_string(dtype) + " elements");
   }
   PFN_cuTensorMapEncodeTiled_v12000 encode_tiled = nullptr;
   TPFUSE_RETURN_IF_ERROR(encode_fn(&encode_tiled));
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult res = encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(base),
+  const CUresult res = encode_tiled(map, data_type, cuuint32_t(rank), const_cast<void*>(base),
                                     dims, byte_strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

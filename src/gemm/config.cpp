@@ -217,7 +217,9 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
-    if (smem[i] > size_t(device.max_smem_per_block) || !op.takes(v) || v.dtype != grid.dtype) continue;
+    if (smem[i] > size_t(device.max_smem_per_block) || !op.takes(v) || !serves(v, grid.dtype, grid.accumulation)) {
+      continue;
+    }
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
     const int rank = (4 * same_tile + 2 * same_staging) * 16 + v.stages;
@@ -380,6 +382,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.rows_per_band = problem.m;
   grid.n = problem.n;
   grid.dtype = problem.dtype;
+  grid.accumulation = problem.accumulation;
   const int64_t num_k_blocks = k_blocks_of(problem.k_per_rank, problem.dtype);
   return select_config({grid, std::max(int(num_k_blocks), 1), device, overrides}, PlainGemmTiles(), config);
 }

@@ -102,8 +102,13 @@ Status launch_swap_ab(int rows, const Problem& problem, const void* a, const voi
 
 }  // namespace
 
-Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cudaStream_t stream,
+Status gemm(const Problem& problem, const void* a, const void* w, void* c, cudaStream_t stream,
             const ConfigOverrides& overrides) {
+  return gemm(problem, a, w, InputScales{}, c, stream, overrides);
+}
+
+Status gemm(const Problem& problem_in, const void* a, const void* w, const InputScales& scales, void* c,
+            cudaStream_t stream, const ConfigOverrides& overrides) {
   // One rank's partial product: no reduce-scatter, so the whole of C is one segment.
   Problem problem = problem_in;
   problem.world_size = 1;
@@ -139,14 +144,14 @@ Status gemm(const Problem& problem_in, const void* a, const void* w, void* c, cu
         make_tensor_map(kOutputDType, c, problem.m, problem.n, problem.n, kChunkRows, kChunkCols, &c_map));
     if (config.split_k == 1) {
       kernels::GemmParams params{};
-      TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, tiles, &params.mainloop));
+      TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, scales, tiles, &params.mainloop));
       params.epilogue.c = c_map;
       return launch_gemm<Config>(kernels::gemm_kernel<Config>, params, config, debug, stream);
     }
     kernels::SplitKGemmParams params{};
     const int num_k_blocks = int(k_blocks_of(problem.k_per_rank, problem.dtype));
     const SplitKSchedule schedule(tiles, SplitPlan{config.whole_tiles, config.split_k}, num_k_blocks);
-    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, schedule, &params.mainloop));
+    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, a, w, scales, schedule, &params.mainloop));
     SplitKWorkspace workspace;
     TPFUSE_RETURN_IF_ERROR(split_k_workspace(stream, device.num_sms, &workspace));
     params.epilogue.c = c_map;

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "core/cuda_check.h"
 #include "core/tensor_map.h"
@@ -31,10 +33,15 @@ Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
     } else {
       if (layout == WeightLayout::kNxK) {
         return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, v.consumers, v.dtype,
-                                          OpSync>{});
+                                          v.promoted, OpSync>{});
       }
-      return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, v.consumers, v.dtype,
-                                        OpSync>{});
+      // An MN-major (K x N) weight is BF16's only: FP8 WGMMA reads K-major operands (validate()).
+      if constexpr (v.dtype != DType::kBF16) {
+        return Status::Internal("kernel variant " + std::to_string(variant) + " takes an N x K weight only");
+      } else {
+        return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, v.consumers,
+                                          v.dtype, v.promoted, OpSync>{});
+      }
     }
   }
 }
@@ -88,12 +95,35 @@ Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
 // rest with zeros slowed the loads (docs/EXPERIMENTS.md). The rest of the stage keeps stale data,
 // whose products land in rows past m, which no epilogue stores or pushes. (A tile starting there
 // holds no rows past the box: it starts at or after that multiple.)
+//
+// E4M3 inputs come with their scales (problem.scaling): one value each (tensorwise), or one per row
+// of A and per output column (rowwise); 4-byte aligned FP32 device pointers.
 template <class Config, class Schedule>
-Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const Schedule& schedule,
-                            kernels::MainloopParams<Schedule>* p) {
+Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const InputScales& scales,
+                            const Schedule& schedule, kernels::MainloopParams<Schedule>* p) {
   if (problem.dtype != Config::kDType) {
     return Status::Internal(std::string("a problem of ") + to_string(problem.dtype) + " inputs on a variant of " +
                             to_string(Config::kDType));
+  }
+  if constexpr (Config::kScaled) {
+    for (const auto& [scale, name] : {std::pair{scales.a, "a_scale"}, std::pair{scales.w, "w_scale"}}) {
+      if (scale == nullptr) {
+        return Status::InvalidArgument(std::string(name) + " must not be null: " + to_string(problem.dtype) +
+                                       " inputs are scaled");
+      }
+      if (reinterpret_cast<std::uintptr_t>(scale) % alignof(float) != 0) {
+        return Status::InvalidArgument(std::string(name) + " is not 4-byte aligned");
+      }
+    }
+    const int step = problem.scaling == Scaling::kRowwise ? 1 : 0;
+    p->a_scale = scales.a;
+    p->w_scale = scales.w;
+    p->a_scale_step = step;
+    p->w_scale_step = step;
+    p->scale_rows = int(problem.m);
+    p->scale_cols = int(problem.n);
+  } else if (scales.a != nullptr || scales.w != nullptr) {
+    return Status::InvalidArgument("scales are for E4M3 inputs: BF16 ones take none");
   }
   const int64_t m = problem.m, n = problem.n, k = problem.k_per_rank;
   TPFUSE_RETURN_IF_ERROR(make_tensor_map(problem.dtype, a, m, k, k, Config::kBlockM, Config::kBlockK, &p->a));

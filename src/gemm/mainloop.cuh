@@ -32,11 +32,16 @@ namespace tpfuse::kernels {
 
 // A compiled variant (gemm/variants.h) in one weight layout, with the op's shared-memory part.
 template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kStagedChunks_, int kConsumers_,
-          DType kDType_, class OpSync_>
+          DType kDType_, bool kPromoted_, class OpSync_>
 struct MainloopConfig {
   // The inputs' (A's and W's) element type. A stage holds kStageRowBytes of each row whatever it is,
   // so its K extent is the dtype's (64 BF16, 128 E4M3) and its bytes are the same.
   static constexpr DType kDType = kDType_;
+  // E4M3 inputs are scaled: each slab's accumulators, once its K loop is done (scale_slab). Promoted,
+  // each stage's WGMMA sums land in a second set of accumulators and are added into the first in FP32.
+  static constexpr bool kScaled = kDType != DType::kBF16;
+  static constexpr bool kPromoted = kPromoted_;
+  static_assert(!kPromoted || kScaled, "promotion is E4M3's");
   static constexpr int kInputBytes = element_bytes(kDType);
   using Element = ElementBits<kDType>;  // what the stages hold
   static constexpr int kBlockM = kBlockM_;
@@ -150,6 +155,15 @@ struct MainloopParams {
   int num_k_blocks;
   int a_last_row;      // tiles from this row on load A through a_last
   int a_last_bytes;    // what a stage's load through a_last brings
+  // E4M3 inputs' scales (tpfuse::Scaling), FP32: A row i's is a_scale[i * a_scale_step], output
+  // column j's w_scale[j * w_scale_step] (step 0: one for the tensor). Rows from scale_rows on and
+  // columns from scale_cols on are never stored and read none.
+  const float* a_scale;
+  const float* w_scale;
+  int a_scale_step;
+  int w_scale_step;
+  int scale_rows;
+  int scale_cols;
 };
 
 // The dynamic shared memory, aligned to 1024 bytes (swizzled TMA tiles need it; launches reserve the slack).
@@ -212,7 +226,7 @@ __device__ __forceinline__ void for_each_step(const Schedule& schedule, int cta,
 namespace gmma = cute::SM90::GMMA;
 
 // The m64nNkK WGMMA atom for inputs of a dtype, both operands in shared memory, for each N the
-// kernels issue. BF16's (k16) so far; an E4M3 mainloop adds its k32 atoms (K-major operands only).
+// kernels issue: BF16's k16 ones, and E4M3's k32 ones for the widths its variants take.
 template <DType kDType, int N, gmma::Major A, gmma::Major B>
 struct WgmmaAtom;
 template <gmma::Major A, gmma::Major B>
@@ -229,6 +243,11 @@ template <gmma::Major A, gmma::Major B>
 struct WgmmaAtom<DType::kBF16, 192, A, B> { using Op = gmma::MMA_64x192x16_F32BF16BF16_SS<A, B>; };
 template <gmma::Major A, gmma::Major B>
 struct WgmmaAtom<DType::kBF16, 256, A, B> { using Op = gmma::MMA_64x256x16_F32BF16BF16_SS<A, B>; };
+// E4M3's k32 atoms read both operands K-major (TN).
+template <>
+struct WgmmaAtom<DType::kE4M3, 128, gmma::Major::K, gmma::Major::K> { using Op = gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>; };
+template <>
+struct WgmmaAtom<DType::kE4M3, 256, gmma::Major::K, gmma::Major::K> { using Op = gmma::MMA_64x256x32_F32E4M3E4M3_SS_TN<>; };
 
 // One m64nNkK WGMMA on inputs of kDType, both operands from shared memory (each K- or MN-major),
 // accumulating into `acc` (N/2 floats a thread). Its K is 32 bytes of each row: 16 BF16, 32 E4M3.
@@ -312,6 +331,8 @@ __device__ __forceinline__ void release_stage(StorageOf<Config>& smem, int stage
 
 // Accumulates one step's slab over its num_k_blocks K blocks. `ring` carries the position across
 // steps. After each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
+// Promoted (Config::kPromoted), a K block's WGMMAs sum into `block_sum`, which is added into `acc` in
+// FP32 once they are done: the tensor cores' FP8 sums keep fewer bits than FP32, over 128 of K only.
 template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
                                              float (&acc)[Config::kAccPerThread], StageCursor& ring,
@@ -325,6 +346,9 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
   // rows, or kWgCols / 64 chunks, of kBlockK elements each).
   const int w_offset_elems = slab.col * Config::kBlockK;
 
+  float block_sum[Config::kPromoted ? Config::kAccPerThread : 1];
+  float* const sum = Config::kPromoted ? block_sum : acc;  // what the WGMMAs accumulate into
+
   int prev_stage = -1;
   for (int kb = 0; kb < num_k_blocks; ++kb) {
     const int stage = ring.stage;
@@ -334,19 +358,29 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
                                 ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
                                 : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
 #pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(sum[i]);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < Config::kBlockK / Mma::kK; ++kk) {
-      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, kb > 0 || kk > 0);
+      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, sum, kk > 0 || (kb > 0 && !Config::kPromoted));
     }
     cute::warpgroup_commit_batch();
-    // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
-    cute::warpgroup_wait<1>();
+    if constexpr (Config::kPromoted) {
+      // The block's sum is needed at once: its stage is done with too.
+      cute::warpgroup_wait<0>();
 #pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-    if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
-    prev_stage = stage;
+      for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(sum[i]);
+      release_stage<Config>(smem, stage);
+#pragma unroll
+      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + sum[i] : sum[i];
+    } else {
+      // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
+      cute::warpgroup_wait<1>();
+#pragma unroll
+      for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+      if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
+      prev_stage = stage;
+    }
     ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
   }
@@ -354,6 +388,36 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 #pragma unroll
   for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
   if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
+}
+
+// Multiplies this thread's accumulators of a slab by their scales (E4M3 inputs, MainloopParams), in
+// FP32: the slab's rows are A's from `a_row` on, its columns the output's from `col` on. The
+// accumulator layout is the WGMMA's (gemm/slab_store.cuh): element 4b + 2h + e is row
+// 16 * warp + lane / 4 + 8h, column 8b + 2 * (lane % 4) + e.
+template <class Config, class Schedule>
+__device__ __forceinline__ void scale_slab(const MainloopParams<Schedule>& p, int a_row, int col,
+                                           float (&acc)[Config::kAccPerThread]) {
+  const int lane = threadIdx.x % 32;
+  const int warp = (threadIdx.x / 32) % 4;
+  float row_scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = a_row + 16 * warp + lane / 4 + 8 * h;
+    row_scale[h] = row < p.scale_rows ? __ldg(p.a_scale + row * p.a_scale_step) : 0.0f;
+  }
+  const int lane_col = col + 2 * (lane % 4);
+#pragma unroll
+  for (int b = 0; b < Config::kAccPerThread / 4; ++b) {
+    const int c = lane_col + 8 * b;  // even, and n a multiple of 16: c + 1 < n where c < n
+    if (c < p.scale_cols) {
+      const float col_scale[2] = {__ldg(p.w_scale + c * p.w_scale_step), __ldg(p.w_scale + (c + 1) * p.w_scale_step)};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) acc[4 * b + 2 * h + e] *= row_scale[h] * col_scale[e];
+      }
+    }
+  }
 }
 
 // The persistent body shared by every kernel: CTA `cta` of `num_ctas` walks its steps of the
@@ -436,6 +500,11 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
       const KSlice k_slice = k_slice_of(mainloop.schedule, steps.step(), num_k_blocks);
       epilogue.template begin_tile<Config>(tile, k_slice);
       consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
+      if constexpr (Config::kScaled) {
+        // This rank's product is scaled before the epilogue adds anything to it (the bias, peers' partials).
+        const ALoad a = Epilogue::template a_load<Config>(epilogue_params, mainloop, tile);
+        scale_slab<Config>(mainloop, a.row + slab.row, tile.col_begin + slab.col, acc);
+      }
       epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);
     }
     epilogue.finish();

@@ -27,6 +27,9 @@ struct GemmVariant {
   bool fused_ops;     // the fused ops take it too (else the plain GEMM's only: fused_ops_take)
   bool storing_ops;   // the ops that store their tiles as the plain GEMM does take it (storing_ops_take)
   DType dtype = DType::kBF16;  // of the mainloop's inputs (A, W): a problem of another dtype never picks it
+  // E4M3: each stage's WGMMA sums (128 of K) added into FP32 registers (Accumulation::kPromoted),
+  // which needs a second set of accumulators, so tiles of 128 x 128 at most.
+  bool promoted = false;
 };
 
 inline constexpr GemmVariant kGemmVariants[] = {
@@ -39,6 +42,8 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 128, 6, 0, 2, false, false},  // one band of 129..256 rows, or about a wave where wider tiles need splits of K
     {64, 192, 6, 0, 1, false, false},   // at most 256 rows: as few bytes a CTA loads as 128 x 128, on a third more CTAs at N = 6144
     {128, 128, 5, 0, 2, true, true},    // the same for the fused ops (a stage fewer: the all-gather's copier's ring)
+    {128, 256, 3, 0, 2, true, true, DType::kE4M3},        // E4M3, the tensor cores' own accumulation
+    {128, 128, 5, 0, 2, true, true, DType::kE4M3, true},  // E4M3, promoted: two sets of accumulators
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 
@@ -51,6 +56,11 @@ constexpr int64_t k_blocks_of(int64_t k, DType dtype) { return (k + block_k_of(d
 // (never computed with).
 template <DType kDType>
 using ElementBits = std::conditional_t<element_bytes(kDType) == 2, uint16_t, uint8_t>;
+
+// Whether variant v runs a problem of inputs of `dtype` accumulated as `accumulation` (BF16's ignore it).
+constexpr bool serves(const GemmVariant& v, DType dtype, Accumulation accumulation) {
+  return v.dtype == dtype && (dtype == DType::kBF16 || v.promoted == (accumulation == Accumulation::kPromoted));
+}
 
 // Whether some compiled variant takes inputs of `dtype` (problem validation asks).
 constexpr bool variants_take(DType dtype) {

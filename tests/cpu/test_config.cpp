@@ -123,6 +123,41 @@ TEST(Config, SweepShapesFitTheDevice) {
   }
 }
 
+// E4M3 problems run E4M3 variants of their accumulation (promoted ones hold two accumulator sets:
+// 128 x 128 tiles at most), never BF16's; the reduce-scatter adds no partial rounds to a partial
+// before it is scaled.
+TEST(Config, E4M3RunsItsOwnVariants) {
+  int checked = 0;
+  for (int world_size : {1, 2, 4, 8}) {
+    for (Problem p : covered_problems()) {
+      if (p.world_size != world_size || p.n % 16 != 0 || p.k_per_rank % 16 != 0) continue;
+      p.dtype = DType::kE4M3;
+      p.scaling = Scaling::kRowwise;
+      for (const Accumulation accumulation : {Accumulation::kPromoted, Accumulation::kFast}) {
+        p.accumulation = accumulation;
+        const std::string what = p.to_string();
+        GemmConfig gemm;
+        const Status s = select_plain_gemm_config(p, h100(), {}, &gemm);
+        ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
+        EXPECT_EQ(gemm.tile().dtype, DType::kE4M3) << what;
+        EXPECT_EQ(gemm.tile().promoted, accumulation == Accumulation::kPromoted) << what;
+        EXPECT_EQ(swap_ab_rows(p, h100(), {}), 0) << what;
+        if (gemm.tile().promoted) EXPECT_LE(gemm.tile().block_m * gemm.tile().block_n, 128 * 128) << what;
+        if (world_size == 1) continue;
+        GemmRsConfig rs;
+        const Status r = select_gemm_rs_config(p, h100(), {}, &rs);
+        ASSERT_TRUE(r.ok()) << what << ": " << r.to_string();
+        EXPECT_EQ(rs.gemm.tile().dtype, DType::kE4M3) << what;
+        EXPECT_EQ(rs.gemm.tile().promoted, accumulation == Accumulation::kPromoted) << what;
+        EXPECT_EQ(rs.partial_rounds, 0) << what;
+        expect_fits(rs.gemm, h100(), gemm_rs_smem_bytes(), what + " -> " + rs.to_string());
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
 // Whatever the device's shared memory, the choice is a compiled variant that fits it, or an error
 // that says so: never a config the dispatch does not have.
 TEST(Config, EveryChoiceIsCompiledAndFits) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ops/sequence_rows.h"
@@ -117,24 +118,50 @@ TEST(Validate, UnsupportedDType) {
   EXPECT_NE(g.message().find("problem.dtype = 7"), std::string::npos) << g.message();
 }
 
-// E4M3 is a DType (one byte an element) that no compiled variant takes yet: refused by name, before
-// the shape's checks, by both problems.
-TEST(Validate, E4M3IsADTypeNoVariantTakesYet) {
+// E4M3 (one byte an element) takes a scaling and an N x K weight, BF16 none; rows are whole 16-byte
+// units of the dtype; the all-gather refuses E4M3 by name (not served yet).
+TEST(Validate, E4M3TakesScalesAndAKMajorWeight) {
   EXPECT_EQ(element_bytes(DType::kE4M3), 1);
   EXPECT_EQ(element_bytes(DType::kBF16), 2);
   EXPECT_STREQ(to_string(DType::kE4M3), "E4M3");
-  for (const int64_t n : {64, 12}) {
-    const Status s = validate(Problem{64, n, 64, 8, WeightLayout::kNxK, DType::kE4M3});
-    EXPECT_EQ(s.code(), StatusCode::kUnsupported);
-    EXPECT_NE(s.message().find("problem.dtype = E4M3 is not supported: no compiled GEMM variant takes it"),
-              std::string::npos)
-        << s.message();
-    const Status g = validate(AllGatherProblem{64, n, 64, 8, WeightLayout::kNxK, DType::kE4M3});
-    EXPECT_EQ(g.code(), StatusCode::kUnsupported);
-    EXPECT_NE(g.message().find("problem.dtype = E4M3"), std::string::npos) << g.message();
+  const auto e4m3 = [](int64_t n, int64_t k, WeightLayout layout, Scaling scaling) {
+    Problem p{64, n, k, 8, layout, DType::kE4M3};
+    p.scaling = scaling;
+    return p;
+  };
+  for (const Scaling scaling : {Scaling::kTensorwise, Scaling::kRowwise}) {
+    EXPECT_TRUE(validate(e4m3(64, 128, WeightLayout::kNxK, scaling)).ok()) << to_string(scaling);
+    const Status kxn = validate(e4m3(64, 128, WeightLayout::kKxN, scaling));
+    EXPECT_EQ(kxn.code(), StatusCode::kUnsupported);
+    EXPECT_NE(kxn.message().find("FP8 takes an N x K weight"), std::string::npos) << kxn.message();
   }
-  const std::string printed = Problem{64, 64, 64, 8, WeightLayout::kNxK, DType::kE4M3}.to_string();
-  EXPECT_NE(printed.find("dtype=E4M3"), std::string::npos) << printed;
+  // 16 bytes a row: 16 E4M3 elements, where BF16 takes 8.
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{24, 128}, {64, 40}}) {
+    const Status s = validate(e4m3(n, k, WeightLayout::kNxK, Scaling::kRowwise));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("is not a multiple of 16 (E4M3 rows must be multiples of 16 bytes)"), std::string::npos)
+        << s.message();
+  }
+  const Status unscaled = validate(e4m3(64, 128, WeightLayout::kNxK, Scaling::kNone));
+  EXPECT_EQ(unscaled.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unscaled.message().find("needs a scaling"), std::string::npos) << unscaled.message();
+  Problem scaled_bf16{64, 64, 64, 8, WeightLayout::kNxK, DType::kBF16};
+  scaled_bf16.scaling = Scaling::kTensorwise;
+  const Status bf16 = validate(scaled_bf16);
+  EXPECT_EQ(bf16.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bf16.message().find("scales are for E4M3 inputs"), std::string::npos) << bf16.message();
+  Problem bad_accumulation = e4m3(64, 128, WeightLayout::kNxK, Scaling::kRowwise);
+  bad_accumulation.accumulation = static_cast<Accumulation>(7);
+  EXPECT_EQ(validate(bad_accumulation).code(), StatusCode::kInvalidArgument);
+
+  AllGatherProblem gathered{64, 64, 128, 8, WeightLayout::kNxK, DType::kE4M3};
+  gathered.scaling = Scaling::kRowwise;
+  const Status g = validate(gathered);
+  EXPECT_EQ(g.code(), StatusCode::kUnsupported);
+  EXPECT_NE(g.message().find("the all-gather does not serve FP8 inputs yet"), std::string::npos) << g.message();
+
+  const std::string printed = e4m3(64, 128, WeightLayout::kNxK, Scaling::kRowwise).to_string();
+  EXPECT_NE(printed.find("dtype=E4M3 scaling=rowwise accumulation=promoted"), std::string::npos) << printed;
 }
 
 // Rows in sequences: the batch divides m, each sequence divides over the ranks, and with several

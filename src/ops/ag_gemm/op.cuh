@@ -88,7 +88,7 @@ struct AllGatherOp {
     gemm.k_per_rank = k;
     gemm.weight_layout = problem.weight_layout;
     gemm.dtype = problem.dtype;
-    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(gemm, x, operands.w[i], schedule, &rp->mainloop));
+    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(gemm, x, operands.w[i], InputScales{}, schedule, &rp->mainloop));
     kernels::AllGatherEpilogue::Params& e = rp->epilogue;
     set_call_params(comm, rank, &e);
     e.rows_per_rank = int(rows);
@@ -142,11 +142,11 @@ struct AllGatherOp {
   }
 
   // The element size of X the copy of the gathered X is compiled for: that of every dtype the
-  // compiled variants take (so the problem's, which validate() checked is one of theirs).
+  // variants this op takes are of (so the problem's, which validate() checked is one of theirs).
   static constexpr int kGatheredElementBytes = max_input_element_bytes();
   static_assert([] {
     for (const GemmVariant& v : kGemmVariants) {
-      if (element_bytes(v.dtype) != kGatheredElementBytes) return false;
+      if (CopyStages::takes(v) && element_bytes(v.dtype) != kGatheredElementBytes) return false;
     }
     return true;
   }(), "a copy of the gathered X for each element size of the variants' dtypes");

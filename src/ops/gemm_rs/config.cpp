@@ -25,12 +25,14 @@ constexpr int64_t kMaxLaggedK = 4096;
 //  - a band has several segments: the partners compute the shared tile at the same step and push
 //    this rank's rows of it only after their K loops, so a round waiting for them there would deadlock;
 //  - the epilogue stages a slab in batches: a round is a whole slab in the chunk buffers;
-//  - own tiles come last at P = 2, where they are half the tiles: there the rounds measured slower.
+//  - own tiles come last at P = 2, where they are half the tiles: there the rounds measured slower;
+//  - the inputs are scaled (E4M3): a partial must be scaled before its peers' are added to it, and
+//    it is scaled once its K loop is done.
 int partial_rounds_of(const Problem& problem, const GemmRsConfig& c) {
   const TileSchedule schedule(schedule_shape(problem, c, 0));
   const bool own_last = c.own_lag >= schedule.tiles_per_band();
   if (problem.world_size == 1 || c.segments_per_tile != 1 || c.gemm.tile().staged_chunks > 0 ||
-      (own_last && problem.world_size < 4)) {
+      (own_last && problem.world_size < 4) || problem.dtype != DType::kBF16) {
     return 0;
   }
   const int num_k_blocks = int(k_blocks_of(problem.k_per_rank, problem.dtype));
@@ -131,6 +133,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     grid.rows_per_band = problem.rows_per_rank() * c.segments_per_tile;
     grid.n = problem.n;
     grid.dtype = problem.dtype;
+    grid.accumulation = problem.accumulation;
     // Shared tiles may split K as the plain GEMM does (their tiles fill few SMs); the others take
     // whole tiles.
     if (share_tiles) {
@@ -144,10 +147,12 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     // A band of two segments needs 128-row tiles; a device that fits none takes bands of one.
     if (share_tiles || c.segments_per_tile == 1 || c.gemm.tile().block_m == 128) break;
   }
-  // A device whose shared memory fits no 64-row tile gets another tile: refused, not run wrong.
+  // Where no 64-row tile fits the device's shared memory, or none is compiled for the inputs' dtype,
+  // the choice is another tile: refused, not run wrong.
   if (slab_tiles && c.gemm.tile().block_m != kSlabRows) {
     return Status::Unsupported("a shard of " + std::to_string(problem.rows_per_rank() / problem.batch) +
-                               " rows a sequence needs 64-row tiles, and none fits this device's shared memory");
+                               " rows a sequence needs 64-row tiles, and none of " + to_string(problem.dtype) +
+                               " inputs is compiled or fits this device's shared memory");
   }
   c.shared_tiles = share_tiles;
   c.register_epilogue = register_epilogue;

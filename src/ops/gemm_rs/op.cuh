@@ -26,6 +26,7 @@ struct GemmRsOp {
     const void* const* w;
     const void* const* bias;  // may be null, or any of its entries: no bias
     void* const* out;
+    const InputScales* scales = nullptr;  // E4M3 inputs' (tpfuse/problem.h), a rank's each; null for BF16
     PushTimeline* timeline = nullptr;  // the benchmark's record of the pushes (push_timeline.h); null: none
   };
   static constexpr const char* kName = "gemm_reduce_scatter";
@@ -79,7 +80,9 @@ struct GemmRsOp {
                                  const GemmRsConfig& config, const Operands& operands, int i,
                                  const SplitKWorkspace& split, kernels::GemmRsRankParams* rp) {
     const TileSchedule schedule(schedule_shape(problem, config, rank.rank));
-    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, operands.a[i], operands.w[i], schedule, &rp->mainloop));
+    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(problem, operands.a[i], operands.w[i],
+                                                       operands.scales != nullptr ? operands.scales[i] : InputScales{},
+                                                       schedule, &rp->mainloop));
     kernels::PushReduceParams& e = rp->epilogue;
     set_call_params(comm, rank, &e);
     e.rows_per_rank = int(problem.rows_per_rank());

@@ -1,0 +1,340 @@
+// E4M3 inputs: the plain GEMM and the reduce-scatter on emulated ranks, tensorwise and rowwise,
+// promoted and fast. The reference is the dequantized product (exact FP8 products, FP32 sums, then
+// the scales); the baseline is cuBLASLt's scaled FP8 GEMM with the same accumulation (the unfused
+// path's partials).
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_testing.cuh"
+#include "local_ranks.cuh"
+#include "testing/emulated_ranks.h"
+#include "tpfuse/tpfuse.h"
+
+namespace tpfuse::testing {
+namespace {
+
+using Bytes = DeviceArray<uint8_t>;
+
+// cuBLASLt's c = (a @ w^T) scaled, BF16 (a m x k, w n x k, both E4M3). Row-major C is column-major
+// C^T = W A^T: cuBLASLt's A is our W (transposed), its B our A, so its A scale is w's.
+void cublaslt_scaled_mm(const Problem& p, const uint8_t* a, const uint8_t* w, const InputScales& scales,
+                        __nv_bfloat16* c) {
+  static cublasLtHandle_t handle = [] {
+    cublasLtHandle_t h;
+    cublasLtCreate(&h);
+    return h;
+  }();
+  static Bytes workspace(32u << 20);
+  cublasLtMatmulDesc_t desc;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.w, sizeof(scales.w));
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.a, sizeof(scales.a));
+  if (p.scaling == Scaling::kRowwise) {
+    const cublasLtMatmulMatrixScale_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof(outer));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof(outer));
+  }
+  const int8_t fast = p.accumulation == Accumulation::kFast ? 1 : 0;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, uint64_t(p.k_per_rank), uint64_t(p.n), int64_t(p.k_per_rank));
+  cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, uint64_t(p.k_per_rank), uint64_t(p.m), int64_t(p.k_per_rank));
+  cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, uint64_t(p.n), uint64_t(p.m), int64_t(p.n));
+  cublasLtMatmulPreference_t preference;
+  cublasLtMatmulPreferenceCreate(&preference);
+  const size_t workspace_bytes = workspace.bytes();
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                       sizeof(workspace_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  ASSERT_EQ(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, preference, 1, &heuristic, &found),
+            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(found, 1) << "cuBLASLt has no algorithm for " << p.to_string();
+  const float alpha = 1, beta = 0;
+  ASSERT_EQ(cublasLtMatmul(handle, desc, &alpha, w, la, a, lb, &beta, c, lc, c, lc, &heuristic.algo, workspace.ptr,
+                           workspace_bytes, nullptr),
+            CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+}
+
+// A problem's scales on the device: one each (tensorwise), or m and n (rowwise). Powers of two in
+// 2^-3 .. 2^3 where `exact` (products of small integers stay exact), else about 1/448 each (as
+// amax scaling makes them for data in e4m3's range).
+struct Scales {
+  std::unique_ptr<DeviceArray<float>> a, w;
+
+  Scales(const Problem& p, uint64_t seed, bool exact) {
+    const bool rowwise = p.scaling == Scaling::kRowwise;
+    a = make(rowwise ? size_t(p.m) : 1, seed, exact);
+    w = make(rowwise ? size_t(p.n) : 1, seed + 1, exact);
+  }
+  InputScales get() const { return {a->ptr, w->ptr}; }
+
+  static std::unique_ptr<DeviceArray<float>> make(size_t count, uint64_t seed, bool exact) {
+    std::mt19937_64 random(seed);
+    std::vector<float> host(count);
+    for (float& s : host) {
+      s = exact ? std::ldexp(1.0f, int(random() % 7) - 3)
+                : (0.5f + 1.5f * float(random() % 1024) / 1024.0f) / 448.0f;
+    }
+    auto device = std::make_unique<DeviceArray<float>>(count);
+    cudaMemcpy(device->ptr, host.data(), device->bytes(), cudaMemcpyHostToDevice);
+    return device;
+  }
+};
+
+Problem e4m3_problem(int p, int m, int n, int k, Scaling scaling, Accumulation accumulation) {
+  Problem problem{m, n, k, p, WeightLayout::kNxK, DType::kE4M3};
+  problem.scaling = scaling;
+  problem.accumulation = accumulation;
+  return problem;
+}
+
+struct Fp8Case {
+  int p, m, n, k;
+  Scaling scaling;
+  Accumulation accumulation;
+  Problem problem() const { return e4m3_problem(p, m, n, k, scaling, accumulation); }
+};
+
+std::string case_name(const ::testing::TestParamInfo<Fp8Case>& info) {
+  const Fp8Case& c = info.param;
+  return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
+         std::to_string(c.k) + "_" + to_string(c.scaling) + "_" + to_string(c.accumulation);
+}
+
+// Each shape in both scalings and both accumulations.
+std::vector<Fp8Case> cases(std::initializer_list<std::vector<int>> shapes) {
+  std::vector<Fp8Case> out;
+  for (const auto& s : shapes) {
+    for (const Scaling scaling : {Scaling::kTensorwise, Scaling::kRowwise}) {
+      for (const Accumulation accumulation : {Accumulation::kPromoted, Accumulation::kFast}) {
+        out.push_back({s[0], s[1], s[2], s[3], scaling, accumulation});
+      }
+    }
+  }
+  return out;
+}
+
+// ---- The plain GEMM -------------------------------------------------------------------------------
+
+class Fp8Gemm : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(Fp8Gemm, WithinCublasLtErrorAndDeterministic) {
+  const Problem p = GetParam().problem();
+  Bytes a(size_t(p.m) * p.k_per_rank), w(size_t(p.n) * p.k_per_rank);
+  DeviceArray<__nv_bfloat16> c(size_t(p.m) * p.n), c_cublas(size_t(p.m) * p.n);
+  DeviceArray<float> ref(size_t(p.m) * p.n);
+  const Scales scales(p, 5, /*exact=*/false);
+  fill_random_e4m3(a.ptr, a.count, 11 + p.m, nullptr);
+  fill_random_e4m3(w.ptr, w.count, 17 + p.n, nullptr);
+  poison(c.ptr, c.count);
+  reference_gemm_e4m3(p, a.ptr, w.ptr, scales.get(), ref.ptr, nullptr);
+  cublaslt_scaled_mm(p, a.ptr, w.ptr, scales.get(), c_cublas.ptr);
+  const Status s = gemm(p, a.ptr, w.ptr, scales.get(), c.ptr, nullptr);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto ref_host = ref.to_host();
+  const auto first = c.to_host();
+  const ErrorSums ours = error_sums(first, ref_host);
+  EXPECT_EQ(ours.num_nonfinite, 0u) << "unwritten (poisoned) or non-finite outputs";
+  const ErrorStats theirs = error_sums(c_cublas.to_host(), ref_host).stats();
+  EXPECT_TRUE(within_tolerance(ours.stats(), theirs))
+      << "ours " << ours.stats().max_rel << " / " << ours.stats().norm_rel << ", cuBLASLt " << theirs.max_rel << " / "
+      << theirs.norm_rel;
+  poison(c.ptr, c.count);
+  ASSERT_TRUE(gemm(p, a.ptr, w.ptr, scales.get(), c.ptr, nullptr).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto again = c.to_host();
+  EXPECT_EQ(0, std::memcmp(again.data(), first.data(), again.size() * 2)) << "not deterministic";
+}
+
+// Rows not a multiple of a tile, columns past the last whole tile, one K block and many; small M
+// (split K) and the sweep's o_proj shape.
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
+                         ::testing::ValuesIn(cases({{1, 200, 1000, 128}, {1, 1000, 2064, 1040}, {1, 64, 8192, 1024},
+                                                    {1, 2048, 8192, 1024}, {1, 4096, 6144, 4096}})),
+                         case_name);
+
+class Fp8GemmExact : public ::testing::TestWithParam<Fp8Case> {};
+
+// Small integers and power-of-2 scales: every product, sum and scaled value exact, so bit for bit.
+TEST_P(Fp8GemmExact, SmallIntegersBitForBit) {
+  const Problem p = GetParam().problem();
+  Bytes a(size_t(p.m) * p.k_per_rank), w(size_t(p.n) * p.k_per_rank);
+  DeviceArray<__nv_bfloat16> c(size_t(p.m) * p.n);
+  DeviceArray<float> ref(size_t(p.m) * p.n);
+  const Scales scales(p, 9, /*exact=*/true);
+  fill_small_ints_e4m3(a.ptr, a.count, 3, nullptr);
+  fill_small_ints_e4m3(w.ptr, w.count, 4, nullptr);
+  poison(c.ptr, c.count);
+  reference_gemm_e4m3(p, a.ptr, w.ptr, scales.get(), ref.ptr, nullptr);
+  ASSERT_TRUE(gemm(p, a.ptr, w.ptr, scales.get(), c.ptr, nullptr).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const int64_t bad = first_mismatch(c.to_host(), ref.to_host());
+  EXPECT_EQ(bad, -1) << "first mismatch at " << element_at(bad, p.n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8GemmExact, ::testing::ValuesIn(cases({{1, 1000, 784, 256}, {1, 24, 4096, 256}})),
+                         case_name);
+
+// Missing scales, or scales with BF16 inputs: named, and nothing runs.
+TEST(Fp8GemmErrors, ScalesAreChecked) {
+  const Problem p = e4m3_problem(1, 256, 256, 128, Scaling::kRowwise, Accumulation::kPromoted);
+  Bytes a(size_t(p.m) * p.k_per_rank), w(size_t(p.n) * p.k_per_rank);
+  DeviceArray<__nv_bfloat16> c(size_t(p.m) * p.n);
+  const Scales scales(p, 1, true);
+  poison(c.ptr, c.count);
+  const Status missing = gemm(p, a.ptr, w.ptr, InputScales{scales.a->ptr, nullptr}, c.ptr, nullptr);
+  EXPECT_EQ(missing.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("w_scale must not be null"), std::string::npos) << missing.message();
+  Problem bf16{256, 256, 128, 1, WeightLayout::kNxK};
+  const Status scaled_bf16 = gemm(bf16, a.ptr, w.ptr, scales.get(), c.ptr, nullptr);
+  EXPECT_EQ(scaled_bf16.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(scaled_bf16.message().find("scales are for E4M3 inputs"), std::string::npos) << scaled_bf16.message();
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(error_sums(c.to_host(), std::vector<float>(c.count, 0.0f)).num_nonfinite, c.count) << "an output was written";
+}
+
+// ---- The reduce-scatter on emulated ranks ----------------------------------------------------------
+
+struct Fp8Ranks : LocalRanks<Problem> {
+  std::vector<std::unique_ptr<Bytes>> a, w;
+  std::vector<std::unique_ptr<Scales>> scales;
+  RankArrays out;
+
+  explicit Fp8Ranks(const Problem& p) : LocalRanks(p, 0, {}), out(ranks_arrays(size_t(p.rows_per_rank()) * p.n)) {
+    on_each_rank([&](int) {
+      a.emplace_back(new Bytes(size_t(p.m) * p.k_per_rank));
+      w.emplace_back(new Bytes(size_t(p.n) * p.k_per_rank));
+    });
+  }
+
+  void fill(bool exact, uint64_t seed) {
+    scales.clear();
+    on_each_rank([&](int r) {
+      (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(a[r]->ptr, a[r]->count, seed * 1000 + 3 * r, nullptr);
+      (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(w[r]->ptr, w[r]->count, seed * 1000 + 3 * r + 1, nullptr);
+      scales.emplace_back(new Scales(problem, seed * 1000 + 3 * r + 2, exact));
+      poison(out[r]->ptr, out[r]->count);
+    });
+  }
+
+  Status run() {
+    const auto ap = pointers<const void*>(a, problem.world_size), wp = pointers<const void*>(w, problem.world_size);
+    const auto op = pointers<void*>(out, problem.world_size);
+    std::vector<InputScales> sp;
+    for (const auto& s : scales) sp.push_back(s->get());
+    return launch_gemm_rs(comm, problem, first_ranks(problem.world_size), ap.data(), wp.data(), nullptr, op.data(),
+                          streams.data(), {}, nullptr, sp.data());
+  }
+
+  // Every rank's dequantized partial (m x n, FP32), and cuBLASLt's BF16 one as FP32 (the unfused path's).
+  std::vector<std::vector<float>> partials(bool cublas) {
+    std::vector<std::vector<float>> result;
+    on_each_rank([&](int r) {
+      if (cublas) {
+        DeviceArray<__nv_bfloat16> c(size_t(problem.m) * problem.n);
+        cublaslt_scaled_mm(problem, a[r]->ptr, w[r]->ptr, scales[r]->get(), c.ptr);
+        std::vector<float> values;
+        for (const __nv_bfloat16 v : c.to_host()) values.push_back(__bfloat162float(v));
+        result.push_back(values);
+      } else {
+        DeviceArray<float> ref(size_t(problem.m) * problem.n);
+        reference_gemm_e4m3(problem, a[r]->ptr, w[r]->ptr, scales[r]->get(), ref.ptr, nullptr);
+        result.push_back(ref.to_host());
+      }
+    });
+    return result;
+  }
+
+  // Rank d's rows (m/P from d * m/P) of the partials' sum in FP32.
+  std::vector<float> rows_of_sum(const std::vector<std::vector<float>>& partials, int d) const {
+    const int64_t rows = problem.rows_per_rank(), n = problem.n;
+    std::vector<float> sum(size_t(rows) * n, 0.0f);
+    for (const auto& partial : partials) {
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += partial[size_t(d * rows) * n + i];
+    }
+    return sum;
+  }
+};
+
+class Fp8ReduceScatter : public ::testing::TestWithParam<Fp8Case> {};
+class Fp8ReduceScatterRandom : public ::testing::TestWithParam<Fp8Case> {};
+
+// Small integers and power-of-2 scales (K/P small enough that every partial is exact in BF16):
+// bit for bit against the exact sum.
+TEST_P(Fp8ReduceScatter, SmallIntegersBitForBit) {
+  Fp8Ranks ranks(GetParam().problem());
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 1);
+  const Status s = ranks.run();
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(ranks.synchronize());
+  const auto partials = ranks.partials(false);
+  for (int d = 0; d < ranks.problem.world_size; ++d) {
+    const int64_t bad = first_mismatch(ranks.out[d]->to_host(), ranks.rows_of_sum(partials, d));
+    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at " << element_at(bad, ranks.problem.n);
+  }
+}
+
+// Random inputs: within 1.1x of the unfused path's error (cuBLASLt's BF16 partials summed in FP32,
+// rounded once), and the same bits on a second call.
+TEST_P(Fp8ReduceScatterRandom, WithinUnfusedErrorAndDeterministic) {
+  Fp8Ranks ranks(GetParam().problem());
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/false, 7);
+  ASSERT_TRUE(ranks.run().ok());
+  ASSERT_CUDA(ranks.synchronize());
+  const auto exact = ranks.partials(false), unfused = ranks.partials(true);
+  ErrorSums fused_sums, unfused_sums;
+  std::vector<std::vector<__nv_bfloat16>> first;
+  for (int d = 0; d < ranks.problem.world_size; ++d) {
+    const auto ref = ranks.rows_of_sum(exact, d);
+    first.push_back(ranks.out[d]->to_host());
+    fused_sums.merge(error_sums(first.back(), ref));
+    std::vector<__nv_bfloat16> unfused_rows;
+    for (const float v : ranks.rows_of_sum(unfused, d)) unfused_rows.push_back(__float2bfloat16(v));
+    unfused_sums.merge(error_sums(unfused_rows, ref));
+  }
+  EXPECT_EQ(fused_sums.num_nonfinite, 0u) << "unwritten or non-finite outputs";
+  EXPECT_TRUE(within_tolerance(fused_sums.stats(), unfused_sums.stats()))
+      << "fused " << fused_sums.stats().max_rel << " / " << fused_sums.stats().norm_rel << ", unfused "
+      << unfused_sums.stats().max_rel << " / " << unfused_sums.stats().norm_rel;
+  ranks.on_each_rank([&](int r) { poison(ranks.out[r]->ptr, ranks.out[r]->count); });
+  ASSERT_TRUE(ranks.run().ok());
+  ASSERT_CUDA(ranks.synchronize());
+  for (int d = 0; d < ranks.problem.world_size; ++d) {
+    const auto again = ranks.out[d]->to_host();
+    EXPECT_EQ(0, std::memcmp(again.data(), first[d].data(), again.size() * 2)) << "rank " << d << " not deterministic";
+  }
+}
+
+// P = 2, 4, 8; a band of several owners (decode-sized M: shared tiles), rows not a multiple of a
+// tile, and the sweep's o_proj shape at P = 8. In the exact mode K/P = 256 / P keeps every partial
+// exact; the random mode takes the sweep's depths.
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8ReduceScatter,
+                         ::testing::ValuesIn(cases({{2, 1000, 1040, 128}, {4, 512, 6144, 64}, {8, 2048, 8192, 32},
+                                                    {8, 64, 8192, 32}})),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8ReduceScatterRandom,
+                         ::testing::ValuesIn(cases({{2, 1000, 1040, 1024}, {4, 512, 6144, 768}, {8, 2048, 8192, 1024},
+                                                    {8, 64, 8192, 1024}, {8, 8192, 4096, 512}})),
+                         case_name);
+
+}  // namespace
+}  // namespace tpfuse::testing
