@@ -284,11 +284,10 @@ def _scaled_operand_fallback(rows: torch.Tensor, B: torch.Tensor, A_scale: torch
     if B.dim() != 2 or not B.t().is_contiguous():
         return "layout", (f"B {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view of a "
                           "contiguous N x K weight), the one layout of tpfuse's FP8 weights")
-    n, k = B.shape[1], B.shape[0]
-    if n % ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B's N = {n} is not a multiple of {ROW_ALIGNMENT}"
-    if k % FP8_ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B's K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
+    for extent, what in ((B.shape[1], "N"), (B.shape[0], "K")):
+        if extent % FP8_ROW_ALIGNMENT != 0:
+            return "n_or_k", (f"B's {what} = {extent} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 inputs take N and "
+                              "K in whole 16-byte units)")
     return _scales_fallback(A, B, A_scale, B_scale) or _rows_fallback(rows, dim, group_size) or \
         _alignment_fallback(("A", rows), ("B", B)) or _device_fallback(A.device)
 
