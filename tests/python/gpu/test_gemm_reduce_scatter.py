@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
 
 import tpfuse
 from tpfuse import _communicators
