@@ -177,6 +177,9 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   (Kpr: K per rank)\n"
          "  --tp P           tensor-parallel degree: K per rank = K_total / P in the sweep (default 8)\n"
          "  --layout kn|nk   weight layout: kn = K/P x N row-major (default), nk = N x K/P (nn.Linear)\n"
+         "  --fp8 S          modes gemm and proxy --op rs: E4M3 inputs scaled S = tensorwise or rowwise\n"
+         "                   (needs --layout nk), against cuBLASLt's scaled FP8 GEMM; promoted every 128 K\n"
+         "  --fast-accum     with --fp8: the tensor cores' own accumulation, ours and cuBLASLt's\n"
          "  --gpus N         use GPUs 0..N-1 (default: every visible GPU)\n"
          "  --seed N         seed of the random inputs (default: drawn at start, and printed)\n"
          "  --no-gate        align GPUs only by synchronizing (host launch time then counts in the times)\n"
@@ -310,6 +313,17 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
       } else {
         return fail("--layout: expected kn or nk, got '" + *text + "'");
       }
+    } else if (flag == "--fp8") {
+      const std::optional<std::string> text = value();
+      if (text == std::string("tensorwise")) {
+        options.scaling = Scaling::kTensorwise;
+      } else if (text == std::string("rowwise")) {
+        options.scaling = Scaling::kRowwise;
+      } else {
+        return fail("--fp8: expected tensorwise or rowwise, got '" + text.value_or("") + "'");
+      }
+    } else if (flag == "--fast-accum") {
+      options.accumulation = Accumulation::kFast;
     } else if (flag == "--gpus") {
       if (!int_value(1, 1024, &number)) return fail(result.error);
       options.gpus = int(number);
@@ -344,6 +358,13 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     return fail("--op: only modes proxy and fused take it");
   }
   if (op == "ag") options.op = FusedOp::kAllGather;
+  if (options.scaling != Scaling::kNone) {
+    const bool served = options.mode == "gemm" || (options.mode == "proxy" && options.op == FusedOp::kReduceScatter);
+    if (!served) return fail("--fp8: modes gemm and proxy --op rs only");
+    if (options.weight_layout != WeightLayout::kNxK) return fail("--fp8: E4M3 weights are N x K (--layout nk)");
+  } else if (options.accumulation == Accumulation::kFast) {
+    return fail("--fast-accum: only with --fp8");
+  }
 
   // The shapes depend on --tp, which may come after --shapes.
   std::string error;

@@ -96,6 +96,8 @@ Fields options_fields(const Options& options) {
       {"shapes", options.shapes_arg},
       {"tp", double(options.tp)},
       {"layout", std::string(layout_flag(options.weight_layout))},
+      {"fp8", options.scaling == Scaling::kNone ? Value{} : Value(std::string(to_string(options.scaling)))},
+      {"accumulation", options.scaling == Scaling::kNone ? Value{} : Value(std::string(to_string(options.accumulation)))},
       {"gpus", double(options.gpus)},
       {"seed", options.seed ? Value(double(*options.seed)) : Value{}},
       {"gate", options.gate},

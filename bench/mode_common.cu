@@ -248,7 +248,13 @@ void OutcomeTally::summarize(const Options& options, std::string& line, Row& sum
 }
 
 Problem make_problem(const Shape& shape, const Options& options) {
-  return Problem{shape.m, shape.n, shape.k_per_rank, options.tp, options.weight_layout};
+  Problem problem{shape.m, shape.n, shape.k_per_rank, options.tp, options.weight_layout};
+  if (options.scaling != Scaling::kNone) {
+    problem.dtype = DType::kE4M3;
+    problem.scaling = options.scaling;
+    problem.accumulation = options.accumulation;
+  }
+  return problem;
 }
 
 Problem gathered_gemm(const AllGatherProblem& problem) {

@@ -61,7 +61,7 @@ Row run_shape(Gpu& gpu, GpuSet& gpus, const Options& options, size_t shape_index
     cublas_on_set(gpu, problem, sets, 0);
     attempt([&] { ours_on_set(gpu, problem, sets, 0, options.overrides); }, &outcome.failure);
     DeviceBuffer ref(gpu.device, c_count * sizeof(float));
-    reference_gemm(problem, sets.a[0].as<bf16>(), sets.w[0].as<bf16>(), ref.as<float>(), gpu.stream);
+    reference_on_set(gpu, problem, sets, 0, ref.as<float>());
     const ErrorSums cublas = measure_error(sets.c_cublas[0].as<bf16>(), ref.as<float>(), c_count, gpu.stream);
     const ErrorSums ours = measure_error(sets.c_ours[0].as<bf16>(), ref.as<float>(), c_count, gpu.stream);
     const ErrorStats cublas_stats = cublas.stats(), ours_stats = ours.stats();

@@ -74,7 +74,8 @@ struct ReduceScatterOp {
     const void* a = sets.a[set].get();
     const void* w = sets.w[set].get();
     void* o = out[set].get();
-    check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, nullptr, &o, &stream, overrides, timeline));
+    const InputScales scales = sets.scales(set);
+    check_op(launch_gemm_rs(comm.get(), problem, {0}, &a, &w, nullptr, &o, &stream, overrides, timeline, &scales));
   }
 
   // The FP32 reference of rank 0's rows: its rows of A_0 @ W_0 plus the preset partials.
@@ -83,7 +84,7 @@ struct ReduceScatterOp {
     const size_t count = out_count(problem);
     Problem own_rows = problem;  // rank 0 owns rows [0, m/P): the first rows of A_0
     own_rows.m = problem.rows_per_rank();
-    reference_gemm(own_rows, sets.a[0].as<bf16>(), sets.w[0].as<bf16>(), ref, gpu.stream);
+    reference_on_set(gpu, own_rows, sets, 0, ref);
     // recv[parity 0][source][m/P][n]: the partials of sources 1 .. P-1 follow source 0's slot.
     const bf16* recv = static_cast<const bf16*>(parity_data(*comm.get(), 0, 0));
     for (int source = 1; source < problem.world_size; ++source) {

@@ -5,8 +5,8 @@
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
 # Steps (default: all, in this order): env tests sanitize gemm proxy timeline ag_proxy baseline fused;
-# fp8 (not in the default) runs the E4M3 tests and times the E4M3 GEMM against cuBLASLt's
-# (bench/fp8_gemm.py, torch._scaled_mm) on the sweep at P = 8;
+# fp8 (not in the default) runs the E4M3 tests, then the GEMM and the reduce-scatter's proxy N x K
+# with E4M3 inputs, tensorwise and rowwise, promoted and fast, checked;
 # small_m (not in the default) times the small-M targets: the GEMM at M = 1..512 and the
 # reduce-scatter's proxy at M = 8..512 (P = 8 both layouts, P = 4 and 2 N x K), interleaved and
 # checked, then N x K in separate loops (the cycles x clock split).
@@ -162,8 +162,16 @@ for step in "${steps[@]}"; do
       ;;
     fp8)
       run_step test_fp8 "${build}/tests/gpu/test_fp8"
-      run_step fp8_gemm python3 "$(dirname "${projection}")/fp8_gemm.py" --library "${build}/src/libtpfuse.so" \
-        --json "${out}/fp8_gemm.json"
+      for scaling in tensorwise rowwise; do
+        for accumulation in promoted fast; do
+          flags=(--layout nk --fp8 "${scaling}" --check)
+          [[ ${accumulation} == fast ]] && flags+=(--fast-accum)
+          run_step "gemm_fp8_${scaling}_${accumulation}" "${bench}" --mode gemm "${flags[@]}" \
+            --json "${out}/gemm_fp8_${scaling}_${accumulation}.json"
+          run_step "proxy_fp8_${scaling}_${accumulation}" "${bench}" --mode proxy "${flags[@]}" \
+            --json "${out}/proxy_fp8_${scaling}_${accumulation}.json"
+        done
+      done
       ;;
     fused)
       run_step fused "${bench}" --mode fused --check --json "${out}/fused.json" --csv "${out}/fused.csv"

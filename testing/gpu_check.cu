@@ -47,7 +47,7 @@ __global__ void fill_small_ints_kernel(bf16* data, size_t count, uint64_t seed) 
 }
 
 __device__ float e4m3_to_float(uint8_t bits) {
-  return float(__nv_fp8_e4m3(__nv_fp8_storage_t(bits)));
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(bits), __NV_E4M3)));
 }
 
 __global__ void fill_random_e4m3_kernel(uint8_t* data, size_t count, uint64_t seed) {
@@ -64,6 +64,13 @@ __global__ void fill_small_ints_e4m3_kernel(uint8_t* data, size_t count, uint64_
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
     const float v = float(int(mix(seed + 0x9e3779b97f4a7c15ull * (i + 1)) % 3) - 1);
     data[i] = uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+  }
+}
+
+__global__ void fill_random_scales_kernel(float* data, size_t count, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(mix(seed + 0x9e3779b97f4a7c15ull * (i + 1)) >> 40) / float(1 << 24);  // [0, 1)
+    data[i] = (0.5f + 1.5f * u) / 448.0f;
   }
 }
 
@@ -237,6 +244,11 @@ void fill_random_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t s
 
 void fill_small_ints_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream) {
   fill_small_ints_e4m3_kernel<<<grid_for(count), kThreads, 0, stream>>>(data, count, seed);
+  TESTING_CHECK(cudaGetLastError());
+}
+
+void fill_random_scales(float* data, size_t count, uint64_t seed, cudaStream_t stream) {
+  fill_random_scales_kernel<<<grid_for(count), kThreads, 0, stream>>>(data, count, seed);
   TESTING_CHECK(cudaGetLastError());
 }
 

@@ -26,6 +26,9 @@ void fill_small_ints_bf16(bf16* data, size_t count, uint64_t seed, cudaStream_t 
 // never zero; small integers in {-1, 0, 1}.
 void fill_random_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream);
 void fill_small_ints_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream_t stream);
+// Scales of E4M3 data, as amax scaling makes them for values in e4m3's range: uniform in
+// [0.5, 2) / 448.
+void fill_random_scales(float* data, size_t count, uint64_t seed, cudaStream_t stream);
 // Fills with 0xFFFF, a NaN, so that any element a kernel fails to write shows up.
 void poison_bf16(bf16* data, size_t count, cudaStream_t stream);
 

@@ -96,7 +96,8 @@ struct Problem {
 };
 
 // Checks the shape: P in 1..8, m divisible by P (m/P need not be a multiple of 8 or of a tile), a dtype
-// the compiled variants take, n and k_per_rank whole 16-byte units of it (multiples of 8 BF16); batch >= 1
+// the compiled variants take, k_per_rank whole 16-byte units of it (multiples of 8 BF16, 16 E4M3) and n
+// whole 16-byte units of the BF16 output (and, with a K x N weight, of the inputs' dtype); batch >= 1
 // dividing m, each sequence splitting over the ranks, and (with batch > 1 and P > 1) shards of whole slabs
 // (kUnsupported otherwise); E4M3 with a kNxK weight and a scaling, BF16 with none. The message names the
 // bad argument and its value.

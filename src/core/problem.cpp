@@ -156,7 +156,9 @@ Status validate(const Problem& problem) {
   }
   // The dtype first: it says how many elements make the 16 bytes a row must be whole units of.
   TPFUSE_RETURN_IF_ERROR(check_dtype(problem.dtype));
-  TPFUSE_RETURN_IF_ERROR(check_row_bytes("n", problem.n, problem.dtype));
+  // n counts the output's BF16 columns, and with a K x N weight its rows' inputs too.
+  TPFUSE_RETURN_IF_ERROR(check_row_bytes(
+      "n", problem.n, problem.weight_layout == WeightLayout::kKxN ? problem.dtype : kOutputDType));
   TPFUSE_RETURN_IF_ERROR(check_row_bytes("k_per_rank", problem.k_per_rank, problem.dtype));
   if (problem.weight_layout != WeightLayout::kKxN && problem.weight_layout != WeightLayout::kNxK) {
     return Status::InvalidArgument("problem.weight_layout = " + std::to_string(int(problem.weight_layout)) +

@@ -136,6 +136,11 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
 
+// Brings the 128-byte line of `address` into L1, for loads that follow later.
+__device__ __forceinline__ void prefetch_l1(const void* address) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(address));
+}
+
 // Stores four 8x8 BF16 matrices to shared memory: register i of every thread is its piece of matrix
 // i (row lane / 4, columns 2 * (lane % 4) + {0, 1}); thread t gives the address of row t % 8 of
 // matrix t / 8.

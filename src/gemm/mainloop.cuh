@@ -329,14 +329,11 @@ __device__ __forceinline__ void release_stage(StorageOf<Config>& smem, int stage
   if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&smem.ring.empty[stage]);
 }
 
-// Accumulates one step's slab over its num_k_blocks K blocks. `ring` carries the position across
-// steps. After each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
-// Promoted (Config::kPromoted), a K block's WGMMAs sum into `block_sum`, which is added into `acc` in
-// FP32 once they are done: the tensor cores' FP8 sums keep fewer bits than FP32, over 128 of K only.
-template <class Config, class Epilogue>
-__device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
-                                             float (&acc)[Config::kAccPerThread], StageCursor& ring,
-                                             Epilogue& epilogue) {
+// The WGMMAs of one K block (a stage) of a slab, accumulating into `acc` (on the previous sums where
+// `accumulate`), committed as one batch.
+template <class Config>
+__device__ __forceinline__ void issue_k_block(StorageOf<Config>& smem, int stage, Slab<Config> slab, float* acc,
+                                              bool accumulate) {
   using Mma = Wgmma<Config::kDType, Config::kWgCols, Config::kWeightKMajor>;
   // Descriptor steps (16-byte units) for one WGMMA's K: its 32 bytes along a K-major row, its rows of
   // an MN-major chunk (128 bytes each).
@@ -345,42 +342,37 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
   // Offset of the slab's columns inside a W stage, in elements (the same for both layouts: kWgCols
   // rows, or kWgCols / 64 chunks, of kBlockK elements each).
   const int w_offset_elems = slab.col * Config::kBlockK;
+  const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
+  const uint64_t desc_w = Config::kWeightKMajor
+                              ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
+                              : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
+#pragma unroll
+  for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int kk = 0; kk < Config::kBlockK / Mma::kK; ++kk) {
+    Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, acc, accumulate || kk > 0);
+  }
+  cute::warpgroup_commit_batch();
+}
 
-  float block_sum[Config::kPromoted ? Config::kAccPerThread : 1];
-  float* const sum = Config::kPromoted ? block_sum : acc;  // what the WGMMAs accumulate into
-
+// Accumulates one step's slab over its num_k_blocks K blocks. `ring` carries the position across
+// steps. After each K block the epilogue may add inputs of its own (Epilogue::after_k_block).
+template <class Config, class Epilogue>
+__device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
+                                             float (&acc)[Config::kAccPerThread], StageCursor& ring,
+                                             Epilogue& epilogue) {
   int prev_stage = -1;
   for (int kb = 0; kb < num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
-    const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem.a[stage] + slab.row * Config::kBlockK);
-    const uint64_t desc_w = Config::kWeightKMajor
-                                ? ptx::smem_desc_k_major_sw128(smem.w[stage] + w_offset_elems)
-                                : ptx::smem_desc_mn_major_sw128(smem.w[stage] + w_offset_elems, Config::kWChunkBytes);
+    issue_k_block<Config>(smem, stage, slab, acc, kb > 0);
+    // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
+    cute::warpgroup_wait<1>();
 #pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(sum[i]);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int kk = 0; kk < Config::kBlockK / Mma::kK; ++kk) {
-      Mma::mma(desc_a + kk * kStepA, desc_w + kk * kStepW, sum, kk > 0 || (kb > 0 && !Config::kPromoted));
-    }
-    cute::warpgroup_commit_batch();
-    if constexpr (Config::kPromoted) {
-      // The block's sum is needed at once: its stage is done with too.
-      cute::warpgroup_wait<0>();
-#pragma unroll
-      for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(sum[i]);
-      release_stage<Config>(smem, stage);
-#pragma unroll
-      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + sum[i] : sum[i];
-    } else {
-      // Keep one batch in flight; the one before it is done, so its stage goes back to the producer.
-      cute::warpgroup_wait<1>();
-#pragma unroll
-      for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
-      if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
-      prev_stage = stage;
-    }
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
+    if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
+    prev_stage = stage;
     ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
   }
@@ -388,6 +380,47 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 #pragma unroll
   for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(acc[i]);
   if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
+}
+
+// The same, promoted (Config::kPromoted): the tensor cores' E4M3 sums keep fewer bits than FP32, so
+// each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done (its
+// stage is then released at once). Two sets taken in turn, one block in flight while the other is
+// added, measured slower (docs/EXPERIMENTS.md).
+template <class Config, class Epilogue>
+__device__ __forceinline__ void consume_tile_promoted(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
+                                                      float (&acc)[Config::kAccPerThread], StageCursor& ring,
+                                                      Epilogue& epilogue) {
+  float block_sum[Config::kAccPerThread];
+  for (int kb = 0; kb < num_k_blocks; ++kb) {
+    const int stage = ring.stage;
+    ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
+    issue_k_block<Config>(smem, stage, slab, block_sum, false);
+    cute::warpgroup_wait<0>();
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
+    release_stage<Config>(smem, stage);
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + block_sum[i] : block_sum[i];
+    ring.advance<Config>();
+    epilogue.template after_k_block<Config>(kb, acc, smem);
+  }
+}
+
+// Brings a slab's scales into L1 while its K loop runs, so that scale_slab's loads after it hit there:
+// the lines of the slab's 64 rows of A's and kWgCols columns of W's, a thread of the warpgroup each.
+template <class Config, class Schedule>
+__device__ __forceinline__ void prefetch_scales(const MainloopParams<Schedule>& p, int a_row, int col) {
+  constexpr int kPerLine = 128 / sizeof(float);
+  constexpr int kALines = Config::kWgRows / kPerLine, kWLines = Config::kWgCols / kPerLine;
+  static_assert(kALines + kWLines <= 128, "a line a thread");
+  const int t = threadIdx.x % 128;
+  if (t < kALines) {
+    const int row = a_row + t * kPerLine;
+    if (row < p.scale_rows) ptx::prefetch_l1(p.a_scale + row * p.a_scale_step);
+  } else if (t < kALines + kWLines) {
+    const int c = col + (t - kALines) * kPerLine;
+    if (c < p.scale_cols) ptx::prefetch_l1(p.w_scale + c * p.w_scale_step);
+  }
 }
 
 // Multiplies this thread's accumulators of a slab by their scales (E4M3 inputs, MainloopParams), in
@@ -408,7 +441,7 @@ __device__ __forceinline__ void scale_slab(const MainloopParams<Schedule>& p, in
   const int lane_col = col + 2 * (lane % 4);
 #pragma unroll
   for (int b = 0; b < Config::kAccPerThread / 4; ++b) {
-    const int c = lane_col + 8 * b;  // even, and n a multiple of 16: c + 1 < n where c < n
+    const int c = lane_col + 8 * b;  // even, and n a multiple of 8: c + 1 < n where c < n
     if (c < p.scale_cols) {
       const float col_scale[2] = {__ldg(p.w_scale + c * p.w_scale_step), __ldg(p.w_scale + (c + 1) * p.w_scale_step)};
 #pragma unroll
@@ -499,12 +532,19 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
       consumer_sync(consumer);
       const KSlice k_slice = k_slice_of(mainloop.schedule, steps.step(), num_k_blocks);
       epilogue.template begin_tile<Config>(tile, k_slice);
-      consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
+      // E4M3: this rank's product is scaled before the epilogue adds anything to it (the bias, peers'
+      // partials); the slab's rows of A are where the producer loads them from.
+      int a_row = 0;
       if constexpr (Config::kScaled) {
-        // This rank's product is scaled before the epilogue adds anything to it (the bias, peers' partials).
-        const ALoad a = Epilogue::template a_load<Config>(epilogue_params, mainloop, tile);
-        scale_slab<Config>(mainloop, a.row + slab.row, tile.col_begin + slab.col, acc);
+        a_row = Epilogue::template a_load<Config>(epilogue_params, mainloop, tile).row;
+        prefetch_scales<Config>(mainloop, a_row + slab.row, tile.col_begin + slab.col);
       }
+      if constexpr (Config::kPromoted) {
+        consume_tile_promoted<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
+      } else {
+        consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
+      }
+      if constexpr (Config::kScaled) scale_slab<Config>(mainloop, a_row + slab.row, tile.col_begin + slab.col, acc);
       epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);
     }
     epilogue.finish();

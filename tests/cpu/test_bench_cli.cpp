@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli.h"
@@ -131,6 +132,29 @@ TEST(BenchCli, FusedOp) {
 }
 
 // The sweep comes from python/tpfuse/shapes.json, as the Python benchmark's does.
+// --fp8: E4M3 inputs for modes gemm and proxy --op rs, N x K weights, promoted unless --fast-accum.
+TEST(BenchCli, Fp8) {
+  const ParseResult rowwise = parse_args({"--mode", "proxy", "--layout", "nk", "--fp8", "rowwise"}, kModes);
+  ASSERT_EQ(rowwise.outcome, ParseOutcome::kRun) << rowwise.error;
+  EXPECT_EQ(rowwise.options.scaling, Scaling::kRowwise);
+  EXPECT_EQ(rowwise.options.accumulation, Accumulation::kPromoted);
+  const ParseResult fast = parse_args({"--mode", "gemm", "--layout", "nk", "--fp8", "tensorwise", "--fast-accum"}, kModes);
+  ASSERT_EQ(fast.outcome, ParseOutcome::kRun) << fast.error;
+  EXPECT_EQ(fast.options.scaling, Scaling::kTensorwise);
+  EXPECT_EQ(fast.options.accumulation, Accumulation::kFast);
+  EXPECT_EQ(parse_args({}, kModes).options.scaling, Scaling::kNone);
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--mode", "gemm", "--fp8", "rowwise"}, "--fp8: E4M3 weights are N x K (--layout nk)"},
+           {{"--mode", "gemm", "--layout", "nk", "--fp8", "blockwise"}, "--fp8: expected tensorwise or rowwise"},
+           {{"--mode", "fused", "--layout", "nk", "--fp8", "rowwise"}, "--fp8: modes gemm and proxy --op rs only"},
+           {{"--mode", "proxy", "--op", "ag", "--layout", "nk", "--fp8", "rowwise"}, "--fp8: modes gemm and proxy"},
+           {{"--mode", "gemm", "--fast-accum"}, "--fast-accum: only with --fp8"}}) {
+    const ParseResult r = parse_args(args, kModes);
+    EXPECT_EQ(r.outcome, ParseOutcome::kError) << args.back();
+    EXPECT_NE(r.error.find(message), std::string::npos) << r.error;
+  }
+}
+
 TEST(BenchCli, SweepsFromTheShapeTable) {
   std::string error;
   const std::vector<Shape> column = all_gather_sweep_shapes(8, &error);

@@ -135,13 +135,16 @@ TEST(Validate, E4M3TakesScalesAndAKMajorWeight) {
     EXPECT_EQ(kxn.code(), StatusCode::kUnsupported);
     EXPECT_NE(kxn.message().find("FP8 takes an N x K weight"), std::string::npos) << kxn.message();
   }
-  // 16 bytes a row: 16 E4M3 elements, where BF16 takes 8.
-  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{24, 128}, {64, 40}}) {
-    const Status s = validate(e4m3(n, k, WeightLayout::kNxK, Scaling::kRowwise));
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find("is not a multiple of 16 (E4M3 rows must be multiples of 16 bytes)"), std::string::npos)
-        << s.message();
-  }
+  // 16 bytes a row: K in 16 E4M3 elements, where BF16 takes 8; N counts the BF16 output's columns.
+  const Status k40 = validate(e4m3(64, 40, WeightLayout::kNxK, Scaling::kRowwise));
+  EXPECT_EQ(k40.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(k40.message().find("k_per_rank = 40 is not a multiple of 16 (E4M3 rows must be multiples of 16 bytes)"),
+            std::string::npos)
+      << k40.message();
+  EXPECT_TRUE(validate(e4m3(24, 128, WeightLayout::kNxK, Scaling::kRowwise)).ok());
+  const Status n12 = validate(e4m3(12, 128, WeightLayout::kNxK, Scaling::kRowwise));
+  EXPECT_EQ(n12.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(n12.message().find("n = 12 is not a multiple of 8 (BF16 rows"), std::string::npos) << n12.message();
   const Status unscaled = validate(e4m3(64, 128, WeightLayout::kNxK, Scaling::kNone));
   EXPECT_EQ(unscaled.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unscaled.message().find("needs a scaling"), std::string::npos) << unscaled.message();
