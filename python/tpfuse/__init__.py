@@ -70,7 +70,7 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *
     a: M x K/P, contiguous BF16 (this rank's K-slice of the activations).
     w: this rank's K-slice of the weight, contiguous BF16: N x K/P with weight_layout="nk"
        (nn.Linear's weight, as stored), K/P x N with weight_layout="kn".
-    FP8: a and w both torch.float8_e4m3fn, w N x K/P ("nk") only, N and K/P multiples of 16, FP32 scales on
+    FP8: a and w both torch.float8_e4m3fn, w N x K/P ("nk") only, K/P a multiple of 16, with FP32 scales on
        a's device: each rank's product is (a @ W) * a_scale * w_scale in FP32 before the bias, the reduction
        and the one rounding to BF16. Tensorwise: a_scale and w_scale one element each; rowwise: a_scale one
        per row of a ((M, 1) or (M,)), w_scale one per output column ((1, N), (N, 1) or (N,)). Scales are

@@ -186,8 +186,7 @@ def _check_operands_contiguous(name: str, operand: torch.Tensor, operand_shape: 
 
 
 def _check_extents(extents, multiples_of_8, multiples_of_16=()) -> None:
-    """Extents in range; those of BF16 rows multiples of 8 elements; with E4M3 inputs, N and K/P multiples of 16
-    (the library takes both in whole 16-byte units of the inputs' dtype)."""
+    """Extents in range; those of BF16 rows multiples of 8 elements, those of E4M3 rows of 16 (whole 16 bytes)."""
     for name, extent in extents:
         if extent <= 0 or extent > MAX_EXTENT:
             _fail(f"{name} = {extent} must be in 1..{MAX_EXTENT}")
@@ -196,8 +195,8 @@ def _check_extents(extents, multiples_of_8, multiples_of_16=()) -> None:
             _fail(f"{name} = {extent} is not a multiple of {ROW_ALIGNMENT} (BF16 rows must be multiples of 16 bytes)")
     for name, extent in multiples_of_16:
         if extent % FP8_ROW_ALIGNMENT != 0:
-            _fail(f"{name} = {extent} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 inputs take N and K/P in whole "
-                  "16-byte units)")
+            _fail(f"{name} = {extent} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows must be multiples of 16 "
+                  "bytes)")
 
 
 def check_batch_count(batch: int) -> None:
@@ -258,8 +257,10 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
     m, k_per_rank = a.shape
     n = _weight_columns(w, weight_layout, "a", a, "M x K/P", "K/P", _WEIGHT_SHAPES)
     _check_operands_contiguous("a", a, "M x K/P", w, weight_layout, _WEIGHT_SHAPES)
-    rows = (("N", n), ("K/P", k_per_rank))
-    _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), () if fp8 else rows, rows if fp8 else ())
+    # N counts BF16 output columns (and FP8 weight rows, whose length is K/P); K/P counts a's and w's row elements.
+    k_rows = (("K/P", k_per_rank),)
+    _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n),) + (() if fp8 else k_rows),
+                   k_rows if fp8 else ())
     scaling = _check_scales(a_scale, w_scale, fp8, m, n)
     _check_batch(batch, m, world_size)
     _check_bias(bias, n, "N")

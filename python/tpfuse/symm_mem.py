@@ -38,7 +38,7 @@ contiguous K x N matrix nor the transpose view of a contiguous N x K weight), n_
 alignment (data not 16-byte aligned), shard (a contiguous A of more than one sequence whose shard of a
 sequence is not a multiple of 64 rows, on more than one rank), empty (no Bs), gpu (not Hopper), library
 (tpfuse's library not loadable). The FP8 reduce-scatter's own: dtype (not e4m3 A and B), layout (a row-major
-B), n_or_k (K not a multiple of 16), scales (neither tensorwise nor rowwise, not FP32, or on another device),
+B), n_or_k (N not a multiple of 8, K of 16), scales (neither tensorwise nor rowwise, not FP32, or on another device),
 out_dtype (not BF16: None is A's dtype, FP8), bias (torch adds it to every rank's partial, P times in the
 sum; tpfuse's kernels add a bias once), result_scale, shape (output_shape not the product's). The FP8
 all-gather (fused_all_gather_scaled_matmul) is not served yet: its kernel passes every call to torch's, with
@@ -284,10 +284,11 @@ def _scaled_operand_fallback(rows: torch.Tensor, B: torch.Tensor, A_scale: torch
     if B.dim() != 2 or not B.t().is_contiguous():
         return "layout", (f"B {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view of a "
                           "contiguous N x K weight), the one layout of tpfuse's FP8 weights")
-    for extent, what in ((B.shape[1], "N"), (B.shape[0], "K")):
-        if extent % FP8_ROW_ALIGNMENT != 0:
-            return "n_or_k", (f"B's {what} = {extent} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 inputs take N and "
-                              "K in whole 16-byte units)")
+    n, k = B.shape[1], B.shape[0]
+    if n % ROW_ALIGNMENT != 0:
+        return "n_or_k", f"B's N = {n} is not a multiple of {ROW_ALIGNMENT} (BF16 output rows of whole 16 bytes)"
+    if k % FP8_ROW_ALIGNMENT != 0:
+        return "n_or_k", f"B's K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
     return _scales_fallback(A, B, A_scale, B_scale) or _rows_fallback(rows, dim, group_size) or \
         _alignment_fallback(("A", rows), ("B", B)) or _device_fallback(A.device)
 

@@ -239,9 +239,9 @@ FP8_CASES = {
                       tpfuse.UnsupportedError, "w: FP8 weights are N x K/P (nn.Linear's weight) only "
                       "(weight_layout='nk'); weight_layout='kn' is served for torch.bfloat16 inputs"),
     "k_not_multiple_of_16": (lambda: fp8(M, 40), lambda: fp8(N, 40), TENSORWISE, tpfuse.InvalidArgumentError,
-                             "K/P = 40 is not a multiple of 16 (FP8 inputs take N and K/P in whole 16-byte units)"),
-    "n_not_multiple_of_16": (lambda: fp8(M, K), lambda: fp8(N + 8, K), TENSORWISE, tpfuse.InvalidArgumentError,
-                             "N = 56 is not a multiple of 16 (FP8 inputs take N and K/P in whole 16-byte units)"),
+                             "K/P = 40 is not a multiple of 16 (FP8 rows must be multiples of 16 bytes)"),
+    "n_not_multiple_of_8": (lambda: fp8(M, K), lambda: fp8(N + 4, K), TENSORWISE, tpfuse.InvalidArgumentError,
+                            "N = 52 is not a multiple of 8 (BF16 rows must be multiples of 16 bytes)"),
     "a_fp8_w_bf16": (lambda: fp8(M, K), lambda: cpu(N, K), TENSORWISE, tpfuse.InvalidArgumentError,
                      "a has dtype torch.float8_e4m3fn and w torch.bfloat16: both must be torch.bfloat16, or both "
                      "torch.float8_e4m3fn"),

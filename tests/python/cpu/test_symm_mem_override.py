@@ -445,8 +445,8 @@ SCALED_FALLBACKS = {
                     "B (32, 16) with strides (16, 1) is not column-major (the transpose view of a contiguous N x K "
                     "weight)"),
     "k": (scaled_fallback(A=fp8_ints(8, 24), B=fp8_ints(16, 24).t()), "n_or_k",
-          "B's K = 24 is not a multiple of 16 (FP8 inputs take N and K in whole 16-byte units)"),
-    "n": (scaled_fallback(B=fp8_ints(24, 32).t()), "n_or_k", "B's N = 24 is not a multiple of 16"),
+          "B's K = 24 is not a multiple of 16 (FP8 rows of whole 16 bytes)"),
+    "n": (scaled_fallback(B=fp8_ints(12, 32).t()), "n_or_k", "B's N = 12 is not a multiple of 8"),
     "mixed_scales": (scaled_fallback(A_scale=torch.ones(8, 1)), "scales",
                      "A_scale (8, 1) and B_scale () are neither one element each (tensorwise) nor rowwise: "
                      "A_scale (8, 1) and B_scale (1, 16)"),

@@ -245,7 +245,8 @@ def test_own_nccl_communicator_where_torchs_is_unavailable(group, device, monkey
         tpfuse.close(group)
 
 
-# --- FP8 (E4M3) inputs: w is N x K/P ("nk"), N and K/P multiples of 16, out BF16 ---
+# --- FP8 (E4M3) inputs: w is N x K/P ("nk"), K/P a multiple of 16, out BF16; torch._scaled_mm, the unfused
+# path, needs N a multiple of 16 too ---
 
 SCALINGS = ["tensorwise", "rowwise"]
 FP8_SHAPES = [  # M (a multiple of 8 * P: any P up to 8 divides it), N, K/P
@@ -281,9 +282,9 @@ def test_fp8_within_the_rule_of_the_unfused_path(group, device, m, n, k, scaling
 def test_fp8_small_integers_are_exact_and_reruns_bit_identical(group, device, scaling, use_fast_accum):
     """Dequantized entries in {-1, 0, 1}, power-of-2 scales (the same on every rank, odd ranks storing halves
     scaled by twice), K = 16 * (16 // P) * P <= 256: every output is exact in BF16, so bit for bit. At P = 1,
-    K/P = 256 spans two of the promoted accumulation's 128-deep steps."""
+    K/P = 256 spans two of the promoted accumulation's 128-deep steps; N = 520 is a multiple of 8, not of 16."""
     p = group.size()
-    m, n, k = 1024, 512, 16 * (16 // p)
+    m, n, k = 1024, 520, 16 * (16 // p)
     a, w, a_scale, w_scale = fp8_operands(m, n, k, device, seed_of(group, 8), scaling, small_integers=True,
                                           scale_seed=9, odd_rank=group.rank() % 2 == 1)
     first = fp8_call(a, w, group, a_scale, w_scale, use_fast_accum)
