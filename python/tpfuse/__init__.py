@@ -4,7 +4,8 @@ all-gather + GEMM of a column-parallel one.
     out = tpfuse.gemm_reduce_scatter(a, w, group)   # a: M x K/P, w: N x K/P (nn.Linear's weight)
     y = tpfuse.all_gather_gemm(x, w, group)          # x: M/P x K, w: N/P x K; y: M x N/P
 
-One process per GPU, BF16 in and out. Rank r of `group` holds a_r and w_r; every rank gets its M/P
+One process per GPU, BF16 in and out; gemm_reduce_scatter also takes FP8 (torch.float8_e4m3fn) a and w
+with FP32 scales, tensorwise or rowwise. Rank r of `group` holds a_r and w_r; every rank gets its M/P
 rows of sum_r a_r @ w_r^T; with all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
 Both take an optional bias and a batch (sequences whose rows each rank holds 1/P of: torch's collectives
 along dim 1 of [batch, s, ...]). `fused_matmul_reduce_scatter` and `fused_all_gather_matmul` are drop-ins
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from . import _communicators, _ops  # _ops registers the torch.ops.tpfuse custom ops
 from ._communicators import close, status, workspace_bytes
-from ._checks import check_batch_count
+from ._checks import check_batch_count, check_fast_accum
 from ._library import NcclInfo, library
 from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, PeerTimeoutError, StatusCode,
                      TpfuseError, UnsupportedError, tpfuse_error_of)
@@ -61,13 +62,21 @@ def _group_name(group: Group) -> str:
 
 
 def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *, weight_layout: str = "nk",
-                        out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                        batch: int = 1) -> torch.Tensor:
+                        out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, batch: int = 1,
+                        a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                        use_fast_accum: bool = False) -> torch.Tensor:
     """This rank's M/P x N rows (BF16) of the sum over the group's P ranks of a @ W (+ bias).
 
     a: M x K/P, contiguous BF16 (this rank's K-slice of the activations).
     w: this rank's K-slice of the weight, contiguous BF16: N x K/P with weight_layout="nk"
        (nn.Linear's weight, as stored), K/P x N with weight_layout="kn".
+    FP8: a and w both torch.float8_e4m3fn, w N x K/P ("nk") only, K/P a multiple of 16, with FP32 scales on
+       a's device: each rank's product is (a @ W) * a_scale * w_scale in FP32 before the bias, the reduction
+       and the one rounding to BF16. Tensorwise: a_scale and w_scale one element each; rowwise: a_scale one
+       per row of a ((M, 1) or (M,)), w_scale one per output column ((1, N), (N, 1) or (N,)). Scales are
+       not read on the host: a non-finite scale gives non-finite outputs, not an error.
+       use_fast_accum: the tensor cores' own accumulation (torch._scaled_mm's flag) instead of adding
+       their partial sums into FP32 every 128 of K/P. The FP8 call has no backward pass.
     group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
     out: optional M/P x N BF16 tensor to write (and return).
     bias: optional N BF16 entries, added once to the reduced rows before their one rounding to BF16.
@@ -78,12 +87,16 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *
     N and K/P must be multiples of 8, and every rank calls with the same shapes.
     """
     group_name = _group_name(group)
-    if _ops.eager_allowed(a, w, out, bias):
-        return _ops.gemm_reduce_scatter_eager(a, w, weight_layout, group_name, out, bias, batch)
+    if _ops.eager_allowed(a, w, out, bias, a_scale, w_scale):
+        return _ops.gemm_reduce_scatter_eager(a, w, weight_layout, group_name, out, bias, batch, a_scale, w_scale,
+                                              use_fast_accum)
     check_batch_count(batch)
+    check_fast_accum(use_fast_accum)
     if out is None:
-        return torch.ops.tpfuse.gemm_reduce_scatter(a, w, weight_layout, group_name, bias, batch)
-    torch.ops.tpfuse.gemm_reduce_scatter_out(a, w, weight_layout, group_name, out, bias, batch)
+        return torch.ops.tpfuse.gemm_reduce_scatter(a, w, weight_layout, group_name, bias, batch, a_scale, w_scale,
+                                                    use_fast_accum)
+    torch.ops.tpfuse.gemm_reduce_scatter_out(a, w, weight_layout, group_name, out, bias, batch, a_scale, w_scale,
+                                             use_fast_accum)
     return out
 
 
@@ -113,7 +126,8 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, we
        each sequence's rows in rank order, sequence after sequence (torch's all-gather along dim 1 of a
        [batch, S/P, K] tensor); 1 gathers the rows as a whole. With batch > 1 and P > 1, x's rows of a
        sequence must be a multiple of 64 (else UnsupportedError).
-    N/P and K must be multiples of 8, and every rank calls with the same shapes.
+    N/P and K must be multiples of 8, and every rank calls with the same shapes. FP8 inputs raise
+    UnsupportedError: the all-gather does not serve them yet.
     """
     group_name = _group_name(group)
     check_batch_count(batch)

@@ -8,16 +8,21 @@ from typing import Optional, Tuple
 
 import torch
 
-from ._library import DTYPE_CODES, WEIGHT_LAYOUT_CODES
+from ._library import ACCUMULATION_CODES, DTYPE_CODES, SCALING_CODES, WEIGHT_LAYOUT_CODES
 from .errors import InvalidArgumentError, UnsupportedError
 
 MAX_WORLD_SIZE = 8       # tpfuse::kMaxWorldSize: the ranks of one NVLink node
 ROW_ALIGNMENT = 8        # BF16 rows must be whole 16-byte units
+FP8_ROW_ALIGNMENT = 16   # and E4M3 rows too
 POINTER_ALIGNMENT = 16   # bytes
+SCALE_ALIGNMENT = 4      # bytes: the scales are FP32
 MAX_EXTENT = 2**31 - 1   # the kernels index with 32 bits
 SLAB_ROWS = 64           # the kernels' slab: with batch > 1 and P > 1, a rank's rows of a sequence are whole slabs
 
-BF16_CODE = DTYPE_CODES[torch.bfloat16]  # the C ABI's dtype of BF16 inputs, the only ones served so far
+BF16_CODE = DTYPE_CODES[torch.bfloat16]  # the C ABI's dtype of BF16 inputs
+E4M3 = torch.float8_e4m3fn               # the FP8 inputs the reduce-scatter serves
+NO_SCALING = SCALING_CODES["none"]
+PROMOTED = ACCUMULATION_CODES["promoted"]
 
 _WEIGHT_SHAPES = {"nk": "N x K/P (nn.Linear's weight)", "kn": "K/P x N"}
 _AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
@@ -35,7 +40,9 @@ class Problem:
     world_size: int
     weight_layout: str
     batch: int = 1
-    dtype_code: int = BF16_CODE  # the C ABI's code of a's and w's dtype (DTYPE_CODES)
+    dtype_code: int = BF16_CODE      # the C ABI's code of a's and w's dtype (DTYPE_CODES)
+    scaling: int = NO_SCALING        # FP8: how a_scale and w_scale apply (SCALING_CODES)
+    accumulation: int = PROMOTED     # FP8: ACCUMULATION_CODES (use_fast_accum: fast)
 
     @property
     def rows_per_rank(self) -> int:
@@ -72,20 +79,87 @@ def _check_layout_and_group(weight_layout: str, world_size: int, weight_shapes: 
         _fail(f"the group has {world_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}")
 
 
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Any of torch's 8-bit floating-point types (e4m3fn, e5m2, their fnuz variants, e8m0fnu)."""
+    return dtype.is_floating_point and dtype.itemsize == 1
+
+
 def _check_matrices(inputs, outputs=()) -> int:
-    """BF16 matrices, each (name, tensor) (an output of None is one not asked for); returns the C ABI's code
-    of the inputs' dtype. FP8 inputs (e4m3, a dtype the C ABI names) raise UnsupportedError: no kernel
-    serves them yet."""
+    """The all-gather's BF16 matrices, each (name, tensor) (an output of None is one not asked for); returns
+    the C ABI's code of the inputs' dtype. E4M3 inputs, which the C ABI names, raise UnsupportedError: the
+    all-gather's kernels do not take them yet."""
     for name, tensor in inputs:
-        if tensor.dtype == torch.float8_e4m3fn:
-            raise UnsupportedError(f"{name} has dtype {tensor.dtype}: tpfuse does not serve FP8 inputs yet; it takes "
-                                   "and returns torch.bfloat16")
+        if tensor.dtype == E4M3:
+            raise UnsupportedError(f"{name} has dtype {tensor.dtype}: tpfuse's all-gather does not serve FP8 inputs "
+                                   "yet; it takes and returns torch.bfloat16 (the reduce-scatter takes FP8)")
     for name, tensor in (*inputs, *outputs):
         if tensor is not None and tensor.dtype != torch.bfloat16:
             _fail(f"{name} has dtype {tensor.dtype}; tpfuse takes and returns torch.bfloat16")
+    _check_dimensions((*inputs, *outputs))
+    return DTYPE_CODES[inputs[0][1].dtype]
+
+
+def _check_dimensions(named) -> None:
+    for name, tensor in named:
         if tensor is not None and tensor.dim() != 2:
             _fail(f"{name} has {tensor.dim()} dimensions {tuple(tensor.shape)}; it must be a matrix")
-    return DTYPE_CODES[inputs[0][1].dtype]
+
+
+def _check_operands(a: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor]) -> int:
+    """The reduce-scatter's a and w, both BF16 or both E4M3, and its BF16 out; returns the C ABI's code of the
+    inputs' dtype. Another FP8 type (e5m2, ...) raises UnsupportedError."""
+    for name, tensor in (("a", a), ("w", w)):
+        if is_fp8(tensor.dtype) and tensor.dtype != E4M3:
+            raise UnsupportedError(f"{name} has dtype {tensor.dtype}: tpfuse's FP8 inputs are {E4M3} only")
+        if tensor.dtype not in (torch.bfloat16, E4M3):
+            _fail(f"{name} has dtype {tensor.dtype}; tpfuse takes torch.bfloat16, or {E4M3} with scales "
+                  "(a_scale, w_scale), and returns torch.bfloat16")
+    if a.dtype != w.dtype:
+        _fail(f"a has dtype {a.dtype} and w {w.dtype}: both must be torch.bfloat16, or both {E4M3}")
+    if out is not None and out.dtype != torch.bfloat16:
+        _fail(f"out has dtype {out.dtype}; tpfuse returns torch.bfloat16")
+    _check_dimensions((("a", a), ("w", w), ("out", out)))
+    return DTYPE_CODES[a.dtype]
+
+
+def _check_scale(name: str, scale: torch.Tensor) -> None:
+    if scale.dtype != torch.float32:
+        _fail(f"{name} has dtype {scale.dtype}; scales are torch.float32")
+    if not scale.is_contiguous():
+        _fail(f"{name} {tuple(scale.shape)} with strides {scale.stride()} is not contiguous")
+
+
+def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor], fp8: bool, m: int,
+                  n: int) -> int:
+    """The scaling (SCALING_CODES) of a_scale and w_scale: none for BF16 inputs; for E4M3 inputs tensorwise
+    (one element each) or rowwise (a_scale one per row of a, w_scale one per output column)."""
+    if not fp8:
+        for name, scale in (("a_scale", a_scale), ("w_scale", w_scale)):
+            if scale is not None:
+                _fail(f"{name} is given, but a and w are torch.bfloat16: scales are for {E4M3} inputs only")
+        return NO_SCALING
+    missing = [name for name, scale in (("a_scale", a_scale), ("w_scale", w_scale)) if scale is None]
+    if missing:
+        _fail(f"a and w are {E4M3}: they need {' and '.join(missing)} (torch.float32: one element each for "
+              "tensorwise scaling, or a_scale (M, 1) and w_scale (1, N) for rowwise)")
+    _check_scale("a_scale", a_scale)
+    _check_scale("w_scale", w_scale)
+    if a_scale.numel() == 1 and w_scale.numel() == 1:
+        return SCALING_CODES["tensorwise"]
+    rowwise = "rowwise scaling (tensorwise takes one element in each of a_scale and w_scale)"
+    if tuple(a_scale.shape) not in ((m, 1), (m,)):
+        _fail(f"a_scale has shape {tuple(a_scale.shape)}; with w_scale of {w_scale.numel()} elements it must be "
+              f"({m}, 1) or ({m},), one per row of a (M): {rowwise}")
+    if tuple(w_scale.shape) not in ((1, n), (n, 1), (n,)):
+        _fail(f"w_scale has shape {tuple(w_scale.shape)}; with a_scale of {a_scale.numel()} elements it must be "
+              f"(1, {n}), ({n}, 1) or ({n},), one per output column (N): {rowwise}")
+    return SCALING_CODES["rowwise"]
+
+
+def check_fast_accum(use_fast_accum: bool) -> None:
+    """A flag: torch's dispatcher would refuse another type with its own error."""
+    if not isinstance(use_fast_accum, bool):
+        _fail(f"use_fast_accum = {use_fast_accum!r} must be True or False")
 
 
 def _weight_columns(w: torch.Tensor, weight_layout: str, name: str, operand: torch.Tensor, operand_shape: str,
@@ -111,13 +185,18 @@ def _check_operands_contiguous(name: str, operand: torch.Tensor, operand_shape: 
               f"matrix{hint}")
 
 
-def _check_extents(extents, multiples_of_8) -> None:
+def _check_extents(extents, multiples_of_8, multiples_of_16=()) -> None:
+    """Extents in range; those of BF16 rows multiples of 8 elements, those of E4M3 rows of 16 (whole 16 bytes)."""
     for name, extent in extents:
         if extent <= 0 or extent > MAX_EXTENT:
             _fail(f"{name} = {extent} must be in 1..{MAX_EXTENT}")
     for name, extent in multiples_of_8:
         if extent % ROW_ALIGNMENT != 0:
             _fail(f"{name} = {extent} is not a multiple of {ROW_ALIGNMENT} (BF16 rows must be multiples of 16 bytes)")
+    for name, extent in multiples_of_16:
+        if extent % FP8_ROW_ALIGNMENT != 0:
+            _fail(f"{name} = {extent} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows must be multiples of 16 "
+                  "bytes)")
 
 
 def check_batch_count(batch: int) -> None:
@@ -162,19 +241,31 @@ def _check_bias(bias: Optional[torch.Tensor], n: int, n_name: str) -> None:
 
 
 def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
-                  out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                  batch: int = 1) -> Problem:
-    """The reduce-scatter's problem of a, w, out, bias and batch, or an InvalidArgumentError naming the bad
-    argument (UnsupportedError for FP8 inputs and for a batched shard that is not whole slabs)."""
+                  out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, batch: int = 1,
+                  a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                  use_fast_accum: bool = False) -> Problem:
+    """The reduce-scatter's problem of a, w, out, bias, batch and, for E4M3 inputs, their scales and
+    accumulation, or an InvalidArgumentError naming the bad argument (UnsupportedError for an FP8 type other
+    than E4M3, an FP8 weight stored K x N, and a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _WEIGHT_SHAPES)
-    dtype_code = _check_matrices((("a", a), ("w", w)), (("out", out),))
+    dtype_code = _check_operands(a, w, out)
+    fp8 = a.dtype == E4M3
+    if fp8 and weight_layout != "nk":
+        raise UnsupportedError(f"w: FP8 weights are {_WEIGHT_SHAPES['nk']} only (weight_layout='nk'); "
+                               f"weight_layout={weight_layout!r} is served for torch.bfloat16 inputs")
+    check_fast_accum(use_fast_accum)
     m, k_per_rank = a.shape
     n = _weight_columns(w, weight_layout, "a", a, "M x K/P", "K/P", _WEIGHT_SHAPES)
     _check_operands_contiguous("a", a, "M x K/P", w, weight_layout, _WEIGHT_SHAPES)
-    _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n), ("K/P", k_per_rank)))
+    # N counts BF16 output columns (and FP8 weight rows, whose length is K/P); K/P counts a's and w's row elements.
+    k_rows = (("K/P", k_per_rank),)
+    _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n),) + (() if fp8 else k_rows),
+                   k_rows if fp8 else ())
+    scaling = _check_scales(a_scale, w_scale, fp8, m, n)
     _check_batch(batch, m, world_size)
     _check_bias(bias, n, "N")
-    problem = Problem(m, n, k_per_rank, world_size, weight_layout, batch, dtype_code)
+    accumulation = ACCUMULATION_CODES["fast" if fp8 and use_fast_accum else "promoted"]
+    problem = Problem(m, n, k_per_rank, world_size, weight_layout, batch, dtype_code, scaling, accumulation)
     if out is not None:
         if tuple(out.shape) != (problem.rows_per_rank, problem.n):
             _fail(f"out has shape {tuple(out.shape)}; this rank's rows are {problem.rows_per_rank} x {problem.n} "
@@ -187,7 +278,7 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
 def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
                              bias: Optional[torch.Tensor] = None, batch: int = 1) -> AllGatherProblem:
     """The all-gather's problem of x, w, bias and batch, or an InvalidArgumentError naming the bad argument
-    (UnsupportedError for FP8 inputs and for a batched shard that is not whole slabs)."""
+    (UnsupportedError for E4M3 inputs, not served yet, and for a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _AG_WEIGHT_SHAPES)
     dtype_code = _check_matrices((("x", x), ("w", w)))
     rows, k = x.shape
@@ -217,7 +308,12 @@ def check_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
                                 world_size: int) -> Tuple[torch.Tensor, torch.Tensor, str, int]:
     """symm_mem.fused_matmul_reduce_scatter's arguments as tpfuse's: a (M x K/P, a view of A), w and
     its weight_layout (B itself, or the nn.Linear weight that B is the transpose view of), and the batch
-    that splits A's rows along scatter_dim."""
+    that splits A's rows along scatter_dim. The op is a BF16 matmul: FP8 inputs take scales, which
+    gemm_reduce_scatter has."""
+    for name, tensor in (("A", A), ("B", B)):
+        if is_fp8(tensor.dtype):
+            _fail(f"{name} has dtype {tensor.dtype}: fused_matmul_reduce_scatter multiplies torch.bfloat16 matrices; "
+                  f"for {E4M3} inputs call tpfuse.gemm_reduce_scatter with a_scale and w_scale")
     if reduce_op != "sum":
         _fail(f"reduce_op = {reduce_op!r}: tpfuse reduces with 'sum' only")
     if A.dim() < 2 or B.dim() != 2:
@@ -254,39 +350,53 @@ def check_fused_all_gather_matmul(A: torch.Tensor, Bs, gather_dim: int):
     return A.view(-1, A.shape[-1]), [weight_of(B, f"Bs[{i}]") for i, B in enumerate(Bs)], batch
 
 
-def check_placement(*named) -> None:
-    """Real tensors only, each (name, tensor), a None tensor skipped: 16-byte aligned data, all on the
-    first one's CUDA device."""
+def check_placement(*named, scales=()) -> None:
+    """Real tensors only, each (name, tensor), a None tensor skipped: 16-byte aligned data (the FP32 `scales`:
+    4-byte), all on the first one's CUDA device."""
     named = [(name, tensor) for name, tensor in named if tensor is not None]
-    for name, tensor in named:
-        if tensor.data_ptr() % POINTER_ALIGNMENT != 0:
-            _fail(f"{name}'s data at 0x{tensor.data_ptr():x} is not {POINTER_ALIGNMENT}-byte aligned "
+    scales = [(name, tensor) for name, tensor in scales if tensor is not None]
+    for (name, tensor), alignment in [*((entry, POINTER_ALIGNMENT) for entry in named),
+                                      *((entry, SCALE_ALIGNMENT) for entry in scales)]:
+        if tensor.data_ptr() % alignment != 0:
+            _fail(f"{name}'s data at 0x{tensor.data_ptr():x} is not {alignment}-byte aligned "
                   f"(a view at storage offset {tensor.storage_offset()})")
     first_name, first = named[0]
-    for name, tensor in named:
+    for name, tensor in (*named, *scales):
         if tensor.device.type != "cuda":
             _fail(f"{name} is on {tensor.device}; tpfuse runs on CUDA devices")
         if tensor.device != first.device:
             _fail(f"{name} is on {tensor.device}, {first_name} on {first.device}: all tensors must be on one device")
 
 
-_problems = {}  # (weight_layout, world_size, a's shape, w's shape, batch) -> Problem, for BF16 contiguous a and w
+# (weight_layout, world_size, a's shape, w's shape, batch, dtype, the scales' shapes, use_fast_accum) -> Problem,
+# for contiguous a and w of one served dtype, and contiguous FP32 scales (or none)
+_problems = {}
 _MAX_CACHED = 4096
+_F32 = torch.float32
+
+
+def _plain_scale(scale: Optional[torch.Tensor]) -> bool:
+    return scale is None or scale.dtype is _F32 and scale.is_contiguous()
 
 
 def check_problem_cached(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
                          out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                         batch: int = 1) -> Problem:
-    """check_problem, remembered per shape: its outcome (the problem with its dtype code) depends only on the
-    shapes, dtypes, contiguity, layout, batch and world size, and the per-call part (out, bias) is checked
-    each time."""
-    if a.dtype is not torch.bfloat16 or w.dtype is not torch.bfloat16 or not a.is_contiguous() or \
-            not w.is_contiguous() or type(batch) is not int:
-        return check_problem(a, w, weight_layout, world_size, out, bias, batch)
-    key = (weight_layout, world_size, a.shape, w.shape, batch)
+                         batch: int = 1, a_scale: Optional[torch.Tensor] = None,
+                         w_scale: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> Problem:
+    """check_problem, remembered per shape: its outcome (the problem with its dtype, scaling and accumulation
+    codes) depends only on the shapes, dtypes, contiguity, layout, batch, world size, the scales' shapes and
+    use_fast_accum, and the per-call part (out, bias) is checked each time."""
+    dtype = a.dtype
+    if dtype is not w.dtype or (dtype is not torch.bfloat16 and dtype is not E4M3) or not a.is_contiguous() or \
+            not w.is_contiguous() or type(batch) is not int or type(use_fast_accum) is not bool or \
+            not _plain_scale(a_scale) or not _plain_scale(w_scale):
+        return check_problem(a, w, weight_layout, world_size, out, bias, batch, a_scale, w_scale, use_fast_accum)
+    key = (weight_layout, world_size, a.shape, w.shape, batch, dtype, None if a_scale is None else a_scale.shape,
+           None if w_scale is None else w_scale.shape, use_fast_accum)
     problem = _problems.get(key)
     if problem is None:
-        problem = check_problem(a, w, weight_layout, world_size, batch=batch)
+        problem = check_problem(a, w, weight_layout, world_size, batch=batch, a_scale=a_scale, w_scale=w_scale,
+                                use_fast_accum=use_fast_accum)
         if len(_problems) >= _MAX_CACHED:
             _problems.clear()
         _problems[key] = problem
@@ -294,5 +404,5 @@ def check_problem_cached(a: torch.Tensor, w: torch.Tensor, weight_layout: str, w
                             not out.is_contiguous()) or \
             bias is not None and (bias.dtype is not torch.bfloat16 or bias.shape != (problem.n,) or
                                   not bias.is_contiguous()):
-        check_problem(a, w, weight_layout, world_size, out, bias, batch)
+        check_problem(a, w, weight_layout, world_size, out, bias, batch, a_scale, w_scale, use_fast_accum)
     return problem

@@ -26,11 +26,15 @@ import torch  # imported first: it loads its libnccl.so.2 (step 1 above)
 
 from .errors import StatusCode, UnsupportedError, error_for
 
-C_API_VERSION = 5  # TPFUSE_C_API_VERSION this package speaks
+C_API_VERSION = 6  # TPFUSE_C_API_VERSION this package speaks
 NCCL_UNIQUE_ID_BYTES = 128  # TPFUSE_NCCL_UNIQUE_ID_BYTES
 WEIGHT_LAYOUT_CODES = {"kn": 0, "nk": 1}  # TPFUSE_WEIGHT_KXN, TPFUSE_WEIGHT_NXK
-# The inputs' dtype: TPFUSE_DTYPE_BF16, TPFUSE_DTYPE_E4M3 (which no kernel serves yet; _checks refuses it).
+# The inputs' dtype: TPFUSE_DTYPE_BF16, TPFUSE_DTYPE_E4M3 (the reduce-scatter and the plain GEMM serve it).
 DTYPE_CODES = {torch.bfloat16: 0, torch.float8_e4m3fn: 1}
+# How E4M3 inputs are scaled: TPFUSE_SCALING_NONE (BF16), _TENSORWISE, _ROWWISE.
+SCALING_CODES = {"none": 0, "tensorwise": 1, "rowwise": 2}
+# How E4M3 products are accumulated: TPFUSE_ACCUMULATION_PROMOTED, _FAST (torch's use_fast_accum).
+ACCUMULATION_CODES = {"promoted": 0, "fast": 1}
 
 LIBRARY_NAME = "libtpfuse.so"
 
@@ -66,14 +70,19 @@ _SIGNATURES = {
     "tpfuse_communicator_destroy": [_c_void_p],
     "tpfuse_communicator_status": [_c_void_p],
     "tpfuse_communicator_workspace_bytes": [_c_void_p, ctypes.POINTER(_c_int64)],
-    # comm, m, n, k_per_rank, world_size, weight_layout, dtype, batch, a, w, bias, out, stream
-    "tpfuse_gemm_reduce_scatter": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int, _c_int, _c_int64,
-                                   _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p],
-    # m, n, k, weight_layout, dtype, a, w, c, stream
-    "tpfuse_gemm": [_c_int64, _c_int64, _c_int64, _c_int, _c_int, _c_void_p, _c_void_p, _c_void_p, _c_void_p],
-    # comm, m, n_per_rank, k, world_size, weight_layout, dtype, batch, x, w, bias, y, gathered_x, stream
-    "tpfuse_all_gather_gemm": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int, _c_int, _c_int64,
-                               _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p],
+    # comm, m, n, k_per_rank, world_size, weight_layout, dtype, scaling, accumulation, batch, a, w, a_scale,
+    # w_scale, bias, out, stream
+    "tpfuse_gemm_reduce_scatter": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int, _c_int, _c_int, _c_int,
+                                   _c_int64, _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p,
+                                   _c_void_p],
+    # m, n, k, weight_layout, dtype, scaling, accumulation, a, w, a_scale, w_scale, c, stream
+    "tpfuse_gemm": [_c_int64, _c_int64, _c_int64, _c_int, _c_int, _c_int, _c_int, _c_void_p, _c_void_p, _c_void_p,
+                    _c_void_p, _c_void_p, _c_void_p],
+    # comm, m, n_per_rank, k, world_size, weight_layout, dtype, scaling, accumulation, batch, x, w, x_scale,
+    # w_scale, bias, y, gathered_x, stream
+    "tpfuse_all_gather_gemm": [_c_void_p, _c_int64, _c_int64, _c_int64, _c_int, _c_int, _c_int, _c_int, _c_int,
+                               _c_int64, _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p, _c_void_p,
+                               _c_void_p, _c_void_p],
 }
 
 

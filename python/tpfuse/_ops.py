@@ -5,9 +5,11 @@ tpfuse::gemm_reduce_scatter_out (writes them into `out`), tpfuse::fused_matmul_r
 tpfuse::fused_all_gather_matmul (the schema of symm_mem::fused_all_gather_matmul). All but the drop-ins
 take an optional bias (added before the output's one rounding) and a batch: a's rows are `batch`
 sequences, and each rank holds its 1/P of every sequence (torch's reduce-scatter and all-gather along
-dim 1 of [batch, s, ...]); the drop-ins derive the batch from scatter_dim / gather_dim. Their fake implementations check
-the arguments and give the output's shape, so torch.compile traces them without a graph break; the real
-ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
+dim 1 of [batch, s, ...]); the drop-ins derive the batch from scatter_dim / gather_dim. The reduce-scatter's
+gemm_reduce_scatter and gemm_reduce_scatter_out also take FP8 (E4M3) a and w with their FP32 scales
+(a_scale, w_scale: tensorwise or rowwise) and use_fast_accum; their output is BF16 whatever the inputs. Their
+fake implementations check the arguments and give the output's shape, so torch.compile traces them without a
+graph break; the real ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
 
 import operator
 from typing import List, Optional, Tuple
@@ -18,7 +20,9 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 from ._checks import (AllGatherProblem, Problem, check_all_gather_problem, check_fused_all_gather_matmul,
                       check_matmul_reduce_scatter, check_placement, check_problem, check_problem_cached)
 from ._communicators import _by_name, communicator
-from ._library import WEIGHT_LAYOUT_CODES, library
+from ._library import ACCUMULATION_CODES, SCALING_CODES, WEIGHT_LAYOUT_CODES, library
+
+_NO_SCALING, _PROMOTED = SCALING_CODES["none"], ACCUMULATION_CODES["promoted"]  # BF16 inputs' codes
 
 
 def _group_size(group_name: str) -> int:
@@ -30,49 +34,61 @@ def _data_ptr(tensor: Optional[torch.Tensor]) -> Optional[int]:
 
 
 def _launch(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor, problem: Problem,
-            group_name: str) -> None:
-    check_placement(("a", a), ("w", w), ("bias", bias), ("out", out))
+            group_name: str, a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None) -> None:
+    check_placement(("a", a), ("w", w), ("bias", bias), ("out", out), scales=(("a_scale", a_scale),
+                                                                              ("w_scale", w_scale)))
     comm = communicator(_resolve_process_group(group_name), a.device)
     handle = comm.reserve(problem.m, problem.n)
     stream = torch.cuda.current_stream(a.device).cuda_stream
     with torch.cuda.device(a.device):
         library().call("tpfuse_gemm_reduce_scatter", handle, problem.m, problem.n, problem.k_per_rank,
-                       problem.world_size, problem.layout_code, problem.dtype_code, problem.batch, a.data_ptr(),
-                       w.data_ptr(), _data_ptr(bias), out.data_ptr(), stream)
+                       problem.world_size, problem.layout_code, problem.dtype_code, problem.scaling,
+                       problem.accumulation, problem.batch, a.data_ptr(), w.data_ptr(), _data_ptr(a_scale),
+                       _data_ptr(w_scale), _data_ptr(bias), out.data_ptr(), stream)
 
 
 # The schemas are spelled out: an `int` annotation would make batch a SymInt.
 @torch.library.custom_op("tpfuse::gemm_reduce_scatter", mutates_args=(),
                          schema="(Tensor a, Tensor w, str weight_layout, str group_name, Tensor? bias=None, "
-                                "int batch=1) -> Tensor")
+                                "int batch=1, Tensor? a_scale=None, Tensor? w_scale=None, bool use_fast_accum=False) "
+                                "-> Tensor")
 def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
-                        bias: Optional[torch.Tensor] = None, batch: int = 1) -> torch.Tensor:
-    problem = check_problem(a, w, weight_layout, _group_size(group_name), bias=bias, batch=batch)
-    out = a.new_empty((problem.rows_per_rank, problem.n))
-    _launch(a, w, bias, out, problem, group_name)
+                        bias: Optional[torch.Tensor] = None, batch: int = 1, a_scale: Optional[torch.Tensor] = None,
+                        w_scale: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> torch.Tensor:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name), None, bias, batch, a_scale, w_scale,
+                            use_fast_accum)
+    out = a.new_empty((problem.rows_per_rank, problem.n), dtype=torch.bfloat16)
+    _launch(a, w, bias, out, problem, group_name, a_scale=a_scale, w_scale=w_scale)
     return out
 
 
 @gemm_reduce_scatter.register_fake
 def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, bias: Optional[torch.Tensor] = None,
-      batch: int = 1) -> torch.Tensor:
-    problem = check_problem(a, w, weight_layout, _group_size(group_name), bias=bias, batch=batch)
-    return a.new_empty((problem.rows_per_rank, problem.n))
+      batch: int = 1, a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+      use_fast_accum: bool = False) -> torch.Tensor:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name), None, bias, batch, a_scale, w_scale,
+                            use_fast_accum)
+    return a.new_empty((problem.rows_per_rank, problem.n), dtype=torch.bfloat16)
 
 
 @torch.library.custom_op("tpfuse::gemm_reduce_scatter_out", mutates_args=("out",),
                          schema="(Tensor a, Tensor w, str weight_layout, str group_name, Tensor(a!) out, "
-                                "Tensor? bias=None, int batch=1) -> ()")
+                                "Tensor? bias=None, int batch=1, Tensor? a_scale=None, Tensor? w_scale=None, "
+                                "bool use_fast_accum=False) -> ()")
 def gemm_reduce_scatter_out(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
-                            out: torch.Tensor, bias: Optional[torch.Tensor] = None, batch: int = 1) -> None:
-    problem = check_problem(a, w, weight_layout, _group_size(group_name), out, bias, batch)
-    _launch(a, w, bias, out, problem, group_name)
+                            out: torch.Tensor, bias: Optional[torch.Tensor] = None, batch: int = 1,
+                            a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                            use_fast_accum: bool = False) -> None:
+    problem = check_problem(a, w, weight_layout, _group_size(group_name), out, bias, batch, a_scale, w_scale,
+                            use_fast_accum)
+    _launch(a, w, bias, out, problem, group_name, a_scale=a_scale, w_scale=w_scale)
 
 
 @gemm_reduce_scatter_out.register_fake
 def _(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, out: torch.Tensor,
-      bias: Optional[torch.Tensor] = None, batch: int = 1) -> None:
-    check_problem(a, w, weight_layout, _group_size(group_name), out, bias, batch)
+      bias: Optional[torch.Tensor] = None, batch: int = 1, a_scale: Optional[torch.Tensor] = None,
+      w_scale: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> None:
+    check_problem(a, w, weight_layout, _group_size(group_name), out, bias, batch, a_scale, w_scale, use_fast_accum)
 
 
 def _drop_in_problem(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str):
@@ -110,8 +126,8 @@ def _launch_all_gather(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Te
     with torch.cuda.device(x.device):
         library().call("tpfuse_all_gather_gemm", handle, problem.m, problem.n_per_rank, problem.k,
                        problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.dtype_code,
-                       problem.batch, x.data_ptr(), w.data_ptr(), _data_ptr(bias), y.data_ptr(),
-                       _data_ptr(gathered_x), stream)
+                       _NO_SCALING, _PROMOTED, problem.batch, x.data_ptr(), w.data_ptr(), None, None,
+                       _data_ptr(bias), y.data_ptr(), _data_ptr(gathered_x), stream)
 
 
 @torch.library.custom_op("tpfuse::all_gather_gemm", mutates_args=(),
@@ -167,8 +183,8 @@ def _gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, problem: AllGathe
     stream = torch.cuda.current_stream(a.device).cuda_stream
     with torch.cuda.device(a.device):
         library().call("tpfuse_gemm", problem.m, problem.n_per_rank, problem.k,
-                       WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.dtype_code, a.data_ptr(), w.data_ptr(),
-                       out.data_ptr(), stream)
+                       WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.dtype_code, _NO_SCALING, _PROMOTED,
+                       a.data_ptr(), w.data_ptr(), None, None, out.data_ptr(), stream)
 
 
 # symm_mem's schema exactly. The first B is the fused call, which also gives the gathered A; every
@@ -235,20 +251,28 @@ def eager_allowed(first: torch.Tensor, *tensors) -> bool:
 
 
 def gemm_reduce_scatter_eager(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
-                              out: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None,
-                              batch: int = 1) -> torch.Tensor:
-    """The eager path of tpfuse.gemm_reduce_scatter (eager_allowed(a, w, out, bias) holds)."""
+                              out: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None, batch: int = 1,
+                              a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                              use_fast_accum: bool = False) -> torch.Tensor:
+    """The eager path of tpfuse.gemm_reduce_scatter (eager_allowed(a, w, out, bias, a_scale, w_scale) holds)."""
     device = a.device
     comm = _by_name.get((group_name, device.index))
     problem = check_problem_cached(a, w, weight_layout, comm.group_size if comm else _group_size(group_name), out,
-                                   bias, batch)
+                                   bias, batch, a_scale, w_scale, use_fast_accum)
     if out is None:
         out = torch.empty((problem.rows_per_rank, problem.n), dtype=_BF16, device=device)
     a_ptr, w_ptr, out_ptr = a.data_ptr(), w.data_ptr(), out.data_ptr()
     bias_ptr = 0 if bias is None else bias.data_ptr()
-    if (a_ptr | w_ptr | out_ptr | bias_ptr) % 16 or w.device != device or out.device != device or \
-            (bias is not None and bias.device != device):
-        check_placement(("a", a), ("w", w), ("bias", bias), ("out", out))
+    if a_scale is None:
+        a_scale_ptr = w_scale_ptr = 0
+        scales_elsewhere = False
+    else:  # check_problem_cached has checked both scales are given
+        a_scale_ptr, w_scale_ptr = a_scale.data_ptr(), w_scale.data_ptr()
+        scales_elsewhere = a_scale.device != device or w_scale.device != device
+    if (a_ptr | w_ptr | out_ptr | bias_ptr) % 16 or (a_scale_ptr | w_scale_ptr) % 4 or scales_elsewhere or \
+            w.device != device or out.device != device or (bias is not None and bias.device != device):
+        check_placement(("a", a), ("w", w), ("bias", bias), ("out", out), scales=(("a_scale", a_scale),
+                                                                                  ("w_scale", w_scale)))
     if comm is None or problem.m > comm.max_m or problem.n > comm.max_n:
         comm = comm or communicator(_resolve_process_group(group_name), device)
         handle = comm.reserve(problem.m, problem.n)
@@ -260,7 +284,8 @@ def gemm_reduce_scatter_eager(a: torch.Tensor, w: torch.Tensor, weight_layout: s
     lib = library()
     function = lib.functions["tpfuse_gemm_reduce_scatter"]
     args = (handle, problem.m, problem.n, problem.k_per_rank, problem.world_size, problem.layout_code,
-            problem.dtype_code, problem.batch, a_ptr, w_ptr, bias_ptr, out_ptr, _current_stream(index))
+            problem.dtype_code, problem.scaling, problem.accumulation, problem.batch, a_ptr, w_ptr, a_scale_ptr,
+            w_scale_ptr, bias_ptr, out_ptr, _current_stream(index))
     if _current_device() == index:
         status = function(*args)
     else:

@@ -17,8 +17,9 @@ reduce-scatter (its part of the whole, as for the layers' bias), every row of y 
 register_autograd gives every functional op (gemm_reduce_scatter, fused_matmul_reduce_scatter,
 all_gather_gemm, all_gather_gemm_gathered, fused_all_gather_matmul) its backward, so that torch.compile
 traces forward and backward without a graph break. `gemm_reduce_scatter_out` writes into `out` and has
-no backward. The layers' functions below give the ops their bias and their sequences (a sequence dimension
-past 0 is the ops' batch) and add Megatron's FP32 `main_grad` accumulation.
+no backward; neither has gemm_reduce_scatter on FP8 inputs (its backward raises UnsupportedError: the
+paired all-gather takes BF16 only). The layers' functions below give the ops their bias and their
+sequences (a sequence dimension past 0 is the ops' batch) and add Megatron's FP32 `main_grad` accumulation.
 """
 
 import logging
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ._checks import SLAB_ROWS, weight_of
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedError
 
 # The layout name under which the paired op reads the same w as W^T.
 SWAPPED_LAYOUT = {"nk": "kn", "kn": "nk"}
@@ -93,20 +94,25 @@ def row_parallel_backward(grad: torch.Tensor, a: torch.Tensor, w: torch.Tensor, 
 
 
 def _setup_gemm_reduce_scatter(ctx, inputs, output):
-    a, w, weight_layout, group_name, _, batch = inputs
-    ctx.save_for_backward(a, w)
+    a, w, weight_layout, group_name, _, batch, _, _, _ = inputs
+    ctx.fp8 = a.dtype != torch.bfloat16
+    if not ctx.fp8:  # an FP8 call has no backward: nothing to keep for it
+        ctx.save_for_backward(a, w)
     ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
     ctx.batch = batch
 
 
 def _backward_gemm_reduce_scatter(ctx, grad):
+    if ctx.fp8:
+        raise UnsupportedError("tpfuse.gemm_reduce_scatter on FP8 inputs (torch.float8_e4m3fn) has no backward pass; "
+                               "call it on tensors that need no gradient (or under torch.no_grad())")
     a, w = ctx.saved_tensors
     grad_a, gathered = row_parallel_backward(grad, a, w, ctx.weight_layout, ctx.group_name, ctx.world_size,
                                              ctx.needs_input_grad[0], ctx.batch)
     grad_w = _weight_grad(a, gathered, ctx.weight_layout) if ctx.needs_input_grad[1] else None
     # The bias was added to this rank's rows only: its gradient here is their part (see tpfuse.nn).
     grad_bias = grad.sum(0) if _needs_grad(ctx, 4) else None
-    return grad_a, grad_w, None, None, grad_bias, None
+    return grad_a, grad_w, None, None, grad_bias, None, None, None, None
 
 
 def _setup_fused_matmul_reduce_scatter(ctx, inputs, output):

@@ -1,5 +1,7 @@
 """One reference, one unfused path and one set of error measures, shared by the GPU tests and the
-benchmark (docs/SPEC.md's rule: each of the fused op's errors at most 1.1x the unfused path's)."""
+benchmark (docs/SPEC.md's rule: each of the fused op's errors at most 1.1x the unfused path's); for FP8
+(E4M3) inputs, the reference is the exact product of the dequantized inputs and the unfused path
+torch._scaled_mm's."""
 
 from dataclasses import dataclass
 
@@ -40,6 +42,76 @@ def reference_rows(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group: 
 def unfused_rows(a: torch.Tensor, w: torch.Tensor, weight_layout: str, group: dist.ProcessGroup) -> torch.Tensor:
     """The unfused path: torch.mm (BF16 out), then reduce_scatter_tensor (BF16, sum)."""
     partial = torch.mm(a, weight_as_k_by_n(w, weight_layout))
+    rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1])
+    dist.reduce_scatter_tensor(rows, partial, group=group)
+    return rows
+
+
+E4M3_MAX = 448.0  # torch.float8_e4m3fn's largest finite value
+
+
+def _scale_of(values: torch.Tensor, rowwise: bool) -> torch.Tensor:
+    """The FP32 scale mapping the largest magnitude (of each row, or of the whole) to E4M3_MAX."""
+    amax = values.abs().amax(dim=1, keepdim=True) if rowwise else values.abs().amax()
+    return (amax.clamp(min=1e-12) / E4M3_MAX).float()
+
+
+def fp8_operands(m: int, n: int, k_per_rank: int, device: torch.device, seed: int, scaling: str,
+                 small_integers: bool = False, scale_seed: int = 0, odd_rank: bool = False):
+    """This rank's a (M x K/P) and w (N x K/P, "nk"), torch.float8_e4m3fn, with their FP32 scales: tensorwise
+    (one element each) or rowwise (a_scale (M, 1), w_scale (1, N): torch._scaled_mm's shapes). Random: normal
+    values quantized with the scale that maps each tensor's (or row's) largest magnitude to E4M3_MAX. With
+    small_integers: a's and w's dequantized entries in {-1, 0, 1} (drawn from `seed`) and power-of-2 scales
+    from 1/4 to 4 drawn from `scale_seed` (the same on every rank: then every output is an integer of at most K
+    times one scale product, exact in BF16 for K <= 256); on an odd_rank, a's stored entries are halved and
+    a_scale doubled (the same dequantized values from other scales: each rank's own scales must apply to its
+    own partial)."""
+    rowwise = {"tensorwise": False, "rowwise": True}[scaling]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    if small_integers:
+        def draw(*shape):
+            return torch.randint(-1, 2, shape, generator=generator, device=device).float()
+
+        scale_generator = torch.Generator(device=device).manual_seed(scale_seed)
+
+        def powers_of_2(*shape):
+            return torch.pow(2.0, torch.randint(-2, 3, shape, generator=scale_generator, device=device).float())
+
+        a, w = draw(m, k_per_rank), draw(n, k_per_rank)
+        a_scale = powers_of_2(m, 1) if rowwise else powers_of_2()
+        w_scale = powers_of_2(1, n) if rowwise else powers_of_2()
+        if odd_rank:
+            a, a_scale = a / 2, a_scale * 2
+        return a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), a_scale, w_scale
+    a = torch.randn(m, k_per_rank, generator=generator, device=device)
+    w = torch.randn(n, k_per_rank, generator=generator, device=device)
+    a_scale, w_scale = _scale_of(a, rowwise), _scale_of(w, rowwise)
+    quantized = [(x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn) for x, scale in
+                 ((a, a_scale), (w, w_scale))]
+    return quantized[0], quantized[1], a_scale, w_scale.reshape(1, n) if rowwise else w_scale
+
+
+def dequantized(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x's FP8 values times their scales (one, or one per row of x), exactly, in FP64."""
+    return x.double() * (scale.double() if scale.numel() == 1 else scale.double().reshape(-1, 1))
+
+
+def fp8_reference_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+                       group: dist.ProcessGroup, bias=None) -> torch.Tensor:
+    """This rank's rows of the FP64 reduce-scatter of the exact products of the dequantized E4M3 inputs
+    (w N x K/P), plus the bias."""
+    partial = dequantized(a, a_scale) @ dequantized(w, w_scale).t()
+    rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1])
+    dist.reduce_scatter_tensor(rows, partial, group=group)
+    return rows if bias is None else rows + bias.double()
+
+
+def fp8_unfused_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+                     group: dist.ProcessGroup, use_fast_accum: bool = False, bias=None) -> torch.Tensor:
+    """The unfused FP8 path: torch._scaled_mm (BF16 out, the bias on rank 0's partial only), then
+    reduce_scatter_tensor (BF16, sum)."""
+    partial = torch._scaled_mm(a, w.t(), a_scale, w_scale, bias=bias if group.rank() == 0 else None,
+                               out_dtype=torch.bfloat16, use_fast_accum=use_fast_accum)
     rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1])
     dist.reduce_scatter_tensor(rows, partial, group=group)
     return rows

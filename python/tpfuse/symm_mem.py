@@ -1,5 +1,5 @@
-"""tpfuse as the CUDA implementation of torch's symm_mem::fused_matmul_reduce_scatter and
-symm_mem::fused_all_gather_matmul, opt in:
+"""tpfuse as the CUDA implementation of torch's symm_mem::fused_matmul_reduce_scatter,
+symm_mem::fused_all_gather_matmul and symm_mem::fused_scaled_matmul_reduce_scatter (FP8), opt in:
 
     tpfuse.use_for_symm_mem()            # on until .restore() is called on what it returns
     with tpfuse.use_for_symm_mem(): ...  # on inside the block
@@ -20,6 +20,16 @@ of [b, s, h]). Inductor's pass lays A out so that A.movedim(d, 0) is contiguous 
     contiguous result that torch's op returns.
 reduce_op "avg" is served as the sum divided by P, exact in BF16 for P = 1, 2, 4, 8.
 
+fused_scaled_matmul_reduce_scatter (FP8 e4m3 A and B, torch._scaled_mm's product reduce-scattered) has two
+schemas: torch 2.7's (A, B, A_scale, B_scale, reduce_op, scatter_dim, group_name, ...) and the later one, where
+A is the matrix _scaled_mm multiplied (A reshaped to 2-D by Inductor) and the product is viewed as
+output_shape and scattered along orig_scatter_dim (scatter_dim_after_maybe_reshape only steers torch's own
+kernel). Both mean torch's Meta implementation: _scaled_mm(A's rows, B, ...) viewed in the output's shape,
+reduce-scattered along that dimension; tpfuse serves that, with A's rows in the output's shape as the BF16
+reduce-scatter takes them. It serves B column-major (B.t() contiguous: an N x K weight, tpfuse's FP8 layout),
+tensorwise scales (one element each) or rowwise ones (A_scale one per row of A, B_scale (1, N)), FP32, either
+use_fast_accum, out_dtype torch.bfloat16, and no bias or result_scale.
+
 A call tpfuse cannot serve goes to torch's own kernel, logged once per (op, reason) (logger
 "tpfuse.symm_mem", WARNING); the reasons: reduce_op (not "sum" or "avg"), dim (the last dimension of A),
 rows (A's scattered extent does not divide over the group), dtype (not BF16), group (more than 8 ranks),
@@ -27,9 +37,12 @@ layout (an A that is neither contiguous nor token-major for the reduce-scatter, 
 contiguous K x N matrix nor the transpose view of a contiguous N x K weight), n_or_k (not a multiple of 8),
 alignment (data not 16-byte aligned), shard (a contiguous A of more than one sequence whose shard of a
 sequence is not a multiple of 64 rows, on more than one rank), empty (no Bs), gpu (not Hopper), library
-(tpfuse's library not loadable). The FP8 scaled ops (fused_scaled_matmul_reduce_scatter,
-fused_all_gather_scaled_matmul) are not served yet: their kernel passes every call to torch's, with reason
-fp8. stats() counts the calls.
+(tpfuse's library not loadable). The FP8 reduce-scatter's own: dtype (not e4m3 A and B), layout (a row-major
+B), n_or_k (N not a multiple of 8, K of 16), scales (neither tensorwise nor rowwise, not FP32, or on another device),
+out_dtype (not BF16: None is A's dtype, FP8), bias (torch adds it to every rank's partial, P times in the
+sum; tpfuse's kernels add a bias once), result_scale, shape (output_shape not the product's). The FP8
+all-gather (fused_all_gather_scaled_matmul) is not served yet: its kernel passes every call to torch's, with
+reason fp8. stats() counts the calls.
 """
 
 import logging
@@ -41,15 +54,15 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import MAX_WORLD_SIZE, POINTER_ALIGNMENT, ROW_ALIGNMENT, SLAB_ROWS
+from ._checks import E4M3, FP8_ROW_ALIGNMENT, MAX_WORLD_SIZE, POINTER_ALIGNMENT, ROW_ALIGNMENT, SLAB_ROWS
 from ._library import library
 from .errors import TpfuseError
 
 logger = logging.getLogger("tpfuse.symm_mem")
 
-SERVED_OPS = ("fused_matmul_reduce_scatter", "fused_all_gather_matmul")
-FP8_OPS = ("fused_scaled_matmul_reduce_scatter", "fused_all_gather_scaled_matmul")
-OPS = SERVED_OPS + FP8_OPS  # the symm_mem ops whose CUDA kernel the override replaces
+SERVED_OPS = ("fused_matmul_reduce_scatter", "fused_all_gather_matmul", "fused_scaled_matmul_reduce_scatter")
+PASSED_OPS = ("fused_all_gather_scaled_matmul",)  # every call passed to torch's kernel, reason fp8
+OPS = SERVED_OPS + PASSED_OPS  # the symm_mem ops whose CUDA kernel the override replaces
 
 Fallback = Tuple[str, str]  # (reason, detail)
 
@@ -147,14 +160,25 @@ def _alignment_fallback(*named) -> Optional[Fallback]:
     return None
 
 
+def _reduce_op_fallback(reduce_op: str) -> Optional[Fallback]:
+    if reduce_op not in ("sum", "avg"):
+        return "reduce_op", f"reduce_op = {reduce_op!r}; tpfuse reduces with 'sum' (and 'avg' as the sum / P)"
+    return None
+
+
 def matmul_reduce_scatter_fallback(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
                                    group_size: int) -> Optional[Fallback]:
     """Why tpfuse cannot serve this symm_mem.fused_matmul_reduce_scatter call (reason, detail), or None."""
-    if reduce_op not in ("sum", "avg"):
-        return "reduce_op", f"reduce_op = {reduce_op!r}; tpfuse reduces with 'sum' (and 'avg' as the sum / P)"
-    fallback = _operand_fallback(A, [B], scatter_dim, "scatter_dim", group_size)
+    fallback = _reduce_op_fallback(reduce_op) or _operand_fallback(A, [B], scatter_dim, "scatter_dim", group_size)
     if fallback is not None:
         return fallback
+    return _rows_fallback(A, scatter_dim, group_size) or _alignment_fallback(("A", A), ("B[0]", B)) or \
+        _device_fallback(A.device)
+
+
+def _rows_fallback(A: torch.Tensor, scatter_dim: int, group_size: int) -> Optional[Fallback]:
+    """A's rows as the reduce-scatter takes them: its scattered extent divides over the group, and A is
+    contiguous (the kernels' batch, in whole slabs) or token-major."""
     extent = A.shape[scatter_dim]
     if extent % group_size != 0:
         return "rows", f"A.shape[{scatter_dim}] = {extent} does not divide over the group's {group_size} ranks"
@@ -166,7 +190,107 @@ def matmul_reduce_scatter_fallback(A: torch.Tensor, B: torch.Tensor, reduce_op: 
     elif not A.movedim(scatter_dim, 0).is_contiguous():
         return "layout", (f"A {tuple(A.shape)} with strides {A.stride()} is neither contiguous nor contiguous with "
                           f"scatter_dim {scatter_dim} moved first")
-    return _alignment_fallback(("A", A), ("B[0]", B)) or _device_fallback(A.device)
+    return None
+
+
+def _scaled_arguments(args, kwargs) -> dict:
+    """A call of symm_mem.fused_scaled_matmul_reduce_scatter as {argument: value}, by the installed torch's
+    schema (the dispatcher passes the arguments given, in the schema's order), defaults filled in."""
+    schema = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default._schema
+    values = {}
+    for i, argument in enumerate(schema.arguments):
+        if i < len(args):
+            values[argument.name] = args[i]
+        elif argument.name in kwargs:
+            values[argument.name] = kwargs[argument.name]
+        else:
+            values[argument.name] = argument.default_value
+    return values
+
+
+def scaled_output_rows(values: dict) -> Tuple[Optional[Fallback], torch.Tensor, int]:
+    """(fallback or None, A's rows in the shape of torch's output before the scatter, the scattered dimension).
+    torch 2.7's schema passes A so (scatter_dim); the later one passes the matrix _scaled_mm multiplied (A
+    reshaped to 2-D by Inductor), the output's shape and the output's dimension to scatter (orig_scatter_dim):
+    the product's rows are A's rows in that shape."""
+    A, B = values["A"], values["B"]
+    if "scatter_dim" in values:
+        return None, A, values["scatter_dim"]
+    dim, output_shape = values["orig_scatter_dim"], values["output_shape"]
+    if output_shape is None or A.dim() < 2 or B.dim() != 2:
+        return None, A, dim
+    leading = [int(extent) for extent in output_shape[:-1]]
+    if len(output_shape) < 2 or output_shape[-1] != B.shape[1] or math.prod(leading) != math.prod(A.shape[:-1]):
+        return ("shape", f"output_shape {list(output_shape)} is not the shape of the product of A {tuple(A.shape)} "
+                         f"and B {tuple(B.shape)}"), A, dim
+    if list(A.shape[:-1]) == leading:
+        return None, A, dim
+    if not A.is_contiguous():
+        return ("layout", f"A {tuple(A.shape)} with strides {A.stride()} is not contiguous, and its rows are to be "
+                          f"read in the output's shape {list(output_shape)}"), A, dim
+    return None, A.view(*leading, A.shape[-1]), dim
+
+
+def _scales_fallback(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor,
+                     B_scale: torch.Tensor) -> Optional[Fallback]:
+    """torch._scaled_mm's two scalings that tpfuse serves: tensorwise (one element each) and rowwise (A_scale
+    A's leading dimensions and 1, B_scale (1, N)); FP32 on A's device."""
+    for name, scale in (("A_scale", A_scale), ("B_scale", B_scale)):
+        if scale.dtype != torch.float32:
+            return "scales", f"{name} is {scale.dtype}; tpfuse's scales are torch.float32"
+        if scale.device != A.device:
+            return "scales", f"{name} is on {scale.device}, A on {A.device}"
+    if A_scale.numel() == 1 and B_scale.numel() == 1:
+        return None
+    rowwise = ((*A.shape[:-1], 1), (1, B.shape[1]))
+    if (tuple(A_scale.shape), tuple(B_scale.shape)) != rowwise:
+        return "scales", (f"A_scale {tuple(A_scale.shape)} and B_scale {tuple(B_scale.shape)} are neither one element "
+                          f"each (tensorwise) nor rowwise: A_scale {rowwise[0]} and B_scale {rowwise[1]}")
+    return None
+
+
+def scaled_matmul_reduce_scatter_fallback(values: dict, group_size: int) -> Tuple[Optional[Fallback], torch.Tensor,
+                                                                                   int]:
+    """Why tpfuse cannot serve this symm_mem.fused_scaled_matmul_reduce_scatter call (values: its arguments by
+    name), or None; and A's rows with the scattered dimension as scaled_output_rows gives them."""
+    A, B = values["A"], values["B"]
+    fallback = _reduce_op_fallback(values["reduce_op"])
+    if fallback is None and values["bias"] is not None:
+        fallback = "bias", ("torch adds the bias to every rank's partial product (P times in the sum); tpfuse's "
+                            "kernels add a bias once, to the sum")
+    if fallback is None and values["result_scale"] is not None:
+        fallback = "result_scale", "result_scale is given; tpfuse takes none"
+    if fallback is None and values["out_dtype"] != torch.bfloat16:
+        out_dtype = values["out_dtype"]
+        meaning = f" (A's dtype, {A.dtype})" if out_dtype is None else ""
+        fallback = "out_dtype", f"out_dtype = {out_dtype}{meaning}; tpfuse's outputs are torch.bfloat16"
+    if fallback is not None:
+        return fallback, A, 0
+    fallback, rows, dim = scaled_output_rows(values)
+    if fallback is not None:
+        return fallback, rows, dim
+    return _scaled_operand_fallback(rows, B, values["A_scale"], values["B_scale"], dim, group_size, A), rows, dim
+
+
+def _scaled_operand_fallback(rows: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
+                             dim: int, group_size: int, A: torch.Tensor) -> Optional[Fallback]:
+    if rows.dim() < 2 or not 0 <= dim < rows.dim() - 1:
+        return "dim", f"scatter dimension {dim} of A {tuple(rows.shape)}: tpfuse splits a dimension before A's last"
+    for name, tensor in (("A", A), ("B", B)):
+        if tensor.dtype != E4M3:
+            return "dtype", f"{name} is {tensor.dtype}; tpfuse's FP8 kernels take {E4M3}"
+    if not 1 <= group_size <= MAX_WORLD_SIZE:
+        return "group", f"the group has {group_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}"
+    if B.dim() != 2 or not B.t().is_contiguous():
+        return "layout", (f"B {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view of a "
+                          "contiguous N x K weight), the one layout of tpfuse's FP8 weights")
+    n, k = B.shape[1], B.shape[0]
+    if n % ROW_ALIGNMENT != 0:
+        return "n_or_k", f"B's N = {n} is not a multiple of {ROW_ALIGNMENT} (BF16 output rows of whole 16 bytes)"
+    if k % FP8_ROW_ALIGNMENT != 0:
+        return "n_or_k", f"B's K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
+    return _scales_fallback(A, B, A_scale, B_scale) or _rows_fallback(rows, dim, group_size) or \
+        _alignment_fallback(("A", rows), ("B", B)) or _device_fallback(A.device)
 
 
 def all_gather_matmul_fallback(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int,
@@ -229,17 +353,51 @@ def _fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim
     return (None if gathered is None else gathered.movedim(0, gather_dim)), [out.movedim(0, gather_dim) for out in outs]
 
 
-def _fp8_kernel(op: str):
-    """A kernel that passes every call of the FP8 op to torch's, counted and logged once as reason fp8."""
+def _fused_scaled_matmul_reduce_scatter(*args, **kwargs) -> torch.Tensor:
+    op = "fused_scaled_matmul_reduce_scatter"
+    values = _scaled_arguments(args, kwargs)
+    group_name = values["group_name"]
+    group_size = _resolve_process_group(group_name).size()
+    fallback, rows, dim = scaled_matmul_reduce_scatter_fallback(values, group_size)
+    if fallback is not None:
+        _fall_back(op, *fallback)
+        return _torch_kernel(op)(*args, **kwargs)
+    _count(op, "served")
+    B, a_scale, w_scale = values["B"], values["A_scale"], values["B_scale"]
+    # As the BF16 op: a contiguous A is the kernels' batch; a token-major one is reduce-scattered as a whole,
+    # and this rank's tokens are copied into torch's contiguous result.
+    token_major = not rows.is_contiguous()
+    ordered = rows.movedim(dim, 0) if token_major else rows
+    if a_scale.numel() > 1 or w_scale.numel() > 1:
+        # Rowwise: one scale per row of A in the order its rows are read, one per column of B.
+        row_scales = a_scale.reshape(*rows.shape[:-1], 1)
+        a_scale = (row_scales.movedim(dim, 0) if token_major else row_scales).reshape(-1).contiguous()
+        w_scale = w_scale.reshape(-1).contiguous()
+    shape = [*ordered.shape[:-1], B.shape[1]]
+    shape[0 if token_major else dim] //= group_size
+    out = torch.ops.tpfuse.gemm_reduce_scatter(ordered.reshape(-1, ordered.shape[-1]), B.t(), "nk", group_name, None,
+                                               1 if token_major else math.prod(rows.shape[:dim]), a_scale, w_scale,
+                                               values["use_fast_accum"]).view(shape)
+    if token_major:
+        out = out.movedim(0, dim).contiguous()
+    if values["reduce_op"] == "avg":
+        out.div_(group_size)  # exact: P is a power of 2, as for the BF16 op
+    return out
+
+
+def _passed_kernel(op: str, detail: str):
+    """A kernel that passes every call of `op` to torch's, counted and logged once as reason fp8."""
     def kernel(*args, **kwargs):
-        _fall_back(op, "fp8", "tpfuse does not serve the FP8 scaled symm_mem ops yet")
+        _fall_back(op, "fp8", detail)
         return _torch_kernel(op)(*args, **kwargs)
     return kernel
 
 
 _KERNELS = {"fused_matmul_reduce_scatter": _fused_matmul_reduce_scatter,
             "fused_all_gather_matmul": _fused_all_gather_matmul,
-            **{op: _fp8_kernel(op) for op in FP8_OPS}}
+            "fused_scaled_matmul_reduce_scatter": _fused_scaled_matmul_reduce_scatter,
+            "fused_all_gather_scaled_matmul": _passed_kernel(
+                "fused_all_gather_scaled_matmul", "fp8 all-gather not yet served: tpfuse's all-gather takes BF16")}
 
 
 class SymmMemOverride:
@@ -297,8 +455,9 @@ class SymmMemOverride:
 
 
 def use_for_symm_mem() -> SymmMemOverride:
-    """Makes tpfuse the CUDA kernel of torch.ops.symm_mem.fused_matmul_reduce_scatter and
-    fused_all_gather_matmul (falling back to torch's kernel, logged once per (op, reason), where it cannot serve
-    a call), and passes the FP8 scaled ops to torch's, logged once. tpfuse.stats() counts the calls. Returns the
-    override: call .restore() to give the ops back to torch, or use it in a `with`."""
+    """Makes tpfuse the CUDA kernel of torch.ops.symm_mem.fused_matmul_reduce_scatter, fused_all_gather_matmul
+    and fused_scaled_matmul_reduce_scatter (FP8) (falling back to torch's kernel, logged once per (op, reason),
+    where it cannot serve a call), and passes the FP8 all-gather (fused_all_gather_scaled_matmul) to torch's,
+    logged once. tpfuse.stats() counts the calls. Returns the override: call .restore() to give the ops back to
+    torch, or use it in a `with`."""
     return SymmMemOverride("CUDA")

@@ -2,7 +2,8 @@
 tpfuse's ops hand off to the library (_ops._launch, _launch_all_gather, _gemm) and tpfuse.autograd's plain
 collectives compute, in plain torch, from every rank's tensors: the reduce-scatter sums every rank's
 partial (FP64) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order; the
-launches do it per sequence (the C ABI's batch) and add the bias in FP64 before the one cast.
+launches do it per sequence (the C ABI's batch), scale FP8 products by a_scale * w_scale and add the bias in
+FP64 before the one cast.
 Everything above those points (the custom ops, their argument checks, the backward formulas, the layers)
 is the package's own code."""
 
@@ -37,10 +38,11 @@ class SimulatedGroup:
         monkeypatch.setattr(_ops, "_launch", self._launch)
         monkeypatch.setattr(_ops, "_launch_all_gather", self._launch_all_gather)
         monkeypatch.setattr(_ops, "_gemm", self._gemm)
-        monkeypatch.setattr(_ops, "check_placement", lambda *named: None)  # CUDA placement: CPU tensors here
+        monkeypatch.setattr(_ops, "check_placement", lambda *named, scales=(): None)  # CUDA placement: CPU tensors here
         monkeypatch.setattr(tpfuse_autograd, "gather_rows", lambda x, group_name, size: self.gather(x))
         monkeypatch.setattr(tpfuse_autograd, "reduce_scatter_rows", lambda x, group_name, size: self.reduce_scatter(x))
         self.launches = []  # (rank, op) of every simulated launch
+        self.problems = []  # the Problem of every simulated reduce-scatter launch
 
     @property
     def rank(self) -> int:
@@ -84,11 +86,17 @@ class SimulatedGroup:
         of sequence i."""
         return rows.view(batch, self.size, -1, rows.shape[-1])
 
-    def _launch(self, a, w, bias, out, problem, group_name):
+    def _launch(self, a, w, bias, out, problem, group_name, a_scale=None, w_scale=None):
         """The contract of tpfuse_gemm_reduce_scatter: this rank keeps its S/P rows of each of the batch
-        sequences of the summed product, sequence after sequence, plus the bias, rounded once."""
+        sequences of the summed product (each rank's scaled by a_scale * w_scale: one element each, or one per
+        row of a and one per column), sequence after sequence, plus the bias, rounded once."""
         self.launches.append((self.rank, "gemm_reduce_scatter"))
+        self.problems.append(problem)
         partial = a.double() @ weight_as_k_by_n(w, problem.weight_layout).double()
+        if a_scale is not None:
+            tensorwise = a_scale.numel() == 1 and w_scale.numel() == 1
+            partial = partial * (a_scale.double().reshape(()) if tensorwise else a_scale.double().reshape(-1, 1))
+            partial = partial * (w_scale.double().reshape(()) if tensorwise else w_scale.double().reshape(1, -1))
         total = torch.stack(self._exchange(partial)).sum(0)
         rows = self._sequences(total, problem.batch)[:, self.rank].reshape(out.shape)
         out.copy_(rows if bias is None else rows + bias.double())
@@ -118,6 +126,7 @@ class SimulatedGroup:
         finally:
             self._rehearsing = False
             self.launches.clear()
+            self.problems.clear()
 
     def run(self, fn):
         """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one), in a copy of this thread's

@@ -1,11 +1,13 @@
 """Bad arguments raise InvalidArgumentError with a message naming them, before anything is launched:
 the communicator and the library are replaced by stand-ins that fail the test if reached."""
 
+import re
+
 import pytest
 import torch
 
 import tpfuse
-from tpfuse import _checks, _ops
+from tpfuse import _checks, _library, _ops
 
 BF16 = torch.bfloat16
 M, N, K = 64, 48, 32  # this rank: a is M x K/P, w is N x K/P (nk) or K/P x N (kn); M divides by 4
@@ -177,25 +179,151 @@ SLAB_CASES = {
 
 
 FP8 = torch.float8_e4m3fn
+F32 = torch.float32
+
+
+def scale(*shape, dtype=F32):
+    return torch.ones(shape, dtype=dtype)
+
+
+def fp8(*shape, dtype=FP8):
+    return cpu(*shape, dtype=dtype)
+
+
+TENSORWISE = {"a_scale": lambda: scale(), "w_scale": lambda: scale(1)}
+ROWWISE = {"a_scale": lambda: scale(M, 1), "w_scale": lambda: scale(1, N)}
 FP8_CASES = {
-    # name: (call, the input the message names)
-    "gemm_reduce_scatter_a": (lambda g: tpfuse.gemm_reduce_scatter(cpu(M, K, dtype=FP8), cpu(N, K), g), "a"),
-    "gemm_reduce_scatter_w": (lambda g: tpfuse.gemm_reduce_scatter(cpu(M, K), cpu(N, K, dtype=FP8), g), "w"),
-    "all_gather_gemm": (lambda g: tpfuse.all_gather_gemm(cpu(M, K, dtype=FP8), cpu(N, K, dtype=FP8), g), "x"),
-    "fused_matmul_reduce_scatter": (
-        lambda g: tpfuse.fused_matmul_reduce_scatter(cpu(8, K, dtype=FP8), cpu(K, N), "sum", 0, g.group_name), "a"),
-    "fused_all_gather_matmul": (
-        lambda g: tpfuse.fused_all_gather_matmul(cpu(8, K), [cpu(N, K, dtype=FP8).t()], 0, g.group_name), "w"),
+    # name: (a, w, keyword arguments, the error, what the message says); P = 4
+    "no_scales": (lambda: fp8(M, K), lambda: fp8(N, K), {}, tpfuse.InvalidArgumentError,
+                  "a and w are torch.float8_e4m3fn: they need a_scale and w_scale (torch.float32: one element each for "
+                  "tensorwise scaling, or a_scale (M, 1) and w_scale (1, N) for rowwise)"),
+    "no_w_scale": (lambda: fp8(M, K), lambda: fp8(N, K), {"a_scale": lambda: scale(1)}, tpfuse.InvalidArgumentError,
+                   "a and w are torch.float8_e4m3fn: they need w_scale (torch.float32"),
+    "no_a_scale": (lambda: fp8(M, K), lambda: fp8(N, K), {"w_scale": lambda: scale(1)}, tpfuse.InvalidArgumentError,
+                   "a and w are torch.float8_e4m3fn: they need a_scale (torch.float32"),
+    "scales_with_bf16": (lambda: cpu(M, K), lambda: cpu(N, K), TENSORWISE, tpfuse.InvalidArgumentError,
+                         "a_scale is given, but a and w are torch.bfloat16: scales are for torch.float8_e4m3fn inputs "
+                         "only"),
+    "w_scale_with_bf16": (lambda: cpu(M, K), lambda: cpu(N, K), {"w_scale": lambda: scale(1, N)},
+                          tpfuse.InvalidArgumentError, "w_scale is given, but a and w are torch.bfloat16"),
+    "a_scale_bf16": (lambda: fp8(M, K), lambda: fp8(N, K), {**TENSORWISE, "a_scale": lambda: scale(1, dtype=BF16)},
+                     tpfuse.InvalidArgumentError, "a_scale has dtype torch.bfloat16; scales are torch.float32"),
+    "w_scale_float64": (lambda: fp8(M, K), lambda: fp8(N, K),
+                        {**ROWWISE, "w_scale": lambda: scale(1, N, dtype=torch.float64)}, tpfuse.InvalidArgumentError,
+                        "w_scale has dtype torch.float64; scales are torch.float32"),
+    "a_scale_non_contiguous": (lambda: fp8(M, K), lambda: fp8(N, K),
+                               {**ROWWISE, "a_scale": lambda: scale(M, 2)[:, :1]}, tpfuse.InvalidArgumentError,
+                               "a_scale (64, 1) with strides (2, 1) is not contiguous"),
+    "a_scale_rows": (lambda: fp8(M, K), lambda: fp8(N, K), {**ROWWISE, "a_scale": lambda: scale(M // 2, 1)},
+                     tpfuse.InvalidArgumentError, "a_scale has shape (32, 1); with w_scale of 48 elements it must be "
+                     "(64, 1) or (64,), one per row of a (M): rowwise scaling (tensorwise takes one element in each "
+                     "of a_scale and w_scale)"),
+    "a_scale_transposed": (lambda: fp8(M, K), lambda: fp8(N, K), {**ROWWISE, "a_scale": lambda: scale(1, M)},
+                           tpfuse.InvalidArgumentError, "a_scale has shape (1, 64); with w_scale of 48 elements"),
+    "a_tensorwise_w_rowwise": (lambda: fp8(M, K), lambda: fp8(N, K), {**ROWWISE, "a_scale": lambda: scale(1)},
+                               tpfuse.InvalidArgumentError, "a_scale has shape (1,); with w_scale of 48 elements it "
+                               "must be (64, 1) or (64,)"),
+    "w_scale_shape": (lambda: fp8(M, K), lambda: fp8(N, K), {**ROWWISE, "w_scale": lambda: scale(2, N // 2)},
+                      tpfuse.InvalidArgumentError, "w_scale has shape (2, 24); with a_scale of 64 elements it must be "
+                      "(1, 48), (48, 1) or (48,), one per output column (N)"),
+    "w_scale_columns": (lambda: fp8(M, K), lambda: fp8(N, K), {**ROWWISE, "w_scale": lambda: scale(1, N + 8)},
+                        tpfuse.InvalidArgumentError, "w_scale has shape (1, 56); with a_scale of 64 elements"),
+    "e5m2": (lambda: fp8(M, K, dtype=torch.float8_e5m2), lambda: fp8(N, K, dtype=torch.float8_e5m2), TENSORWISE,
+             tpfuse.UnsupportedError,
+             "a has dtype torch.float8_e5m2: tpfuse's FP8 inputs are torch.float8_e4m3fn only"),
+    "e5m2_w": (lambda: fp8(M, K), lambda: fp8(N, K, dtype=torch.float8_e5m2), TENSORWISE, tpfuse.UnsupportedError,
+               "w has dtype torch.float8_e5m2: tpfuse's FP8 inputs are torch.float8_e4m3fn only"),
+    "e4m3fnuz": (lambda: fp8(M, K, dtype=torch.float8_e4m3fnuz), lambda: fp8(N, K), TENSORWISE, tpfuse.UnsupportedError,
+                 "a has dtype torch.float8_e4m3fnuz"),
+    "k_by_n_weight": (lambda: fp8(M, K), lambda: fp8(K, N), {**TENSORWISE, "weight_layout": "kn"},
+                      tpfuse.UnsupportedError, "w: FP8 weights are N x K/P (nn.Linear's weight) only "
+                      "(weight_layout='nk'); weight_layout='kn' is served for torch.bfloat16 inputs"),
+    "k_not_multiple_of_16": (lambda: fp8(M, 40), lambda: fp8(N, 40), TENSORWISE, tpfuse.InvalidArgumentError,
+                             "K/P = 40 is not a multiple of 16 (FP8 rows must be multiples of 16 bytes)"),
+    "n_not_multiple_of_8": (lambda: fp8(M, K), lambda: fp8(N + 4, K), TENSORWISE, tpfuse.InvalidArgumentError,
+                            "N = 52 is not a multiple of 8 (BF16 rows must be multiples of 16 bytes)"),
+    "a_fp8_w_bf16": (lambda: fp8(M, K), lambda: cpu(N, K), TENSORWISE, tpfuse.InvalidArgumentError,
+                     "a has dtype torch.float8_e4m3fn and w torch.bfloat16: both must be torch.bfloat16, or both "
+                     "torch.float8_e4m3fn"),
+    "a_bf16_w_fp8": (lambda: cpu(M, K), lambda: fp8(N, K), {}, tpfuse.InvalidArgumentError,
+                     "a has dtype torch.bfloat16 and w torch.float8_e4m3fn: both must be"),
+    "a_float16_w_fp8": (lambda: cpu(M, K, dtype=torch.float16), lambda: fp8(N, K), TENSORWISE,
+                        tpfuse.InvalidArgumentError, "a has dtype torch.float16; tpfuse takes torch.bfloat16, or "
+                        "torch.float8_e4m3fn with scales (a_scale, w_scale), and returns torch.bfloat16"),
+    "fp8_out": (lambda: fp8(M, K), lambda: fp8(N, K), {**TENSORWISE, "out": lambda: fp8(M // 4, N)},
+                tpfuse.InvalidArgumentError, "out has dtype torch.float8_e4m3fn; tpfuse returns torch.bfloat16"),
+    "fast_accum_not_bool": (lambda: fp8(M, K), lambda: fp8(N, K), {**TENSORWISE, "use_fast_accum": 1},
+                            tpfuse.InvalidArgumentError, "use_fast_accum = 1 must be True or False"),
+    "wrong_rows": (lambda: fp8(M + 2, K), lambda: fp8(N, K), TENSORWISE, tpfuse.InvalidArgumentError,
+                   "M = 66 rows of a do not divide"),
 }
 
 
 @pytest.mark.parametrize("case", FP8_CASES)
-def test_fp8_inputs_are_not_served_yet(group, case):
-    """E4M3 is a dtype of the C ABI (TPFUSE_DTYPE_E4M3), but no kernel takes it yet: valid, but unsupported,
-    before anything is launched."""
-    call, name = FP8_CASES[case]
-    with pytest.raises(tpfuse.UnsupportedError, match=f"{name} has dtype torch.float8_e4m3fn: tpfuse does not serve "
-                                                      "FP8 inputs yet"):
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_fp8_bad_argument_raises_before_launch(group, case, device):
+    """Each bad FP8 argument, named: on CPU tensors through the op's implementation, on meta tensors through its
+    fake one (what torch.compile traces)."""
+    def on_device(tensor):  # with its strides (Tensor.to would make a strided scale contiguous)
+        if device == "cpu":
+            return tensor
+        return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+
+    make_a, make_w, keywords, error, message = FP8_CASES[case]
+    keywords = {key: on_device(value()) if callable(value) else value for key, value in keywords.items()}
+    with pytest.raises(error, match=re.escape(message)):
+        tpfuse.gemm_reduce_scatter(on_device(make_a()), on_device(make_w()), group, **keywords)
+
+
+@pytest.mark.parametrize("a_scale, w_scale, scaling", [
+    ((), (1,), "tensorwise"), ((1, 1), (1, 1), "tensorwise"), ((M, 1), (1, N), "rowwise"), ((M,), (N,), "rowwise"),
+    ((M, 1), (N, 1), "rowwise")])
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+def test_fp8_problem_has_the_c_abis_codes(a_scale, w_scale, scaling, use_fast_accum):
+    problem = _checks.check_problem(fp8(M, K), fp8(N, K), "nk", 4, bias=cpu(N), batch=1, a_scale=scale(*a_scale),
+                                    w_scale=scale(*w_scale), use_fast_accum=use_fast_accum)
+    assert (problem.m, problem.n, problem.k_per_rank, problem.rows_per_rank) == (M, N, K, M // 4)
+    assert problem.dtype_code == _library.DTYPE_CODES[FP8] == 1
+    assert problem.scaling == _library.SCALING_CODES[scaling]
+    assert problem.accumulation == _library.ACCUMULATION_CODES["fast" if use_fast_accum else "promoted"]
+    # BF16 inputs ignore use_fast_accum, as the C ABI does.
+    bf16 = _checks.check_problem(cpu(M, K), cpu(N, K), "nk", 4, use_fast_accum=use_fast_accum)
+    assert (bf16.dtype_code, bf16.scaling, bf16.accumulation) == (0, 0, 0)
+
+
+def test_fp8_with_one_row_is_rowwise_where_w_scale_is():
+    """M = 1: an a_scale of one element is a row's scale when w_scale has one per column."""
+    problem = _checks.check_problem(fp8(1, K), fp8(N, K), "nk", 1, a_scale=scale(1, 1), w_scale=scale(1, N))
+    assert problem.scaling == _library.SCALING_CODES["rowwise"]
+
+
+FP8_NOT_SERVED = {
+    # name: (call, the error, what the message says)
+    "all_gather_gemm": (lambda g: tpfuse.all_gather_gemm(fp8(M, K), fp8(N, K), g), tpfuse.UnsupportedError,
+                        "x has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
+    "all_gather_gemm_gathered": (
+        lambda g: tpfuse.all_gather_gemm(fp8(M, K), fp8(N, K), g, return_gathered=True), tpfuse.UnsupportedError,
+        "x has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
+    "all_gather_w": (lambda g: tpfuse.all_gather_gemm(cpu(M, K), fp8(N, K), g), tpfuse.UnsupportedError,
+                     "w has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
+    "fused_all_gather_matmul": (
+        lambda g: tpfuse.fused_all_gather_matmul(cpu(8, K), [fp8(N, K).t()], 0, g.group_name), tpfuse.UnsupportedError,
+        "w has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
+    # The BF16 drop-in's schema has no scales: FP8 goes through gemm_reduce_scatter.
+    "fused_matmul_reduce_scatter": (
+        lambda g: tpfuse.fused_matmul_reduce_scatter(fp8(8, K), fp8(N, K).t(), "sum", 0, g.group_name),
+        tpfuse.InvalidArgumentError, "A has dtype torch.float8_e4m3fn: fused_matmul_reduce_scatter multiplies "
+        "torch.bfloat16 matrices; for torch.float8_e4m3fn inputs call tpfuse.gemm_reduce_scatter with a_scale and "
+        "w_scale"),
+}
+
+
+@pytest.mark.parametrize("case", FP8_NOT_SERVED)
+def test_fp8_all_gather_is_not_served_yet(group, case):
+    """E4M3 is served by the reduce-scatter only: the all-gather raises UnsupportedError before anything is
+    launched."""
+    call, error, message = FP8_NOT_SERVED[case]
+    with pytest.raises(error, match=re.escape(message)):
         call(group)
 
 

@@ -227,6 +227,26 @@ def test_gemm_reduce_scatter_backward(groups, monkeypatch, p, layout):
         assert torch.equal(w_grad.double(), exact(w_ref[rank].grad))
 
 
+@pytest.mark.parametrize("needs_grad", ["a", "a_scale"])
+def test_fp8_forward_runs_and_its_backward_is_refused(groups, monkeypatch, needs_grad):
+    """FP8 inputs: the forward runs (exact on small integers and power-of-2 scales), and a backward through it
+    raises UnsupportedError, whether the FP8 input or a scale asked for the gradient."""
+    generator = torch.Generator().manual_seed(9)
+    a, w = small_integers(8, 16, generator=generator), small_integers(16, 16, generator=generator)
+    a_scale, w_scale = torch.full((8, 1), 0.5), torch.full((1, 16), 4.0)
+    sim = SimulatedGroup(groups[1], monkeypatch)
+    a8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    if needs_grad == "a":
+        a8.requires_grad_()
+    else:
+        a_scale.requires_grad_()
+    [out] = sim.run(lambda rank: tpfuse.gemm_reduce_scatter(a8, w8, groups[1], a_scale=a_scale, w_scale=w_scale))
+    assert out.requires_grad and torch.equal(out.double(), exact(a @ w.t() * 2))
+    with pytest.raises(tpfuse.UnsupportedError, match=r"tpfuse.gemm_reduce_scatter on FP8 inputs "
+                                                      r"\(torch.float8_e4m3fn\) has no backward pass"):
+        out.float().sum().backward()
+
+
 @pytest.mark.parametrize("p", SIZES)
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("gathered", [False, True])

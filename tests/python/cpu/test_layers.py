@@ -46,9 +46,9 @@ def record_batches(monkeypatch):
     for name in ("_launch", "_launch_all_gather"):
         launch = getattr(_ops, name)
 
-        def recording(*args, launch=launch):
-            batches.append(args[-2].batch)  # (..., problem, group_name)
-            return launch(*args)
+        def recording(*args, launch=launch, **scales):
+            batches.append(args[-2].batch)  # (..., problem, group_name), the reduce-scatter's scales by name
+            return launch(*args, **scales)
 
         monkeypatch.setattr(_ops, name, recording)
     return batches

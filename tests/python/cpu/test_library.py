@@ -36,6 +36,10 @@ def test_constants_match_the_header():
     assert constants["TPFUSE_WEIGHT_NXK"] == _library.WEIGHT_LAYOUT_CODES["nk"]
     assert constants["TPFUSE_DTYPE_BF16"] == _library.DTYPE_CODES[torch.bfloat16]
     assert constants["TPFUSE_DTYPE_E4M3"] == _library.DTYPE_CODES[torch.float8_e4m3fn]
+    assert {name: constants["TPFUSE_SCALING_" + name.upper()] for name in _library.SCALING_CODES} == \
+        _library.SCALING_CODES
+    assert {name: constants["TPFUSE_ACCUMULATION_" + name.upper()] for name in _library.ACCUMULATION_CODES} == \
+        _library.ACCUMULATION_CODES
     assert constants["TPFUSE_NCCL_UNIQUE_ID_BYTES"] == _library.NCCL_UNIQUE_ID_BYTES
     assert constants["TPFUSE_C_API_VERSION"] == _library.C_API_VERSION
 
@@ -98,27 +102,41 @@ show(lib.tpfuse_nccl_open(b"libc.so.6"))
     tpfuse._library.library().call("tpfuse_nccl_open", tpfuse.nccl_info().path.encode())
 
 
+NULLS = (None,) * 8  # the pointers (operands, scales, bias, outputs, stream) of a call that fails before them
+
+
 def test_a_failed_status_raises_with_the_librarys_message():
     library = tpfuse._library.library()
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
-        library.call("tpfuse_gemm_reduce_scatter", None, 512, 64, 64, 1, 1, 0, 1, None, None, None, None, None)
+        library.call("tpfuse_gemm_reduce_scatter", None, 512, 64, 64, 1, 1, 0, 0, 0, 1, *NULLS[:7])
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
-        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, 0, 1, None, None, None, None, None, None)
+        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, 0, 0, 0, 1, *NULLS)
     with pytest.raises(tpfuse.InvalidArgumentError, match="weight_layout = 7 is neither"):
-        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 7, 0, 1, None, None, None, None, None, None)
+        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 7, 0, 0, 0, 1, *NULLS)
     with pytest.raises(tpfuse.InvalidArgumentError, match="a must not be null"):
-        library.call("tpfuse_gemm", 512, 64, 64, 1, 0, None, None, None, None)
+        library.call("tpfuse_gemm", 512, 64, 64, 1, 0, 0, 0, *NULLS[:6])
     with pytest.raises(tpfuse.InvalidArgumentError, match="weight_layout = 2 is neither"):
-        library.call("tpfuse_gemm", 512, 64, 64, 2, 0, None, None, None, None)
-    # The dtype: a code the C ABI does not name is a bad argument; E4M3 is named, and no kernel takes it yet.
+        library.call("tpfuse_gemm", 512, 64, 64, 2, 0, 0, 0, *NULLS[:6])
+    # The dtype: a code the C ABI does not name is a bad argument.
     with pytest.raises(tpfuse.InvalidArgumentError, match=r"dtype = 7 is neither TPFUSE_DTYPE_BF16 \(0\) nor "
                                                           r"TPFUSE_DTYPE_E4M3 \(1\)"):
-        library.call("tpfuse_gemm", 512, 64, 64, 1, 7, None, None, None, None)
+        library.call("tpfuse_gemm", 512, 64, 64, 1, 7, 0, 0, *NULLS[:6])
     with pytest.raises(tpfuse.InvalidArgumentError, match="dtype = 2 is neither"):
-        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, 2, 1, None, None, None, None, None, None)
-    with pytest.raises(tpfuse.UnsupportedError, match="problem.dtype = E4M3 is not supported: no compiled GEMM "
-                                                      "variant takes it"):
-        library.call("tpfuse_gemm", 512, 64, 64, 1, 1, None, None, None, None)
+        library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, 2, 0, 0, 1, *NULLS)
+    # E4M3 comes with a scaling and an N x K weight; BF16 with no scaling; the codes are the header's.
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"problem.dtype = E4M3 needs a scaling \(kTensorwise or "
+                                                          r"kRowwise\), not kNone"):
+        library.call("tpfuse_gemm", 512, 64, 64, 1, 1, 0, 0, *NULLS[:6])
+    with pytest.raises(tpfuse.UnsupportedError, match="problem.weight_layout = KxN with E4M3 inputs: FP8 takes an "
+                                                      "N x K weight"):
+        library.call("tpfuse_gemm", 512, 64, 64, 0, 1, 1, 0, *NULLS[:6])
+    with pytest.raises(tpfuse.InvalidArgumentError, match="problem.scaling = rowwise with BF16 inputs"):
+        library.call("tpfuse_gemm", 512, 64, 64, 1, 0, 2, 0, *NULLS[:6])
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"scaling = 7 is not TPFUSE_SCALING_NONE \(0\)"):
+        library.call("tpfuse_gemm", 512, 64, 64, 1, 1, 7, 0, *NULLS[:6])
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"accumulation = 5 is neither "
+                                                          r"TPFUSE_ACCUMULATION_PROMOTED \(0\)"):
+        library.call("tpfuse_gemm", 512, 64, 64, 1, 1, 1, 5, *NULLS[:6])
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm must not be null"):
         library.call("tpfuse_communicator_create", None, 512, 64, 0, 0.0, ctypes.byref(ctypes.c_void_p()))
     with pytest.raises(tpfuse.InvalidArgumentError, match="comm and bytes must not be null"):

@@ -15,17 +15,22 @@ from tpfuse import _checks, _library, _ops
 BF16 = torch.bfloat16
 
 
-def meta(*shape):
-    return torch.empty(*shape, dtype=BF16, device="meta")
+FP8 = torch.float8_e4m3fn
+
+
+def meta(*shape, dtype=BF16):
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 def test_ops_are_registered_with_their_schemas():
     schemas = {name: str(getattr(torch.ops.tpfuse, name).default._schema) for name in
                ("gemm_reduce_scatter", "gemm_reduce_scatter_out", "fused_matmul_reduce_scatter")}
     assert schemas["gemm_reduce_scatter"] == "tpfuse::gemm_reduce_scatter(Tensor a, Tensor w, str weight_layout, " \
-        "str group_name, Tensor? bias=None, int batch=1) -> Tensor"
+        "str group_name, Tensor? bias=None, int batch=1, Tensor? a_scale=None, Tensor? w_scale=None, " \
+        "bool use_fast_accum=False) -> Tensor"
     assert schemas["gemm_reduce_scatter_out"] == "tpfuse::gemm_reduce_scatter_out(Tensor a, Tensor w, " \
-        "str weight_layout, str group_name, Tensor(a!) out, Tensor? bias=None, int batch=1) -> ()"
+        "str weight_layout, str group_name, Tensor(a!) out, Tensor? bias=None, int batch=1, Tensor? a_scale=None, " \
+        "Tensor? w_scale=None, bool use_fast_accum=False) -> ()"
     assert schemas["fused_matmul_reduce_scatter"] == str(
         torch.ops.symm_mem.fused_matmul_reduce_scatter.default._schema).replace("symm_mem::", "tpfuse::")
 
@@ -55,12 +60,12 @@ def test_out_is_the_tensor_the_launch_writes(group, monkeypatch):
     writes its rows' number, which the returned tensor and `out` must both show."""
     launched = []
 
-    def launch(a, w, bias, out, problem, group_name):
+    def launch(a, w, bias, out, problem, group_name, a_scale=None, w_scale=None):
         launched.append((out, problem.batch, bias))
         out.copy_(torch.arange(out.shape[0], dtype=BF16)[:, None].expand_as(out))
 
     monkeypatch.setattr(_ops, "_launch", launch)
-    monkeypatch.setattr(_ops, "check_placement", lambda *named: None)
+    monkeypatch.setattr(_ops, "check_placement", lambda *named, scales=(): None)
     out, bias = torch.full((128, 48), float("nan"), dtype=BF16), torch.zeros(48, dtype=BF16)
     result = tpfuse.gemm_reduce_scatter(torch.zeros(512, 32, dtype=BF16), torch.zeros(48, 32, dtype=BF16), group,
                                         out=out, bias=bias, batch=2)
@@ -69,6 +74,20 @@ def test_out_is_the_tensor_the_launch_writes(group, monkeypatch):
     assert batch == 2 and launched_bias is bias
     rows = torch.arange(128, dtype=BF16)[:, None].expand(128, 48)
     assert torch.equal(out, rows) and torch.equal(result, rows)
+
+
+@pytest.mark.parametrize("scales", [((), (1,)), ((256, 1), (1, 48)), ((256,), (48,))])
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+def test_fp8_fake_shapes_are_bf16_rows(group, scales, use_fast_accum):
+    """FP8 in, BF16 out: this rank's M/P x N rows, the same shape as BF16 inputs give."""
+    a_scale, w_scale = (meta(*shape, dtype=torch.float32) for shape in scales)
+    for bias in (None, meta(48)):
+        out = torch.ops.tpfuse.gemm_reduce_scatter(meta(256, 32, dtype=FP8), meta(48, 32, dtype=FP8), "nk",
+                                                   group.group_name, bias, 1, a_scale, w_scale, use_fast_accum)
+        assert out.shape == (256 // group.size(), 48) and out.dtype == BF16 and out.device.type == "meta"
+        out = meta(256 // group.size(), 48)
+        tpfuse.gemm_reduce_scatter(meta(256, 32, dtype=FP8), meta(48, 32, dtype=FP8), group, out=out, bias=bias,
+                                   a_scale=a_scale, w_scale=w_scale, use_fast_accum=use_fast_accum)
 
 
 @pytest.mark.parametrize("a_shape, scatter_dim", [((16, 32), 0), ((8, 3, 32), 0), ((4, 2, 5, 32), 0),
@@ -113,6 +132,27 @@ def test_compile_traces_the_op_in_one_graph(group, dynamic):
         assert out.shape == (m // group.size(), 48) and out.dtype == torch.float32
     assert len(capture.graphs) == (1 if dynamic else 2)
     assert capture.calls_of(torch.ops.tpfuse.gemm_reduce_scatter) == len(capture.graphs)
+
+
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_compile_traces_the_fp8_op_in_one_graph(group, rowwise):
+    """FP8 inputs with their scales and use_fast_accum in the graph's call, through AOT autograd (which needs no
+    backward: nothing requires a gradient)."""
+    def layer(a, w, a_scale, w_scale):
+        return tpfuse.gemm_reduce_scatter(a, w, group, a_scale=a_scale, w_scale=w_scale, use_fast_accum=True) * 2
+
+    capture = GraphCapture()
+    scales = ((64, 1), (1, 48)) if rowwise else ((), ())
+    out = torch.compile(layer, fullgraph=True, backend=capture)(
+        meta(64, 32, dtype=FP8), meta(48, 32, dtype=FP8), *(meta(*shape, dtype=torch.float32) for shape in scales))
+    assert out.shape == (64 // group.size(), 48) and out.dtype == BF16
+    assert capture.calls_of(torch.ops.tpfuse.gemm_reduce_scatter) == 1
+    [node] = [node for node in capture.graphs[0].graph.nodes if node.op == "call_function" and
+              node.target in (torch.ops.tpfuse.gemm_reduce_scatter, torch.ops.tpfuse.gemm_reduce_scatter.default)]
+    assert node.args[-1] is True or node.kwargs.get("use_fast_accum") is True
+    out = torch.compile(layer, fullgraph=True, backend="aot_eager")(
+        meta(64, 32, dtype=FP8), meta(48, 32, dtype=FP8), *(meta(*shape, dtype=torch.float32) for shape in scales))
+    assert out.shape == (64 // group.size(), 48)
 
 
 def test_compile_through_aot_autograd_default_group_and_out(group):
@@ -216,7 +256,8 @@ def test_all_gather_drop_in_fake_shapes_are_symm_mems(group, a_shape, gather_dim
 
 def test_every_launch_passes_the_c_abis_arguments_with_the_inputs_dtype(group, monkeypatch):
     """The launches of the custom ops call the C ABI with as many arguments as its signatures take, the
-    dtype's code (TPFUSE_DTYPE_BF16) where the header has it; the problem carries the code, computed once."""
+    dtype's code (TPFUSE_DTYPE_BF16, then E4M3), the scaling and accumulation codes and the scales' pointers
+    where the header has them; the problem carries the codes, computed once."""
     calls = []
 
     class Recorder:
@@ -225,7 +266,7 @@ def test_every_launch_passes_the_c_abis_arguments_with_the_inputs_dtype(group, m
             calls.append((name, args))
 
     monkeypatch.setattr(_ops, "library", lambda: Recorder())
-    monkeypatch.setattr(_ops, "check_placement", lambda *named: None)
+    monkeypatch.setattr(_ops, "check_placement", lambda *named, scales=(): None)
     monkeypatch.setattr(_ops, "communicator", lambda group, device: SimpleNamespace(reserve=lambda *extents: 1))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
@@ -236,7 +277,20 @@ def test_every_launch_passes_the_c_abis_arguments_with_the_inputs_dtype(group, m
     _ops._launch(a, w, None, torch.zeros(problem.rows_per_rank, 48, dtype=BF16), problem, group.group_name)
     _ops._launch_all_gather(a, w, None, y, None, ag_problem, group.group_name)
     _ops._gemm(a, w, y, ag_problem)
-    # The dtype follows weight_layout in each: comm, m, n, k, world_size, weight_layout, dtype, ...; and
-    # m, n, k, weight_layout, dtype, ... for the plain GEMM.
-    dtypes = {name: args[6] if name != "tpfuse_gemm" else args[4] for name, args in calls}
-    assert dtypes == {"tpfuse_gemm_reduce_scatter": 0, "tpfuse_all_gather_gemm": 0, "tpfuse_gemm": 0}
+    # The dtype, scaling and accumulation follow weight_layout in each: comm, m, n, k, world_size, weight_layout,
+    # dtype, scaling, accumulation, batch, a, w, a_scale, w_scale, ...; and m, n, k, weight_layout, dtype, scaling,
+    # accumulation, a, w, a_scale, w_scale, ... for the plain GEMM. BF16: no scaling, null scales.
+    codes = {name: (args[6:9] + args[12:14]) if name != "tpfuse_gemm" else (args[4:7] + args[9:11])
+             for name, args in calls}
+    assert codes == {"tpfuse_gemm_reduce_scatter": (0, 0, 0, None, None),
+                     "tpfuse_all_gather_gemm": (0, 0, 0, None, None), "tpfuse_gemm": (0, 0, 0, None, None)}
+    calls.clear()
+    a_scale, w_scale = torch.ones(64, 1), torch.ones(1, 48)
+    for use_fast_accum, scales in ((True, (a_scale, w_scale)), (False, (a_scale[:1, 0], w_scale[0, :1]))):
+        a8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        problem = _checks.check_problem(a8, w8, "nk", group.size(), a_scale=scales[0], w_scale=scales[1],
+                                        use_fast_accum=use_fast_accum)
+        _ops._launch(a8, w8, None, torch.zeros(problem.rows_per_rank, 48, dtype=BF16), problem, group.group_name,
+                     a_scale=scales[0], w_scale=scales[1])
+    assert [args[6:9] + args[12:14] for _, args in calls] == [
+        (1, 2, 1, a_scale.data_ptr(), w_scale.data_ptr()), (1, 1, 0, a_scale.data_ptr(), w_scale.data_ptr())]

@@ -143,8 +143,10 @@ def test_avg_is_the_sum_over_p(on_cpu, group):
 def meta_strides(op, *args, **kwargs):
     """The strides of torch's Meta implementation of symm_mem.<op> (what compiled graphs assert) for these
     arguments, moved to the meta device with their strides."""
-    moved = [[t.to("meta") for t in a] if isinstance(a, list) else a.to("meta") if isinstance(a, torch.Tensor) else a
-             for a in args]
+    def to_meta(value):
+        return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+    moved = [[to_meta(t) for t in a] if isinstance(a, list) else to_meta(a) for a in args]
     result = getattr(torch.ops.symm_mem, op)(*moved, **kwargs)
     if isinstance(result, torch.Tensor):
         return result.stride()
@@ -307,31 +309,205 @@ def test_stats_count_served_calls_and_fallbacks_by_op_and_reason(on_cpu, group):
     assert all(entry == {"served": 0, "fallbacks": {}} for entry in tpfuse.stats().values())
 
 
-def call_by_schema(op, values):
-    """op called with, for each argument of its schema without a default, the value of that name (the FP8
-    ops' arguments differ between torch versions)."""
-    return op(**{argument.name: values[argument.name] for argument in op.default._schema.arguments
-                 if not argument.has_default_value()})
+FP8 = torch.float8_e4m3fn
+SCALED = "fused_scaled_matmul_reduce_scatter"
+# torch 2.7's schema has scatter_dim; later ones orig_scatter_dim, scatter_dim_after_maybe_reshape and output_shape.
+LATER_SCHEMA = "output_shape" in [argument.name for argument in
+                                  torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default._schema.arguments]
 
 
-def test_fp8_scaled_ops_pass_to_torch_logged_once(on_cpu, group, caplog):
+def scaled_args(A, B, A_scale, B_scale, dim, group, reduce_op="sum", output_shape=None, dim_after_reshape=None,
+                **optional):
+    """(args, kwargs) of a symm_mem.fused_scaled_matmul_reduce_scatter call in the installed torch's schema:
+    the product viewed as output_shape (default A's leading dimensions and N) reduce-scattered along dim (torch
+    2.7: A's dim; later: the output's dim, and A scattered along dim_after_reshape by torch's own kernel)."""
+    values = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale, "reduce_op": reduce_op, "scatter_dim": dim,
+              "orig_scatter_dim": dim, "scatter_dim_after_maybe_reshape": dim if dim_after_reshape is None else
+              dim_after_reshape, "group_name": group.group_name,
+              "output_shape": [*A.shape[:-1], B.shape[1]] if output_shape is None else list(output_shape)}
+    schema = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default._schema
+    args = [values[argument.name] for argument in schema.arguments if not argument.has_default_value()]
+    return args, {"out_dtype": BF16, **optional}
+
+
+def call_scaled(*args, **kwargs):
+    args, kwargs = scaled_args(*args, **kwargs)
+    return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(*args, **kwargs)
+
+
+def fp8_ints(*shape, seed=0):
+    """FP8 (e4m3) entries in {-1, 0, 1}."""
+    return ints(*shape, seed=seed).to(FP8)
+
+
+def powers_of_2(*shape, seed=0):
+    """FP32 scales 2^-2 to 2^2: scaled sums of small integers stay exact in BF16."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.pow(2.0, torch.randint(-2, 3, shape, generator=generator).float())
+
+
+def fp8_operands(A_shape, dim, layout, scaling, seed, n=16):
+    """Each of the 2 ranks' A (FP8, A_shape, contiguous or token-major), its weight (n x K, B is its transpose view)
+    and their scales (tensorwise: one element each; rowwise: A's leading dimensions and 1, and (1, n))."""
+    A = [(token_major(A_shape, dim, seed=seed + r) if layout == "token_major" else ints(*A_shape, seed=seed + r))
+         .to(FP8) for r in range(2)]
+    weights = [fp8_ints(n, A_shape[-1], seed=seed + 10 + r) for r in range(2)]
+    a_shape, w_shape = ((), ()) if scaling == "tensorwise" else ((*A_shape[:-1], 1), (1, n))
+    a_scale, w_scale = powers_of_2(*a_shape, seed=seed + 20), powers_of_2(*w_shape, seed=seed + 30)
+    # Rank 1's a_scale twice rank 0's: every sum is (an integer of at most 3 K/P) * a_scale * w_scale, exact.
+    return A, weights, [(a_scale * 2**r, w_scale) for r in range(2)]
+
+
+def dequantized_product(A, weight, A_scale, B_scale):
+    """torch._scaled_mm's product of A's rows and weight^T, exactly (FP64), in A's leading shape."""
+    return (A.double() * A_scale.double()) @ (weight.double() * B_scale.double().reshape(-1, 1)).t()
+
+
+# (A's shape on each rank, the scattered dimension, how A lies, the output's shape for the later schema's 2-D A
+# or None); P = 2. A contiguous A of more than one sequence needs each rank's rows of a sequence in whole slabs.
+SCALED_CASES = {
+    "dim0": ((8, 32), 0, "contiguous", None),
+    "dim0_3d": ((4, 3, 32), 0, "contiguous", None),
+    "dim1_contiguous": ((2, 128, 32), 1, "contiguous", None),
+    "dim1_token_major": ((2, 6, 32), 1, "token_major", None),
+    "dim1_4d_token_major": ((3, 4, 2, 32), 1, "token_major", None),
+    # Later schema: Inductor's reshape of A to 2-D before _scaled_mm, the output's shape given
+    "reshaped_dim1": ((256, 32), 1, "contiguous", (2, 128, 16)),
+    "reshaped_dim0": ((12, 32), 0, "contiguous", (4, 3, 16)),
+}
+
+
+@pytest.mark.parametrize("case", SCALED_CASES)
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+def test_fp8_reduce_scatter_served(on_cpu, group, case, scaling, use_fast_accum):
+    """fused_scaled_matmul_reduce_scatter in the installed torch's schema: served by tpfuse's FP8 launch with
+    the scaling and accumulation asked for, exact against the dequantized product reduce-scattered along the
+    output's dimension, with the strides of torch's Meta implementation."""
+    sim, torch_calls = on_cpu
+    A_shape, dim, layout, output_shape = SCALED_CASES[case]
+    if output_shape is not None and not LATER_SCHEMA:
+        pytest.skip("torch 2.7's schema has no output_shape: A is passed in the output's leading shape")
+    A, weights, scales = fp8_operands(A_shape, dim, layout, scaling, seed=200)
+    kwargs = dict(output_shape=output_shape, dim_after_reshape=0 if output_shape else None,
+                  use_fast_accum=use_fast_accum)
+    outs = sim.run(lambda r: call_scaled(A[r], weights[r].t(), *scales[r], dim, group, **kwargs))
+    assert torch_calls == [] and len(sim.launches) == 2
+    assert {(p.dtype_code, p.scaling, p.accumulation) for p in sim.problems} == {
+        (1, 1 if scaling == "tensorwise" else 2, int(use_fast_accum))}
+    full = sum(dequantized_product(A[r], weights[r], *scales[r]) for r in range(2))
+    shape = output_shape or (*A_shape[:-1], 16)
+    for rank, out in enumerate(outs):
+        expected = full.reshape(shape).chunk(2, dim=dim)[rank]
+        assert out.dtype == BF16 and torch.equal(out.double(), expected)
+        args, meta_kwargs = scaled_args(A[rank], weights[rank].t(), *scales[rank], dim, group, **kwargs)
+        assert out.stride() == meta_strides(SCALED, *args, **meta_kwargs)
+    assert tpfuse.stats()[SCALED] == {"served": 2, "fallbacks": {}}
+
+
+def test_fp8_avg_is_the_sum_over_p(on_cpu, group):
+    sim, torch_calls = on_cpu
+    A, weights, scales = fp8_operands((8, 32), 0, "contiguous", "rowwise", seed=300)
+    outs = sim.run(lambda r: call_scaled(A[r], weights[r].t(), *scales[r], 0, group, reduce_op="avg"))
+    assert torch_calls == []
+    full = sum(dequantized_product(A[r], weights[r], *scales[r]) for r in range(2)) / 2
+    for rank, out in enumerate(outs):
+        assert torch.equal(out.double(), full[4 * rank:4 * (rank + 1)])
+
+
+def fp8_misaligned(*shape):
+    count = torch.Size(shape).numel()
+    return torch.zeros(count + 1, dtype=FP8)[1:].view(*shape)
+
+
+def scaled_fallback(A=None, B=None, A_scale=None, B_scale=None, dim=0, **optional):
+    """A call of the scaled reduce-scatter, each argument tpfuse serves unless given."""
+    A = fp8_ints(8, 32) if A is None else A
+    B = fp8_ints(16, 32).t() if B is None else B
+    A_scale = torch.ones(()) if A_scale is None else A_scale
+    B_scale = torch.ones(()) if B_scale is None else B_scale
+    return lambda g: call_scaled(A, B, A_scale, B_scale, dim, g, **optional)
+
+
+SCALED_FALLBACKS = {
+    # case: (call, reason, what the log says)
+    "reduce_op": (scaled_fallback(reduce_op="max"), "reduce_op", "reduce_op = 'max'"),
+    "bias": (scaled_fallback(bias=torch.zeros(16, dtype=BF16)), "bias",
+             "torch adds the bias to every rank's partial product (P times in the sum)"),
+    "result_scale": (scaled_fallback(result_scale=torch.ones(())), "result_scale", "result_scale is given"),
+    "out_dtype_none": (scaled_fallback(out_dtype=None), "out_dtype",
+                       "out_dtype = None (A's dtype, torch.float8_e4m3fn); tpfuse's outputs are torch.bfloat16"),
+    "out_dtype_fp32": (scaled_fallback(out_dtype=torch.float32), "out_dtype", "out_dtype = torch.float32"),
+    "e5m2": (scaled_fallback(A=fp8_ints(8, 32).to(torch.float8_e5m2)), "dtype",
+             "A is torch.float8_e5m2; tpfuse's FP8 kernels take torch.float8_e4m3fn"),
+    "bf16": (scaled_fallback(A=ints(8, 32), B=ints(16, 32).t()), "dtype", "A is torch.bfloat16"),
+    "row_major_B": (scaled_fallback(B=fp8_ints(32, 16)), "layout",
+                    "B (32, 16) with strides (16, 1) is not column-major (the transpose view of a contiguous N x K "
+                    "weight)"),
+    "k": (scaled_fallback(A=fp8_ints(8, 24), B=fp8_ints(16, 24).t()), "n_or_k",
+          "B's K = 24 is not a multiple of 16 (FP8 rows of whole 16 bytes)"),
+    "n": (scaled_fallback(B=fp8_ints(12, 32).t()), "n_or_k", "B's N = 12 is not a multiple of 8"),
+    "mixed_scales": (scaled_fallback(A_scale=torch.ones(8, 1)), "scales",
+                     "A_scale (8, 1) and B_scale () are neither one element each (tensorwise) nor rowwise: "
+                     "A_scale (8, 1) and B_scale (1, 16)"),
+    "scale_dtype": (scaled_fallback(B_scale=torch.ones((), dtype=torch.float64)), "scales",
+                    "B_scale is torch.float64; tpfuse's scales are torch.float32"),
+    "rows": (scaled_fallback(A=fp8_ints(7, 32)), "rows", "A.shape[0] = 7 does not divide"),
+    "shard": (scaled_fallback(A=fp8_ints(2, 8, 32), dim=1), "shard",
+              "is 2 sequences whose share on each of the 2 ranks is 4 rows"),
+    "dim": (scaled_fallback(A=fp8_ints(2, 8, 32), dim=2), "dim", "scatter dimension 2 of A (2, 8, 32)"),
+    "A_layout": (scaled_fallback(A=fp8_ints(32, 8).t()), "layout", "A (8, 32) with strides (1, 8)"),
+    "alignment": (scaled_fallback(A=fp8_misaligned(8, 32)), "alignment", "A's data is not 16-byte aligned"),
+}
+if LATER_SCHEMA:
+    SCALED_FALLBACKS["output_shape"] = (
+        scaled_fallback(output_shape=[3, 5, 16]), "shape",
+        "output_shape [3, 5, 16] is not the shape of the product of A (8, 32) and B (32, 16)")
+
+
+@pytest.mark.parametrize("case", SCALED_FALLBACKS)
+def test_fp8_reduce_scatter_falls_back_and_logs_each_reason_once(on_cpu, group, caplog, case):
     _, torch_calls = on_cpu
-    A, B, scale = ints(8, 16), ints(16, 8), torch.ones(1)
-    values = {"A": A, "B": B, "Bs": [B], "A_scale": scale, "B_scale": scale, "B_scales": [scale], "reduce_op": "sum",
-              "scatter_dim": 0, "orig_scatter_dim": 0, "scatter_dim_after_maybe_reshape": 0, "output_shape": None,
-              "gather_dim": 0, "group_name": group.group_name, "biases": [None], "result_scales": [None],
-              "out_dtypes": [BF16], "use_fast_accum": [False]}
+    call, reason, message = SCALED_FALLBACKS[case]
+    with caplog.at_level(logging.WARNING, logger="tpfuse.symm_mem"):
+        call(group)
+        call(group)
+    assert torch_calls == [SCALED, SCALED]
+    logged = [record.getMessage() for record in caplog.records if record.name == "tpfuse.symm_mem"]
+    assert len(logged) == 1 and f"symm_mem.{SCALED} call ({reason}: " in logged[0] and message in logged[0], logged
+    assert tpfuse.stats()[SCALED] == {"served": 0, "fallbacks": {reason: 2}}
+
+
+def test_fp8_all_gather_passes_to_torch_logged_once(on_cpu, group, caplog):
+    _, torch_calls = on_cpu
+    op = torch.ops.symm_mem.fused_all_gather_scaled_matmul
+    values = {"A": fp8_ints(8, 32), "Bs": [fp8_ints(16, 32).t()], "A_scale": torch.ones(()),
+              "B_scales": [torch.ones(())], "gather_dim": 0, "group_name": group.group_name, "biases": [None],
+              "result_scales": [None], "out_dtypes": [BF16], "use_fast_accum": [False]}
     with caplog.at_level(logging.WARNING, logger="tpfuse.symm_mem"):
         for _ in range(2):
-            call_by_schema(torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter, values)
-            call_by_schema(torch.ops.symm_mem.fused_all_gather_scaled_matmul, values)
-    assert torch_calls == ["fused_scaled_matmul_reduce_scatter", "fused_all_gather_scaled_matmul"] * 2
+            op(**{argument.name: values[argument.name] for argument in op.default._schema.arguments
+                  if not argument.has_default_value()})
+    assert torch_calls == ["fused_all_gather_scaled_matmul"] * 2
     logged = [record.getMessage() for record in caplog.records if record.name == "tpfuse.symm_mem"]
-    assert len(logged) == 2 and all("(fp8: tpfuse does not serve the FP8 scaled symm_mem ops yet)" in message
-                                    for message in logged)
-    stats = tpfuse.stats()
-    assert stats["fused_scaled_matmul_reduce_scatter"] == stats["fused_all_gather_scaled_matmul"] == \
-        {"served": 0, "fallbacks": {"fp8": 2}}
+    assert len(logged) == 1 and "(fp8: fp8 all-gather not yet served" in logged[0], logged
+    assert tpfuse.stats()["fused_all_gather_scaled_matmul"] == {"served": 0, "fallbacks": {"fp8": 2}}
+
+
+def test_stats_count_the_fp8_reduce_scatter_beside_the_bf16_one(on_cpu, group):
+    sim, _ = on_cpu
+    A, weights, scales = fp8_operands((8, 32), 0, "contiguous", "tensorwise", seed=400)
+    for _ in range(2):
+        sim.run(lambda r: call_scaled(A[r], weights[r].t(), *scales[r], 0, group))
+    call_scaled(A[0], weights[0].t(), *scales[0], 0, group, out_dtype=None)
+    a, w = [ints(8, 16, seed=r) for r in range(2)], [ints(8, 16, seed=10 + r) for r in range(2)]
+    sim.run(lambda r: call_reduce_scatter(group, a[r], w[r].t()))
+    assert tpfuse.stats() == {
+        "fused_matmul_reduce_scatter": {"served": 2, "fallbacks": {}},
+        "fused_all_gather_matmul": {"served": 0, "fallbacks": {}},
+        SCALED: {"served": 4, "fallbacks": {"out_dtype": 1}},
+        "fused_all_gather_scaled_matmul": {"served": 0, "fallbacks": {}},
+    }
 
 
 def test_a_gpu_other_than_hopper_falls_back(monkeypatch):
@@ -370,3 +546,30 @@ def test_reached_from_inductors_async_tp_pass(on_cpu, group):
     full = sum((X @ gate[r].t()) * (X @ up[r].t()) @ down[r].t() for r in range(2))
     for rank, out in enumerate(results):
         assert torch.equal(out.double(), full[8 * rank:8 * (rank + 1)])
+
+
+@pytest.mark.skipif(not LATER_SCHEMA, reason="torch 2.7 has no CPU kernel of torch._scaled_mm to compile")
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_fp8_reached_from_inductors_async_tp_pass(on_cpu, group, scaling):
+    """Inductor's micro-pipeline TP pass turns _scaled_mm on [b, s, K] reshaped to 2-D, reshaped back and
+    reduce-scattered along the sequence (dim 1), into symm_mem.fused_scaled_matmul_reduce_scatter with the
+    later schema (A 2-D, output_shape [b, s, N], orig_scatter_dim 1), which tpfuse serves: exact on both ranks."""
+    sim, torch_calls = on_cpu
+    b, s, k, n = 2, 128, 32, 16
+
+    def layer(x, weight, a_scale, w_scale):
+        y = torch._scaled_mm(x.reshape(-1, k), weight.t(), a_scale, w_scale, out_dtype=BF16, use_fast_accum=True)
+        return funcol.reduce_scatter_tensor(y.reshape(b, s, n), "sum", 1, group)
+
+    A, weights, scales = fp8_operands((b * s, k), 0, "contiguous", scaling, seed=500)
+    compiled = torch.compile(layer, fullgraph=True)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(_micro_pipeline_tp=True), symmetric_memory._test_mode():
+        sim.rehearse(lambda r: compiled(A[0].view(b, s, k), weights[0], *scales[0]))
+        tpfuse.reset_stats()  # the rehearsal's call
+        outs = sim.run(lambda r: compiled(A[r].view(b, s, k), weights[r], *scales[r]))
+    assert torch_calls == [] and tpfuse.stats()[SCALED] == {"served": 2, "fallbacks": {}}
+    assert {(p.batch, p.accumulation) for p in sim.problems} == {(b, 1)}
+    full = sum(dequantized_product(A[r], weights[r], *scales[r]) for r in range(2)).view(b, s, n)
+    for rank, out in enumerate(outs):
+        assert torch.equal(out.double(), full.chunk(2, dim=1)[rank])

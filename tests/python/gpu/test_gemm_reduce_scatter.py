@@ -1,17 +1,22 @@
 """tpfuse.gemm_reduce_scatter on GPUs, at any world size: against the unfused path (docs/SPEC.md's 1.1x rule
 and an exact mode), the batch (sequences) against the dim-0 path on the same rows, the bias against an FP64
 reference, the drop-in (dims 0 and 1) and the symm_mem override on dim 1, CUDA graph replay, torch.compile,
-1000 back-to-back calls of varying M, bad tensors, and tpfuse's own NCCL communicator."""
+1000 back-to-back calls of varying M, bad tensors, and tpfuse's own NCCL communicator. FP8 (E4M3) inputs,
+tensorwise and rowwise, promoted and fast: the rule against torch._scaled_mm + reduce_scatter_tensor with the
+exact product of the dequantized inputs as the reference, the exact mode, the batch, the bias, torch.compile,
+the override of symm_mem.fused_scaled_matmul_reduce_scatter, bad tensors and a non-finite scale."""
 
 import random
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
 
 import tpfuse
 from tpfuse import _communicators
-from tpfuse.checking import errors, random_operands, reference_rows, unfused_rows, weight_as_k_by_n
+from tpfuse.checking import (errors, fp8_operands, fp8_reference_rows, fp8_unfused_rows, random_operands,
+                             reference_rows, unfused_rows, weight_as_k_by_n)
 
 LAYOUTS = ["nk", "kn"]
 SHAPES = [  # M (a multiple of 8 * P: any P up to 8 divides it), N, K/P
@@ -238,3 +243,177 @@ def test_own_nccl_communicator_where_torchs_is_unavailable(group, device, monkey
     finally:
         torch.cuda.synchronize()
         tpfuse.close(group)
+
+
+# --- FP8 (E4M3) inputs: w is N x K/P ("nk"), K/P a multiple of 16, out BF16; torch._scaled_mm, the unfused
+# path, needs N a multiple of 16 too ---
+
+SCALINGS = ["tensorwise", "rowwise"]
+FP8_SHAPES = [  # M (a multiple of 8 * P: any P up to 8 divides it), N, K/P
+    (512, 1024, 256),
+    (2048, 8192, 1024),
+    (8 * 8 * 3, 80, 48),  # no whole tiles
+]
+
+
+def fp8_call(a, w, group, a_scale, w_scale, use_fast_accum=False, **keywords):
+    return tpfuse.gemm_reduce_scatter(a, w, group, a_scale=a_scale, w_scale=w_scale, use_fast_accum=use_fast_accum,
+                                      **keywords)
+
+
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("m, n, k", FP8_SHAPES)
+def test_fp8_within_the_rule_of_the_unfused_path(group, device, m, n, k, scaling, use_fast_accum):
+    """Against the exact product of the dequantized inputs (FP64), each error at most 1.1x that of
+    torch._scaled_mm (the same scales and accumulation) + reduce_scatter_tensor; reruns bit for bit."""
+    a, w, a_scale, w_scale = fp8_operands(m, n, k, device, seed_of(group, m + n + k), scaling)
+    out = torch.full((m // group.size(), n), float("nan"), dtype=torch.bfloat16, device=device)
+    assert fp8_call(a, w, group, a_scale, w_scale, use_fast_accum, out=out) is out
+    reference = fp8_reference_rows(a, w, a_scale, w_scale, group)
+    fused = errors(out, reference, group)
+    unfused = errors(fp8_unfused_rows(a, w, a_scale, w_scale, group, use_fast_accum), reference, group)
+    assert fused.within(unfused), f"fused {fused} against unfused {unfused}"
+    assert torch.equal(fp8_call(a, w, group, a_scale, w_scale, use_fast_accum), out)
+
+
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_fp8_small_integers_are_exact_and_reruns_bit_identical(group, device, scaling, use_fast_accum):
+    """Dequantized entries in {-1, 0, 1}, power-of-2 scales (the same on every rank, odd ranks storing halves
+    scaled by twice), K = 16 * (16 // P) * P <= 256: every output is exact in BF16, so bit for bit. At P = 1,
+    K/P = 256 spans two of the promoted accumulation's 128-deep steps; N = 520 is a multiple of 8, not of 16."""
+    p = group.size()
+    m, n, k = 1024, 520, 16 * (16 // p)
+    a, w, a_scale, w_scale = fp8_operands(m, n, k, device, seed_of(group, 8), scaling, small_integers=True,
+                                          scale_seed=9, odd_rank=group.rank() % 2 == 1)
+    first = fp8_call(a, w, group, a_scale, w_scale, use_fast_accum)
+    reference = fp8_reference_rows(a, w, a_scale, w_scale, group)
+    expected = reference.to(torch.bfloat16)
+    assert torch.equal(expected.double(), reference), "the test's premise: every output exact in BF16"
+    mismatches = (first != expected).nonzero()
+    assert mismatches.numel() == 0, f"rank {group.rank()}: first wrong (row, column) {mismatches[0].tolist()}"
+    for _ in range(3):
+        assert torch.equal(fp8_call(a, w, group, a_scale, w_scale, use_fast_accum), first)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_fp8_batch_is_the_dim_0_path_on_the_rows_by_rank(group, device, scaling):
+    """batch = 3 sequences: the dim-0 path on the rows (and a_scale's rows) reordered rank by rank gives the
+    same bits."""
+    p, batch, shard, n, k = group.size(), 3, 128, 1024, 256
+    a, w, a_scale, w_scale = fp8_operands(batch * shard * p, n, k, device, seed_of(group, 55), scaling)
+    out = fp8_call(a, w, group, a_scale, w_scale, batch=batch)
+    rows = by_rank(a, batch, p)
+    row_scales = by_rank(a_scale, batch, p) if scaling == "rowwise" else a_scale
+    assert torch.equal(out, fp8_call(rows, w, group, row_scales, w_scale))
+    reference = fp8_reference_rows(rows, w, row_scales, w_scale, group)
+    assert errors(out, reference, group).within(
+        errors(fp8_unfused_rows(rows, w, row_scales, w_scale, group), reference, group))
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_fp8_bias_within_the_rule_of_scaled_mms(group, device, scaling):
+    """The bias is added once, to the scaled and reduced rows, before the one rounding: against
+    torch._scaled_mm with the bias on rank 0's partial only."""
+    p, n, k = group.size(), 1024, 256
+    a, w, a_scale, w_scale = fp8_operands(128 * p, n, k, device, seed_of(group, 56), scaling)
+    bias = torch.randn(n, generator=torch.Generator(device=device).manual_seed(57), device=device).to(torch.bfloat16)
+    out = fp8_call(a, w, group, a_scale, w_scale, bias=bias)
+    reference = fp8_reference_rows(a, w, a_scale, w_scale, group, bias=bias)
+    fused = errors(out, reference, group)
+    scaled_mm = errors(fp8_unfused_rows(a, w, a_scale, w_scale, group, bias=bias), reference, group)
+    assert fused.within(scaled_mm), f"fused {fused} against torch._scaled_mm {scaled_mm}"
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_fp8_torch_compile(group, device, mode):
+    m, n, k = 1024, 1024, 256
+    a, w, a_scale, w_scale = fp8_operands(m, n, k, device, seed_of(group, 58), "rowwise")
+
+    def layer(a, w, a_scale, w_scale):
+        return torch.relu(fp8_call(a, w, group, a_scale, w_scale, use_fast_accum=True)).float() * 0.5
+
+    compiled = torch.compile(layer, fullgraph=True, mode=mode)
+    eager = layer(a, w, a_scale, w_scale)
+    for _ in range(3):  # reduce-overhead: warm-up runs, then CUDA graph replays
+        assert torch.equal(compiled(a, w, a_scale, w_scale), eager)
+
+
+def scaled_reduce_scatter_args(A, B, A_scale, B_scale, scatter_dim, group, output_shape=None, dim_after_reshape=None):
+    """The arguments of symm_mem.fused_scaled_matmul_reduce_scatter without defaults, in the installed torch's
+    schema (torch 2.7: scatter_dim; later: orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape)."""
+    values = {"A": A, "B": B, "A_scale": A_scale, "B_scale": B_scale, "reduce_op": "sum", "scatter_dim": scatter_dim,
+              "orig_scatter_dim": scatter_dim, "group_name": group.group_name,
+              "scatter_dim_after_maybe_reshape": scatter_dim if dim_after_reshape is None else dim_after_reshape,
+              "output_shape": [*A.shape[:-1], B.shape[1]] if output_shape is None else output_shape}
+    schema = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default._schema
+    return [values[argument.name] for argument in schema.arguments if not argument.has_default_value()]
+
+
+LATER_SCHEMA = "output_shape" in [argument.name for argument in
+                                  torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default._schema.arguments]
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("layout", ["contiguous", "token_major", "reshaped"])
+def test_symm_mem_override_serves_the_fp8_reduce_scatter_on_dim_1(group, device, scaling, layout):
+    """torch's FP8 op on [b, s, K/P] scattered along s: a contiguous A runs as the batch, a token-major one as a
+    whole, and (later schema) Inductor's 2-D A with the output's shape; all served, within the rule of
+    torch._scaled_mm + reduce_scatter_tensor on the same rows."""
+    if layout == "reshaped" and not LATER_SCHEMA:
+        pytest.skip("torch 2.7's schema has no output_shape")
+    p, batch, shard, n, k = group.size(), 2, 128, 512, 256
+    a, w, a_scale, w_scale = fp8_operands(batch * shard * p, n, k, device, seed_of(group, 59), scaling)
+    rowwise = scaling == "rowwise"
+    A, A_scale = a.view(batch, shard * p, k), a_scale.view(batch, shard * p, 1) if rowwise else a_scale
+    if layout == "token_major":
+        A = A.transpose(0, 1).contiguous().transpose(0, 1)
+    if layout == "reshaped":
+        args = scaled_reduce_scatter_args(a, w.t(), a_scale, w_scale, 1, group, output_shape=[batch, shard * p, n],
+                                          dim_after_reshape=0)
+    else:
+        args = scaled_reduce_scatter_args(A, w.t(), A_scale, w_scale, 1, group)
+    tpfuse.reset_stats()
+    with tpfuse.use_for_symm_mem():
+        out = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(*args, out_dtype=torch.bfloat16)
+    assert tpfuse.stats()["fused_scaled_matmul_reduce_scatter"] == {"served": 1, "fallbacks": {}}
+    assert out.shape == (batch, shard, n) and out.is_contiguous() and out.dtype == torch.bfloat16
+    rows = by_rank(a, batch, p)
+    row_scales = by_rank(a_scale, batch, p) if rowwise else a_scale
+    reference = fp8_reference_rows(rows, w, row_scales, w_scale, group)
+    assert errors(out.view(-1, n), reference, group).within(
+        errors(fp8_unfused_rows(rows, w, row_scales, w_scale, group), reference, group))
+
+
+def test_fp8_bad_tensors_raise_and_the_next_call_works(group, device):
+    p = group.size()
+    a, w, a_scale, w_scale = fp8_operands(64 * p, 128, 64, device, seed_of(group, 60), "rowwise")
+    with pytest.raises(tpfuse.InvalidArgumentError, match="a_scale is on cpu"):
+        fp8_call(a, w, group, a_scale.cpu(), w_scale)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="they need a_scale and w_scale"):
+        tpfuse.gemm_reduce_scatter(a, w, group)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="w_scale has dtype torch.bfloat16"):
+        fp8_call(a, w, group, a_scale, w_scale.to(torch.bfloat16))
+    with pytest.raises(tpfuse.UnsupportedError, match="FP8 weights are N x K/P"):
+        fp8_call(a, w.t().contiguous(), group, a_scale, w_scale, weight_layout="kn")
+    with pytest.raises(tpfuse.UnsupportedError, match="tpfuse's all-gather does not serve FP8 inputs yet"):
+        tpfuse.all_gather_gemm(a, w, group)
+    out = fp8_call(a, w, group, a_scale, w_scale)
+    reference = fp8_reference_rows(a, w, a_scale, w_scale, group)
+    assert errors(out, reference, group).within(
+        errors(fp8_unfused_rows(a, w, a_scale, w_scale, group), reference, group))
+
+
+def test_fp8_non_finite_scale_gives_non_finite_rows_not_an_error(group, device):
+    """Scales stay on the GPU (checking them would synchronize): a NaN scale on every rank makes every output
+    NaN, and the call and the next one succeed."""
+    p = group.size()
+    a, w, a_scale, w_scale = fp8_operands(64 * p, 128, 64, device, seed_of(group, 61), "tensorwise")
+    out = fp8_call(a, w, group, torch.full_like(a_scale, float("nan")), w_scale)
+    torch.cuda.synchronize()
+    tpfuse.status(group)
+    assert torch.isnan(out).all()
+    out = fp8_call(a, w, group, a_scale, w_scale)
+    assert torch.isfinite(out).all()
+
