@@ -177,7 +177,7 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   (Kpr: K per rank)\n"
          "  --tp P           tensor-parallel degree: K per rank = K_total / P in the sweep (default 8)\n"
          "  --layout kn|nk   weight layout: kn = K/P x N row-major (default), nk = N x K/P (nn.Linear)\n"
-         "  --fp8 S          modes gemm and proxy --op rs: E4M3 inputs scaled S = tensorwise or rowwise\n"
+         "  --fp8 S          modes gemm and proxy (either op): E4M3 inputs scaled S = tensorwise or rowwise\n"
          "                   (needs --layout nk), against cuBLASLt's scaled FP8 GEMM; promoted every 128 K\n"
          "  --fast-accum     with --fp8: the tensor cores' own accumulation, ours and cuBLASLt's\n"
          "  --gpus N         use GPUs 0..N-1 (default: every visible GPU)\n"
@@ -359,8 +359,8 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
   }
   if (op == "ag") options.op = FusedOp::kAllGather;
   if (options.scaling != Scaling::kNone) {
-    const bool served = options.mode == "gemm" || (options.mode == "proxy" && options.op == FusedOp::kReduceScatter);
-    if (!served) return fail("--fp8: modes gemm and proxy --op rs only");
+    const bool served = options.mode == "gemm" || options.mode == "proxy" || options.mode == "ag-proxy";
+    if (!served) return fail("--fp8: modes gemm and proxy only");
     if (options.weight_layout != WeightLayout::kNxK) return fail("--fp8: E4M3 weights are N x K (--layout nk)");
   } else if (options.accumulation == Accumulation::kFast) {
     return fail("--fast-accum: only with --fp8");

@@ -36,7 +36,7 @@ struct Options {
   std::vector<Shape> shapes;
   int tp = 8;  // P: K per rank = K_total / P
   WeightLayout weight_layout = WeightLayout::kKxN;
-  // --fp8: E4M3 inputs scaled tensorwise or rowwise (modes gemm and proxy --op rs; N x K weights),
+  // --fp8: E4M3 inputs scaled tensorwise or rowwise (modes gemm and proxy, either op; N x K weights),
   // promoted or with --fast-accum; kNone: BF16 inputs.
   Scaling scaling = Scaling::kNone;
   Accumulation accumulation = Accumulation::kPromoted;

@@ -13,6 +13,8 @@
 //       multiplies the preset blocks -> Y (m x n/P). Shapes M, N/P, K (the default sweep is the
 //       column-parallel layers'); T_gemm: the gathered X (m x k) times W_0. Target fused/gemm <= 1.03.
 //   ranks 1 .. P-1 never run
+// --fp8 (both ops): E4M3 inputs with their scales in the input sets, and T_cublas is cuBLASLt's scaled
+// GEMM; the all-gather's preset blocks are E4M3 too, and rowwise their rows' scales are preset with them.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,7 +33,7 @@ namespace tpfuse::bench {
 
 namespace {
 
-enum Tensor { kPreset = 2 };  // seeds: A and W are tensors 0 and 1 (gemm_sets.h)
+enum Tensor { kPreset = 4, kPresetScales };  // seeds: the input sets' are tensors 0 .. 3 (gemm_sets.cu)
 
 // Rank 0 sums (or multiplies) in FP32 and rounds once to BF16: every element is within half a BF16
 // ulp (at most 2^-8 of its value) of the FP32 reference. The check allows twice that on the largest
@@ -100,28 +102,57 @@ struct AllGatherOp {
   static constexpr double kTargetRatio = 1.03;
   static constexpr bool kHasTimeline = false;
 
-  // The shape's n is this rank's columns, its k_per_rank all of K.
+  // The shape's n is this rank's columns, its k_per_rank all of K; the inputs as --fp8 and
+  // --fast-accum say (make_problem).
   static OpProblem problem(const Shape& shape, const Options& options) {
-    return AllGatherProblem{shape.m, shape.n, shape.k_per_rank, options.tp, options.weight_layout};
+    const Problem inputs = make_problem(shape, options);
+    AllGatherProblem p{shape.m, shape.n, shape.k_per_rank, options.tp, options.weight_layout};
+    p.dtype = inputs.dtype;
+    p.scaling = inputs.scaling;
+    p.accumulation = inputs.accumulation;
+    return p;
   }
-  // The whole product as a plain GEMM: the gathered X (m x k) times W_0.
-  static Problem gemm(const OpProblem& p) { return gathered_gemm(p); }
+  // The whole product as a plain GEMM of the same inputs: the gathered X (m x k) times W_0 (E4M3: with
+  // the m rows' scales, or X's one scale, and W_0's).
+  static Problem gemm(const OpProblem& p) {
+    Problem gathered = gathered_gemm(p);
+    gathered.dtype = p.dtype;
+    gathered.scaling = p.scaling;
+    gathered.accumulation = p.accumulation;
+    return gathered;
+  }
   static size_t out_count(const OpProblem& p) { return size_t(p.m) * size_t(p.n_per_rank); }
 
-  // Random blocks of X in rank 0's gathered buffer, the same in both parity halves, and the peers'
-  // flags raised there for every future call.
+  // Rowwise E4M3: the gathered rows' scales in parity half `parity` of rank 0's gathered buffer, FP32
+  // [source][m/P] right behind the m x k bytes of the gathered X (ops/ag_gemm/workspace.h).
+  static float* gathered_scales(const Communicator& c, const OpProblem& p, int parity) {
+    return reinterpret_cast<float*>(static_cast<uint8_t*>(parity_data(c, 0, parity)) + size_t(p.m) * size_t(p.k));
+  }
+
+  // Random blocks of X in rank 0's gathered buffer (of X's dtype; rowwise E4M3 with their rows'
+  // scales), the same in both parity halves, and the peers' flags raised there for every future call.
   static void preset(const LocalCommunicator& comm, const OpProblem& problem, Gpu& gpu, uint64_t run_seed,
                      size_t shape_index) {
     Communicator* c = comm.get();
-    const size_t parity_elems = c->parity.data_bytes / sizeof(bf16);
+    const size_t count = size_t(problem.m) * size_t(problem.k);  // gathered[source][m/P][k]
     const uint64_t seed = tensor_seed(run_seed, shape_index, 0, 0, kPreset);
+    const uint64_t scales_seed = tensor_seed(run_seed, shape_index, 0, 0, kPresetScales);
     for (int parity = 0; parity < 2; ++parity) {
-      fill_random_bf16(static_cast<bf16*>(parity_data(*c, 0, parity)), parity_elems, seed, gpu.stream);
+      void* gathered = parity_data(*c, 0, parity);
+      if (problem.dtype == DType::kE4M3) {
+        fill_random_e4m3(static_cast<uint8_t*>(gathered), count, seed, gpu.stream);
+        if (problem.scaling == Scaling::kRowwise) {
+          fill_random_scales(gathered_scales(*c, problem, parity), size_t(problem.m), scales_seed, gpu.stream);
+        }
+      } else {
+        fill_random_bf16(static_cast<bf16*>(gathered), count, seed, gpu.stream);
+      }
     }
     check_op(preset_peer_blocks(c, 0, problem));
   }
 
-  // Rank 0 on input set `set`: its block of X is the first m/P rows of the set's A.
+  // Rank 0 on input set `set`: its block of X is the first m/P rows of the set's A (E4M3: its rows'
+  // scales the first m/P of the set's, or the set's one scale).
   static void run(const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
                   const std::vector<DeviceBuffer>& out, int set, cudaStream_t stream, const ConfigOverrides& overrides,
                   PushTimeline* = nullptr) {
@@ -129,23 +160,43 @@ struct AllGatherOp {
     const void* w = sets.w[set].get();
     void* y = out[set].get();
     void* gathered = nullptr;
-    check_op(launch_all_gather(comm.get(), problem, {0}, &x, &w, nullptr, &y, &gathered, &stream, overrides));
+    const InputScales scales = sets.scales(set);
+    check_op(
+        launch_all_gather(comm.get(), problem, {0}, &x, &w, nullptr, &y, &gathered, &stream, overrides, &scales));
   }
 
-  // The FP32 reference of the gathered X rank 0 multiplied: its own rows of A, then the preset blocks.
+  // The FP32 reference of the gathered X rank 0 multiplied: its own rows of A, then the preset blocks;
+  // E4M3 dequantized with the rows' scales likewise (rowwise: its own from the set's, the peers'
+  // preset; tensorwise: X_0's one scale serves every row).
   static void reference(Gpu& gpu, const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
                         float* ref) {
-    const size_t block = size_t(problem.rows_per_rank()) * size_t(problem.k);
-    const size_t total = size_t(problem.m) * size_t(problem.k);
-    DeviceBuffer gathered(gpu.device, total * sizeof(bf16));
-    TESTING_CHECK(cudaMemcpyAsync(gathered.get(), sets.a[0].get(), block * sizeof(bf16), cudaMemcpyDeviceToDevice,
-                                  gpu.stream));
+    const size_t element = size_t(element_bytes(problem.dtype));
+    const size_t block = size_t(problem.rows_per_rank()) * size_t(problem.k) * element;  // bytes
+    const size_t total = size_t(problem.m) * size_t(problem.k) * element;
+    DeviceBuffer gathered(gpu.device, total);
+    TESTING_CHECK(cudaMemcpyAsync(gathered.get(), sets.a[0].get(), block, cudaMemcpyDeviceToDevice, gpu.stream));
     // gathered[parity 0][source][m/P][k]: the blocks of sources 1 .. P-1 follow source 0's slot.
-    const bf16* preset = static_cast<const bf16*>(parity_data(*comm.get(), 0, 0));
-    TESTING_CHECK(cudaMemcpyAsync(gathered.as<bf16>() + block, preset + block, (total - block) * sizeof(bf16),
+    const uint8_t* preset = static_cast<const uint8_t*>(parity_data(*comm.get(), 0, 0));
+    TESTING_CHECK(cudaMemcpyAsync(gathered.as<uint8_t>() + block, preset + block, total - block,
                                   cudaMemcpyDeviceToDevice, gpu.stream));
-    reference_gemm(gemm(problem), gathered.as<bf16>(), sets.w[0].as<bf16>(), ref, gpu.stream);
-    TESTING_CHECK(cudaStreamSynchronize(gpu.stream));  // before `gathered` is freed
+    InputScales scales = sets.scales(0);
+    DeviceBuffer row_scales;
+    if (problem.scaling == Scaling::kRowwise) {
+      // scales[parity 0][source][m/P] likewise.
+      const size_t own = size_t(problem.rows_per_rank());
+      row_scales = DeviceBuffer(gpu.device, size_t(problem.m) * sizeof(float));
+      TESTING_CHECK(cudaMemcpyAsync(row_scales.get(), scales.a, own * sizeof(float), cudaMemcpyDeviceToDevice,
+                                    gpu.stream));
+      TESTING_CHECK(cudaMemcpyAsync(row_scales.as<float>() + own, gathered_scales(*comm.get(), problem, 0) + own,
+                                    (size_t(problem.m) - own) * sizeof(float), cudaMemcpyDeviceToDevice, gpu.stream));
+      scales.a = row_scales.as<const float>();
+    }
+    if (problem.dtype == DType::kE4M3) {
+      reference_gemm_e4m3(gemm(problem), gathered.as<uint8_t>(), sets.w[0].as<uint8_t>(), scales, ref, gpu.stream);
+    } else {
+      reference_gemm(gemm(problem), gathered.as<bf16>(), sets.w[0].as<bf16>(), ref, gpu.stream);
+    }
+    TESTING_CHECK(cudaStreamSynchronize(gpu.stream));  // before `gathered` and `row_scales` are freed
   }
 };
 

@@ -5,8 +5,10 @@
 #   bash scripts/gpu_run.sh BUILD_DIR OUT_DIR [STEP...]
 #
 # Steps (default: all, in this order): env tests sanitize gemm proxy timeline ag_proxy baseline fused;
-# fp8 (not in the default) runs the E4M3 tests, then the GEMM and the reduce-scatter's proxy N x K
-# with E4M3 inputs, tensorwise and rowwise, promoted and fast, checked;
+# fp8 (not in the default) runs the E4M3 tests, then the GEMM and both ops' proxies (the
+# reduce-scatter's and the all-gather's) N x K with E4M3 inputs, tensorwise and rowwise, promoted and
+# fast, checked, then the reduce-scatter's proxy at P = 8 N x K with its push timeline, BF16 and each
+# E4M3 mode, and bench/projection.py's E at P = 8 from each (as the timeline step, in the same session);
 # small_m (not in the default) times the small-M targets: the GEMM at M = 1..512 and the
 # reduce-scatter's proxy at M = 8..512 (P = 8 both layouts, P = 4 and 2 N x K), interleaved and
 # checked, then N x K in separate loops (the cycles x clock split).
@@ -170,6 +172,26 @@ for step in "${steps[@]}"; do
             --json "${out}/gemm_fp8_${scaling}_${accumulation}.json"
           run_step "proxy_fp8_${scaling}_${accumulation}" "${bench}" --mode proxy "${flags[@]}" \
             --json "${out}/proxy_fp8_${scaling}_${accumulation}.json"
+          run_step "ag_proxy_fp8_${scaling}_${accumulation}" "${bench}" --mode proxy --op ag "${flags[@]}" \
+            --json "${out}/ag_proxy_fp8_${scaling}_${accumulation}.json"
+        done
+      done
+      # The push timeline at P = 8 (NAME, then the inputs' flags), and projection.py's E from it (T_gemm
+      # from the timeline run's own loop, as in the timeline step).
+      timeline_at_8() {
+        local name=$1
+        shift
+        run_step "timeline_${name}" "${bench}" --mode proxy --tp 8 --layout nk "$@" --timeline \
+          --json "${out}/timeline_${name}.json"
+        TAIL_LINES=20 run_step "projection_${name}" python3 "${projection}" "${out}/timeline_${name}.json" \
+          --json "${out}/projection_${name}.json"
+      }
+      timeline_at_8 bf16_nk
+      for scaling in tensorwise rowwise; do
+        for accumulation in promoted fast; do
+          flags=(--fp8 "${scaling}")
+          [[ ${accumulation} == fast ]] && flags+=(--fast-accum)
+          timeline_at_8 "fp8_${scaling}_${accumulation}" "${flags[@]}"
         done
       done
       ;;

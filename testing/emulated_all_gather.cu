@@ -9,9 +9,10 @@ namespace tpfuse {
 
 Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, const std::vector<int>& local_ranks,
                          const void* const* x, const void* const* w, const void* const* bias, void* const* y,
-                         void* const* gathered_x, const cudaStream_t* streams, const ConfigOverrides& overrides) {
-  return launch_op<AllGatherOp, EmulatedRanks>(comm, problem, local_ranks, {x, w, bias, y, gathered_x}, streams,
-                                               overrides);
+                         void* const* gathered_x, const cudaStream_t* streams, const ConfigOverrides& overrides,
+                         const InputScales* scales) {
+  return launch_op<AllGatherOp, EmulatedRanks>(comm, problem, local_ranks, {x, w, bias, y, gathered_x, scales},
+                                               streams, overrides);
 }
 
 }  // namespace tpfuse

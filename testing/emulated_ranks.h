@@ -27,9 +27,11 @@ Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vec
 
 // The all-gather + GEMM for the local ranks listed in `local_ranks`, as launch_gemm_rs. Its gathered
 // buffer is the communicator's parity_data, laid out as ops/ag_gemm/workspace.h says. bias and
-// gathered_x may be null, or any of their entries.
+// gathered_x may be null, or any of their entries. `scales`: E4M3 inputs', indexed as the operands;
+// null for BF16.
 Status launch_all_gather(Communicator* comm, const AllGatherProblem& problem, const std::vector<int>& local_ranks,
                          const void* const* x, const void* const* w, const void* const* bias, void* const* y,
-                         void* const* gathered_x, const cudaStream_t* streams, const ConfigOverrides& overrides = {});
+                         void* const* gathered_x, const cudaStream_t* streams, const ConfigOverrides& overrides = {},
+                         const InputScales* scales = nullptr);
 
 }  // namespace tpfuse

@@ -16,11 +16,17 @@ namespace tpfuse {
 // This process's rank of `comm`: x (rows_per_rank x k, this rank's rows [rank * m/P, ...), or with
 // problem.batch > 1 its shard of every sequence: tpfuse/problem.h), w as problem.weight_layout says,
 // y = the gathered X @ w + bias (m x n_per_rank, BF16). bias: null, or n_per_rank BF16 entries added
-// in FP32 before the one rounding. gathered_x, if not null, receives the gathered X (m x k, BF16), as
-// fused_all_gather_matmul's return_A. Calls on one communicator must be stream-ordered on each rank;
-// the communicator needs options.max_k >= k.
+// in FP32 before the one rounding. gathered_x, if not null, receives the gathered X (m x k, of X's
+// dtype), as fused_all_gather_matmul's return_A. Calls on one communicator must be stream-ordered on
+// each rank; the communicator needs options.max_k >= k.
 Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w,
                        const void* bias, void* y, void* gathered_x, cudaStream_t stream,
+                       const ConfigOverrides& overrides = {});
+
+// The same with inputs of any dtype: E4M3 ones (problem.dtype) are scaled as problem.scaling says
+// (tpfuse/problem.h): scales.a is X_r's (one value, or rows_per_rank, gathered with the rows), scales.w W_r's.
+Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w,
+                       const InputScales& scales, const void* bias, void* y, void* gathered_x, cudaStream_t stream,
                        const ConfigOverrides& overrides = {});
 
 // Every rank of a local communicator at once (x[r], w[r], bias[r], y[r], gathered_x[r] on rank r's
@@ -29,6 +35,11 @@ Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, cons
 Status all_gather_gemm_local(Communicator* comm, const AllGatherProblem& problem, const void* const* x,
                              const void* const* w, const void* const* bias, void* const* y,
                              void* const* gathered_x, const cudaStream_t* streams,
+                             const ConfigOverrides& overrides = {});
+// With inputs of any dtype: scales[r] are rank r's (null: BF16 inputs).
+Status all_gather_gemm_local(Communicator* comm, const AllGatherProblem& problem, const void* const* x,
+                             const void* const* w, const InputScales* scales, const void* const* bias,
+                             void* const* y, void* const* gathered_x, const cudaStream_t* streams,
                              const ConfigOverrides& overrides = {});
 
 }  // namespace tpfuse

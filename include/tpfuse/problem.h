@@ -40,11 +40,13 @@ constexpr int element_bytes(DType dtype) {
 
 // How inputs of E4M3 are scaled back: each rank's product A_r @ W_r is multiplied in FP32 by
 // a_scale * w_scale (InputScales) before anything else is done with it (the bias, the rounding to
-// BF16, the reduction over ranks: the scales differ by rank). BF16 inputs take kNone.
+// BF16, the reduction over ranks: the scales differ by rank). BF16 inputs take kNone. The
+// all-gather's X_r is scaled likewise: rowwise, its rows' scales are gathered with them; tensorwise,
+// this rank's one scale serves every gathered row (as torch's fused_all_gather_scaled_matmul).
 enum class Scaling {
   kNone,
   kTensorwise,  // one scale for A_r, one for W_r
-  kRowwise,     // one for each row of A_r (m), one for each output column of W_r (n)
+  kRowwise,     // one for each row of A_r (m; the all-gather's X_r: m/P), one for each output column of W_r (n)
 };
 
 const char* to_string(Scaling scaling);
@@ -124,8 +126,8 @@ struct AllGatherProblem {
   std::string to_string() const;
 };
 
-// P in 1..8, m divisible by P, n_per_rank and k multiples of 8, batch as Problem's, BF16 inputs (E4M3
-// is not served by the all-gather yet: kUnsupported); the message names the bad field.
+// The same rules as Problem's, for a GEMM of m x n_per_rank x k split over P; the message names the
+// bad field.
 Status validate(const AllGatherProblem& problem);
 
 // Checks that a device pointer argument is non-null and 16-byte aligned. `name` goes into the message.

@@ -137,8 +137,9 @@ int tpfuse_gemm(int64_t m, int64_t n, int64_t k, int weight_layout, int dtype, i
  * reduce-scatter's.
  * bias: null, or n_per_rank BF16 entries added in FP32 before the one rounding. gathered_x, if not
  * null, receives the gathered X (m x k, in y's row order). Device pointers, 16-byte aligned; the
- * communicator needs max_k >= k. FP8 inputs are not served yet (TPFUSE_UNSUPPORTED); their scales' arguments
- * are the reduce-scatter's, x's rowwise scales this rank's m/P. */
+ * communicator needs max_k >= k. FP8 inputs take the reduce-scatter's scale arguments; rowwise, x_scale
+ * is this rank's m/P rows' (gathered with them), tensorwise this rank's one scale serves every gathered
+ * row. */
 int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_rank, int64_t k, int world_size,
                            int weight_layout, int dtype, int scaling, int accumulation, int64_t batch, const void* x,
                            const void* w, const float* x_scale, const float* w_scale, const void* bias, void* y,

@@ -257,12 +257,8 @@ int tpfuse_all_gather_gemm(tpfuse_communicator* comm, int64_t m, int64_t n_per_r
     TPFUSE_RETURN_IF_ERROR(weight_layout_of(weight_layout, &problem.weight_layout));
     TPFUSE_RETURN_IF_ERROR(dtype_of(dtype, &problem.dtype));
     TPFUSE_RETURN_IF_ERROR(scaling_of(scaling, accumulation, &problem.scaling, &problem.accumulation));
-    // The all-gather serves BF16 inputs only so far (validate() refuses E4M3), which take no scales.
-    if (problem.dtype == tpfuse::DType::kBF16 && (x_scale != nullptr || w_scale != nullptr)) {
-      return Status::InvalidArgument("scales are for E4M3 inputs: BF16 ones take none");
-    }
-    return tpfuse::all_gather_gemm(from_handle(comm), problem, x, w, bias, y, gathered_x,
-                                   static_cast<cudaStream_t>(stream));
+    return tpfuse::all_gather_gemm(from_handle(comm), problem, x, w, tpfuse::InputScales{x_scale, w_scale}, bias, y,
+                                   gathered_x, static_cast<cudaStream_t>(stream));
   });
 }
 

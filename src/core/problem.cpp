@@ -189,11 +189,7 @@ Status validate(const AllGatherProblem& problem) {
   gemm.scaling = problem.scaling;
   gemm.accumulation = problem.accumulation;
   const Status s = validate(gemm);
-  if (s.ok()) {
-    if (problem.dtype == DType::kBF16) return s;
-    return Status::Unsupported(std::string("problem.dtype = ") + to_string(problem.dtype) +
-                               ": the all-gather does not serve FP8 inputs yet (the reduce-scatter and gemm do)");
-  }
+  if (s.ok()) return s;
   // Name the all-gather's fields.
   std::string message = s.message();
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"problem.n ", "problem.n_per_rank "},

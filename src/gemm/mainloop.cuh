@@ -123,6 +123,31 @@ inline constexpr int kProducerWarpgroup = 0;
 // the CTA's).
 __device__ __forceinline__ void consumer_sync(int consumer) { ptx::named_barrier_sync(1 + consumer, 128); }
 
+// The two consumers' K blocks issued in turn (promoted E4M3: consume_tile_promoted). Issued at once,
+// their WGMMAs interleave on the tensor cores, both blocks end together, and both consumers add their
+// sums while the tensor cores idle. In turn, the tensor cores take one consumer's block, then the
+// other's, so that each adds its sum while the other's block runs. A consumer waits for its turn
+// before it issues a block and passes the turn as soon as the block is issued (named barriers 3 and
+// 4: consumer c waits on 3 + c, for the other's arrival); consumer 0 takes the first turn, and takes
+// the last pass at the end, so no arrival is left over.
+class IssueTurns {
+ public:
+  __device__ explicit IssueTurns(int consumer) : consumer_(consumer) {}
+  __device__ void wait() {
+    if (consumer_ == 1 || issued_) ptx::named_barrier_sync(kFirstBarrier + consumer_, 2 * 128);
+    issued_ = true;
+  }
+  __device__ void pass() const { ptx::named_barrier_arrive(kFirstBarrier + 1 - consumer_, 2 * 128); }
+  __device__ void finish() const {
+    if (consumer_ == 0 && issued_) ptx::named_barrier_sync(kFirstBarrier, 2 * 128);
+  }
+
+ private:
+  static constexpr int kFirstBarrier = 3;
+  int consumer_;
+  bool issued_ = false;
+};
+
 // A position in the ring of stages (producer and consumers each keep their own).
 struct StageCursor {
   int stage = 0;
@@ -199,6 +224,9 @@ struct EpilogueBase {
   static constexpr bool kHasWatcher = false;
   static constexpr bool kHasCopier = false;
   static constexpr bool kLayeredA = false;
+  // E4M3 inputs: whether a tile's A rows arrive from peers (then a_load waits for them, which only
+  // the producer may, and the epilogue says where their scales are: scale_row, a_scale).
+  static constexpr bool kAFromPeers = false;
 
   template <class Config, class Params, class Mainloop>
   __device__ static ALoad a_load(const Params&, const Mainloop& mainloop, const Tile& tile) {
@@ -214,6 +242,11 @@ struct EpilogueBase {
   template <class Config, class Params, class Storage>
   __device__ static void produce_extra_stages(const Params&, const Tile&, const KSlice&, Storage&, StageCursor&,
                                               uint32_t&) {}
+  // E4M3 inputs: A row `row`'s scale (rows as a_load counts them), MainloopParams' own.
+  template <class Mainloop>
+  __device__ float a_scale(const Mainloop& m, int row) const {
+    return row < m.scale_rows ? __ldg(m.a_scale + row * m.a_scale_step) : 0.0f;
+  }
 };
 
 // Calls fn(step, tile) for each step of CTA `cta`, in the order the producer and the consumers take them.
@@ -384,17 +417,21 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 
 // The same, promoted (Config::kPromoted): the tensor cores' E4M3 sums keep fewer bits than FP32, so
 // each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done (its
-// stage is then released at once). Two sets taken in turn, one block in flight while the other is
-// added, measured slower (docs/EXPERIMENTS.md).
+// stage is then released at once). The two consumers issue their blocks in turn (IssueTurns). Two
+// sets taken in turn, one block in flight while the other is added, measured slower
+// (docs/EXPERIMENTS.md).
 template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
                                                       float (&acc)[Config::kAccPerThread], StageCursor& ring,
-                                                      Epilogue& epilogue) {
+                                                      Epilogue& epilogue, IssueTurns& turns) {
+  static_assert(Config::kConsumers == 2, "the consumers issue in turn");
   float block_sum[Config::kAccPerThread];
   for (int kb = 0; kb < num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
+    turns.wait();
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
+    turns.pass();
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
@@ -408,10 +445,11 @@ __device__ __forceinline__ void consume_tile_promoted(int num_k_blocks, StorageO
 
 // Brings a slab's scales into L1 while its K loop runs, so that scale_slab's loads after it hit there:
 // the lines of the slab's 64 rows of A's and kWgCols columns of W's, a thread of the warpgroup each.
-template <class Config, class Schedule>
+// A's scales of rows that arrive from peers are not prefetched: their lines may not have landed yet.
+template <class Config, bool kPrefetchA, class Schedule>
 __device__ __forceinline__ void prefetch_scales(const MainloopParams<Schedule>& p, int a_row, int col) {
   constexpr int kPerLine = 128 / sizeof(float);
-  constexpr int kALines = Config::kWgRows / kPerLine, kWLines = Config::kWgCols / kPerLine;
+  constexpr int kALines = kPrefetchA ? Config::kWgRows / kPerLine : 0, kWLines = Config::kWgCols / kPerLine;
   static_assert(kALines + kWLines <= 128, "a line a thread");
   const int t = threadIdx.x % 128;
   if (t < kALines) {
@@ -423,21 +461,19 @@ __device__ __forceinline__ void prefetch_scales(const MainloopParams<Schedule>& 
   }
 }
 
-// Multiplies this thread's accumulators of a slab by their scales (E4M3 inputs, MainloopParams), in
-// FP32: the slab's rows are A's from `a_row` on, its columns the output's from `col` on. The
-// accumulator layout is the WGMMA's (gemm/slab_store.cuh): element 4b + 2h + e is row
-// 16 * warp + lane / 4 + 8h, column 8b + 2 * (lane % 4) + e.
-template <class Config, class Schedule>
-__device__ __forceinline__ void scale_slab(const MainloopParams<Schedule>& p, int a_row, int col,
-                                           float (&acc)[Config::kAccPerThread]) {
+// Multiplies this thread's accumulators of a slab by their scales (E4M3 inputs: A's rows' from the
+// epilogue's a_scale, W's columns' from MainloopParams), in FP32: the slab's rows are A's from `a_row`
+// on, its columns the output's from `col` on. The accumulator layout is the WGMMA's
+// (gemm/slab_store.cuh): element 4b + 2h + e is row 16 * warp + lane / 4 + 8h, column
+// 8b + 2 * (lane % 4) + e.
+template <class Config, class Schedule, class Epilogue>
+__device__ __forceinline__ void scale_slab(const MainloopParams<Schedule>& p, const Epilogue& epilogue, int a_row,
+                                           int col, float (&acc)[Config::kAccPerThread]) {
   const int lane = threadIdx.x % 32;
   const int warp = (threadIdx.x / 32) % 4;
   float row_scale[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = a_row + 16 * warp + lane / 4 + 8 * h;
-    row_scale[h] = row < p.scale_rows ? __ldg(p.a_scale + row * p.a_scale_step) : 0.0f;
-  }
+  for (int h = 0; h < 2; ++h) row_scale[h] = epilogue.a_scale(p, a_row + 16 * warp + lane / 4 + 8 * h);
   const int lane_col = col + 2 * (lane % 4);
 #pragma unroll
   for (int b = 0; b < Config::kAccPerThread / 4; ++b) {
@@ -521,6 +557,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     Epilogue epilogue(epilogue_params, consumer, smem);
     float acc[Config::kAccPerThread];
     StageCursor ring;
+    IssueTurns turns(consumer);
     const int num_tiles = mainloop.schedule.num_tiles();
     const int num_k_blocks = mainloop.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
@@ -536,18 +573,25 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
       // partials); the slab's rows of A are where the producer loads them from.
       int a_row = 0;
       if constexpr (Config::kScaled) {
-        a_row = Epilogue::template a_load<Config>(epilogue_params, mainloop, tile).row;
-        prefetch_scales<Config>(mainloop, a_row + slab.row, tile.col_begin + slab.col);
+        if constexpr (Epilogue::kAFromPeers) {
+          a_row = epilogue.scale_row(tile);
+        } else {
+          a_row = Epilogue::template a_load<Config>(epilogue_params, mainloop, tile).row;
+        }
+        prefetch_scales<Config, !Epilogue::kAFromPeers>(mainloop, a_row + slab.row, tile.col_begin + slab.col);
       }
       if constexpr (Config::kPromoted) {
-        consume_tile_promoted<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
+        consume_tile_promoted<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue, turns);
       } else {
         consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
       }
-      if constexpr (Config::kScaled) scale_slab<Config>(mainloop, a_row + slab.row, tile.col_begin + slab.col, acc);
+      if constexpr (Config::kScaled) {
+        scale_slab<Config>(mainloop, epilogue, a_row + slab.row, tile.col_begin + slab.col, acc);
+      }
       epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);
     }
     epilogue.finish();
+    if constexpr (Config::kPromoted) turns.finish();
   }
 }
 

@@ -131,8 +131,7 @@ TEST(BenchCli, FusedOp) {
   }
 }
 
-// The sweep comes from python/tpfuse/shapes.json, as the Python benchmark's does.
-// --fp8: E4M3 inputs for modes gemm and proxy --op rs, N x K weights, promoted unless --fast-accum.
+// --fp8: E4M3 inputs for modes gemm and proxy (either op), N x K weights, promoted unless --fast-accum.
 TEST(BenchCli, Fp8) {
   const ParseResult rowwise = parse_args({"--mode", "proxy", "--layout", "nk", "--fp8", "rowwise"}, kModes);
   ASSERT_EQ(rowwise.outcome, ParseOutcome::kRun) << rowwise.error;
@@ -143,11 +142,22 @@ TEST(BenchCli, Fp8) {
   EXPECT_EQ(fast.options.scaling, Scaling::kTensorwise);
   EXPECT_EQ(fast.options.accumulation, Accumulation::kFast);
   EXPECT_EQ(parse_args({}, kModes).options.scaling, Scaling::kNone);
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--mode", "proxy", "--op", "ag", "--layout", "nk", "--fp8", "rowwise", "--fast-accum"},
+           {"--mode", "ag-proxy", "--layout", "nk", "--fp8", "rowwise", "--fast-accum"}}) {
+    const ParseResult ag = parse_args(args, {"proxy", "ag-proxy"});
+    ASSERT_EQ(ag.outcome, ParseOutcome::kRun) << args[1] << ": " << ag.error;
+    EXPECT_EQ(ag.options.op, FusedOp::kAllGather);
+    EXPECT_EQ(ag.options.scaling, Scaling::kRowwise);
+    EXPECT_EQ(ag.options.accumulation, Accumulation::kFast);
+  }
   for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--mode", "gemm", "--fp8", "rowwise"}, "--fp8: E4M3 weights are N x K (--layout nk)"},
            {{"--mode", "gemm", "--layout", "nk", "--fp8", "blockwise"}, "--fp8: expected tensorwise or rowwise"},
-           {{"--mode", "fused", "--layout", "nk", "--fp8", "rowwise"}, "--fp8: modes gemm and proxy --op rs only"},
-           {{"--mode", "proxy", "--op", "ag", "--layout", "nk", "--fp8", "rowwise"}, "--fp8: modes gemm and proxy"},
+           {{"--mode", "fused", "--layout", "nk", "--fp8", "rowwise"}, "--fp8: modes gemm and proxy only"},
+           {{"--mode", "fused", "--op", "ag", "--layout", "nk", "--fp8", "rowwise"},
+            "--fp8: modes gemm and proxy only"},
+           {{"--mode", "proxy", "--op", "ag", "--fp8", "rowwise"}, "--fp8: E4M3 weights are N x K (--layout nk)"},
            {{"--mode", "gemm", "--fast-accum"}, "--fast-accum: only with --fp8"}}) {
     const ParseResult r = parse_args(args, kModes);
     EXPECT_EQ(r.outcome, ParseOutcome::kError) << args.back();
@@ -155,6 +165,7 @@ TEST(BenchCli, Fp8) {
   }
 }
 
+// The sweep comes from python/tpfuse/shapes.json, as the Python benchmark's does.
 TEST(BenchCli, SweepsFromTheShapeTable) {
   std::string error;
   const std::vector<Shape> column = all_gather_sweep_shapes(8, &error);

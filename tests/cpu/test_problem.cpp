@@ -157,11 +157,17 @@ TEST(Validate, E4M3TakesScalesAndAKMajorWeight) {
   bad_accumulation.accumulation = static_cast<Accumulation>(7);
   EXPECT_EQ(validate(bad_accumulation).code(), StatusCode::kInvalidArgument);
 
+  // The all-gather's problem, by the same rules, naming its own fields.
   AllGatherProblem gathered{64, 64, 128, 8, WeightLayout::kNxK, DType::kE4M3};
   gathered.scaling = Scaling::kRowwise;
-  const Status g = validate(gathered);
-  EXPECT_EQ(g.code(), StatusCode::kUnsupported);
-  EXPECT_NE(g.message().find("the all-gather does not serve FP8 inputs yet"), std::string::npos) << g.message();
+  EXPECT_TRUE(validate(gathered).ok()) << validate(gathered).message();
+  gathered.k = 40;
+  const Status g40 = validate(gathered);
+  EXPECT_EQ(g40.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(g40.message().find("problem.k = 40 is not a multiple of 16"), std::string::npos) << g40.message();
+  gathered.k = 128;
+  gathered.weight_layout = WeightLayout::kKxN;
+  EXPECT_EQ(validate(gathered).code(), StatusCode::kUnsupported) << validate(gathered).message();
 
   const std::string printed = e4m3(64, 128, WeightLayout::kNxK, Scaling::kRowwise).to_string();
   EXPECT_NE(printed.find("dtype=E4M3 scaling=rowwise accumulation=promoted"), std::string::npos) << printed;

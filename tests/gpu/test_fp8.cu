@@ -1,5 +1,5 @@
-// E4M3 inputs: the plain GEMM and the reduce-scatter on emulated ranks, tensorwise and rowwise,
-// promoted and fast. The reference is the dequantized product (exact FP8 products, FP32 sums, then
+// E4M3 inputs: the plain GEMM, the reduce-scatter and the all-gather on emulated ranks, tensorwise
+// and rowwise, promoted and fast. The reference is the dequantized product (exact FP8 products, FP32 sums, then
 // the scales); the baseline is cuBLASLt's scaled FP8 GEMM with the same accumulation (the unfused
 // path's partials).
 #include <cuda_bf16.h>
@@ -296,6 +296,201 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8ReduceScatterRandom,
                          ::testing::ValuesIn(cases({{2, 1000, 1040, 1024}, {4, 512, 6144, 768}, {8, 2048, 8192, 1024},
                                                     {8, 64, 8192, 1024}, {8, 8192, 4096, 512}})),
                          case_name);
+
+// ---- The all-gather on emulated ranks ------------------------------------------------------------
+
+AllGatherProblem e4m3_all_gather(int p, int m, int n_per_rank, int k, Scaling scaling, Accumulation accumulation) {
+  AllGatherProblem problem{m, n_per_rank, k, p, WeightLayout::kNxK, DType::kE4M3};
+  problem.scaling = scaling;
+  problem.accumulation = accumulation;
+  return problem;
+}
+
+// Shapes read as {P, m, n_per_rank, k}.
+struct Fp8AllGatherCase : Fp8Case {
+  AllGatherProblem problem() const { return e4m3_all_gather(p, m, n, k, scaling, accumulation); }
+};
+
+std::vector<Fp8AllGatherCase> all_gather_cases(std::initializer_list<std::vector<int>> shapes) {
+  std::vector<Fp8AllGatherCase> out;
+  for (const Fp8Case& c : cases(shapes)) out.push_back({c});
+  return out;
+}
+
+std::string all_gather_case_name(const ::testing::TestParamInfo<Fp8AllGatherCase>& info) {
+  return case_name(::testing::TestParamInfo<Fp8Case>(info.param, info.index));
+}
+
+struct Fp8AllGatherRanks : LocalRanks<AllGatherProblem> {
+  std::vector<std::unique_ptr<Bytes>> x, w, gathered;
+  std::vector<std::unique_ptr<DeviceArray<float>>> x_scales, w_scales;
+  RankArrays y;
+
+  explicit Fp8AllGatherRanks(const AllGatherProblem& p)
+      : LocalRanks(p, 0, {}), y(ranks_arrays(size_t(p.m) * p.n_per_rank)) {
+    on_each_rank([&](int) {
+      x.emplace_back(new Bytes(size_t(p.rows_per_rank()) * p.k));
+      w.emplace_back(new Bytes(size_t(p.n_per_rank) * p.k));
+      gathered.emplace_back(new Bytes(size_t(p.m) * p.k));
+    });
+  }
+
+  bool rowwise() const { return problem.scaling == Scaling::kRowwise; }
+
+  void fill(bool exact, uint64_t seed) {
+    x_scales.clear();
+    w_scales.clear();
+    on_each_rank([&](int r) {
+      (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(x[r]->ptr, x[r]->count, seed * 1000 + 4 * r, nullptr);
+      (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(w[r]->ptr, w[r]->count, seed * 1000 + 4 * r + 1, nullptr);
+      x_scales.push_back(Scales::make(rowwise() ? size_t(problem.rows_per_rank()) : 1, seed * 1000 + 4 * r + 2, exact));
+      w_scales.push_back(Scales::make(rowwise() ? size_t(problem.n_per_rank) : 1, seed * 1000 + 4 * r + 3, exact));
+      poison(y[r]->ptr, y[r]->count);
+      cudaMemset(gathered[r]->ptr, 0xFF, gathered[r]->bytes());
+    });
+  }
+
+  Status run() {
+    const auto xp = pointers<const void*>(x, problem.world_size), wp = pointers<const void*>(w, problem.world_size);
+    const auto yp = pointers<void*>(y, problem.world_size), gp = pointers<void*>(gathered, problem.world_size);
+    std::vector<InputScales> sp;
+    for (int r = 0; r < problem.world_size; ++r) sp.push_back({x_scales[r]->ptr, w_scales[r]->ptr});
+    return launch_all_gather(comm, problem, first_ranks(problem.world_size), xp.data(), wp.data(), nullptr, yp.data(),
+                             gp.data(), streams.data(), {}, sp.data());
+  }
+
+  // The gathered X (every rank's rows in rank order) and, rowwise, its rows' scales.
+  std::vector<uint8_t> expected_gathered() {
+    std::vector<uint8_t> all;
+    on_each_rank([&](int r) {
+      const auto part = x[r]->to_host();
+      all.insert(all.end(), part.begin(), part.end());
+    });
+    return all;
+  }
+  std::vector<float> gathered_scales() {
+    std::vector<float> all;
+    on_each_rank([&](int r) {
+      const auto part = x_scales[r]->to_host();
+      all.insert(all.end(), part.begin(), part.end());
+    });
+    return all;
+  }
+
+  // Rank r's Y as the unfused path computes it: the gathered X (and its scales; tensorwise rank r's
+  // one scale) times W_r, as the FP32 reference (cublas = false) or cuBLASLt's BF16 GEMM as FP32.
+  std::vector<float> y_of(int r, bool cublas) {
+    const Problem gemm = e4m3_problem(1, int(problem.m), int(problem.n_per_rank), int(problem.k), problem.scaling,
+                                      problem.accumulation);
+    Bytes all(size_t(problem.m) * problem.k);
+    const auto host = expected_gathered();
+    cudaMemcpy(all.ptr, host.data(), host.size(), cudaMemcpyHostToDevice);
+    DeviceArray<float> row_scales(rowwise() ? size_t(problem.m) : 1);
+    if (rowwise()) {
+      const auto scales = gathered_scales();
+      cudaMemcpy(row_scales.ptr, scales.data(), row_scales.bytes(), cudaMemcpyHostToDevice);
+    }
+    const InputScales scales{rowwise() ? row_scales.ptr : x_scales[r]->ptr, w_scales[r]->ptr};
+    if (cublas) {
+      DeviceArray<__nv_bfloat16> c(size_t(problem.m) * problem.n_per_rank);
+      cublaslt_scaled_mm(gemm, all.ptr, w[r]->ptr, scales, c.ptr);
+      std::vector<float> values;
+      for (const __nv_bfloat16 v : c.to_host()) values.push_back(__bfloat162float(v));
+      return values;
+    }
+    DeviceArray<float> ref(size_t(problem.m) * problem.n_per_rank);
+    reference_gemm_e4m3(gemm, all.ptr, w[r]->ptr, scales, ref.ptr, nullptr);
+    return ref.to_host();
+  }
+};
+
+class Fp8AllGather : public ::testing::TestWithParam<Fp8AllGatherCase> {};
+class Fp8AllGatherRandom : public ::testing::TestWithParam<Fp8AllGatherCase> {};
+
+// Small integers and power-of-2 scales: Y bit for bit against the exact product, and the gathered X
+// byte for byte.
+TEST_P(Fp8AllGather, SmallIntegersBitForBit) {
+  Fp8AllGatherRanks ranks(GetParam().problem());
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 1);
+  const Status s = ranks.run();
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(ranks.synchronize());
+  const auto expected = ranks.expected_gathered();
+  for (int r = 0; r < ranks.problem.world_size; ++r) {
+    const int64_t bad = first_mismatch(ranks.y[r]->to_host(), ranks.y_of(r, false));
+    EXPECT_EQ(bad, -1) << "rank " << r << ": first mismatch at " << element_at(bad, ranks.problem.n_per_rank);
+    EXPECT_EQ(0, std::memcmp(ranks.gathered[r]->to_host().data(), expected.data(), expected.size()))
+        << "rank " << r << "'s gathered X";
+  }
+}
+
+// Random inputs: within 1.1x of the unfused path's error (cuBLASLt on the gathered X, the same
+// accumulation), and the same bits on a second call.
+TEST_P(Fp8AllGatherRandom, WithinUnfusedErrorAndDeterministic) {
+  Fp8AllGatherRanks ranks(GetParam().problem());
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/false, 7);
+  ASSERT_TRUE(ranks.run().ok());
+  ASSERT_CUDA(ranks.synchronize());
+  ErrorSums fused_sums, unfused_sums;
+  std::vector<std::vector<__nv_bfloat16>> first;
+  for (int r = 0; r < ranks.problem.world_size; ++r) {
+    const auto ref = ranks.y_of(r, false);
+    first.push_back(ranks.y[r]->to_host());
+    fused_sums.merge(error_sums(first.back(), ref));
+    std::vector<__nv_bfloat16> unfused;
+    for (const float v : ranks.y_of(r, true)) unfused.push_back(__float2bfloat16(v));
+    unfused_sums.merge(error_sums(unfused, ref));
+  }
+  EXPECT_EQ(fused_sums.num_nonfinite, 0u) << "unwritten or non-finite outputs";
+  EXPECT_LT(unfused_sums.stats().norm_rel, 1e-2) << "the unfused path far from the reference: the reference is wrong";
+  EXPECT_TRUE(within_tolerance(fused_sums.stats(), unfused_sums.stats()))
+      << "fused " << fused_sums.stats().max_rel << " / " << fused_sums.stats().norm_rel << ", unfused "
+      << unfused_sums.stats().max_rel << " / " << unfused_sums.stats().norm_rel;
+  ranks.on_each_rank([&](int r) { poison(ranks.y[r]->ptr, ranks.y[r]->count); });
+  ASSERT_TRUE(ranks.run().ok());
+  ASSERT_CUDA(ranks.synchronize());
+  for (int r = 0; r < ranks.problem.world_size; ++r) {
+    const auto again = ranks.y[r]->to_host();
+    EXPECT_EQ(0, std::memcmp(again.data(), first[r].data(), again.size() * 2)) << "rank " << r << " not deterministic";
+  }
+}
+
+// P = 1, 2, 4, 8: rows per rank not a multiple of 64 (1000 / 2), of 64 at P = 4 (bands of two
+// blocks), of 8 at P = 8 (one band of every block), and the sweep's column-parallel depths.
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8AllGather,
+                         ::testing::ValuesIn(all_gather_cases({{1, 256, 512, 256}, {2, 1000, 1040, 128},
+                                                               {4, 256, 1000, 128}, {8, 64, 264, 256},
+                                                               {8, 2048, 1024, 512}})),
+                         all_gather_case_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8AllGatherRandom,
+                         ::testing::ValuesIn(all_gather_cases({{2, 1000, 1040, 1024}, {4, 512, 1536, 4096},
+                                                               {8, 2048, 1024, 4096}, {8, 64, 3584, 4096}})),
+                         all_gather_case_name);
+
+// Missing scales and a K x N weight: named errors, and nothing runs.
+TEST(Fp8AllGatherErrors, ScalesAndLayoutAreChecked) {
+  Fp8AllGatherRanks ranks(e4m3_all_gather(2, 256, 256, 128, Scaling::kRowwise, Accumulation::kPromoted));
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 1);
+  const auto xp = pointers<const void*>(ranks.x, 2), wp = pointers<const void*>(ranks.w, 2);
+  const auto yp = pointers<void*>(ranks.y, 2);
+  const InputScales missing[2] = {{ranks.x_scales[0]->ptr, ranks.w_scales[0]->ptr}, {nullptr, ranks.w_scales[1]->ptr}};
+  const Status s = launch_all_gather(ranks.comm, ranks.problem, first_ranks(2), xp.data(), wp.data(), nullptr,
+                                     yp.data(), nullptr, ranks.streams.data(), {}, missing);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("must not be null"), std::string::npos) << s.message();
+  AllGatherProblem kxn = ranks.problem;
+  kxn.weight_layout = WeightLayout::kKxN;
+  EXPECT_EQ(validate(kxn).code(), StatusCode::kUnsupported) << validate(kxn).message();
+  ASSERT_CUDA(ranks.synchronize());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(error_sums(ranks.y[r]->to_host(), std::vector<float>(ranks.y[r]->count, 0.0f)).num_nonfinite,
+              ranks.y[r]->count)
+        << "an output was written";
+  }
+}
 
 }  // namespace
 }  // namespace tpfuse::testing

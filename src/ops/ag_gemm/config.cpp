@@ -46,6 +46,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     grid.rows_per_band = rows * sources_per_band;
     grid.n = problem.n_per_rank;
     grid.dtype = problem.dtype;
+    grid.accumulation = problem.accumulation;
     TPFUSE_RETURN_IF_ERROR(
         select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, AllGatherTiles(), &c->gemm));
     c->gemm.group_rows = group_rows_for(1, overrides);
@@ -72,6 +73,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     pairs.rows_per_band = 2 * rows;
     pairs.n = problem.n_per_rank;
     pairs.dtype = problem.dtype;
+    pairs.accumulation = problem.accumulation;
     const bool one_wave = one_status.ok() && AllGatherSchedule(all_gather_shape(problem, one, 0)).bands_interleaved();
     if (rows < kSlabRows) {
       sources_per_band = p;

@@ -66,6 +66,11 @@ class AllGatherEpilogue : public EpilogueBase {
     CUtensorMap own_x_half;              // X_r, box 64 x 64
     CUtensorMap gathered_half;           // 4D (k, row in block, source, parity), box 64 x 64
     const uint8_t* x;                    // X_r, rows_per_rank x k elements of the problem's dtype
+    // Rowwise E4M3: X_r's row scales (FP32, rows_per_rank), gathered with the rows into every gathered
+    // buffer's scales, [source][row] FP32 from scales_offset bytes into a parity half. Null otherwise
+    // (tensorwise: this rank's scale, MainloopParams' a_scale, serves every row).
+    const float* x_scales;
+    size_t scales_offset;
     uint8_t* gathered_at[kMaxWorldSize];  // each rank's gathered buffer (parity 0), as this rank addresses it
     size_t parity_elems;                 // distance between the parity halves of a gathered buffer (elements)
     uint32_t* flags_at[kMaxWorldSize];   // each rank's flags, [parity][source][row block]
@@ -82,10 +87,30 @@ class AllGatherEpilogue : public EpilogueBase {
 
   static constexpr bool kHasCopier = true;
   static constexpr bool kLayeredA = true;
+  static constexpr bool kAFromPeers = true;
 
   template <class Storage>
   __device__ AllGatherEpilogue(const Params& params, int consumer, Storage& smem)
-      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]) {}
+      : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]) {
+    if (p_.x_scales != nullptr) {
+      const size_t parity_bytes = p_.parity_elems * sizeof(typename Storage::Element);
+      gathered_scales_ = reinterpret_cast<const float*>(p_.gathered_at[p_.rank] +
+                                                        size_t(comm::call_epoch(p_.calls) & 1) * parity_bytes +
+                                                        p_.scales_offset);
+    }
+  }
+
+  // E4M3 inputs, consumers: a tile's first row as the gathered X counts its rows ([source][row]),
+  // and row `row`'s scale. A peer's rows' scales are read where they landed (through L2: this SM may
+  // hold an older copy of the line), after the K loop that waited for them; this rank's from X_r's.
+  __device__ int scale_row(const Tile& tile) const { return tile.owner_rank * p_.rows_per_rank + tile.segment_row; }
+  template <class Mainloop>
+  __device__ float a_scale(const Mainloop& m, int row) const {
+    if (p_.x_scales == nullptr) return __ldg(m.a_scale);
+    if (row >= p_.world_size * p_.rows_per_rank) return 0.0f;  // past the last source's rows: never stored
+    const int source = row / p_.rows_per_rank;
+    return source == p_.rank ? __ldg(p_.x_scales + (row - source * p_.rows_per_rank)) : __ldcg(gathered_scales_ + row);
+  }
 
   // Producer thread, before a tile's K stages: its own band from X_r; a peer's band once the pieces
   // its rows span have landed (after a failed call, at once: the consumers must still finish).
@@ -218,11 +243,35 @@ class AllGatherEpilogue : public EpilogueBase {
         ptx::bulk_commit_group();
       }
       uses += stages;
+      // A row block's scales go with its first piece, before that piece counts in.
+      if (p.x_scales != nullptr && piece % p.copy.pieces_per_block == 0) {
+        push_scales(p, range.block, size_t(epoch & 1) * p.parity_elems * kElementBytes, destinations);
+      }
       // The piece has landed everywhere before it counts in (an empty piece counts in at once).
       ptx::bulk_wait_group<0>();
       ptx::fence_proxy_async_global();
       ptx::fence_release_sys();
       count_in(p, range.block, epoch, destinations);
+    }
+  }
+
+  // Row block `block`'s scales (rowwise E4M3) into every destination's gathered scales, at this
+  // call's parity half (`parity_at` bytes in): a few loads in flight, then their stores.
+  __device__ static void push_scales(const Params& p, int block, size_t parity_at, int destinations) {
+    const int first = block * kCopyRows, end = min(first + kCopyRows, p.rows_per_rank);
+    const size_t at = parity_at + p.scales_offset + size_t(p.rank) * p.rows_per_rank * sizeof(float);
+    constexpr int kInFlight = 8;
+    for (int row = first; row < end; row += kInFlight) {
+      float scale[kInFlight];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) scale[i] = row + i < end ? __ldg(p.x_scales + row + i) : 0.0f;
+      for (int d = 1; d <= destinations; ++d) {
+        float* to = reinterpret_cast<float*>(p.gathered_at[destination(p, d)] + at) + row;
+#pragma unroll
+        for (int i = 0; i < kInFlight; ++i) {
+          if (row + i < end) to[i] = scale[i];
+        }
+      }
     }
   }
 
@@ -307,6 +356,7 @@ class AllGatherEpilogue : public EpilogueBase {
   int consumer_;
   SlabStore slabs_;
   KSlice k_slice_{};
+  const float* gathered_scales_ = nullptr;  // this call's gathered scales in this rank's buffer (rowwise)
 };
 
 }  // namespace tpfuse::kernels

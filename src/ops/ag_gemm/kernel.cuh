@@ -43,20 +43,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   }
 }
 
-// After a call: its gathered X (this rank's buffer, the parity of the call that just completed:
-// [source][row of its segment][k]) into the caller's m x k buffer, each row where `sequences` puts
-// it (every source's rows in a row, with one sequence). Stream-ordered after the call, so every
-// piece has landed. X's elements are kElementBytes each (parity_elems of them between the parity
-// halves); rows of `vectors` 16-byte vectors; `by_segment` divides by a segment's rows.
+// After a call: its gathered X (this rank's buffer, the parity of the call that just completed, whose
+// halves are parity_bytes apart: [source][row of its segment][k]) into the caller's m x k buffer,
+// each row where `sequences` puts it (every source's rows in a row, with one sequence). Stream-ordered
+// after the call, so every piece has landed. Rows of `vectors` 16-byte vectors; `by_segment` divides
+// by a segment's rows.
 // NOTE: static: the library and the testing library (its emulated ranks) each compile this header,
 // and a program links both.
-template <int kElementBytes>
-static __global__ void copy_gathered_kernel(const uint8_t* gathered, size_t parity_elems, const uint64_t* calls,
+static __global__ void copy_gathered_kernel(const uint8_t* gathered, size_t parity_bytes, const uint64_t* calls,
                                             uint8_t* out, int rows, int vectors, FastDivision by_segment,
                                             SequenceRows sequences) {
   const uint32_t completed_epoch = epoch_of(*calls) - 1;
-  const uint4* src =
-      reinterpret_cast<const uint4*>(gathered + size_t(completed_epoch & 1) * parity_elems * kElementBytes);
+  const uint4* src = reinterpret_cast<const uint4*>(gathered + size_t(completed_epoch & 1) * parity_bytes);
   uint4* dst = reinterpret_cast<uint4*>(out);
   const int segment_rows = by_segment.divisor();
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {

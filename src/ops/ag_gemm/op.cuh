@@ -28,6 +28,7 @@ struct AllGatherOp {
     const void* const* bias;  // may be null, or any of its entries: no bias
     void* const* y;
     void* const* gathered_x;  // may be null, or any of its entries
+    const InputScales* scales = nullptr;  // E4M3 inputs' (tpfuse/problem.h), a rank's each; null for BF16
 
     bool wants_gathered(int i) const { return gathered_x != nullptr && gathered_x[i] != nullptr; }
   };
@@ -88,7 +89,10 @@ struct AllGatherOp {
     gemm.k_per_rank = k;
     gemm.weight_layout = problem.weight_layout;
     gemm.dtype = problem.dtype;
-    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(gemm, x, operands.w[i], InputScales{}, schedule, &rp->mainloop));
+    gemm.scaling = problem.scaling;
+    gemm.accumulation = problem.accumulation;
+    const InputScales scales = operands.scales != nullptr ? operands.scales[i] : InputScales{};
+    TPFUSE_RETURN_IF_ERROR(make_mainloop_params<Config>(gemm, x, operands.w[i], scales, schedule, &rp->mainloop));
     kernels::AllGatherEpilogue::Params& e = rp->epilogue;
     set_call_params(comm, rank, &e);
     e.rows_per_rank = int(rows);
@@ -126,6 +130,12 @@ struct AllGatherOp {
                                                      kSlabRows, Config::kBlockK, &e.gathered_half));
     }
     e.x = static_cast<const uint8_t*>(x);
+    // Rowwise scales are gathered behind the gathered X (E4M3 takes half of the bytes sized for BF16).
+    e.x_scales = problem.scaling == Scaling::kRowwise ? scales.a : nullptr;
+    e.scales_offset = size_t(problem.m) * size_t(k) * element_bytes(dtype);
+    if (e.x_scales != nullptr && e.scales_offset + size_t(problem.m) * sizeof(float) > comm.parity.data_bytes) {
+      return Status::Internal("the gathered rows' scales do not fit the workspace");
+    }
     for (int r = 0; r < comm.world_size; ++r) {
       e.gathered_at[r] = static_cast<uint8_t*>(rank.data_at[r]);
       e.flags_at[r] = rank.flags_at[r];
@@ -141,28 +151,18 @@ struct AllGatherOp {
     return Status::Ok();
   }
 
-  // The element size of X the copy of the gathered X is compiled for: that of every dtype the
-  // variants this op takes are of (so the problem's, which validate() checked is one of theirs).
-  static constexpr int kGatheredElementBytes = max_input_element_bytes();
-  static_assert([] {
-    for (const GemmVariant& v : kGemmVariants) {
-      if (CopyStages::takes(v) && element_bytes(v.dtype) != kGatheredElementBytes) return false;
-    }
-    return true;
-  }(), "a copy of the gathered X for each element size of the variants' dtypes");
-
   // The gathered X of the call just queued on `stream`, into `out` (m x k, the rows in sequence order).
   static Status copy_gathered(const Communicator& comm, const RankState& rank, const Problem& problem, void* out,
                               cudaStream_t stream) {
     TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
     // A block a row at a time, a thread per 16 bytes of it (up to 256).
-    const int vectors = int(problem.k * kGatheredElementBytes / 16);
+    const int vectors = int(problem.k * element_bytes(problem.dtype) / 16);
     const int blocks = int(std::min<int64_t>(problem.m, 2048));
     const int threads = std::min(256, (vectors + 31) / 32 * 32);
     const SequenceRows sequences(problem.batch, problem.rows_per_rank(), comm.world_size);
-    kernels::copy_gathered_kernel<kGatheredElementBytes><<<blocks, threads, 0, stream>>>(
-        static_cast<const uint8_t*>(rank.data), comm.parity.data_bytes / kGatheredElementBytes, rank.calls,
-        static_cast<uint8_t*>(out), int(problem.m), vectors, FastDivision(int(problem.rows_per_rank())), sequences);
+    kernels::copy_gathered_kernel<<<blocks, threads, 0, stream>>>(
+        static_cast<const uint8_t*>(rank.data), comm.parity.data_bytes, rank.calls, static_cast<uint8_t*>(out),
+        int(problem.m), vectors, FastDivision(int(problem.rows_per_rank())), sequences);
     TPFUSE_CUDA_TRY(cudaGetLastError());
     return Status::Ok();
   }

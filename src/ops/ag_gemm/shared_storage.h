@@ -17,8 +17,7 @@ struct CopyStages {
   alignas(128) uint8_t buffer[kCopyStages][kCopyStageBytes];
   uint64_t full[kCopyStages];  // a stage's bulk load has landed
 
-  // The compiled variants: BF16's only (the all-gather serves no other inputs yet, validate()).
-  static constexpr bool takes(const GemmVariant& v) { return storing_ops_take(v) && v.dtype == DType::kBF16; }
+  static constexpr bool takes(const GemmVariant& v) { return storing_ops_take(v); }
 };
 
 // The deeper ring of a copier CTA without a tile, laid over the mainloop's stages (which it does
