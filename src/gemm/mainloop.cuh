@@ -123,31 +123,6 @@ inline constexpr int kProducerWarpgroup = 0;
 // the CTA's).
 __device__ __forceinline__ void consumer_sync(int consumer) { ptx::named_barrier_sync(1 + consumer, 128); }
 
-// The two consumers' K blocks issued in turn (promoted E4M3: consume_tile_promoted). Issued at once,
-// their WGMMAs interleave on the tensor cores, both blocks end together, and both consumers add their
-// sums while the tensor cores idle. In turn, the tensor cores take one consumer's block, then the
-// other's, so that each adds its sum while the other's block runs. A consumer waits for its turn
-// before it issues a block and passes the turn as soon as the block is issued (named barriers 3 and
-// 4: consumer c waits on 3 + c, for the other's arrival); consumer 0 takes the first turn, and takes
-// the last pass at the end, so no arrival is left over.
-class IssueTurns {
- public:
-  __device__ explicit IssueTurns(int consumer) : consumer_(consumer) {}
-  __device__ void wait() {
-    if (consumer_ == 1 || issued_) ptx::named_barrier_sync(kFirstBarrier + consumer_, 2 * 128);
-    issued_ = true;
-  }
-  __device__ void pass() const { ptx::named_barrier_arrive(kFirstBarrier + 1 - consumer_, 2 * 128); }
-  __device__ void finish() const {
-    if (consumer_ == 0 && issued_) ptx::named_barrier_sync(kFirstBarrier, 2 * 128);
-  }
-
- private:
-  static constexpr int kFirstBarrier = 3;
-  int consumer_;
-  bool issued_ = false;
-};
-
 // A position in the ring of stages (producer and consumers each keep their own).
 struct StageCursor {
   int stage = 0;
@@ -279,6 +254,8 @@ struct WgmmaAtom<DType::kBF16, 256, A, B> { using Op = gmma::MMA_64x256x16_F32BF
 // E4M3's k32 atoms read both operands K-major (TN).
 template <>
 struct WgmmaAtom<DType::kE4M3, 128, gmma::Major::K, gmma::Major::K> { using Op = gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>; };
+template <>
+struct WgmmaAtom<DType::kE4M3, 192, gmma::Major::K, gmma::Major::K> { using Op = gmma::MMA_64x192x32_F32E4M3E4M3_SS_TN<>; };
 template <>
 struct WgmmaAtom<DType::kE4M3, 256, gmma::Major::K, gmma::Major::K> { using Op = gmma::MMA_64x256x32_F32E4M3E4M3_SS_TN<>; };
 
@@ -417,21 +394,17 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 
 // The same, promoted (Config::kPromoted): the tensor cores' E4M3 sums keep fewer bits than FP32, so
 // each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done (its
-// stage is then released at once). The two consumers issue their blocks in turn (IssueTurns). Two
-// sets taken in turn, one block in flight while the other is added, measured slower
-// (docs/EXPERIMENTS.md).
+// stage is then released at once). Two sets taken in turn, one block in flight while the other is
+// added, and the two consumers issuing their blocks in turn, measured no faster (docs/EXPERIMENTS.md).
 template <class Config, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
                                                       float (&acc)[Config::kAccPerThread], StageCursor& ring,
-                                                      Epilogue& epilogue, IssueTurns& turns) {
-  static_assert(Config::kConsumers == 2, "the consumers issue in turn");
+                                                      Epilogue& epilogue) {
   float block_sum[Config::kAccPerThread];
   for (int kb = 0; kb < num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
-    turns.wait();
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
-    turns.pass();
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
@@ -557,7 +530,6 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
     Epilogue epilogue(epilogue_params, consumer, smem);
     float acc[Config::kAccPerThread];
     StageCursor ring;
-    IssueTurns turns(consumer);
     const int num_tiles = mainloop.schedule.num_tiles();
     const int num_k_blocks = mainloop.num_k_blocks;  // a register: the loop's asm clobbers memory
     for (CtaSteps steps(cta, num_ctas); steps.step() < num_tiles; steps.next()) {
@@ -581,7 +553,7 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
         prefetch_scales<Config, !Epilogue::kAFromPeers>(mainloop, a_row + slab.row, tile.col_begin + slab.col);
       }
       if constexpr (Config::kPromoted) {
-        consume_tile_promoted<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue, turns);
+        consume_tile_promoted<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
       } else {
         consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
       }
@@ -591,7 +563,6 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
       epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);
     }
     epilogue.finish();
-    if constexpr (Config::kPromoted) turns.finish();
   }
 }
 

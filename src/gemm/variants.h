@@ -44,6 +44,7 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 128, 5, 0, 2, true, true},    // the same for the fused ops (a stage fewer: the all-gather's copier's ring)
     {128, 256, 3, 0, 2, true, true, DType::kE4M3},        // E4M3, the tensor cores' own accumulation
     {128, 128, 5, 0, 2, true, true, DType::kE4M3, true},  // E4M3, promoted: two sets of accumulators
+    {128, 192, 4, 0, 2, false, false, DType::kE4M3, true},  // E4M3, promoted, wider: two sets of 96 a thread
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 
