@@ -28,8 +28,9 @@ from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, 
                      TpfuseError, UnsupportedError, tpfuse_error_of)
 
 # Training and the compilers: the ops' backward passes (registered by importing tpfuse.autograd), the
-# parallel linear layers (tpfuse.nn), FP8 quantization (tpfuse.float8) and the opt-in override of torch's
-# symm_mem ops.
+# parallel linear layers (tpfuse.nn), FP8 quantization (tpfuse.float8), the opt-in Inductor pass
+# (tpfuse.inductor, imported at its first use: it imports Inductor, seconds that a process which does not
+# compile should not pay) and the opt-in override of torch's symm_mem ops.
 from . import autograd, float8, nn  # noqa: E402,F401
 from .symm_mem import SymmMemOverride, reset_stats, stats, use_for_symm_mem  # noqa: E402
 
@@ -207,3 +208,10 @@ def check(group: Group = None) -> None:
 def nccl_info() -> NcclInfo:
     """Which NCCL library the process runs, its version and that of tpfuse's build (loads the library)."""
     return library().nccl
+
+
+def __getattr__(name: str):
+    if name == "inductor":
+        import importlib
+        return importlib.import_module(".inductor", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
