@@ -164,6 +164,14 @@ def all_gather_unfused(x: torch.Tensor, w: torch.Tensor, weight_layout: str, gro
     return torch.mm(gathered_rows(x, group), weight_as_k_by_n(w, weight_layout))
 
 
+def assert_bit_for_bit(out: torch.Tensor, reference: torch.Tensor, rank: int) -> None:
+    """The exact mode: every reference value is exact in BF16 (the test's premise), and out is it, bit for bit."""
+    expected = reference.to(torch.bfloat16)
+    assert torch.equal(expected.double(), reference), "the test's premise: every output exact in BF16"
+    mismatches = (out != expected).nonzero()
+    assert mismatches.numel() == 0, f"rank {rank}: first wrong (row, column) {mismatches[0].tolist()}"
+
+
 @dataclass(frozen=True)
 class Errors:
     max_rel: float     # max |out - ref| / max |ref|, over every rank's rows

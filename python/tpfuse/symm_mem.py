@@ -292,6 +292,22 @@ def scaled_matmul_reduce_scatter_fallback(values: dict, group_size: int) -> Tupl
     return _scaled_operand_fallback(rows, B, values["A_scale"], values["B_scale"], dim, group_size, A), rows, dim
 
 
+def _fp8_weight_fallback(name: str, B: torch.Tensor) -> Optional[Fallback]:
+    """A K x N B as tpfuse's FP8 kernels take it: e4m3, column-major (an N x K weight), N a multiple of 8, K of 16."""
+    if B.dtype != E4M3:
+        return "dtype", f"{name} is {B.dtype}; tpfuse's FP8 kernels take {E4M3}"
+    if B.dim() != 2 or not B.t().is_contiguous():
+        return "layout", (f"{name} {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view "
+                          "of a contiguous N x K weight), the one layout of tpfuse's FP8 weights")
+    n, k = B.shape[1], B.shape[0]
+    if n % ROW_ALIGNMENT != 0:
+        return "n_or_k", (f"{name}'s N = {n} is not a multiple of {ROW_ALIGNMENT} (BF16 output rows of whole 16 "
+                          "bytes)")
+    if k % FP8_ROW_ALIGNMENT != 0:
+        return "n_or_k", f"{name}'s K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
+    return None
+
+
 def _scaled_operand_fallback(rows: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
                              dim: int, group_size: int, A: torch.Tensor) -> Optional[Fallback]:
     if rows.dim() < 2 or not 0 <= dim < rows.dim() - 1:
@@ -301,15 +317,7 @@ def _scaled_operand_fallback(rows: torch.Tensor, B: torch.Tensor, A_scale: torch
             return "dtype", f"{name} is {tensor.dtype}; tpfuse's FP8 kernels take {E4M3}"
     if not 1 <= group_size <= MAX_WORLD_SIZE:
         return "group", f"the group has {group_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}"
-    if B.dim() != 2 or not B.t().is_contiguous():
-        return "layout", (f"B {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view of a "
-                          "contiguous N x K weight), the one layout of tpfuse's FP8 weights")
-    n, k = B.shape[1], B.shape[0]
-    if n % ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B's N = {n} is not a multiple of {ROW_ALIGNMENT} (BF16 output rows of whole 16 bytes)"
-    if k % FP8_ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B's K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
-    return _scales_fallback(A, B, A_scale, B_scale) or _rows_fallback(rows, dim, group_size) or \
+    return _fp8_weight_fallback("B", B) or _scales_fallback(A, B, A_scale, B_scale) or _rows_fallback(rows, dim, group_size) or \
         _alignment_fallback(("A", rows), ("B", B)) or _device_fallback(A.device)
 
 
@@ -420,18 +428,12 @@ def _scaled_all_gather_weight_fallback(i: int, A: torch.Tensor, B: torch.Tensor,
                                        B_scale: torch.Tensor, bias: Optional[torch.Tensor],
                                        result_scale: Optional[torch.Tensor], out_dtype) -> Optional[Fallback]:
     """Why tpfuse cannot multiply the gathered A by Bs[i] as torch._scaled_mm would, or None."""
-    if B.dtype != E4M3:
-        return "dtype", f"B[{i}] is {B.dtype}; tpfuse's FP8 kernels take {E4M3}"
-    if B.dim() != 2 or not B.t().is_contiguous():
-        return "layout", (f"B[{i}] {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view "
-                          "of a contiguous N x K weight), the one layout of tpfuse's FP8 weights")
+    fallback = _fp8_weight_fallback(f"B[{i}]", B)
+    if fallback is not None:
+        return fallback
     k, n = B.shape
     if k != A.shape[-1]:
         return "shape", f"B[{i}] {tuple(B.shape)} is K x N for K = {k}, and A's rows have {A.shape[-1]} elements"
-    if n % ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B[{i}]'s N = {n} is not a multiple of {ROW_ALIGNMENT} (BF16 output rows of whole 16 bytes)"
-    if k % FP8_ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B[{i}]'s K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
     if result_scale is not None:
         return "result_scale", f"result_scales[{i}] is given; tpfuse takes none"
     if out_dtype != torch.bfloat16:

@@ -9,10 +9,8 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import tpfuse
 from tpfuse import inductor
@@ -24,11 +22,9 @@ aten, prims, c10d = torch.ops.aten, torch.ops.prims, torch.ops._c10d_functional
 P = 2
 
 
-@pytest.fixture(scope="module")
-def group():
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=P)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
+@pytest.fixture
+def group(groups):
+    return groups[P]
 
 
 def convert(x, dtype):

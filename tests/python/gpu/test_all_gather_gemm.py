@@ -14,9 +14,9 @@ import torch.distributed._functional_collectives as funcol
 import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
 
 import tpfuse
-from tpfuse.checking import (all_gather_reference, all_gather_unfused, dequantized, errors, fp8_all_gather_reference,
-                             fp8_all_gather_unfused, fp8_operands, gathered_rows, random_operands, reference_rows,
-                             weight_as_k_by_n)
+from tpfuse.checking import (all_gather_reference, all_gather_unfused, assert_bit_for_bit, dequantized, errors,
+                             fp8_all_gather_reference, fp8_all_gather_unfused, fp8_operands, gathered_rows,
+                             random_operands, reference_rows, weight_as_k_by_n)
 from tpfuse.float8 import quantize_rowwise
 
 LAYOUTS = ["nk", "kn"]
@@ -222,11 +222,7 @@ def test_fp8_small_integers_are_exact_and_reruns_bit_identical(group, device, sc
     x, w, x_scale, w_scale = fp8_operands(rows, n, k, device, seed_of(group, 8), scaling, small_integers=True,
                                           scale_seed=9, odd_rank=group.rank() % 2 == 1)
     first = fp8_call(x, w, group, x_scale, w_scale, use_fast_accum)
-    reference = fp8_all_gather_reference(x, w, x_scale, w_scale, group)
-    expected = reference.to(torch.bfloat16)
-    assert torch.equal(expected.double(), reference), "the test's premise: every output exact in BF16"
-    mismatches = (first != expected).nonzero()
-    assert mismatches.numel() == 0, f"rank {group.rank()}: first wrong (row, column) {mismatches[0].tolist()}"
+    assert_bit_for_bit(first, fp8_all_gather_reference(x, w, x_scale, w_scale, group), group.rank())
     for _ in range(3):
         assert torch.equal(fp8_call(x, w, group, x_scale, w_scale, use_fast_accum), first)
 
