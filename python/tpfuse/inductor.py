@@ -20,8 +20,7 @@ that chain, node for node (mul's operands in either order): no other user of G, 
 (a training graph that keeps G8 for the weight's gradient is left alone), w an e4m3 N x K matrix, w_scale one
 FP32 per column ((1, N): _scaled_mm's rowwise form), no bias or result scale, BF16 out, and shapes tpfuse's
 kernels serve (its op's checks). Anything else is left untouched. Each rewrite is logged at INFO on
-logging.getLogger("tpfuse.inductor"), each near miss (a _scaled_mm of e4m3 gathered rows that stays) at DEBUG
-with the reason.
+logging.getLogger("tpfuse.inductor"), each _scaled_mm left as it is at DEBUG with the reason.
 """
 
 import hashlib
