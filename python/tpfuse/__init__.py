@@ -4,9 +4,10 @@ all-gather + GEMM of a column-parallel one.
     out = tpfuse.gemm_reduce_scatter(a, w, group)   # a: M x K/P, w: N x K/P (nn.Linear's weight)
     y = tpfuse.all_gather_gemm(x, w, group)          # x: M/P x K, w: N/P x K; y: M x N/P
 
-One process per GPU, BF16 in and out; gemm_reduce_scatter also takes FP8 (torch.float8_e4m3fn) a and w
-with FP32 scales, tensorwise or rowwise. Rank r of `group` holds a_r and w_r; every rank gets its M/P
-rows of sum_r a_r @ w_r^T; with all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
+One process per GPU, BF16 in and out; both also take FP8 (torch.float8_e4m3fn) inputs with FP32 scales,
+tensorwise or rowwise, and quantize_all_gather_gemm quantizes BF16 rows to FP8 on their own rank first.
+Rank r of `group` holds a_r and w_r; every rank gets its M/P rows of sum_r a_r @ w_r^T; with
+all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
 Both take an optional bias and a batch (sequences whose rows each rank holds 1/P of: torch's collectives
 along dim 1 of [batch, s, ...]). `fused_matmul_reduce_scatter` and `fused_all_gather_matmul` are drop-ins
 for torch.ops.symm_mem's ops of those names (reduce_op "sum"; any scatter_dim / gather_dim but the last).
@@ -27,16 +28,19 @@ from .errors import (CudaError, InternalError, InvalidArgumentError, NcclError, 
                      TpfuseError, UnsupportedError, tpfuse_error_of)
 
 # Training and the compilers: the ops' backward passes (registered by importing tpfuse.autograd), the
-# parallel linear layers (tpfuse.nn), and the opt-in override of torch's symm_mem ops.
-from . import autograd, nn  # noqa: E402,F401
+# parallel linear layers (tpfuse.nn), FP8 quantization (tpfuse.float8), the opt-in Inductor pass
+# (tpfuse.inductor, imported at its first use: it imports Inductor, seconds that a process which does not
+# compile should not pay) and the opt-in override of torch's symm_mem ops.
+from . import autograd, float8, nn  # noqa: E402,F401
 from .symm_mem import SymmMemOverride, reset_stats, stats, use_for_symm_mem  # noqa: E402
 
 __all__ = [
-    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "fused_all_gather_matmul", "close", "status", "check",
+    "gemm_reduce_scatter", "fused_matmul_reduce_scatter", "all_gather_gemm", "fused_all_gather_matmul",
+    "quantize_all_gather_gemm", "close", "status", "check",
     "reserve", "workspace_bytes", "nccl_info", "tpfuse_error_of",
     "TpfuseError", "InvalidArgumentError", "UnsupportedError", "CudaError", "NcclError", "PeerTimeoutError",
     "InternalError", "StatusCode",
-    "autograd", "nn", "use_for_symm_mem", "SymmMemOverride", "stats", "reset_stats",
+    "autograd", "float8", "nn", "use_for_symm_mem", "SymmMemOverride", "stats", "reset_stats",
 ]
 
 Group = Union[dist.ProcessGroup, str, None]
@@ -113,27 +117,60 @@ def fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str
 
 
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, weight_layout: str = "nk",
-                    return_gathered: bool = False, bias: Optional[torch.Tensor] = None, batch: int = 1):
+                    return_gathered: bool = False, bias: Optional[torch.Tensor] = None, batch: int = 1,
+                    x_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                    use_fast_accum: bool = False):
     """Y = the gathered X @ W (+ bias) (M x N/P, BF16): the rows of every rank's x, in rank order, times
-    this rank's w. With return_gathered, returns (Y, the gathered X (M x K)).
+    this rank's w. With return_gathered, returns (Y, the gathered X (M x K, x's dtype)).
 
     x: M/P x K, contiguous BF16 (this rank's rows of the activations).
     w: this rank's output columns of the weight, contiguous BF16: N/P x K with weight_layout="nk"
        (nn.Linear's weight, as stored), K x N/P with weight_layout="kn".
+    FP8: x and w both torch.float8_e4m3fn, w N/P x K ("nk") only, K a multiple of 16, with FP32 scales on
+       x's device: Y = (X @ W) * x_scale * w_scale in FP32 before the bias and the one rounding to BF16, as
+       torch._scaled_mm scales its product. Tensorwise: x_scale and w_scale one element each (x_scale applies
+       to every gathered row, as torch's fused_all_gather_scaled_matmul applies A_scale); rowwise: x_scale one
+       per row of this rank's x ((M/P, 1) or (M/P,): the kernel gathers them with the rows), w_scale one per
+       output column ((1, N/P), (N/P, 1) or (N/P,)). Scales are not read on the host: a non-finite scale gives
+       non-finite outputs, not an error. use_fast_accum: the tensor cores' own accumulation (torch._scaled_mm's
+       flag) instead of adding their partial sums into FP32 every 128 of K. The FP8 call has no backward pass.
     group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
     bias: optional N/P BF16 entries, added to every row of Y before its one rounding to BF16.
     batch: x holds this rank's rows of `batch` sequences, one after the other, and the gathered X has
        each sequence's rows in rank order, sequence after sequence (torch's all-gather along dim 1 of a
        [batch, S/P, K] tensor); 1 gathers the rows as a whole. With batch > 1 and P > 1, x's rows of a
        sequence must be a multiple of 64 (else UnsupportedError).
-    N/P and K must be multiples of 8, and every rank calls with the same shapes. FP8 inputs raise
-    UnsupportedError: the all-gather does not serve them yet.
+    N/P and K must be multiples of 8, and every rank calls with the same shapes.
     """
     group_name = _group_name(group)
     check_batch_count(batch)
+    check_fast_accum(use_fast_accum)
     if return_gathered:
-        return torch.ops.tpfuse.all_gather_gemm_gathered(x, w, weight_layout, group_name, bias, batch)
-    return torch.ops.tpfuse.all_gather_gemm(x, w, weight_layout, group_name, bias, batch)
+        return torch.ops.tpfuse.all_gather_gemm_gathered(x, w, weight_layout, group_name, bias, batch, x_scale,
+                                                         w_scale, use_fast_accum)
+    return torch.ops.tpfuse.all_gather_gemm(x, w, weight_layout, group_name, bias, batch, x_scale, w_scale,
+                                            use_fast_accum)
+
+
+def quantize_all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, w_scale: torch.Tensor,
+                             bias: Optional[torch.Tensor] = None, batch: int = 1,
+                             use_fast_accum: bool = False) -> torch.Tensor:
+    """all_gather_gemm of x's rows quantized on this rank: Y (M x N/P, BF16) = the gathered e4m3 rows @ W, scaled
+    by each row's scale and w_scale, as torchao's rowwise float8 recipe computes the gathered BF16 x quantized and
+    multiplied by torch._scaled_mm. Bit for bit the same: each row's power-of-2 scale depends on that row alone
+    (tpfuse.float8.quantize_rowwise says how it is made), so quantizing before the gather equals quantizing after
+    it, and the gather moves half the bytes.
+
+    x: M/P x K, contiguous BF16 (this rank's rows).
+    w: N/P x K, contiguous torch.float8_e4m3fn (this rank's output columns, as nn.Linear stores its weight), K a
+       multiple of 16.
+    w_scale: FP32, one per output column ((1, N/P), as torch._scaled_mm takes it, (N/P, 1) or (N/P,)).
+    bias, batch, use_fast_accum, group: as all_gather_gemm's. No backward pass.
+    """
+    group_name = _group_name(group)
+    check_batch_count(batch)
+    check_fast_accum(use_fast_accum)
+    return torch.ops.tpfuse.quantize_all_gather_gemm(x, w, w_scale, group_name, bias, batch, use_fast_accum)
 
 
 def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,
@@ -171,3 +208,10 @@ def check(group: Group = None) -> None:
 def nccl_info() -> NcclInfo:
     """Which NCCL library the process runs, its version and that of tpfuse's build (loads the library)."""
     return library().nccl
+
+
+def __getattr__(name: str):
+    if name == "inductor":
+        import importlib
+        return importlib.import_module(".inductor", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,12 +20,26 @@ MAX_EXTENT = 2**31 - 1   # the kernels index with 32 bits
 SLAB_ROWS = 64           # the kernels' slab: with batch > 1 and P > 1, a rank's rows of a sequence are whole slabs
 
 BF16_CODE = DTYPE_CODES[torch.bfloat16]  # the C ABI's dtype of BF16 inputs
-E4M3 = torch.float8_e4m3fn               # the FP8 inputs the reduce-scatter serves
+E4M3 = torch.float8_e4m3fn               # the FP8 inputs both ops serve
 NO_SCALING = SCALING_CODES["none"]
 PROMOTED = ACCUMULATION_CODES["promoted"]
 
 _WEIGHT_SHAPES = {"nk": "N x K/P (nn.Linear's weight)", "kn": "K/P x N"}
 _AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
+
+
+@dataclass(frozen=True)
+class _OperandNames:
+    """How an op's messages name its activations, their scale, their rows and the output columns."""
+
+    operand: str
+    scale: str
+    rows: str
+    columns: str
+
+
+_RS_NAMES = _OperandNames("a", "a_scale", "M", "N")
+_AG_NAMES = _OperandNames("x", "x_scale", "M/P", "N/P")
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,9 @@ class AllGatherProblem:
     world_size: int
     weight_layout: str
     batch: int = 1
-    dtype_code: int = BF16_CODE  # the C ABI's code of x's and w's dtype (DTYPE_CODES)
+    dtype_code: int = BF16_CODE      # the C ABI's code of x's and w's dtype (DTYPE_CODES)
+    scaling: int = NO_SCALING        # FP8: how x_scale and w_scale apply (SCALING_CODES)
+    accumulation: int = PROMOTED     # FP8: ACCUMULATION_CODES (use_fast_accum: fast)
 
 
 def _fail(message: str) -> None:
@@ -84,42 +100,28 @@ def is_fp8(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point and dtype.itemsize == 1
 
 
-def _check_matrices(inputs, outputs=()) -> int:
-    """The all-gather's BF16 matrices, each (name, tensor) (an output of None is one not asked for); returns
-    the C ABI's code of the inputs' dtype. E4M3 inputs, which the C ABI names, raise UnsupportedError: the
-    all-gather's kernels do not take them yet."""
-    for name, tensor in inputs:
-        if tensor.dtype == E4M3:
-            raise UnsupportedError(f"{name} has dtype {tensor.dtype}: tpfuse's all-gather does not serve FP8 inputs "
-                                   "yet; it takes and returns torch.bfloat16 (the reduce-scatter takes FP8)")
-    for name, tensor in (*inputs, *outputs):
-        if tensor is not None and tensor.dtype != torch.bfloat16:
-            _fail(f"{name} has dtype {tensor.dtype}; tpfuse takes and returns torch.bfloat16")
-    _check_dimensions((*inputs, *outputs))
-    return DTYPE_CODES[inputs[0][1].dtype]
-
-
 def _check_dimensions(named) -> None:
     for name, tensor in named:
         if tensor is not None and tensor.dim() != 2:
             _fail(f"{name} has {tensor.dim()} dimensions {tuple(tensor.shape)}; it must be a matrix")
 
 
-def _check_operands(a: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor]) -> int:
-    """The reduce-scatter's a and w, both BF16 or both E4M3, and its BF16 out; returns the C ABI's code of the
-    inputs' dtype. Another FP8 type (e5m2, ...) raises UnsupportedError."""
-    for name, tensor in (("a", a), ("w", w)):
+def _check_operands(operand: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor], names: _OperandNames) -> int:
+    """An op's activations (a or x) and w, both BF16 or both E4M3, and its BF16 out; returns the C ABI's code of
+    the inputs' dtype. Another FP8 type (e5m2, ...) raises UnsupportedError."""
+    for name, tensor in ((names.operand, operand), ("w", w)):
         if is_fp8(tensor.dtype) and tensor.dtype != E4M3:
             raise UnsupportedError(f"{name} has dtype {tensor.dtype}: tpfuse's FP8 inputs are {E4M3} only")
         if tensor.dtype not in (torch.bfloat16, E4M3):
             _fail(f"{name} has dtype {tensor.dtype}; tpfuse takes torch.bfloat16, or {E4M3} with scales "
-                  "(a_scale, w_scale), and returns torch.bfloat16")
-    if a.dtype != w.dtype:
-        _fail(f"a has dtype {a.dtype} and w {w.dtype}: both must be torch.bfloat16, or both {E4M3}")
+                  f"({names.scale}, w_scale), and returns torch.bfloat16")
+    if operand.dtype != w.dtype:
+        _fail(f"{names.operand} has dtype {operand.dtype} and w {w.dtype}: both must be torch.bfloat16, or both "
+              f"{E4M3}")
     if out is not None and out.dtype != torch.bfloat16:
         _fail(f"out has dtype {out.dtype}; tpfuse returns torch.bfloat16")
-    _check_dimensions((("a", a), ("w", w), ("out", out)))
-    return DTYPE_CODES[a.dtype]
+    _check_dimensions(((names.operand, operand), ("w", w), ("out", out)))
+    return DTYPE_CODES[operand.dtype]
 
 
 def _check_scale(name: str, scale: torch.Tensor) -> None:
@@ -130,29 +132,31 @@ def _check_scale(name: str, scale: torch.Tensor) -> None:
 
 
 def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor], fp8: bool, m: int,
-                  n: int) -> int:
-    """The scaling (SCALING_CODES) of a_scale and w_scale: none for BF16 inputs; for E4M3 inputs tensorwise
-    (one element each) or rowwise (a_scale one per row of a, w_scale one per output column)."""
+                  n: int, names: _OperandNames) -> int:
+    """The scaling (SCALING_CODES) of the activations' scale (a_scale or x_scale, `names.scale`) and w_scale:
+    none for BF16 inputs; for E4M3 inputs tensorwise (one element each) or rowwise (one per row of the m rows
+    of a or x, w_scale one per output column of the n)."""
+    a_name, operands = names.scale, f"{names.operand} and w"
     if not fp8:
-        for name, scale in (("a_scale", a_scale), ("w_scale", w_scale)):
+        for name, scale in ((a_name, a_scale), ("w_scale", w_scale)):
             if scale is not None:
-                _fail(f"{name} is given, but a and w are torch.bfloat16: scales are for {E4M3} inputs only")
+                _fail(f"{name} is given, but {operands} are torch.bfloat16: scales are for {E4M3} inputs only")
         return NO_SCALING
-    missing = [name for name, scale in (("a_scale", a_scale), ("w_scale", w_scale)) if scale is None]
+    missing = [name for name, scale in ((a_name, a_scale), ("w_scale", w_scale)) if scale is None]
     if missing:
-        _fail(f"a and w are {E4M3}: they need {' and '.join(missing)} (torch.float32: one element each for "
-              "tensorwise scaling, or a_scale (M, 1) and w_scale (1, N) for rowwise)")
-    _check_scale("a_scale", a_scale)
+        _fail(f"{operands} are {E4M3}: they need {' and '.join(missing)} (torch.float32: one element each for "
+              f"tensorwise scaling, or {a_name} ({names.rows}, 1) and w_scale (1, {names.columns}) for rowwise)")
+    _check_scale(a_name, a_scale)
     _check_scale("w_scale", w_scale)
     if a_scale.numel() == 1 and w_scale.numel() == 1:
         return SCALING_CODES["tensorwise"]
-    rowwise = "rowwise scaling (tensorwise takes one element in each of a_scale and w_scale)"
+    rowwise = f"rowwise scaling (tensorwise takes one element in each of {a_name} and w_scale)"
     if tuple(a_scale.shape) not in ((m, 1), (m,)):
-        _fail(f"a_scale has shape {tuple(a_scale.shape)}; with w_scale of {w_scale.numel()} elements it must be "
-              f"({m}, 1) or ({m},), one per row of a (M): {rowwise}")
+        _fail(f"{a_name} has shape {tuple(a_scale.shape)}; with w_scale of {w_scale.numel()} elements it must be "
+              f"({m}, 1) or ({m},), one per row of {names.operand} ({names.rows}): {rowwise}")
     if tuple(w_scale.shape) not in ((1, n), (n, 1), (n,)):
-        _fail(f"w_scale has shape {tuple(w_scale.shape)}; with a_scale of {a_scale.numel()} elements it must be "
-              f"(1, {n}), ({n}, 1) or ({n},), one per output column (N): {rowwise}")
+        _fail(f"w_scale has shape {tuple(w_scale.shape)}; with {a_name} of {a_scale.numel()} elements it must be "
+              f"(1, {n}), ({n}, 1) or ({n},), one per output column ({names.columns}): {rowwise}")
     return SCALING_CODES["rowwise"]
 
 
@@ -248,11 +252,9 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
     accumulation, or an InvalidArgumentError naming the bad argument (UnsupportedError for an FP8 type other
     than E4M3, an FP8 weight stored K x N, and a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _WEIGHT_SHAPES)
-    dtype_code = _check_operands(a, w, out)
+    dtype_code = _check_operands(a, w, out, _RS_NAMES)
     fp8 = a.dtype == E4M3
-    if fp8 and weight_layout != "nk":
-        raise UnsupportedError(f"w: FP8 weights are {_WEIGHT_SHAPES['nk']} only (weight_layout='nk'); "
-                               f"weight_layout={weight_layout!r} is served for torch.bfloat16 inputs")
+    _check_fp8_layout(fp8, weight_layout, _WEIGHT_SHAPES)
     check_fast_accum(use_fast_accum)
     m, k_per_rank = a.shape
     n = _weight_columns(w, weight_layout, "a", a, "M x K/P", "K/P", _WEIGHT_SHAPES)
@@ -261,7 +263,7 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
     k_rows = (("K/P", k_per_rank),)
     _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n),) + (() if fp8 else k_rows),
                    k_rows if fp8 else ())
-    scaling = _check_scales(a_scale, w_scale, fp8, m, n)
+    scaling = _check_scales(a_scale, w_scale, fp8, m, n, _RS_NAMES)
     _check_batch(batch, m, world_size)
     _check_bias(bias, n, "N")
     accumulation = ACCUMULATION_CODES["fast" if fp8 and use_fast_accum else "promoted"]
@@ -275,24 +277,51 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
     return problem
 
 
+def _check_fp8_layout(fp8: bool, weight_layout: str, weight_shapes: dict) -> None:
+    """FP8 weights are K-major (N x K, nn.Linear's), the one layout of the E4M3 kernels."""
+    if fp8 and weight_layout != "nk":
+        raise UnsupportedError(f"w: FP8 weights are {weight_shapes['nk']} only (weight_layout='nk'); "
+                               f"weight_layout={weight_layout!r} is served for torch.bfloat16 inputs")
+
+
 def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
-                             bias: Optional[torch.Tensor] = None, batch: int = 1) -> AllGatherProblem:
-    """The all-gather's problem of x, w, bias and batch, or an InvalidArgumentError naming the bad argument
-    (UnsupportedError for E4M3 inputs, not served yet, and for a batched shard that is not whole slabs)."""
+                             bias: Optional[torch.Tensor] = None, batch: int = 1,
+                             x_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                             use_fast_accum: bool = False) -> AllGatherProblem:
+    """The all-gather's problem of x, w, bias, batch and, for E4M3 inputs, their scales and accumulation, or an
+    InvalidArgumentError naming the bad argument (UnsupportedError for an FP8 type other than E4M3, an FP8
+    weight stored K x N, and a batched shard that is not whole slabs). Rowwise, x_scale holds this rank's
+    rows' scales (the kernel gathers them with the rows)."""
     _check_layout_and_group(weight_layout, world_size, _AG_WEIGHT_SHAPES)
-    dtype_code = _check_matrices((("x", x), ("w", w)))
+    dtype_code = _check_operands(x, w, None, _AG_NAMES)
+    fp8 = x.dtype == E4M3
+    _check_fp8_layout(fp8, weight_layout, _AG_WEIGHT_SHAPES)
+    check_fast_accum(use_fast_accum)
     rows, k = x.shape
     n_per_rank = _weight_columns(w, weight_layout, "x", x, "M/P x K", "K", _AG_WEIGHT_SHAPES)
     _check_operands_contiguous("x", x, "M/P x K", w, weight_layout, _AG_WEIGHT_SHAPES)
     m = rows * world_size
-    _check_extents((("M", m), ("N/P", n_per_rank), ("K", k)), (("N/P", n_per_rank), ("K", k)))
+    # N/P counts BF16 output columns (and FP8 weight rows, whose length is K); K counts x's and w's row elements.
+    k_rows = (("K", k),)
+    _check_extents((("M", m), ("N/P", n_per_rank), ("K", k)), (("N/P", n_per_rank),) + (() if fp8 else k_rows),
+                   k_rows if fp8 else ())
+    scaling = _check_scales(x_scale, w_scale, fp8, rows, n_per_rank, _AG_NAMES)
     check_batch_count(batch)
     if rows % batch != 0:
         _fail(f"batch = {batch}: x's {rows} rows are not {batch} shards of equal length (this rank's rows of each "
               "sequence)")
     _check_shard_rows(batch, rows // batch, world_size)
     _check_bias(bias, n_per_rank, "N/P")
-    return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout, batch, dtype_code)
+    accumulation = ACCUMULATION_CODES["fast" if fp8 and use_fast_accum else "promoted"]
+    return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout, batch, dtype_code, scaling, accumulation)
+
+
+def check_quantized_rows(x: torch.Tensor) -> None:
+    """quantize_all_gather_gemm's x: BF16 rows to quantize (the rest is checked on their FP8 form)."""
+    if x.dtype != torch.bfloat16:
+        _fail(f"x has dtype {x.dtype}; quantize_all_gather_gemm quantizes torch.bfloat16 rows to {E4M3} (for FP8 x, "
+              "call tpfuse.all_gather_gemm with x_scale)")
+    _check_dimensions((("x", x),))
 
 
 def _sharded_dim_batch(A: torch.Tensor, dim: int, dim_name: str) -> int:
@@ -339,7 +368,12 @@ def weight_of(B: torch.Tensor, name: str) -> Tuple[torch.Tensor, str]:
 
 def check_fused_all_gather_matmul(A: torch.Tensor, Bs, gather_dim: int):
     """symm_mem.fused_all_gather_matmul's arguments as tpfuse's: x (the rows of A as a matrix), each B's w
-    and weight_layout, and the batch that gathers A's rows along gather_dim."""
+    and weight_layout, and the batch that gathers A's rows along gather_dim. The op is a BF16 matmul: FP8
+    inputs take scales, which all_gather_gemm has."""
+    for name, tensor in (("A", A), *((f"Bs[{i}]", B) for i, B in enumerate(Bs))):
+        if is_fp8(tensor.dtype):
+            _fail(f"{name} has dtype {tensor.dtype}: fused_all_gather_matmul multiplies torch.bfloat16 matrices; "
+                  f"for {E4M3} inputs call tpfuse.all_gather_gemm with x_scale and w_scale")
     if A.dim() < 2:
         _fail(f"A {tuple(A.shape)} must have 2 or more dimensions")
     batch = _sharded_dim_batch(A, gather_dim, "gather_dim")

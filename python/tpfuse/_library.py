@@ -29,7 +29,7 @@ from .errors import StatusCode, UnsupportedError, error_for
 C_API_VERSION = 6  # TPFUSE_C_API_VERSION this package speaks
 NCCL_UNIQUE_ID_BYTES = 128  # TPFUSE_NCCL_UNIQUE_ID_BYTES
 WEIGHT_LAYOUT_CODES = {"kn": 0, "nk": 1}  # TPFUSE_WEIGHT_KXN, TPFUSE_WEIGHT_NXK
-# The inputs' dtype: TPFUSE_DTYPE_BF16, TPFUSE_DTYPE_E4M3 (the reduce-scatter and the plain GEMM serve it).
+# The inputs' dtype: TPFUSE_DTYPE_BF16, TPFUSE_DTYPE_E4M3 (every op serves it).
 DTYPE_CODES = {torch.bfloat16: 0, torch.float8_e4m3fn: 1}
 # How E4M3 inputs are scaled: TPFUSE_SCALING_NONE (BF16), _TENSORWISE, _ROWWISE.
 SCALING_CODES = {"none": 0, "tensorwise": 1, "rowwise": 2}

@@ -7,9 +7,12 @@ take an optional bias (added before the output's one rounding) and a batch: a's 
 sequences, and each rank holds its 1/P of every sequence (torch's reduce-scatter and all-gather along
 dim 1 of [batch, s, ...]); the drop-ins derive the batch from scatter_dim / gather_dim. The reduce-scatter's
 gemm_reduce_scatter and gemm_reduce_scatter_out also take FP8 (E4M3) a and w with their FP32 scales
-(a_scale, w_scale: tensorwise or rowwise) and use_fast_accum; their output is BF16 whatever the inputs. Their
-fake implementations check the arguments and give the output's shape, so torch.compile traces them without a
-graph break; the real ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
+(a_scale, w_scale: tensorwise or rowwise) and use_fast_accum, and so do the all-gather's all_gather_gemm and
+all_gather_gemm_gathered (x_scale, w_scale); their output is BF16 whatever the inputs (the gathered X is x's
+dtype). tpfuse::quantize_all_gather_gemm takes this rank's BF16 rows, quantizes them rowwise to E4M3 on this
+rank (tpfuse.float8.quantize_rowwise, torchao's rowwise recipe) and runs the FP8 all-gather with their scales.
+Their fake implementations check the arguments and give the output's shape, so torch.compile traces them
+without a graph break; the real ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
 
 import operator
 from typing import List, Optional, Tuple
@@ -18,9 +21,11 @@ import torch
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from ._checks import (AllGatherProblem, Problem, check_all_gather_problem, check_fused_all_gather_matmul,
-                      check_matmul_reduce_scatter, check_placement, check_problem, check_problem_cached)
+                      check_matmul_reduce_scatter, check_placement, check_problem, check_problem_cached,
+                      check_quantized_rows)
 from ._communicators import _by_name, communicator
 from ._library import ACCUMULATION_CODES, SCALING_CODES, WEIGHT_LAYOUT_CODES, library
+from .float8 import quantize_rowwise
 
 _NO_SCALING, _PROMOTED = SCALING_CODES["none"], ACCUMULATION_CODES["promoted"]  # BF16 inputs' codes
 
@@ -118,53 +123,101 @@ def _(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_
 
 
 def _launch_all_gather(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], y: torch.Tensor,
-                       gathered_x: Optional[torch.Tensor], problem: AllGatherProblem, group_name: str) -> None:
-    check_placement(("x", x), ("w", w), ("bias", bias), ("y", y), ("gathered_x", gathered_x))
+                       gathered_x: Optional[torch.Tensor], problem: AllGatherProblem, group_name: str,
+                       x_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None) -> None:
+    check_placement(("x", x), ("w", w), ("bias", bias), ("y", y), ("gathered_x", gathered_x),
+                    scales=(("x_scale", x_scale), ("w_scale", w_scale)))
     comm = communicator(_resolve_process_group(group_name), x.device)
     handle = comm.reserve(problem.m, problem.n_per_rank, problem.k)
     stream = torch.cuda.current_stream(x.device).cuda_stream
     with torch.cuda.device(x.device):
         library().call("tpfuse_all_gather_gemm", handle, problem.m, problem.n_per_rank, problem.k,
                        problem.world_size, WEIGHT_LAYOUT_CODES[problem.weight_layout], problem.dtype_code,
-                       _NO_SCALING, _PROMOTED, problem.batch, x.data_ptr(), w.data_ptr(), None, None,
-                       _data_ptr(bias), y.data_ptr(), _data_ptr(gathered_x), stream)
+                       problem.scaling, problem.accumulation, problem.batch, x.data_ptr(), w.data_ptr(),
+                       _data_ptr(x_scale), _data_ptr(w_scale), _data_ptr(bias), y.data_ptr(),
+                       _data_ptr(gathered_x), stream)
+
+
+def _all_gather_outputs(x: torch.Tensor, problem: AllGatherProblem, gathered: bool):
+    """Y (M x N/P, BF16 whatever x's dtype) and, if asked for, the gathered X (M x K, x's dtype)."""
+    y = x.new_empty((problem.m, problem.n_per_rank), dtype=torch.bfloat16)
+    return (y, x.new_empty((problem.m, problem.k))) if gathered else y
 
 
 @torch.library.custom_op("tpfuse::all_gather_gemm", mutates_args=(),
                          schema="(Tensor x, Tensor w, str weight_layout, str group_name, Tensor? bias=None, "
-                                "int batch=1) -> Tensor")
+                                "int batch=1, Tensor? x_scale=None, Tensor? w_scale=None, bool use_fast_accum=False) "
+                                "-> Tensor")
 def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
-                    bias: Optional[torch.Tensor] = None, batch: int = 1) -> torch.Tensor:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
-    y = x.new_empty((problem.m, problem.n_per_rank))
-    _launch_all_gather(x, w, bias, y, None, problem, group_name)
+                    bias: Optional[torch.Tensor] = None, batch: int = 1, x_scale: Optional[torch.Tensor] = None,
+                    w_scale: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> torch.Tensor:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch, x_scale, w_scale,
+                                       use_fast_accum)
+    y = _all_gather_outputs(x, problem, gathered=False)
+    _launch_all_gather(x, w, bias, y, None, problem, group_name, x_scale=x_scale, w_scale=w_scale)
     return y
 
 
 @all_gather_gemm.register_fake
 def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, bias: Optional[torch.Tensor] = None,
-      batch: int = 1) -> torch.Tensor:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
-    return x.new_empty((problem.m, problem.n_per_rank))
+      batch: int = 1, x_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+      use_fast_accum: bool = False) -> torch.Tensor:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch, x_scale, w_scale,
+                                       use_fast_accum)
+    return _all_gather_outputs(x, problem, gathered=False)
 
 
 @torch.library.custom_op("tpfuse::all_gather_gemm_gathered", mutates_args=(),
                          schema="(Tensor x, Tensor w, str weight_layout, str group_name, Tensor? bias=None, "
-                                "int batch=1) -> (Tensor, Tensor)")
+                                "int batch=1, Tensor? x_scale=None, Tensor? w_scale=None, bool use_fast_accum=False) "
+                                "-> (Tensor, Tensor)")
 def all_gather_gemm_gathered(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str,
-                             bias: Optional[torch.Tensor] = None,
-                             batch: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
-    y, gathered_x = x.new_empty((problem.m, problem.n_per_rank)), x.new_empty((problem.m, problem.k))
-    _launch_all_gather(x, w, bias, y, gathered_x, problem, group_name)
+                             bias: Optional[torch.Tensor] = None, batch: int = 1,
+                             x_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                             use_fast_accum: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch, x_scale, w_scale,
+                                       use_fast_accum)
+    y, gathered_x = _all_gather_outputs(x, problem, gathered=True)
+    _launch_all_gather(x, w, bias, y, gathered_x, problem, group_name, x_scale=x_scale, w_scale=w_scale)
     return y, gathered_x
 
 
 @all_gather_gemm_gathered.register_fake
 def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, bias: Optional[torch.Tensor] = None,
-      batch: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
-    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch)
-    return x.new_empty((problem.m, problem.n_per_rank)), x.new_empty((problem.m, problem.k))
+      batch: int = 1, x_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+      use_fast_accum: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    problem = check_all_gather_problem(x, w, weight_layout, _group_size(group_name), bias, batch, x_scale, w_scale,
+                                       use_fast_accum)
+    return _all_gather_outputs(x, problem, gathered=True)
+
+
+def _quantized(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_name: str,
+               bias: Optional[torch.Tensor], batch: int, use_fast_accum: bool):
+    """x's rows quantized (e4m3, their rowwise scales) and the FP8 all-gather's problem."""
+    check_quantized_rows(x)
+    x_fp8, x_scale = quantize_rowwise(x)
+    problem = check_all_gather_problem(x_fp8, w, "nk", _group_size(group_name), bias, batch, x_scale, w_scale,
+                                       use_fast_accum)
+    return x_fp8, x_scale, problem
+
+
+@torch.library.custom_op("tpfuse::quantize_all_gather_gemm", mutates_args=(),
+                         schema="(Tensor x, Tensor w, Tensor w_scale, str group_name, Tensor? bias=None, int batch=1, "
+                                "bool use_fast_accum=False) -> Tensor")
+def quantize_all_gather_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_name: str,
+                             bias: Optional[torch.Tensor] = None, batch: int = 1,
+                             use_fast_accum: bool = False) -> torch.Tensor:
+    x_fp8, x_scale, problem = _quantized(x, w, w_scale, group_name, bias, batch, use_fast_accum)
+    y = _all_gather_outputs(x_fp8, problem, gathered=False)
+    _launch_all_gather(x_fp8, w, bias, y, None, problem, group_name, x_scale=x_scale, w_scale=w_scale)
+    return y
+
+
+@quantize_all_gather_gemm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_name: str, bias: Optional[torch.Tensor] = None,
+      batch: int = 1, use_fast_accum: bool = False) -> torch.Tensor:
+    x_fp8, _, problem = _quantized(x, w, w_scale, group_name, bias, batch, use_fast_accum)
+    return _all_gather_outputs(x_fp8, problem, gathered=False)
 
 
 def _all_gather_drop_in(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str):

@@ -17,8 +17,8 @@ reduce-scatter (its part of the whole, as for the layers' bias), every row of y 
 register_autograd gives every functional op (gemm_reduce_scatter, fused_matmul_reduce_scatter,
 all_gather_gemm, all_gather_gemm_gathered, fused_all_gather_matmul) its backward, so that torch.compile
 traces forward and backward without a graph break. `gemm_reduce_scatter_out` writes into `out` and has
-no backward; neither has gemm_reduce_scatter on FP8 inputs (its backward raises UnsupportedError: the
-paired all-gather takes BF16 only). The layers' functions below give the ops their bias and their
+no backward; neither have the ops on FP8 inputs (their backward raises UnsupportedError: the forward keeps
+nothing for it). The layers' functions below give the ops their bias and their
 sequences (a sequence dimension past 0 is the ops' batch) and add Megatron's FP32 `main_grad` accumulation.
 """
 
@@ -102,10 +102,14 @@ def _setup_gemm_reduce_scatter(ctx, inputs, output):
     ctx.batch = batch
 
 
+def _refuse_fp8_backward(op: str, inputs: str = "FP8 inputs (torch.float8_e4m3fn)") -> None:
+    raise UnsupportedError(f"tpfuse.{op} on {inputs} has no backward pass; call it on tensors that need no gradient "
+                           "(or under torch.no_grad())")
+
+
 def _backward_gemm_reduce_scatter(ctx, grad):
     if ctx.fp8:
-        raise UnsupportedError("tpfuse.gemm_reduce_scatter on FP8 inputs (torch.float8_e4m3fn) has no backward pass; "
-                               "call it on tensors that need no gradient (or under torch.no_grad())")
+        _refuse_fp8_backward("gemm_reduce_scatter")
     a, w = ctx.saved_tensors
     grad_a, gathered = row_parallel_backward(grad, a, w, ctx.weight_layout, ctx.group_name, ctx.world_size,
                                              ctx.needs_input_grad[0], ctx.batch)
@@ -156,10 +160,13 @@ def several_weights_input_grad(grads: List[torch.Tensor], Bs: List[torch.Tensor]
 
 
 def _setup_all_gather_gemm(ctx, inputs, output):
-    x, w, weight_layout, group_name, _, batch = inputs
+    x, w, weight_layout, group_name, _, batch, _, _, _ = inputs
     gathered = output[1] if isinstance(output, (tuple, list)) else None
+    ctx.fp8 = x.dtype != torch.bfloat16
     # all_gather_gemm saves x and gathers it again in backward; all_gather_gemm_gathered saves the gathered X.
-    ctx.save_for_backward(x if gathered is None else gathered, w)
+    # An FP8 call has no backward: nothing to keep for it.
+    if not ctx.fp8:
+        ctx.save_for_backward(x if gathered is None else gathered, w)
     ctx.regather = gathered is None
     ctx.weight_layout, ctx.group_name, ctx.world_size = weight_layout, group_name, _group_size(group_name)
     ctx.batch = batch
@@ -168,6 +175,8 @@ def _setup_all_gather_gemm(ctx, inputs, output):
 
 
 def _backward_all_gather_gemm(ctx, grad, grad_gathered=None):
+    if ctx.fp8:
+        _refuse_fp8_backward("all_gather_gemm")
     saved, w = ctx.saved_tensors
     grad_x = grad_w = grad_bias = None
     if ctx.needs_input_grad[0]:
@@ -181,7 +190,15 @@ def _backward_all_gather_gemm(ctx, grad, grad_gathered=None):
         grad_w = _weight_grad(gathered, grad.contiguous(), ctx.weight_layout)
     if _needs_grad(ctx, 4) and grad is not None:
         grad_bias = grad.sum(0)  # added to every row of y
-    return grad_x, grad_w, None, None, grad_bias, None
+    return grad_x, grad_w, None, None, grad_bias, None, None, None, None
+
+
+def _no_context(ctx, inputs, output):
+    pass
+
+
+def _backward_quantize_all_gather_gemm(ctx, grad):
+    _refuse_fp8_backward("quantize_all_gather_gemm", "rows it quantizes to torch.float8_e4m3fn")
 
 
 def _setup_fused_all_gather_matmul(ctx, inputs, keyword_only_inputs, output):
@@ -227,6 +244,8 @@ torch.library.register_autograd("tpfuse::all_gather_gemm", _backward_all_gather_
                                 setup_context=_setup_all_gather_gemm)
 torch.library.register_autograd("tpfuse::all_gather_gemm_gathered", _backward_all_gather_gemm,
                                 setup_context=_setup_all_gather_gemm)
+torch.library.register_autograd("tpfuse::quantize_all_gather_gemm", _backward_quantize_all_gather_gemm,
+                                setup_context=_no_context)
 torch.library.register_autograd("tpfuse::fused_all_gather_matmul", _backward_fused_all_gather_matmul,
                                 setup_context=_setup_fused_all_gather_matmul)
 

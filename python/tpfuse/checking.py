@@ -1,6 +1,6 @@
 """One reference, one unfused path and one set of error measures, shared by the GPU tests and the
 benchmark (docs/SPEC.md's rule: each of the fused op's errors at most 1.1x the unfused path's); for FP8
-(E4M3) inputs, the reference is the exact product of the dequantized inputs and the unfused path
+(E4M3) inputs of either op, the reference is the exact product of the dequantized inputs and the unfused path
 torch._scaled_mm's."""
 
 from dataclasses import dataclass
@@ -118,10 +118,39 @@ def fp8_unfused_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_
 
 
 def gathered_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """Every rank's rows of x, in rank order (all_gather_into_tensor)."""
+    """Every rank's rows of x, in rank order (all_gather_into_tensor; FP8 rows as their bytes)."""
+    if x.dtype.itemsize == 1 and x.dtype.is_floating_point:
+        return gathered_rows(x.view(torch.uint8), group).view(x.dtype)
     gathered = x.new_empty(x.shape[0] * group.size(), x.shape[1])
     dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)
     return gathered
+
+
+def _gathered_fp8(x: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, group: dist.ProcessGroup):
+    """The all-gather's E4M3 rows and their scales: every rank's rows with, rowwise (either scale of more than
+    one element), every rank's row scales ((M, 1)); tensorwise, this rank's one scale, which applies to every
+    gathered row (torch's fused_all_gather_scaled_matmul applies A_scale so)."""
+    rowwise = x_scale.numel() > 1 or w_scale.numel() > 1
+    scales = gathered_rows(x_scale.reshape(-1, 1), group) if rowwise else x_scale
+    return gathered_rows(x, group), scales
+
+
+def fp8_all_gather_reference(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                             group: dist.ProcessGroup, bias=None) -> torch.Tensor:
+    """The FP8 all-gather's Y exactly (FP64): the gathered, dequantized E4M3 rows times this rank's dequantized w
+    (N/P x K), plus the bias."""
+    rows, scales = _gathered_fp8(x, x_scale, w_scale, group)
+    product = dequantized(rows, scales) @ dequantized(w, w_scale).t()
+    return product if bias is None else product + bias.double()
+
+
+def fp8_all_gather_unfused(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                           group: dist.ProcessGroup, use_fast_accum: bool = False, bias=None) -> torch.Tensor:
+    """The FP8 all-gather's unfused path: all_gather_into_tensor of the E4M3 rows (and rowwise, of their scales),
+    then torch._scaled_mm (BF16 out, the bias added to every row)."""
+    rows, scales = _gathered_fp8(x, x_scale, w_scale, group)
+    return torch._scaled_mm(rows, w.t(), scales, w_scale, bias=bias, out_dtype=torch.bfloat16,
+                            use_fast_accum=use_fast_accum)
 
 
 def all_gather_reference(x: torch.Tensor, w: torch.Tensor, weight_layout: str,
@@ -133,6 +162,14 @@ def all_gather_reference(x: torch.Tensor, w: torch.Tensor, weight_layout: str,
 def all_gather_unfused(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group: dist.ProcessGroup) -> torch.Tensor:
     """The all-gather's unfused path: all_gather_into_tensor, then torch.mm (BF16 out)."""
     return torch.mm(gathered_rows(x, group), weight_as_k_by_n(w, weight_layout))
+
+
+def assert_bit_for_bit(out: torch.Tensor, reference: torch.Tensor, rank: int) -> None:
+    """The exact mode: every reference value is exact in BF16 (the test's premise), and out is it, bit for bit."""
+    expected = reference.to(torch.bfloat16)
+    assert torch.equal(expected.double(), reference), "the test's premise: every output exact in BF16"
+    mismatches = (out != expected).nonzero()
+    assert mismatches.numel() == 0, f"rank {rank}: first wrong (row, column) {mismatches[0].tolist()}"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """tpfuse as the CUDA implementation of torch's symm_mem::fused_matmul_reduce_scatter,
-symm_mem::fused_all_gather_matmul and symm_mem::fused_scaled_matmul_reduce_scatter (FP8), opt in:
+symm_mem::fused_all_gather_matmul and their FP8 forms symm_mem::fused_scaled_matmul_reduce_scatter and
+symm_mem::fused_all_gather_scaled_matmul, opt in:
 
     tpfuse.use_for_symm_mem()            # on until .restore() is called on what it returns
     with tpfuse.use_for_symm_mem(): ...  # on inside the block
@@ -40,9 +41,24 @@ sequence is not a multiple of 64 rows, on more than one rank), empty (no Bs), gp
 (tpfuse's library not loadable). The FP8 reduce-scatter's own: dtype (not e4m3 A and B), layout (a row-major
 B), n_or_k (N not a multiple of 8, K of 16), scales (neither tensorwise nor rowwise, not FP32, or on another device),
 out_dtype (not BF16: None is A's dtype, FP8), bias (torch adds it to every rank's partial, P times in the
-sum; tpfuse's kernels add a bias once), result_scale, shape (output_shape not the product's). The FP8
-all-gather (fused_all_gather_scaled_matmul) is not served yet: its kernel passes every call to torch's, with
-reason fp8. stats() counts the calls.
+sum; tpfuse's kernels add a bias once), result_scale, shape (output_shape not the product's).
+
+fused_all_gather_scaled_matmul (FP8 e4m3 A_shard and Bs; torch 2.7 and 2.15 define it alike, and the
+override reads it by argument name, as the reduce-scatter) is torch's all-gather of A_shard along gather_dim,
+then _scaled_mm of the gathered rows by each B with A_scale and that B's scale, bias, result_scale, out_dtype
+and use_fast_accum; it returns (the gathered A, the products). tpfuse serves it as the BF16 all-gather: the
+shard's token-major rows gathered as a whole, the outputs in torch's strides. It serves each B column-major (an
+N x K weight), tensorwise scales (one element each: A_scale applies to every gathered row) or rowwise ones
+(A_scale this rank's: A_shard's leading dimensions and 1, gathered with the rows; B_scale (1, N)), FP32, either
+use_fast_accum, out_dtype torch.bfloat16, a BF16 bias of N entries (torch's _scaled_mm adds it to every row of
+the product, and so do tpfuse's kernels) or none, and no result_scale. Each B is one fused call (later ones
+gather A again, hidden behind their own GEMM; a rowwise A's gathered scales stay inside the kernel). Its own
+fallback reasons: dtype (not e4m3 A and Bs), layout (a row-major B), n_or_k (N not a multiple of 8, K of 16),
+alignment (a token-major A, a B or a bias), shape (a B whose K is not A's), scales (neither tensorwise nor this
+rank's rowwise ones, a rowwise A_scale of every rank's rows (torch's replicated form), not FP32, or on another
+device), out_dtype, bias (not BF16 of N entries), result_scale, arguments (lists of different lengths: torch's
+kernel raises its error).
+stats() counts the calls.
 """
 
 import logging
@@ -60,9 +76,9 @@ from .errors import TpfuseError
 
 logger = logging.getLogger("tpfuse.symm_mem")
 
-SERVED_OPS = ("fused_matmul_reduce_scatter", "fused_all_gather_matmul", "fused_scaled_matmul_reduce_scatter")
-PASSED_OPS = ("fused_all_gather_scaled_matmul",)  # every call passed to torch's kernel, reason fp8
-OPS = SERVED_OPS + PASSED_OPS  # the symm_mem ops whose CUDA kernel the override replaces
+# The symm_mem ops whose CUDA kernel the override replaces.
+OPS = ("fused_matmul_reduce_scatter", "fused_all_gather_matmul", "fused_scaled_matmul_reduce_scatter",
+       "fused_all_gather_scaled_matmul")
 
 Fallback = Tuple[str, str]  # (reason, detail)
 
@@ -193,10 +209,14 @@ def _rows_fallback(A: torch.Tensor, scatter_dim: int, group_size: int) -> Option
     return None
 
 
-def _scaled_arguments(args, kwargs) -> dict:
-    """A call of symm_mem.fused_scaled_matmul_reduce_scatter as {argument: value}, by the installed torch's
-    schema (the dispatcher passes the arguments given, in the schema's order), defaults filled in."""
-    schema = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default._schema
+def _arguments(op: str, args, kwargs) -> dict:
+    """A call of symm_mem.<op> as {argument: value}, by the installed torch's schema (the dispatcher passes the
+    arguments given, in the schema's order), defaults filled in."""
+    return arguments_by_name(getattr(torch.ops.symm_mem, op).default._schema, args, kwargs)
+
+
+def arguments_by_name(schema, args, kwargs) -> dict:
+    """A call's arguments (positional ones in the schema's order) as {argument: value}, defaults filled in."""
     values = {}
     for i, argument in enumerate(schema.arguments):
         if i < len(args):
@@ -272,6 +292,22 @@ def scaled_matmul_reduce_scatter_fallback(values: dict, group_size: int) -> Tupl
     return _scaled_operand_fallback(rows, B, values["A_scale"], values["B_scale"], dim, group_size, A), rows, dim
 
 
+def _fp8_weight_fallback(name: str, B: torch.Tensor) -> Optional[Fallback]:
+    """A K x N B as tpfuse's FP8 kernels take it: e4m3, column-major (an N x K weight), N a multiple of 8, K of 16."""
+    if B.dtype != E4M3:
+        return "dtype", f"{name} is {B.dtype}; tpfuse's FP8 kernels take {E4M3}"
+    if B.dim() != 2 or not B.t().is_contiguous():
+        return "layout", (f"{name} {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view "
+                          "of a contiguous N x K weight), the one layout of tpfuse's FP8 weights")
+    n, k = B.shape[1], B.shape[0]
+    if n % ROW_ALIGNMENT != 0:
+        return "n_or_k", (f"{name}'s N = {n} is not a multiple of {ROW_ALIGNMENT} (BF16 output rows of whole 16 "
+                          "bytes)")
+    if k % FP8_ROW_ALIGNMENT != 0:
+        return "n_or_k", f"{name}'s K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
+    return None
+
+
 def _scaled_operand_fallback(rows: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor,
                              dim: int, group_size: int, A: torch.Tensor) -> Optional[Fallback]:
     if rows.dim() < 2 or not 0 <= dim < rows.dim() - 1:
@@ -281,15 +317,7 @@ def _scaled_operand_fallback(rows: torch.Tensor, B: torch.Tensor, A_scale: torch
             return "dtype", f"{name} is {tensor.dtype}; tpfuse's FP8 kernels take {E4M3}"
     if not 1 <= group_size <= MAX_WORLD_SIZE:
         return "group", f"the group has {group_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}"
-    if B.dim() != 2 or not B.t().is_contiguous():
-        return "layout", (f"B {tuple(B.shape)} with strides {B.stride()} is not column-major (the transpose view of a "
-                          "contiguous N x K weight), the one layout of tpfuse's FP8 weights")
-    n, k = B.shape[1], B.shape[0]
-    if n % ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B's N = {n} is not a multiple of {ROW_ALIGNMENT} (BF16 output rows of whole 16 bytes)"
-    if k % FP8_ROW_ALIGNMENT != 0:
-        return "n_or_k", f"B's K = {k} is not a multiple of {FP8_ROW_ALIGNMENT} (FP8 rows of whole 16 bytes)"
-    return _scales_fallback(A, B, A_scale, B_scale) or _rows_fallback(rows, dim, group_size) or \
+    return _fp8_weight_fallback("B", B) or _scales_fallback(A, B, A_scale, B_scale) or _rows_fallback(rows, dim, group_size) or \
         _alignment_fallback(("A", rows), ("B", B)) or _device_fallback(A.device)
 
 
@@ -307,10 +335,15 @@ def all_gather_matmul_fallback(A: torch.Tensor, Bs: List[torch.Tensor], gather_d
     return _alignment_fallback(*([("A", A)] if tokens_in_place else []), *named) or _device_fallback(A.device)
 
 
+def symmetric_memory_module():
+    """torch.distributed._symmetric_memory (imported at the first call: it defines the symm_mem ops)."""
+    import torch.distributed._symmetric_memory as symmetric_memory
+    return symmetric_memory
+
+
 def _torch_kernel(name: str):
     """torch's own CUDA kernel of symm_mem::<name>, looked up at the call."""
-    import torch.distributed._symmetric_memory as symmetric_memory
-    return getattr(symmetric_memory, f"_{name}")
+    return getattr(symmetric_memory_module(), f"_{name}")
 
 
 def _fused_matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
@@ -355,7 +388,7 @@ def _fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim
 
 def _fused_scaled_matmul_reduce_scatter(*args, **kwargs) -> torch.Tensor:
     op = "fused_scaled_matmul_reduce_scatter"
-    values = _scaled_arguments(args, kwargs)
+    values = _arguments(op, args, kwargs)
     group_name = values["group_name"]
     group_size = _resolve_process_group(group_name).size()
     fallback, rows, dim = scaled_matmul_reduce_scatter_fallback(values, group_size)
@@ -385,19 +418,111 @@ def _fused_scaled_matmul_reduce_scatter(*args, **kwargs) -> torch.Tensor:
     return out
 
 
-def _passed_kernel(op: str, detail: str):
-    """A kernel that passes every call of `op` to torch's, counted and logged once as reason fp8."""
-    def kernel(*args, **kwargs):
-        _fall_back(op, "fp8", detail)
+def _is_shard_rowwise(A: torch.Tensor, A_scale: torch.Tensor) -> bool:
+    """Whether A_scale holds one scale per row of this rank's A (torch's row-wise sharded mode; torch tests it
+    before the tensorwise one, so a shard of one row with one scale is rowwise)."""
+    return A_scale.dim() == A.dim() and A_scale.shape[:-1] == A.shape[:-1] and A_scale.shape[-1] == 1
+
+
+def _scaled_all_gather_weight_fallback(i: int, A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor,
+                                       B_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                                       result_scale: Optional[torch.Tensor], out_dtype) -> Optional[Fallback]:
+    """Why tpfuse cannot multiply the gathered A by Bs[i] as torch._scaled_mm would, or None."""
+    fallback = _fp8_weight_fallback(f"B[{i}]", B)
+    if fallback is not None:
+        return fallback
+    k, n = B.shape
+    if k != A.shape[-1]:
+        return "shape", f"B[{i}] {tuple(B.shape)} is K x N for K = {k}, and A's rows have {A.shape[-1]} elements"
+    if result_scale is not None:
+        return "result_scale", f"result_scales[{i}] is given; tpfuse takes none"
+    if out_dtype != torch.bfloat16:
+        meaning = f" (A's dtype, {A.dtype})" if out_dtype is None else ""
+        return "out_dtype", f"out_dtypes[{i}] = {out_dtype}{meaning}; tpfuse's outputs are torch.bfloat16"
+    if bias is not None and (bias.dtype != torch.bfloat16 or tuple(bias.shape) != (n,) or not bias.is_contiguous()
+                             or bias.device != A.device):
+        return "bias", (f"biases[{i}] {tuple(bias.shape)} of {bias.dtype} on {bias.device}: tpfuse adds a contiguous "
+                        f"torch.bfloat16 bias of N = {n} entries on A's device")
+    if B_scale.dtype != torch.float32 or B_scale.device != A.device:
+        return "scales", f"B_scales[{i}] is {B_scale.dtype} on {B_scale.device}; tpfuse's scales are torch.float32 " \
+                         f"on A's device ({A.device})"
+    if _is_shard_rowwise(A, A_scale):
+        if tuple(B_scale.shape) != (1, n):
+            return "scales", (f"A_scale {tuple(A_scale.shape)} is rowwise, and B_scales[{i}] {tuple(B_scale.shape)} "
+                              f"is not (1, {n}), one per output column")
+    elif B_scale.numel() != 1:
+        return "scales", (f"A_scale {tuple(A_scale.shape)} is one element (tensorwise), and B_scales[{i}] "
+                          f"{tuple(B_scale.shape)} is not")
+    return _alignment_fallback((f"B[{i}]", B), *(((f"biases[{i}]", bias),) if bias is not None else ()))
+
+
+def all_gather_scaled_matmul_fallback(values: dict, group_size: int) -> Optional[Fallback]:
+    """Why tpfuse cannot serve this symm_mem.fused_all_gather_scaled_matmul call (values: its arguments by name),
+    or None."""
+    A, Bs, A_scale, gather_dim = values["A"], values["Bs"], values["A_scale"], values["gather_dim"]
+    lists = {name: values[name] for name in ("B_scales", "biases", "result_scales", "out_dtypes", "use_fast_accum")}
+    if len(Bs) == 0:
+        return "empty", "Bs is empty"
+    if any(len(entries) != len(Bs) for entries in lists.values()):
+        return "arguments", ", ".join(f"{len(entries)} {name}" for name, entries in lists.items()) + \
+            f" for {len(Bs)} Bs"
+    if A.dim() < 2 or not 0 <= gather_dim < A.dim() - 1:
+        return "dim", f"gather_dim = {gather_dim} of A {tuple(A.shape)}: tpfuse splits a dimension before A's last"
+    if A.dtype != E4M3:
+        return "dtype", f"A is {A.dtype}; tpfuse's FP8 kernels take {E4M3}"
+    if not 1 <= group_size <= MAX_WORLD_SIZE:
+        return "group", f"the group has {group_size} ranks; tpfuse supports 1 to {MAX_WORLD_SIZE}"
+    if A_scale.dtype != torch.float32 or A_scale.device != A.device:
+        return "scales", f"A_scale is {A_scale.dtype} on {A_scale.device}; tpfuse's scales are torch.float32 on " \
+                         f"A's device ({A.device})"
+    if not _is_shard_rowwise(A, A_scale) and A_scale.numel() != 1:
+        return "scales", (f"A_scale {tuple(A_scale.shape)} is neither one element (tensorwise) nor this rank's "
+                          f"rowwise scales {(*A.shape[:-1], 1)} (a rowwise A_scale of every rank's rows is torch's "
+                          "replicated form)")
+    out_dtypes = symmetric_memory_module()._maybe_convert_scalar_types_to_dtypes(lists["out_dtypes"])
+    for i, weight in enumerate(zip(Bs, lists["B_scales"], lists["biases"], lists["result_scales"], out_dtypes)):
+        fallback = _scaled_all_gather_weight_fallback(i, A, weight[0], A_scale, *weight[1:])
+        if fallback is not None:
+            return fallback
+    # A shard that is not token-major is copied (aligned); the Bs are used in place.
+    tokens_in_place = A.movedim(gather_dim, 0).is_contiguous()
+    return _alignment_fallback(*([("A", A)] if tokens_in_place else [])) or _device_fallback(A.device)
+
+
+def _fused_all_gather_scaled_matmul(*args, **kwargs):
+    op = "fused_all_gather_scaled_matmul"
+    values = _arguments(op, args, kwargs)
+    group_name = values["group_name"]
+    fallback = all_gather_scaled_matmul_fallback(values, _resolve_process_group(group_name).size())
+    if fallback is not None:
+        _fall_back(op, *fallback)
         return _torch_kernel(op)(*args, **kwargs)
-    return kernel
+    _count(op, "served")
+    A, A_scale, gather_dim = values["A"], values["A_scale"], values["gather_dim"]
+    # As the BF16 op: the shard's token-major rows gathered as a whole give torch's outputs moved back; a rowwise
+    # A_scale's rows move with A's.
+    tokens = A.movedim(gather_dim, 0).contiguous()
+    rowwise = _is_shard_rowwise(A, A_scale)
+    x_scale = A_scale.movedim(gather_dim, 0).reshape(-1).contiguous() if rowwise else A_scale
+    gathered_shape = [tokens.shape[0] * _resolve_process_group(group_name).size(), *tokens.shape[1:]]
+    x = tokens.view(-1, tokens.shape[-1])
+    gathered, outs = None, []
+    for B, B_scale, bias, fast_accum in zip(values["Bs"], values["B_scales"], values["biases"],
+                                           values["use_fast_accum"]):
+        w_scale = B_scale.reshape(-1) if rowwise else B_scale
+        if gathered is None:
+            y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x, B.t(), "nk", group_name, bias, 1, x_scale,
+                                                                    w_scale, fast_accum)
+        else:
+            y = torch.ops.tpfuse.all_gather_gemm(x, B.t(), "nk", group_name, bias, 1, x_scale, w_scale, fast_accum)
+        outs.append(y.view(*gathered_shape[:-1], B.shape[1]).movedim(0, gather_dim))
+    return gathered.view(gathered_shape).movedim(0, gather_dim), outs
 
 
 _KERNELS = {"fused_matmul_reduce_scatter": _fused_matmul_reduce_scatter,
             "fused_all_gather_matmul": _fused_all_gather_matmul,
             "fused_scaled_matmul_reduce_scatter": _fused_scaled_matmul_reduce_scatter,
-            "fused_all_gather_scaled_matmul": _passed_kernel(
-                "fused_all_gather_scaled_matmul", "fp8 all-gather not yet served: tpfuse's all-gather takes BF16")}
+            "fused_all_gather_scaled_matmul": _fused_all_gather_scaled_matmul}
 
 
 class SymmMemOverride:
@@ -456,8 +581,7 @@ class SymmMemOverride:
 
 def use_for_symm_mem() -> SymmMemOverride:
     """Makes tpfuse the CUDA kernel of torch.ops.symm_mem.fused_matmul_reduce_scatter, fused_all_gather_matmul
-    and fused_scaled_matmul_reduce_scatter (FP8) (falling back to torch's kernel, logged once per (op, reason),
-    where it cannot serve a call), and passes the FP8 all-gather (fused_all_gather_scaled_matmul) to torch's,
-    logged once. tpfuse.stats() counts the calls. Returns the override: call .restore() to give the ops back to
-    torch, or use it in a `with`."""
+    and their FP8 forms fused_scaled_matmul_reduce_scatter and fused_all_gather_scaled_matmul (falling back to
+    torch's kernel, logged once per (op, reason), where it cannot serve a call). tpfuse.stats() counts the calls.
+    Returns the override: call .restore() to give the ops back to torch, or use it in a `with`."""
     return SymmMemOverride("CUDA")

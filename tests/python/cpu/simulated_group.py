@@ -2,8 +2,8 @@
 tpfuse's ops hand off to the library (_ops._launch, _launch_all_gather, _gemm) and tpfuse.autograd's plain
 collectives compute, in plain torch, from every rank's tensors: the reduce-scatter sums every rank's
 partial (FP64) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order; the
-launches do it per sequence (the C ABI's batch), scale FP8 products by a_scale * w_scale and add the bias in
-FP64 before the one cast.
+launches do it per sequence (the C ABI's batch), scale FP8 products by the activations' scale times w_scale
+(rowwise: the all-gather gathers x_scale with the rows) and add the bias in FP64 before the one cast.
 Everything above those points (the custom ops, their argument checks, the backward formulas, the layers)
 is the package's own code."""
 
@@ -16,6 +16,16 @@ import torch
 from tpfuse import _ops
 from tpfuse import autograd as tpfuse_autograd
 from tpfuse.checking import weight_as_k_by_n
+
+
+def _scaled(product, a_scale, w_scale):
+    """An FP8 product (FP64) scaled as torch._scaled_mm scales it: by one element each, or by one scale per row
+    and one per column; BF16 products (no scales) as they are."""
+    if a_scale is None:
+        return product
+    tensorwise = a_scale.numel() == 1 and w_scale.numel() == 1
+    product = product * (a_scale.double().reshape(()) if tensorwise else a_scale.double().reshape(-1, 1))
+    return product * (w_scale.double().reshape(()) if tensorwise else w_scale.double().reshape(1, -1))
 
 
 class SimulatedGroup:
@@ -43,6 +53,7 @@ class SimulatedGroup:
         monkeypatch.setattr(tpfuse_autograd, "reduce_scatter_rows", lambda x, group_name, size: self.reduce_scatter(x))
         self.launches = []  # (rank, op) of every simulated launch
         self.problems = []  # the Problem of every simulated reduce-scatter launch
+        self.all_gather_problems = []  # the AllGatherProblem of every simulated all-gather launch
 
     @property
     def rank(self) -> int:
@@ -92,23 +103,25 @@ class SimulatedGroup:
         row of a and one per column), sequence after sequence, plus the bias, rounded once."""
         self.launches.append((self.rank, "gemm_reduce_scatter"))
         self.problems.append(problem)
-        partial = a.double() @ weight_as_k_by_n(w, problem.weight_layout).double()
-        if a_scale is not None:
-            tensorwise = a_scale.numel() == 1 and w_scale.numel() == 1
-            partial = partial * (a_scale.double().reshape(()) if tensorwise else a_scale.double().reshape(-1, 1))
-            partial = partial * (w_scale.double().reshape(()) if tensorwise else w_scale.double().reshape(1, -1))
+        partial = _scaled(a.double() @ weight_as_k_by_n(w, problem.weight_layout).double(), a_scale, w_scale)
         total = torch.stack(self._exchange(partial)).sum(0)
         rows = self._sequences(total, problem.batch)[:, self.rank].reshape(out.shape)
         out.copy_(rows if bias is None else rows + bias.double())
 
-    def _launch_all_gather(self, x, w, bias, y, gathered_x, problem, group_name):
+    def _launch_all_gather(self, x, w, bias, y, gathered_x, problem, group_name, x_scale=None, w_scale=None):
         """The contract of tpfuse_all_gather_gemm: each sequence's rows gathered in rank order, sequence
-        after sequence, times w, plus the bias, rounded once."""
+        after sequence (rowwise, each row's x_scale with it), times w, scaled, plus the bias, rounded once."""
         self.launches.append((self.rank, "all_gather_gemm"))
-        parts = self._exchange(x)
-        shards = [parts[r].view(problem.batch, -1, x.shape[1]) for r in self.rank_order]
-        gathered = torch.cat(shards, dim=1).view(problem.m, problem.k)
-        product = gathered.double() @ weight_as_k_by_n(w, problem.weight_layout).double()
+        self.all_gather_problems.append(problem)
+        rowwise = x_scale is not None and (x_scale.numel() > 1 or w_scale.numel() > 1)
+        # A rowwise x_scale travels as one more column of FP64 rows beside x's.
+        rows = torch.cat([x.double(), x_scale.double().reshape(-1, 1)], dim=1) if rowwise else x
+        parts = self._exchange(rows)
+        shards = [parts[r].view(problem.batch, -1, rows.shape[1]) for r in self.rank_order]
+        gathered = torch.cat(shards, dim=1).view(problem.m, rows.shape[1])
+        gathered, gathered_scale = (gathered[:, :-1].to(x.dtype), gathered[:, -1]) if rowwise else (gathered, x_scale)
+        product = _scaled(gathered.double() @ weight_as_k_by_n(w, problem.weight_layout).double(), gathered_scale,
+                          w_scale)
         y.copy_(product if bias is None else product + bias.double())
         if gathered_x is not None:
             gathered_x.copy_(gathered)
@@ -127,6 +140,7 @@ class SimulatedGroup:
             self._rehearsing = False
             self.launches.clear()
             self.problems.clear()
+            self.all_gather_problems.clear()
 
     def run(self, fn):
         """[fn(0), ..., fn(P-1)], each on its own thread (P = 1: on this one), in a copy of this thread's

@@ -297,34 +297,134 @@ def test_fp8_with_one_row_is_rowwise_where_w_scale_is():
     assert problem.scaling == _library.SCALING_CODES["rowwise"]
 
 
-FP8_NOT_SERVED = {
-    # name: (call, the error, what the message says)
-    "all_gather_gemm": (lambda g: tpfuse.all_gather_gemm(fp8(M, K), fp8(N, K), g), tpfuse.UnsupportedError,
-                        "x has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
-    "all_gather_gemm_gathered": (
-        lambda g: tpfuse.all_gather_gemm(fp8(M, K), fp8(N, K), g, return_gathered=True), tpfuse.UnsupportedError,
-        "x has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
-    "all_gather_w": (lambda g: tpfuse.all_gather_gemm(cpu(M, K), fp8(N, K), g), tpfuse.UnsupportedError,
-                     "w has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
-    "fused_all_gather_matmul": (
-        lambda g: tpfuse.fused_all_gather_matmul(cpu(8, K), [fp8(N, K).t()], 0, g.group_name), tpfuse.UnsupportedError,
-        "w has dtype torch.float8_e4m3fn: tpfuse's all-gather does not serve FP8 inputs yet"),
-    # The BF16 drop-in's schema has no scales: FP8 goes through gemm_reduce_scatter.
-    "fused_matmul_reduce_scatter": (
-        lambda g: tpfuse.fused_matmul_reduce_scatter(fp8(8, K), fp8(N, K).t(), "sum", 0, g.group_name),
-        tpfuse.InvalidArgumentError, "A has dtype torch.float8_e4m3fn: fused_matmul_reduce_scatter multiplies "
-        "torch.bfloat16 matrices; for torch.float8_e4m3fn inputs call tpfuse.gemm_reduce_scatter with a_scale and "
-        "w_scale"),
+AG_TENSORWISE = {"x_scale": lambda: scale(), "w_scale": lambda: scale(1)}
+AG_ROWWISE = {"x_scale": lambda: scale(M, 1), "w_scale": lambda: scale(1, N)}
+AG_FP8_CASES = {
+    # name: (x, w, keyword arguments, the error, what the message says); x is this rank's M/P = 64 rows, P = 4
+    "no_scales": (lambda: fp8(M, K), lambda: fp8(N, K), {}, tpfuse.InvalidArgumentError,
+                  "x and w are torch.float8_e4m3fn: they need x_scale and w_scale (torch.float32: one element each for "
+                  "tensorwise scaling, or x_scale (M/P, 1) and w_scale (1, N/P) for rowwise)"),
+    "no_w_scale": (lambda: fp8(M, K), lambda: fp8(N, K), {"x_scale": lambda: scale(1)}, tpfuse.InvalidArgumentError,
+                   "x and w are torch.float8_e4m3fn: they need w_scale (torch.float32"),
+    "scales_with_bf16": (lambda: cpu(M, K), lambda: cpu(N, K), AG_TENSORWISE, tpfuse.InvalidArgumentError,
+                         "x_scale is given, but x and w are torch.bfloat16: scales are for torch.float8_e4m3fn inputs "
+                         "only"),
+    "x_scale_bf16": (lambda: fp8(M, K), lambda: fp8(N, K), {**AG_TENSORWISE, "x_scale": lambda: scale(1, dtype=BF16)},
+                     tpfuse.InvalidArgumentError, "x_scale has dtype torch.bfloat16; scales are torch.float32"),
+    "x_scale_non_contiguous": (lambda: fp8(M, K), lambda: fp8(N, K),
+                               {**AG_ROWWISE, "x_scale": lambda: scale(M, 2)[:, :1]}, tpfuse.InvalidArgumentError,
+                               "x_scale (64, 1) with strides (2, 1) is not contiguous"),
+    # Rowwise x_scale is this rank's rows' (the kernel gathers them), not the gathered M's.
+    "x_scale_gathered_rows": (lambda: fp8(M, K), lambda: fp8(N, K), {**AG_ROWWISE, "x_scale": lambda: scale(4 * M, 1)},
+                              tpfuse.InvalidArgumentError,
+                              "x_scale has shape (256, 1); with w_scale of 48 elements it must be (64, 1) or (64,), "
+                              "one per row of x (M/P): rowwise scaling (tensorwise takes one element in each of "
+                              "x_scale and w_scale)"),
+    "x_tensorwise_w_rowwise": (lambda: fp8(M, K), lambda: fp8(N, K), {**AG_ROWWISE, "x_scale": lambda: scale(1)},
+                               tpfuse.InvalidArgumentError, "x_scale has shape (1,); with w_scale of 48 elements"),
+    "w_scale_shape": (lambda: fp8(M, K), lambda: fp8(N, K), {**AG_ROWWISE, "w_scale": lambda: scale(2, N // 2)},
+                      tpfuse.InvalidArgumentError, "w_scale has shape (2, 24); with x_scale of 64 elements it must be "
+                      "(1, 48), (48, 1) or (48,), one per output column (N/P)"),
+    "w_scale_float64": (lambda: fp8(M, K), lambda: fp8(N, K),
+                        {**AG_ROWWISE, "w_scale": lambda: scale(1, N, dtype=torch.float64)},
+                        tpfuse.InvalidArgumentError, "w_scale has dtype torch.float64; scales are torch.float32"),
+    "e5m2": (lambda: fp8(M, K, dtype=torch.float8_e5m2), lambda: fp8(N, K, dtype=torch.float8_e5m2), AG_TENSORWISE,
+             tpfuse.UnsupportedError,
+             "x has dtype torch.float8_e5m2: tpfuse's FP8 inputs are torch.float8_e4m3fn only"),
+    "e5m2_w": (lambda: fp8(M, K), lambda: fp8(N, K, dtype=torch.float8_e5m2), AG_TENSORWISE, tpfuse.UnsupportedError,
+               "w has dtype torch.float8_e5m2: tpfuse's FP8 inputs are torch.float8_e4m3fn only"),
+    "e4m3fnuz": (lambda: fp8(M, K, dtype=torch.float8_e4m3fnuz), lambda: fp8(N, K), AG_TENSORWISE,
+                 tpfuse.UnsupportedError, "x has dtype torch.float8_e4m3fnuz"),
+    "k_by_n_weight": (lambda: fp8(M, K), lambda: fp8(K, N), {**AG_TENSORWISE, "weight_layout": "kn"},
+                      tpfuse.UnsupportedError, "w: FP8 weights are N/P x K (nn.Linear's weight) only "
+                      "(weight_layout='nk'); weight_layout='kn' is served for torch.bfloat16 inputs"),
+    "k_not_multiple_of_16": (lambda: fp8(M, 40), lambda: fp8(N, 40), AG_TENSORWISE, tpfuse.InvalidArgumentError,
+                             "K = 40 is not a multiple of 16 (FP8 rows must be multiples of 16 bytes)"),
+    "n_not_multiple_of_8": (lambda: fp8(M, K), lambda: fp8(N + 4, K), AG_TENSORWISE, tpfuse.InvalidArgumentError,
+                            "N/P = 52 is not a multiple of 8"),
+    "x_fp8_w_bf16": (lambda: fp8(M, K), lambda: cpu(N, K), AG_TENSORWISE, tpfuse.InvalidArgumentError,
+                     "x has dtype torch.float8_e4m3fn and w torch.bfloat16: both must be torch.bfloat16, or both "
+                     "torch.float8_e4m3fn"),
+    "x_float16_w_fp8": (lambda: cpu(M, K, dtype=torch.float16), lambda: fp8(N, K), AG_TENSORWISE,
+                        tpfuse.InvalidArgumentError, "x has dtype torch.float16; tpfuse takes torch.bfloat16, or "
+                        "torch.float8_e4m3fn with scales (x_scale, w_scale), and returns torch.bfloat16"),
+    "fast_accum_not_bool": (lambda: fp8(M, K), lambda: fp8(N, K), {**AG_TENSORWISE, "use_fast_accum": 1},
+                            tpfuse.InvalidArgumentError, "use_fast_accum = 1 must be True or False"),
+    "bias_dtype": (lambda: fp8(M, K), lambda: fp8(N, K), {**AG_TENSORWISE, "bias": lambda: scale(N)},
+                   tpfuse.InvalidArgumentError, "bias has dtype torch.float32; tpfuse takes torch.bfloat16"),
 }
 
 
-@pytest.mark.parametrize("case", FP8_NOT_SERVED)
-def test_fp8_all_gather_is_not_served_yet(group, case):
-    """E4M3 is served by the reduce-scatter only: the all-gather raises UnsupportedError before anything is
-    launched."""
-    call, error, message = FP8_NOT_SERVED[case]
+@pytest.mark.parametrize("case", AG_FP8_CASES)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("return_gathered", [False, True])
+def test_all_gather_fp8_bad_argument_raises_before_launch(group, case, device, return_gathered):
+    """Each bad FP8 argument of the all-gather, named, through the op's implementation (CPU) and its fake one
+    (meta)."""
+    def on_device(tensor):
+        if device == "cpu":
+            return tensor
+        return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+
+    make_x, make_w, keywords, error, message = AG_FP8_CASES[case]
+    keywords = {key: on_device(value()) if callable(value) else value for key, value in keywords.items()}
     with pytest.raises(error, match=re.escape(message)):
-        call(group)
+        tpfuse.all_gather_gemm(on_device(make_x()), on_device(make_w()), group, return_gathered=return_gathered,
+                               **keywords)
+
+
+@pytest.mark.parametrize("x_scale, w_scale, scaling", [
+    ((), (1,), "tensorwise"), ((1, 1), (1, 1), "tensorwise"), ((M, 1), (1, N), "rowwise"), ((M,), (N,), "rowwise"),
+    ((M, 1), (N, 1), "rowwise")])
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+def test_all_gather_fp8_problem_has_the_c_abis_codes(x_scale, w_scale, scaling, use_fast_accum):
+    problem = _checks.check_all_gather_problem(fp8(M, K), fp8(N, K), "nk", 4, bias=cpu(N), x_scale=scale(*x_scale),
+                                               w_scale=scale(*w_scale), use_fast_accum=use_fast_accum)
+    assert (problem.m, problem.n_per_rank, problem.k) == (4 * M, N, K)
+    assert problem.dtype_code == _library.DTYPE_CODES[FP8] == 1
+    assert problem.scaling == _library.SCALING_CODES[scaling]
+    assert problem.accumulation == _library.ACCUMULATION_CODES["fast" if use_fast_accum else "promoted"]
+    bf16 = _checks.check_all_gather_problem(cpu(M, K), cpu(N, K), "nk", 4, use_fast_accum=use_fast_accum)
+    assert (bf16.dtype_code, bf16.scaling, bf16.accumulation) == (0, 0, 0)
+
+
+QUANTIZE_CASES = {
+    # name: (x, w, w_scale, the error, what the message says); the rest is all_gather_gemm's checks
+    "x_fp8": (lambda: fp8(M, K), lambda: fp8(N, K), lambda: scale(1, N), tpfuse.InvalidArgumentError,
+              "x has dtype torch.float8_e4m3fn; quantize_all_gather_gemm quantizes torch.bfloat16 rows to "
+              "torch.float8_e4m3fn (for FP8 x, call tpfuse.all_gather_gemm with x_scale)"),
+    "x_3d": (lambda: cpu(2, M, K), lambda: fp8(N, K), lambda: scale(1, N), tpfuse.InvalidArgumentError,
+             "x has 3 dimensions (2, 64, 32); it must be a matrix"),
+    "w_bf16": (lambda: cpu(M, K), lambda: cpu(N, K), lambda: scale(1, N), tpfuse.InvalidArgumentError,
+               "x has dtype torch.float8_e4m3fn and w torch.bfloat16"),
+    "w_scale_tensorwise": (lambda: cpu(M, K), lambda: fp8(N, K), lambda: scale(1), tpfuse.InvalidArgumentError,
+                           "w_scale has shape (1,); with x_scale of 64 elements it must be (1, 48), (48, 1) or (48,)"),
+    "k_not_multiple_of_16": (lambda: cpu(M, 40), lambda: fp8(N, 40), lambda: scale(1, N), tpfuse.InvalidArgumentError,
+                             "K = 40 is not a multiple of 16"),
+    "w_e5m2": (lambda: cpu(M, K), lambda: fp8(N, K, dtype=torch.float8_e5m2), lambda: scale(1, N),
+               tpfuse.UnsupportedError, "w has dtype torch.float8_e5m2"),
+}
+
+
+@pytest.mark.parametrize("case", QUANTIZE_CASES)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_quantize_all_gather_bad_argument_raises_before_launch(group, case, device):
+    make_x, make_w, make_scale, error, message = QUANTIZE_CASES[case]
+    x, w, w_scale = (make().to(device) for make in (make_x, make_w, make_scale))
+    with pytest.raises(error, match=re.escape(message)):
+        tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale)
+
+
+def test_fp8_drop_ins_take_bf16_only(group):
+    """The BF16 drop-ins' schemas have no scales: FP8 goes through gemm_reduce_scatter and all_gather_gemm."""
+    with pytest.raises(tpfuse.InvalidArgumentError, match=re.escape(
+            "A has dtype torch.float8_e4m3fn: fused_matmul_reduce_scatter multiplies torch.bfloat16 matrices; for "
+            "torch.float8_e4m3fn inputs call tpfuse.gemm_reduce_scatter with a_scale and w_scale")):
+        tpfuse.fused_matmul_reduce_scatter(fp8(8, K), fp8(N, K).t(), "sum", 0, group.group_name)
+    with pytest.raises(tpfuse.InvalidArgumentError, match=re.escape(
+            "Bs[0] has dtype torch.float8_e4m3fn: fused_all_gather_matmul multiplies torch.bfloat16 matrices; for "
+            "torch.float8_e4m3fn inputs call tpfuse.all_gather_gemm with x_scale and w_scale")):
+        tpfuse.fused_all_gather_matmul(cpu(8, K), [fp8(N, K).t()], 0, group.group_name)
 
 
 @pytest.mark.parametrize("case", SLAB_CASES)

@@ -247,6 +247,36 @@ def test_fp8_forward_runs_and_its_backward_is_refused(groups, monkeypatch, needs
         out.float().sum().backward()
 
 
+@pytest.mark.parametrize("needs_grad", ["x", "x_scale"])
+@pytest.mark.parametrize("gathered", [False, True])
+def test_fp8_all_gather_forward_runs_and_its_backward_is_refused(groups, monkeypatch, needs_grad, gathered):
+    generator = torch.Generator().manual_seed(10)
+    x, w = small_integers(8, 16, generator=generator), small_integers(16, 16, generator=generator)
+    x_scale, w_scale = torch.full((8, 1), 0.5), torch.full((1, 16), 4.0)
+    sim = SimulatedGroup(groups[1], monkeypatch)
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    (x8 if needs_grad == "x" else x_scale).requires_grad_()
+    [result] = sim.run(lambda rank: tpfuse.all_gather_gemm(x8, w8, groups[1], return_gathered=gathered,
+                                                           x_scale=x_scale, w_scale=w_scale))
+    y = result[0] if gathered else result
+    assert y.requires_grad and torch.equal(y.double(), exact(x @ w.t() * 2))
+    with pytest.raises(tpfuse.UnsupportedError, match=r"tpfuse.all_gather_gemm on FP8 inputs "
+                                                      r"\(torch.float8_e4m3fn\) has no backward pass"):
+        y.float().sum().backward()
+
+
+def test_quantizing_all_gather_backward_is_refused(groups, monkeypatch):
+    generator = torch.Generator().manual_seed(11)
+    x = small_integers(8, 16, generator=generator).to(BF16).requires_grad_()
+    w8 = small_integers(16, 16, generator=generator).to(torch.float8_e4m3fn)
+    sim = SimulatedGroup(groups[1], monkeypatch)
+    [y] = sim.run(lambda rank: tpfuse.quantize_all_gather_gemm(x, w8, groups[1], w_scale=torch.ones(1, 16)))
+    assert y.requires_grad
+    with pytest.raises(tpfuse.UnsupportedError, match=r"tpfuse.quantize_all_gather_gemm on rows it quantizes to "
+                                                      r"torch.float8_e4m3fn has no backward pass"):
+        y.float().sum().backward()
+
+
 @pytest.mark.parametrize("p", SIZES)
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("gathered", [False, True])

@@ -200,9 +200,60 @@ def test_compile_errors_carry_the_tpfuse_error(group, fullgraph):
 
 def test_all_gather_ops_are_registered_with_their_schemas():
     assert str(torch.ops.tpfuse.all_gather_gemm.default._schema) == "tpfuse::all_gather_gemm(Tensor x, Tensor w, " \
-        "str weight_layout, str group_name, Tensor? bias=None, int batch=1) -> Tensor"
+        "str weight_layout, str group_name, Tensor? bias=None, int batch=1, Tensor? x_scale=None, " \
+        "Tensor? w_scale=None, bool use_fast_accum=False) -> Tensor"
     assert str(torch.ops.tpfuse.all_gather_gemm_gathered.default._schema) == "tpfuse::all_gather_gemm_gathered(" \
-        "Tensor x, Tensor w, str weight_layout, str group_name, Tensor? bias=None, int batch=1) -> (Tensor, Tensor)"
+        "Tensor x, Tensor w, str weight_layout, str group_name, Tensor? bias=None, int batch=1, " \
+        "Tensor? x_scale=None, Tensor? w_scale=None, bool use_fast_accum=False) -> (Tensor, Tensor)"
+    assert str(torch.ops.tpfuse.quantize_all_gather_gemm.default._schema) == "tpfuse::quantize_all_gather_gemm(" \
+        "Tensor x, Tensor w, Tensor w_scale, str group_name, Tensor? bias=None, int batch=1, " \
+        "bool use_fast_accum=False) -> Tensor"
+
+
+@pytest.mark.parametrize("scales", [((), (1,)), ((64, 1), (1, 48)), ((64,), (48,))])
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+def test_all_gather_fp8_fake_shapes(group, scales, use_fast_accum):
+    """FP8 in: Y is BF16, the gathered X e4m3, of the shapes BF16 inputs give."""
+    x_scale, w_scale = (meta(*shape, dtype=torch.float32) for shape in scales)
+    p = group.size()
+    for bias in (None, meta(48)):
+        y = tpfuse.all_gather_gemm(meta(64, 32, dtype=FP8), meta(48, 32, dtype=FP8), group, bias=bias, x_scale=x_scale,
+                                   w_scale=w_scale, use_fast_accum=use_fast_accum)
+        assert y.shape == (64 * p, 48) and y.dtype == BF16
+        y, gathered = tpfuse.all_gather_gemm(meta(64, 32, dtype=FP8), meta(48, 32, dtype=FP8), group,
+                                             return_gathered=True, bias=bias, x_scale=x_scale, w_scale=w_scale,
+                                             use_fast_accum=use_fast_accum)
+        assert (y.shape, y.dtype, gathered.shape, gathered.dtype) == ((64 * p, 48), BF16, (64 * p, 32), FP8)
+    y = tpfuse.quantize_all_gather_gemm(meta(64, 32), meta(48, 32, dtype=FP8), group, w_scale=meta(1, 48,
+                                        dtype=torch.float32), use_fast_accum=use_fast_accum)
+    assert y.shape == (64 * p, 48) and y.dtype == BF16
+
+
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_compile_traces_the_fp8_all_gather_in_one_graph(group, rowwise):
+    def layer(x, w, x_scale, w_scale):
+        y, gathered = tpfuse.all_gather_gemm(x, w, group, return_gathered=True, x_scale=x_scale, w_scale=w_scale,
+                                             use_fast_accum=True)
+        return y.float() + gathered.float().sum()
+
+    capture = GraphCapture()
+    scales = ((16, 1), (1, 48)) if rowwise else ((), ())
+    out = torch.compile(layer, fullgraph=True, backend=capture)(
+        meta(16, 32, dtype=FP8), meta(48, 32, dtype=FP8), *(meta(*shape, dtype=torch.float32) for shape in scales))
+    assert out.shape == (16 * group.size(), 48)
+    assert capture.calls_of(torch.ops.tpfuse.all_gather_gemm_gathered) == 1
+    out = torch.compile(layer, fullgraph=True, backend="aot_eager")(
+        meta(16, 32, dtype=FP8), meta(48, 32, dtype=FP8), *(meta(*shape, dtype=torch.float32) for shape in scales))
+    assert out.shape == (16 * group.size(), 48)
+
+
+def test_compile_traces_the_quantizing_all_gather_in_one_graph(group):
+    capture = GraphCapture()
+    layer = lambda x, w, w_scale: tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale)  # noqa: E731
+    out = torch.compile(layer, fullgraph=True, backend=capture)(meta(16, 32), meta(48, 32, dtype=FP8),
+                                                                 meta(1, 48, dtype=torch.float32))
+    assert out.shape == (16 * group.size(), 48) and out.dtype == BF16
+    assert capture.calls_of(torch.ops.tpfuse.quantize_all_gather_gemm) == 1
 
 
 @pytest.mark.parametrize("weight_layout, w_shape", [("nk", (48, 32)), ("kn", (32, 48))])
@@ -294,3 +345,15 @@ def test_every_launch_passes_the_c_abis_arguments_with_the_inputs_dtype(group, m
                      a_scale=scales[0], w_scale=scales[1])
     assert [args[6:9] + args[12:14] for _, args in calls] == [
         (1, 2, 1, a_scale.data_ptr(), w_scale.data_ptr()), (1, 1, 0, a_scale.data_ptr(), w_scale.data_ptr())]
+    calls.clear()
+    gathered = torch.zeros(64, 32, dtype=torch.float8_e4m3fn)
+    for use_fast_accum, scales in ((True, (a_scale, w_scale)), (False, (a_scale[:1, 0], w_scale[0, :1]))):
+        x8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        ag_problem = _checks.check_all_gather_problem(x8, w8, "nk", 1, x_scale=scales[0], w_scale=scales[1],
+                                                      use_fast_accum=use_fast_accum)
+        _ops._launch_all_gather(x8, w8, None, y, gathered, ag_problem, group.group_name, x_scale=scales[0],
+                                w_scale=scales[1])
+    # The all-gather's: ..., dtype, scaling, accumulation, batch, x, w, x_scale, w_scale, bias, y, gathered_x
+    assert [args[6:9] + args[12:17] for _, args in calls] == [
+        (1, 2, 1, a_scale.data_ptr(), w_scale.data_ptr(), None, y.data_ptr(), gathered.data_ptr()),
+        (1, 1, 0, a_scale.data_ptr(), w_scale.data_ptr(), None, y.data_ptr(), gathered.data_ptr())]

@@ -1,8 +1,8 @@
 """tpfuse.use_for_symm_mem: the override registers as the CUDA kernel of torch's symm_mem ops and gives
 them back; by case, a call goes to tpfuse (on any dimension of A but the last, with the strides of torch's
 Meta implementation) or falls back to torch's kernel, logged once per (op, reason) and counted by
-tpfuse.stats(); the FP8 scaled ops pass to torch's, logged once; and Inductor's micro-pipeline TP pass, run
-on CPU, puts the symm_mem ops into a compiled graph whose calls reach tpfuse.
+tpfuse.stats(); the same for the FP8 scaled ops in the installed torch's schemas; and Inductor's
+micro-pipeline TP pass, run on CPU, puts the symm_mem ops into a compiled graph whose calls reach tpfuse.
 
 No GPU here: the dispatch tests register the same override on the CPU key (SymmMemOverride("CPU")), the
 device check is replaced (a Hopper GPU is assumed unless a test says otherwise), tpfuse's launches are
@@ -478,20 +478,154 @@ def test_fp8_reduce_scatter_falls_back_and_logs_each_reason_once(on_cpu, group, 
     assert tpfuse.stats()[SCALED] == {"served": 0, "fallbacks": {reason: 2}}
 
 
-def test_fp8_all_gather_passes_to_torch_logged_once(on_cpu, group, caplog):
+SCALED_AG = "fused_all_gather_scaled_matmul"
+
+
+def scaled_all_gather_args(A, Bs, A_scale, B_scales, gather_dim, group, biases=None, result_scales=None,
+                           out_dtypes=None, use_fast_accum=None):
+    """The arguments of a symm_mem.fused_all_gather_scaled_matmul call in the installed torch's schema (its
+    lists one entry per B: no bias or result scale, BF16 out, promoted sums unless given)."""
+    values = {"A": A, "Bs": Bs, "A_scale": A_scale, "B_scales": B_scales, "gather_dim": gather_dim,
+              "group_name": group.group_name, "biases": biases or [None] * len(Bs),
+              "result_scales": result_scales or [None] * len(Bs), "out_dtypes": out_dtypes or [BF16] * len(Bs),
+              "use_fast_accum": use_fast_accum or [False] * len(Bs)}
+    return [values[argument.name] for argument in torch.ops.symm_mem.fused_all_gather_scaled_matmul.default._schema
+            .arguments]
+
+
+def call_scaled_all_gather(*args, **kwargs):
+    return torch.ops.symm_mem.fused_all_gather_scaled_matmul(*scaled_all_gather_args(*args, **kwargs))
+
+
+def fp8_shard(shape, dim, layout, seed):
+    return (token_major(shape, dim, seed=seed) if layout == "token_major" else ints(*shape, seed=seed)).to(FP8)
+
+
+# (A_shard's shape on each rank, gather_dim, how A lies); P = 2
+SCALED_ALL_GATHER_CASES = {
+    "dim0": ((8, 32), 0, "contiguous"),
+    "dim0_3d": ((4, 3, 32), 0, "contiguous"),
+    "dim1_token_major": ((2, 3, 32), 1, "token_major"),
+    "dim1_contiguous": ((2, 3, 32), 1, "contiguous"),
+    "dim1_4d_token_major": ((3, 2, 2, 32), 1, "token_major"),
+}
+
+
+@pytest.mark.parametrize("case", SCALED_ALL_GATHER_CASES)
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+def test_fp8_all_gather_served(on_cpu, group, case, scaling, use_fast_accum):
+    """fused_all_gather_scaled_matmul: served by tpfuse's FP8 all-gather, one fused call per B with the scaling
+    and accumulation asked for, a BF16 bias on the second B; exact against the dequantized product of the
+    gathered A (rowwise: every rank's rows with their own scales), with the strides of torch's Meta
+    implementation."""
+    sim, torch_calls = on_cpu
+    shape, dim, layout = SCALED_ALL_GATHER_CASES[case]
+    shards = [fp8_shard(shape, dim, layout, seed=600 + r) for r in range(2)]
+    gate, up = [fp8_ints(16, 32, seed=610 + r) for r in range(2)], [fp8_ints(32, 32, seed=620 + r) for r in range(2)]
+    biases = [ints(32, seed=630 + r) for r in range(2)]
+    if scaling == "tensorwise":
+        A_scales = [powers_of_2(seed=640 + r) for r in range(2)]
+        B_scales = [[powers_of_2(seed=650 + r), powers_of_2(1, 1, seed=660 + r)] for r in range(2)]
+    else:
+        A_scales = [powers_of_2(*shape[:-1], 1, seed=640 + r) for r in range(2)]
+        B_scales = [[powers_of_2(1, 16, seed=650 + r), powers_of_2(1, 32, seed=660 + r)] for r in range(2)]
+    fast = [use_fast_accum, not use_fast_accum]
+
+    def arguments(r):
+        return scaled_all_gather_args(shards[r], [gate[r].t(), up[r].t()], A_scales[r], B_scales[r], dim, group,
+                                      biases=[None, biases[r]], use_fast_accum=fast)
+
+    results = sim.run(lambda r: torch.ops.symm_mem.fused_all_gather_scaled_matmul(*arguments(r)))
+    assert torch_calls == [] and sorted(op for _, op in sim.launches) == ["all_gather_gemm"] * 4
+    assert sorted((q.dtype_code, q.scaling, q.accumulation) for q in sim.all_gather_problems) == sorted(
+        [(1, 1 if scaling == "tensorwise" else 2, int(f)) for f in fast] * 2)
+    A = torch.cat([shard.double() for shard in shards], dim=dim)
+    for rank, (gathered, (y_gate, y_up)) in enumerate(results):
+        A_scale = A_scales[rank] if scaling == "tensorwise" else torch.cat(A_scales, dim=dim)
+        assert gathered.dtype == FP8 and torch.equal(gathered.double(), A)
+        assert y_gate.dtype == y_up.dtype == BF16
+        assert torch.equal(y_gate.double(), dequantized_product(A, gate[rank], A_scale, B_scales[rank][0]))
+        assert torch.equal(y_up.double(), dequantized_product(A, up[rank], A_scale, B_scales[rank][1]) +
+                           biases[rank].double())
+        assert (gathered.stride(), [y_gate.stride(), y_up.stride()]) == meta_strides(SCALED_AG, *arguments(rank))
+    assert tpfuse.stats()[SCALED_AG] == {"served": 2, "fallbacks": {}}
+
+
+def test_fp8_all_gather_of_one_row_per_rank_is_rowwise(on_cpu, group):
+    """A shard of one row with an A_scale of (1, 1): torch takes it as that row's scale (rowwise), so every rank's
+    row keeps its own scale."""
+    sim, torch_calls = on_cpu
+    shards = [fp8_ints(1, 32, seed=700 + r) for r in range(2)]
+    weights = [fp8_ints(16, 32, seed=710 + r) for r in range(2)]
+    A_scales = [torch.full((1, 1), 2.0 ** r) for r in range(2)]
+    B_scales = [powers_of_2(1, 16, seed=720 + r) for r in range(2)]
+    results = sim.run(lambda r: call_scaled_all_gather(shards[r], [weights[r].t()], A_scales[r], [B_scales[r]], 0,
+                                                       group))
+    assert torch_calls == [] and {q.scaling for q in sim.all_gather_problems} == {2}
+    A = torch.cat([shard.double() for shard in shards])
+    for rank, (_, [y]) in enumerate(results):
+        assert torch.equal(y.double(), dequantized_product(A, weights[rank], torch.cat(A_scales), B_scales[rank]))
+
+
+def scaled_all_gather_fallback(A=None, Bs=None, A_scale=None, B_scales=None, dim=0, **lists):
+    """A call of the scaled all-gather, each argument tpfuse serves unless given."""
+    A = fp8_ints(8, 32) if A is None else A
+    Bs = [fp8_ints(16, 32).t()] if Bs is None else Bs
+    A_scale = torch.ones(()) if A_scale is None else A_scale
+    B_scales = [torch.ones(()) for _ in Bs] if B_scales is None else B_scales
+    return lambda g: call_scaled_all_gather(A, Bs, A_scale, B_scales, dim, g, **lists)
+
+
+SCALED_ALL_GATHER_FALLBACKS = {
+    # case: (call, reason, what the log says)
+    "empty": (scaled_all_gather_fallback(Bs=[], B_scales=[]), "empty", "Bs is empty"),
+    "lists": (scaled_all_gather_fallback(biases=[None, None]), "arguments",
+              "1 B_scales, 2 biases, 1 result_scales, 1 out_dtypes, 1 use_fast_accum for 1 Bs"),
+    "dim": (scaled_all_gather_fallback(A=fp8_ints(2, 8, 32), dim=2), "dim", "gather_dim = 2 of A (2, 8, 32)"),
+    "e5m2": (scaled_all_gather_fallback(A=fp8_ints(8, 32).to(torch.float8_e5m2)), "dtype",
+             "A is torch.float8_e5m2; tpfuse's FP8 kernels take torch.float8_e4m3fn"),
+    "e5m2_b": (scaled_all_gather_fallback(Bs=[fp8_ints(16, 32).to(torch.float8_e5m2).t()]), "dtype",
+               "B[0] is torch.float8_e5m2"),
+    "row_major_B": (scaled_all_gather_fallback(Bs=[fp8_ints(32, 16)]), "layout",
+                    "B[0] (32, 16) with strides (16, 1) is not column-major"),
+    "k_mismatch": (scaled_all_gather_fallback(Bs=[fp8_ints(16, 64).t()]), "shape",
+                   "B[0] (64, 16) is K x N for K = 64, and A's rows have 32 elements"),
+    "k": (scaled_all_gather_fallback(A=fp8_ints(8, 24), Bs=[fp8_ints(16, 24).t()]), "n_or_k",
+          "B[0]'s K = 24 is not a multiple of 16"),
+    "n": (scaled_all_gather_fallback(Bs=[fp8_ints(12, 32).t()]), "n_or_k", "B[0]'s N = 12 is not a multiple of 8"),
+    "result_scale": (scaled_all_gather_fallback(result_scales=[torch.ones(())]), "result_scale",
+                     "result_scales[0] is given; tpfuse takes none"),
+    "out_dtype_none": (scaled_all_gather_fallback(out_dtypes=[None]), "out_dtype",
+                       "out_dtypes[0] = None (A's dtype, torch.float8_e4m3fn); tpfuse's outputs are torch.bfloat16"),
+    "out_dtype_fp32": (scaled_all_gather_fallback(out_dtypes=[torch.float32]), "out_dtype",
+                       "out_dtypes[0] = torch.float32"),
+    "bias_fp32": (scaled_all_gather_fallback(biases=[torch.zeros(16)]), "bias",
+                  "biases[0] (16,) of torch.float32 on cpu: tpfuse adds a contiguous torch.bfloat16 bias of N = 16"),
+    "scale_dtype": (scaled_all_gather_fallback(A_scale=torch.ones((), dtype=torch.float64)), "scales",
+                    "A_scale is torch.float64 on cpu; tpfuse's scales are torch.float32"),
+    "replicated_rowwise": (scaled_all_gather_fallback(A_scale=torch.ones(16, 1), B_scales=[torch.ones(1, 16)]),
+                           "scales", "A_scale (16, 1) is neither one element (tensorwise) nor this rank's rowwise "
+                           "scales (8, 1) (a rowwise A_scale of every rank's rows is torch's replicated form)"),
+    "mixed_scales": (scaled_all_gather_fallback(A_scale=torch.ones(8, 1)), "scales",
+                     "A_scale (8, 1) is rowwise, and B_scales[0] () is not (1, 16), one per output column"),
+    "b_scale_rowwise": (scaled_all_gather_fallback(B_scales=[torch.ones(1, 16)]), "scales",
+                        "A_scale () is one element (tensorwise), and B_scales[0] (1, 16) is not"),
+    "alignment": (scaled_all_gather_fallback(A=fp8_misaligned(8, 32)), "alignment", "A's data is not 16-byte aligned"),
+}
+
+
+@pytest.mark.parametrize("case", SCALED_ALL_GATHER_FALLBACKS)
+def test_fp8_all_gather_falls_back_and_logs_each_reason_once(on_cpu, group, caplog, case):
     _, torch_calls = on_cpu
-    op = torch.ops.symm_mem.fused_all_gather_scaled_matmul
-    values = {"A": fp8_ints(8, 32), "Bs": [fp8_ints(16, 32).t()], "A_scale": torch.ones(()),
-              "B_scales": [torch.ones(())], "gather_dim": 0, "group_name": group.group_name, "biases": [None],
-              "result_scales": [None], "out_dtypes": [BF16], "use_fast_accum": [False]}
+    call, reason, message = SCALED_ALL_GATHER_FALLBACKS[case]
     with caplog.at_level(logging.WARNING, logger="tpfuse.symm_mem"):
-        for _ in range(2):
-            op(**{argument.name: values[argument.name] for argument in op.default._schema.arguments
-                  if not argument.has_default_value()})
-    assert torch_calls == ["fused_all_gather_scaled_matmul"] * 2
+        call(group)
+        call(group)
+    assert torch_calls == [SCALED_AG, SCALED_AG]
     logged = [record.getMessage() for record in caplog.records if record.name == "tpfuse.symm_mem"]
-    assert len(logged) == 1 and "(fp8: fp8 all-gather not yet served" in logged[0], logged
-    assert tpfuse.stats()["fused_all_gather_scaled_matmul"] == {"served": 0, "fallbacks": {"fp8": 2}}
+    assert len(logged) == 1 and f"symm_mem.{SCALED_AG} call ({reason}: " in logged[0] and message in logged[0], logged
+    assert tpfuse.stats()[SCALED_AG] == {"served": 0, "fallbacks": {reason: 2}}
 
 
 def test_stats_count_the_fp8_reduce_scatter_beside_the_bf16_one(on_cpu, group):
@@ -502,11 +636,13 @@ def test_stats_count_the_fp8_reduce_scatter_beside_the_bf16_one(on_cpu, group):
     call_scaled(A[0], weights[0].t(), *scales[0], 0, group, out_dtype=None)
     a, w = [ints(8, 16, seed=r) for r in range(2)], [ints(8, 16, seed=10 + r) for r in range(2)]
     sim.run(lambda r: call_reduce_scatter(group, a[r], w[r].t()))
+    sim.run(lambda r: call_scaled_all_gather(A[r], [weights[r].t()], *(scale for scale in scales[r][:1]),
+                                             [scales[r][1]], 0, group))
     assert tpfuse.stats() == {
         "fused_matmul_reduce_scatter": {"served": 2, "fallbacks": {}},
         "fused_all_gather_matmul": {"served": 0, "fallbacks": {}},
         SCALED: {"served": 4, "fallbacks": {"out_dtype": 1}},
-        "fused_all_gather_scaled_matmul": {"served": 0, "fallbacks": {}},
+        SCALED_AG: {"served": 2, "fallbacks": {}},
     }
 
 

@@ -1,14 +1,23 @@
 """tpfuse.all_gather_gemm on GPUs, at any world size: against the unfused path (docs/SPEC.md's 1.1x rule
 and an exact mode), the gathered X it returns, reruns, the batch (sequences) against the dim-0 path on the
 same rows, the bias against an FP64 reference, the drop-in and the symm_mem override on dim 1, and calls
-alternating with the reduce-scatter on the communicator both share."""
+alternating with the reduce-scatter on the communicator both share. FP8 (E4M3) inputs, tensorwise and
+rowwise, promoted and fast: the rule against all_gather_into_tensor + torch._scaled_mm with the exact product
+of the dequantized inputs as the reference, the exact mode, the batch, the bias, torch.compile, the override of
+symm_mem.fused_all_gather_scaled_matmul (dims 0 and 1, two Bs), bad tensors, a non-finite scale;
+quantize_all_gather_gemm bit for bit against quantizing the gathered BF16 rows, and Inductor's graph of
+torchao's rowwise recipe rewritten onto it by tpfuse.inductor's pass."""
 
 import pytest
 import torch
+import torch.distributed._functional_collectives as funcol
+import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.symm_mem
 
 import tpfuse
-from tpfuse.checking import (all_gather_reference, all_gather_unfused, errors, gathered_rows, random_operands,
-                             reference_rows, weight_as_k_by_n)
+from tpfuse.checking import (all_gather_reference, all_gather_unfused, assert_bit_for_bit, dequantized, errors,
+                             fp8_all_gather_reference, fp8_all_gather_unfused, fp8_operands, gathered_rows,
+                             random_operands, reference_rows, weight_as_k_by_n)
+from tpfuse.float8 import quantize_rowwise
 
 LAYOUTS = ["nk", "kn"]
 SHAPES = [  # rows of x per rank (M/P), N/P, K
@@ -165,3 +174,219 @@ def test_symm_mem_override_serves_gather_dim_1(group, device, layout):
         reference = rows.float() @ weight_as_k_by_n(weight, layout_name).float()
         unfused = torch.mm(rows, weight_as_k_by_n(weight, layout_name))
         assert errors(out.reshape(-1, n), reference, group).within(errors(unfused, reference, group))
+
+
+# --- FP8 (E4M3) inputs: w is N/P x K ("nk"), K a multiple of 16, Y BF16; torch._scaled_mm, the unfused path,
+# needs N/P a multiple of 16 too ---
+
+SCALINGS = ["tensorwise", "rowwise"]
+FP8_SHAPES = [  # rows of x per rank (M/P), N/P, K
+    (128, 1024, 256),
+    (512, 2048, 1024),
+    (3 * 8, 80, 48),  # no whole tiles
+]
+
+
+def fp8_call(x, w, group, x_scale, w_scale, use_fast_accum=False, **keywords):
+    return tpfuse.all_gather_gemm(x, w, group, x_scale=x_scale, w_scale=w_scale, use_fast_accum=use_fast_accum,
+                                  **keywords)
+
+
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("rows, n, k", FP8_SHAPES)
+def test_fp8_within_the_rule_of_the_unfused_path(group, device, rows, n, k, scaling, use_fast_accum):
+    """Against the exact product of the dequantized gathered rows (FP64), each error at most 1.1x that of
+    all_gather_into_tensor + torch._scaled_mm (the same scales and accumulation); the gathered X is every rank's
+    e4m3 rows, bit for bit; reruns bit for bit."""
+    x, w, x_scale, w_scale = fp8_operands(rows, n, k, device, seed_of(group, rows + n + k), scaling)
+    y, gathered = fp8_call(x, w, group, x_scale, w_scale, use_fast_accum, return_gathered=True)
+    assert y.shape == (rows * group.size(), n) and y.dtype == torch.bfloat16
+    assert gathered.dtype == torch.float8_e4m3fn and torch.equal(gathered.view(torch.uint8),
+                                                                 gathered_rows(x, group).view(torch.uint8))
+    reference = fp8_all_gather_reference(x, w, x_scale, w_scale, group)
+    fused = errors(y, reference, group)
+    unfused = errors(fp8_all_gather_unfused(x, w, x_scale, w_scale, group, use_fast_accum), reference, group)
+    assert fused.within(unfused), f"fused {fused} against unfused {unfused}"
+    assert torch.equal(fp8_call(x, w, group, x_scale, w_scale, use_fast_accum), y)
+
+
+@pytest.mark.parametrize("use_fast_accum", [False, True])
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_fp8_small_integers_are_exact_and_reruns_bit_identical(group, device, scaling, use_fast_accum):
+    """Dequantized entries in {-1, 0, 1}, power-of-2 scales (odd ranks storing halves scaled by twice: rowwise,
+    each rank's row scales travel with its rows; tensorwise, this rank's scale applies to every gathered row),
+    K = 256 (two of the promoted accumulation's 128-deep steps): every output is exact in BF16, so bit for bit.
+    N/P = 520 is a multiple of 8, not of 16."""
+    rows, n, k = 256, 520, 256
+    x, w, x_scale, w_scale = fp8_operands(rows, n, k, device, seed_of(group, 8), scaling, small_integers=True,
+                                          scale_seed=9, odd_rank=group.rank() % 2 == 1)
+    first = fp8_call(x, w, group, x_scale, w_scale, use_fast_accum)
+    assert_bit_for_bit(first, fp8_all_gather_reference(x, w, x_scale, w_scale, group), group.rank())
+    for _ in range(3):
+        assert torch.equal(fp8_call(x, w, group, x_scale, w_scale, use_fast_accum), first)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_fp8_batch_is_the_dim_0_path_in_sequence_order(group, device, scaling):
+    """x (and rowwise, x_scale) holds this rank's 128 rows of each of 3 sequences: Y and the gathered X are the
+    dim-0 path's on the same x, reordered sequence by sequence, bit for bit."""
+    p, batch, shard, n, k = group.size(), 3, 128, 1024, 256
+    x, w, x_scale, w_scale = fp8_operands(batch * shard, n, k, device, seed_of(group, 55), scaling)
+    y, gathered = fp8_call(x, w, group, x_scale, w_scale, return_gathered=True, batch=batch)
+    y_rows, gathered_by_rank = fp8_call(x, w, group, x_scale, w_scale, return_gathered=True)
+    assert torch.equal(y, by_sequence(y_rows, batch, p))
+    assert torch.equal(gathered.view(torch.uint8), by_sequence(gathered_by_rank.view(torch.uint8), batch, p))
+    reference = by_sequence(fp8_all_gather_reference(x, w, x_scale, w_scale, group), batch, p)
+    unfused = by_sequence(fp8_all_gather_unfused(x, w, x_scale, w_scale, group), batch, p)
+    assert errors(y, reference, group).within(errors(unfused, reference, group))
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_fp8_bias_within_the_rule_of_scaled_mms(group, device, scaling):
+    """The bias is added in FP32 to every scaled row before the one rounding: against torch._scaled_mm's bias."""
+    n, k = 1024, 256
+    x, w, x_scale, w_scale = fp8_operands(128, n, k, device, seed_of(group, 56), scaling)
+    bias = torch.randn(n, generator=torch.Generator(device=device).manual_seed(57), device=device).to(torch.bfloat16)
+    y = fp8_call(x, w, group, x_scale, w_scale, bias=bias)
+    reference = fp8_all_gather_reference(x, w, x_scale, w_scale, group, bias=bias)
+    fused = errors(y, reference, group)
+    scaled_mm = errors(fp8_all_gather_unfused(x, w, x_scale, w_scale, group, bias=bias), reference, group)
+    assert fused.within(scaled_mm), f"fused {fused} against torch._scaled_mm {scaled_mm}"
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_fp8_torch_compile(group, device, mode):
+    x, w, x_scale, w_scale = fp8_operands(256, 1024, 256, device, seed_of(group, 58), "rowwise")
+
+    def layer(x, w, x_scale, w_scale):
+        return torch.relu(fp8_call(x, w, group, x_scale, w_scale, use_fast_accum=True)).float() * 0.5
+
+    compiled = torch.compile(layer, fullgraph=True, mode=mode)
+    eager = layer(x, w, x_scale, w_scale)
+    for _ in range(3):  # reduce-overhead: warm-up runs, then CUDA graph replays
+        assert torch.equal(compiled(x, w, x_scale, w_scale), eager)
+
+
+def scaled_all_gather_args(A, Bs, A_scale, B_scales, gather_dim, group, biases):
+    """The arguments of symm_mem.fused_all_gather_scaled_matmul in the installed torch's schema: BF16 out,
+    promoted sums, no result scale."""
+    values = {"A": A, "Bs": Bs, "A_scale": A_scale, "B_scales": B_scales, "gather_dim": gather_dim,
+              "group_name": group.group_name, "biases": biases, "result_scales": [None] * len(Bs),
+              "out_dtypes": [torch.bfloat16] * len(Bs), "use_fast_accum": [False] * len(Bs)}
+    schema = torch.ops.symm_mem.fused_all_gather_scaled_matmul.default._schema
+    return [values[argument.name] for argument in schema.arguments]
+
+
+@pytest.mark.parametrize("scaling", SCALINGS)
+@pytest.mark.parametrize("gather_dim, layout", [(0, "contiguous"), (1, "contiguous"), (1, "token_major")])
+def test_symm_mem_override_serves_the_fp8_all_gather(group, device, scaling, gather_dim, layout):
+    """torch's FP8 all-gather of [b, s/P, K] along the batch or the sequence, two Bs (the second with a bias):
+    served, the gathered A bit for bit, the outputs in torch's layout, each within the rule of
+    all_gather_into_tensor + torch._scaled_mm on the same rows."""
+    p, batch, shard, n, k = group.size(), 2, 64, 512, 256
+    x, w, x_scale, w_scale = fp8_operands(batch * shard, n, k, device, seed_of(group, 59), scaling)
+    _, up, _, up_scale = fp8_operands(8, 256, k, device, seed_of(group, 60), scaling)
+    bias = torch.randn(256, generator=torch.Generator(device=device).manual_seed(61), device=device).to(torch.bfloat16)
+    rowwise = scaling == "rowwise"
+    A, A_scale = x.view(batch, shard, k), x_scale.view(batch, shard, 1) if rowwise else x_scale
+    if layout == "token_major":
+        A = A.transpose(0, 1).contiguous().transpose(0, 1)
+        A_scale = A_scale.transpose(0, 1).contiguous().transpose(0, 1) if rowwise else A_scale
+    tpfuse.reset_stats()
+    with tpfuse.use_for_symm_mem():
+        gathered, (y, y_up) = torch.ops.symm_mem.fused_all_gather_scaled_matmul(*scaled_all_gather_args(
+            A, [w.t(), up.t()], A_scale, [w_scale, up_scale], gather_dim, group, [None, bias]))
+    assert tpfuse.stats()["fused_all_gather_scaled_matmul"] == {"served": 1, "fallbacks": {}}
+
+    # The rows gathered rank by rank, in the gathered A's order (along dim 1: sequence by sequence).
+    def in_order(rows):
+        if gather_dim == 0:
+            return rows
+        return rows.view(p, batch, shard, -1).transpose(0, 1).reshape(rows.shape)
+
+    X = in_order(gathered_rows(x, group))
+    X_scale = in_order(gathered_rows(x_scale, group)) if rowwise else x_scale
+    assert torch.equal(gathered.reshape(-1, k).view(torch.uint8), X.view(torch.uint8))
+    for out, weight, scale, out_bias in ((y, w, w_scale, None), (y_up, up, up_scale, bias)):
+        columns = weight.shape[0]
+        expected_shape = [batch, shard, columns]
+        expected_shape[gather_dim] *= p
+        assert list(out.shape) == expected_shape and out.dtype == torch.bfloat16
+        assert out.movedim(gather_dim, 0).is_contiguous()  # torch's layout: token-major along the gathered dim
+        reference = dequantized(X, X_scale) @ dequantized(weight, scale).t()
+        if out_bias is not None:
+            reference = reference + out_bias.double()
+        unfused = torch._scaled_mm(X, weight.t(), X_scale, scale, bias=out_bias, out_dtype=torch.bfloat16)
+        assert errors(out.reshape(-1, columns), reference, group).within(errors(unfused, reference, group))
+
+
+def test_quantize_all_gather_gemm_is_bit_identical_to_quantizing_the_gathered_rows(group, device):
+    """Each rank quantizes its BF16 rows (torchao's rowwise recipe) and the FP8 all-gather multiplies them: the
+    same bits as gathering the BF16 rows, quantizing them all, and running the FP8 all-gather on this rank's share
+    of them; within the rule of torch._scaled_mm on the quantized gathered rows (torchao's unfused path)."""
+    rows, n, k = 256, 1024, 512
+    generator = torch.Generator(device=device).manual_seed(seed_of(group, 62))
+    x = (torch.randn(rows, k, generator=generator, device=device) * 3).to(torch.bfloat16)
+    _, w, _, w_scale = fp8_operands(8, n, k, device, seed_of(group, 63), "rowwise")
+    y = tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale)
+    all_rows, all_scales = quantize_rowwise(gathered_rows(x, group))
+    mine = slice(group.rank() * rows, (group.rank() + 1) * rows)
+    x8, x_scale = quantize_rowwise(x)
+    assert torch.equal(x8.view(torch.uint8), all_rows[mine].view(torch.uint8)) and torch.equal(x_scale,
+                                                                                              all_scales[mine])
+    assert torch.equal(y, fp8_call(x8, w, group, x_scale, w_scale))
+    reference = fp8_all_gather_reference(x8, w, x_scale, w_scale, group)
+    unfused = torch._scaled_mm(all_rows, w.t(), all_scales, w_scale, out_dtype=torch.bfloat16)
+    assert errors(y, reference, group).within(errors(unfused, reference, group))
+
+
+def test_inductor_pass_runs_torchaos_rowwise_recipe_on_tpfuse(group, device):
+    """The recipe (gather BF16 rows, quantize them rowwise, torch._scaled_mm), compiled with tpfuse.inductor's
+    pass: the compiled layer gives quantize_all_gather_gemm's bits."""
+    rows, n, k = 256, 1024, 512
+    generator = torch.Generator(device=device).manual_seed(seed_of(group, 64))
+    x = torch.randn(rows, k, generator=generator, device=device).to(torch.bfloat16)
+    _, w, _, w_scale = fp8_operands(8, n, k, device, seed_of(group, 65), "rowwise")
+
+    def layer(x, w, w_scale):
+        gathered, scales = quantize_rowwise(funcol.all_gather_tensor(x, 0, group))
+        return torch._scaled_mm(gathered, w.t(), scales, w_scale, out_dtype=torch.bfloat16)
+
+    installed = tpfuse.inductor.install_float8_all_gather_pass()
+    try:
+        torch._dynamo.reset()
+        y = torch.compile(layer, fullgraph=True)(x, w, w_scale)
+    finally:
+        installed.uninstall()
+        torch._dynamo.reset()
+    assert torch.equal(y, tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale))
+
+
+def test_fp8_bad_tensors_raise_and_the_next_call_works(group, device):
+    x, w, x_scale, w_scale = fp8_operands(64, 128, 64, device, seed_of(group, 66), "rowwise")
+    with pytest.raises(tpfuse.InvalidArgumentError, match="x_scale is on cpu"):
+        fp8_call(x, w, group, x_scale.cpu(), w_scale)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="they need x_scale and w_scale"):
+        tpfuse.all_gather_gemm(x, w, group)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="w_scale has dtype torch.bfloat16"):
+        fp8_call(x, w, group, x_scale, w_scale.to(torch.bfloat16))
+    with pytest.raises(tpfuse.UnsupportedError, match="FP8 weights are N/P x K"):
+        fp8_call(x, w.t().contiguous(), group, x_scale, w_scale, weight_layout="kn")
+    with pytest.raises(tpfuse.UnsupportedError, match="x has dtype torch.float8_e5m2"):
+        fp8_call(x.to(torch.float8_e5m2), w.to(torch.float8_e5m2), group, x_scale, w_scale)
+    y = fp8_call(x, w, group, x_scale, w_scale)
+    reference = fp8_all_gather_reference(x, w, x_scale, w_scale, group)
+    assert errors(y, reference, group).within(errors(fp8_all_gather_unfused(x, w, x_scale, w_scale, group),
+                                                     reference, group))
+
+
+def test_fp8_non_finite_scale_gives_non_finite_rows_not_an_error(group, device):
+    """Scales stay on the GPU (checking them would synchronize): a NaN scale on every rank makes every output
+    NaN, and the call and the next one succeed."""
+    x, w, x_scale, w_scale = fp8_operands(64, 128, 64, device, seed_of(group, 67), "tensorwise")
+    y = fp8_call(x, w, group, torch.full_like(x_scale, float("nan")), w_scale)
+    torch.cuda.synchronize()
+    tpfuse.status(group)
+    assert torch.isnan(y).all()
+    assert torch.isfinite(fp8_call(x, w, group, x_scale, w_scale)).all()

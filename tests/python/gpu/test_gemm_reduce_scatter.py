@@ -15,8 +15,8 @@ import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.
 
 import tpfuse
 from tpfuse import _communicators
-from tpfuse.checking import (errors, fp8_operands, fp8_reference_rows, fp8_unfused_rows, random_operands,
-                             reference_rows, unfused_rows, weight_as_k_by_n)
+from tpfuse.checking import (assert_bit_for_bit, errors, fp8_operands, fp8_reference_rows, fp8_unfused_rows,
+                             random_operands, reference_rows, unfused_rows, weight_as_k_by_n)
 
 LAYOUTS = ["nk", "kn"]
 SHAPES = [  # M (a multiple of 8 * P: any P up to 8 divides it), N, K/P
@@ -288,11 +288,7 @@ def test_fp8_small_integers_are_exact_and_reruns_bit_identical(group, device, sc
     a, w, a_scale, w_scale = fp8_operands(m, n, k, device, seed_of(group, 8), scaling, small_integers=True,
                                           scale_seed=9, odd_rank=group.rank() % 2 == 1)
     first = fp8_call(a, w, group, a_scale, w_scale, use_fast_accum)
-    reference = fp8_reference_rows(a, w, a_scale, w_scale, group)
-    expected = reference.to(torch.bfloat16)
-    assert torch.equal(expected.double(), reference), "the test's premise: every output exact in BF16"
-    mismatches = (first != expected).nonzero()
-    assert mismatches.numel() == 0, f"rank {group.rank()}: first wrong (row, column) {mismatches[0].tolist()}"
+    assert_bit_for_bit(first, fp8_reference_rows(a, w, a_scale, w_scale, group), group.rank())
     for _ in range(3):
         assert torch.equal(fp8_call(a, w, group, a_scale, w_scale, use_fast_accum), first)
 
@@ -397,8 +393,6 @@ def test_fp8_bad_tensors_raise_and_the_next_call_works(group, device):
         fp8_call(a, w, group, a_scale, w_scale.to(torch.bfloat16))
     with pytest.raises(tpfuse.UnsupportedError, match="FP8 weights are N x K/P"):
         fp8_call(a, w.t().contiguous(), group, a_scale, w_scale, weight_layout="kn")
-    with pytest.raises(tpfuse.UnsupportedError, match="tpfuse's all-gather does not serve FP8 inputs yet"):
-        tpfuse.all_gather_gemm(a, w, group)
     out = fp8_call(a, w, group, a_scale, w_scale)
     reference = fp8_reference_rows(a, w, a_scale, w_scale, group)
     assert errors(out, reference, group).within(
