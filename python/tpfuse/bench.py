@@ -16,6 +16,13 @@ queued, so host launch time is not in the GPU times: it is reported on its own (
 slowest rank's median time to queue one call). K per rank is K / --tp (docs/SPEC.md: P = 8) at every world
 size. The JSON has tpfuse_bench's schema plus the async-TP and host-time columns. Progress goes to
 stderr, the table to stdout.
+
+With --fp8 tensorwise|rowwise (and --fast-accum), each shape also runs with E4M3 inputs (a M x K/P, w the
+N x K/P weight) and FP32 scales, these calls interleaved in one loop: T_gemm_fp8 (torch._scaled_mm),
+T_seq_fp8 (it, then the reduce-scatter on T_seq's path), T_fused_fp8 (tpfuse), T_async_tp_fp8
+(torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter, torch's own kernel: left out, with the reason,
+where it cannot run) and tpfuse's BF16 call again (T_fused_bf16: what FP8 buys); E, speedup and the rule as
+above, against torch._scaled_mm + reduce_scatter_tensor and the exact product of the dequantized inputs.
 """
 
 import argparse
@@ -39,7 +46,9 @@ import torch.distributed._symmetric_memory as symm_mem
 import tpfuse
 from tpfuse import _library
 from tpfuse._communicators import torch_nccl_comm
-from tpfuse.checking import ERROR_FACTOR, errors, random_operands, reference_rows, unfused_rows, weight_as_k_by_n
+from tpfuse.checking import (ERROR_FACTOR, errors, fp8_operands, fp8_reference_rows, fp8_unfused_rows,
+                             random_operands, reference_rows, unfused_rows, weight_as_k_by_n)
+from tpfuse.symm_mem import is_overridden
 
 # docs/SPEC.md's shapes: the table the C++ benchmark is built from too.
 _SHAPES = json.loads(pathlib.Path(__file__).with_name("shapes.json").read_text())
@@ -86,7 +95,14 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: drawn, and reported)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--git-commit", default=None, help="the commit to report (default: git's, in this folder)")
-    return parser.parse_args(argv)
+    parser.add_argument("--fp8", choices=["tensorwise", "rowwise"], default=None,
+                        help="also time E4M3 inputs with FP32 scales of this scaling (the *_fp8 columns)")
+    parser.add_argument("--fast-accum", action="store_true",
+                        help="with --fp8: the tensor cores' own accumulation (torch._scaled_mm's use_fast_accum)")
+    args = parser.parse_args(argv)
+    if args.fast_accum and args.fp8 is None:
+        parser.error("--fast-accum applies to the FP8 calls: give --fp8 tensorwise or --fp8 rowwise")
+    return args
 
 
 class Run:
@@ -126,44 +142,77 @@ class Run:
 
     def time(self, call) -> tuple:
         """(GPU ms, host us) of call(i): medians over the iterations of the slowest rank's times."""
-        events = []
-        host_s = []
+        return self.time_interleaved({"call": call})["call"]
+
+    def time_interleaved(self, calls: dict) -> dict:
+        """{name: (GPU ms, host us)} of each call(i), timed in turn in every iteration, each on the next i (the
+        next input set): medians over the iterations of the slowest rank's times."""
+        names = list(calls)
+        events = {name: [] for name in names}
+        host_s = {name: [] for name in names}
         for i in range(self.args.warmup + self.args.iters):
-            self.align()
-            if self.gate_cycles:
-                torch.cuda._sleep(int(self.gate_cycles))
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            queued = time.perf_counter()
-            call(i)
-            host = time.perf_counter() - queued
-            end.record()
-            if i >= self.args.warmup:
-                events.append((start, end))
-                host_s.append(host)
+            for j, name in enumerate(names):
+                self.align()
+                if self.gate_cycles:
+                    torch.cuda._sleep(int(self.gate_cycles))
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                queued = time.perf_counter()
+                calls[name](i * len(names) + j)
+                host = time.perf_counter() - queued
+                end.record()
+                if i >= self.args.warmup:
+                    events[name].append((start, end))
+                    host_s[name].append(host)
         torch.cuda.synchronize()
-        gpu_ms = torch.tensor([start.elapsed_time(end) for start, end in events], device=self.device)
+        gpu_ms = torch.tensor([[start.elapsed_time(end) for start, end in events[name]] for name in names],
+                              device=self.device)
         dist.all_reduce(gpu_ms, op=dist.ReduceOp.MAX, group=self.group)  # each iteration's slowest rank
-        host_us = torch.tensor([statistics.median(host_s) * 1e6], device=self.device)
+        host_us = torch.tensor([statistics.median(host_s[name]) * 1e6 for name in names], device=self.device)
         dist.all_reduce(host_us, op=dist.ReduceOp.MAX, group=self.group)
-        return statistics.median(gpu_ms.tolist()), host_us.item()
+        return {name: (statistics.median(gpu_ms[j].tolist()), host_us[j].item()) for j, name in enumerate(names)}
+
+
+def input_set_count(shape: Shape, world_size: int, fp8: bool, l2_bytes: int, free_bytes: int) -> int:
+    """How many input sets to rotate: enough that each format's timed bytes (the BF16 inputs with the BF16
+    partial, rows and fused out; with fp8 also the E4M3 inputs with the same outputs) over all sets are twice
+    the L2 cache's, at most MAX_INPUT_SETS and a quarter of the free memory."""
+    m, n, k, p = shape.m, shape.n, shape.k_per_rank, world_size
+    outputs = 2 * (m * n + 2 * (m // p) * n)
+    bf16_inputs, fp8_inputs = 2 * (m * k + k * n), m * k + k * n
+    streamed = [bf16_inputs + outputs] + ([fp8_inputs + outputs] if fp8 else [])
+    set_bytes = bf16_inputs + outputs + (fp8_inputs if fp8 else 0)
+    return max(1, min(MAX_INPUT_SETS, max(math.ceil(2 * l2_bytes / size) for size in streamed),
+                      free_bytes // 4 // set_bytes))
+
+
+def input_seed(seed: int, shape_index: int, set_index: int, rank: int) -> int:
+    return seed + 7919 * (shape_index * MAX_INPUT_SETS + set_index) + 104729 * rank
 
 
 def input_sets(shape: Shape, run: Run, seed: int, shape_index: int) -> list:
-    """Rotated input sets (a, w, partial, rows, fused out), enough to stream past the L2 cache."""
+    """Rotated input sets (a, w, partial, rows, fused out), enough to stream past the L2 cache (with --fp8,
+    counting fp8_input_sets' too)."""
     m, n, k, p = shape.m, shape.n, shape.k_per_rank, run.world_size
-    set_bytes = 2 * (m * k + k * n + m * n + 2 * (m // p) * n)
-    l2_bytes = torch.cuda.get_device_properties(run.device).L2_cache_size
-    budget = torch.cuda.mem_get_info(run.device)[0] // 4
-    count = max(1, min(MAX_INPUT_SETS, math.ceil(2 * l2_bytes / set_bytes), budget // set_bytes))
+    count = input_set_count(shape, p, run.args.fp8 is not None,
+                            torch.cuda.get_device_properties(run.device).L2_cache_size,
+                            torch.cuda.mem_get_info(run.device)[0])
     sets = []
     for s in range(count):
-        a, w = random_operands(m, n, k, run.args.layout, run.device,
-                               seed + 7919 * (shape_index * MAX_INPUT_SETS + s) + 104729 * run.rank)
+        a, w = random_operands(m, n, k, run.args.layout, run.device, input_seed(seed, shape_index, s, run.rank))
         partial = torch.empty(m, n, dtype=torch.bfloat16, device=run.device)
         rows = torch.empty(m // p, n, dtype=torch.bfloat16, device=run.device)
         sets.append((a, w, partial, rows, torch.full_like(rows, float("nan"))))
     return sets
+
+
+def fp8_input_sets(shape: Shape, run: Run, seed: int, shape_index: int, count: int) -> list:
+    """`count` rotated E4M3 input sets (a M x K/P, w N x K/P, a_scale, w_scale) of --fp8's scaling: normal
+    values quantized with the scales that map each tensor's (rowwise: each row's) largest magnitude to E4M3's;
+    tensorwise scales one element each, rowwise a_scale (M, 1) and w_scale (1, N). They share the BF16 sets'
+    partial, rows and fused out."""
+    return [fp8_operands(shape.m, shape.n, shape.k_per_rank, run.device, input_seed(seed, shape_index, s, run.rank),
+                         run.args.fp8) for s in range(count)]
 
 
 class SymmetricWindows:
@@ -238,11 +287,14 @@ class _DeviceMemory:
                                          "version": 3}
 
 
-def efficiency(row: dict, t_fused: float, suffix: str) -> None:
-    hidden = row["t_gemm_ms"] + row["t_comm_ms"] - t_fused
+def efficiency(row: dict, t_fused: float, suffix: str, inputs: str = "") -> None:
+    """E, E_hideable and speedup (+ suffix) of a fused time against T_gemm and T_seq of the inputs' format
+    (inputs: "" BF16, "_fp8" E4M3) and T_comm."""
+    t_gemm, t_seq = row[f"t_gemm{inputs}_ms"], row[f"t_seq{inputs}_ms"]
+    hidden = t_gemm + row["t_comm_ms"] - t_fused
     row["E" + suffix] = hidden / row["t_comm_ms"]
-    row["E_hideable" + suffix] = hidden / min(row["t_gemm_ms"], row["t_comm_ms"])
-    row["speedup" + suffix] = row["t_seq_ms"] / t_fused
+    row["E_hideable" + suffix] = hidden / min(t_gemm, row["t_comm_ms"])
+    row["speedup" + suffix] = t_seq / t_fused
 
 
 def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
@@ -251,15 +303,35 @@ def run_shape(shape: Shape, shape_index: int, run: Run, seed: int) -> dict:
         row.update(status=f"skipped: M not divisible by {run.world_size} GPUs", wrong=0, input_sets=0)
         return row
     sets = input_sets(shape, run, seed, shape_index)
+    fp8_sets = fp8_input_sets(shape, run, seed, shape_index, len(sets)) if run.args.fp8 else []
     row["input_sets"] = len(sets)
     windows = SymmetricWindows(run, shape.m, shape.n, len(sets))
     try:
-        return measure_shape(row, run, sets, windows)
+        return measure_shape(row, run, sets, fp8_sets, windows)
     finally:
         windows.free()
 
 
-def measure_shape(row: dict, run: Run, sets: list, windows: SymmetricWindows) -> dict:
+def torch_kernel_reason() -> str:
+    """Why a call of torch.ops.symm_mem's ops would not time torch's own kernels ('' where it would)."""
+    if is_overridden("CUDA"):
+        return "tpfuse's override of torch's symm_mem ops (tpfuse.use_for_symm_mem) is on: the call would run tpfuse"
+    return ""
+
+
+def torch_fp8_reduce_scatter_args(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+                                  group_name: str) -> list:
+    """The arguments without defaults of torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter for
+    torch._scaled_mm(a, w.t()) reduce-scattered along its rows, in the installed torch's schema (torch 2.7:
+    scatter_dim; later: orig_scatter_dim, scatter_dim_after_maybe_reshape and output_shape)."""
+    values = {"A": a, "B": w.t(), "A_scale": a_scale, "B_scale": w_scale, "reduce_op": "sum", "scatter_dim": 0,
+              "orig_scatter_dim": 0, "scatter_dim_after_maybe_reshape": 0, "group_name": group_name,
+              "output_shape": [a.shape[0], w.shape[0]]}
+    schema = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default._schema
+    return [values[argument.name] for argument in schema.arguments if not argument.has_default_value()]
+
+
+def measure_shape(row: dict, run: Run, sets: list, fp8_sets: list, windows: SymmetricWindows) -> dict:
     layout, group, group_name = run.args.layout, run.group, run.group.group_name
     if windows.reason:
         row["note"] = f"no symmetric window: {windows.reason}"
@@ -293,6 +365,9 @@ def measure_shape(row: dict, run: Run, sets: list, windows: SymmetricWindows) ->
     for s in range(len(windows.partials)):  # the partials the symmetric path reduces: the GEMM's
         gemm(s, symmetric=True)
 
+    torch_reason = torch_kernel_reason()
+    if torch_reason:
+        row["async_tp_status"] = torch_reason
     wrong = 0
     if run.args.check:
         a, w, _, _, out = sets[0]
@@ -311,12 +386,13 @@ def measure_shape(row: dict, run: Run, sets: list, windows: SymmetricWindows) ->
         row.update(fused_max_rel=measured.max_rel, fused_norm_rel=measured.norm_rel,
                    rule="pass" if measured.within(unfused) else "FAIL")
         wrong += measured.nonfinite
-        try:
-            measured = errors(async_tp(0), reference, group)
-            row.update(async_tp_max_rel=measured.max_rel, async_tp_norm_rel=measured.norm_rel,
-                       rule_async_tp="pass" if measured.within(unfused) else "FAIL")
-        except Exception as error:  # torch's op may refuse a shape; tpfuse's columns still count
-            row["async_tp_status"] = f"{type(error).__name__}: {error}"
+        if "async_tp_status" not in row:
+            try:
+                measured = errors(async_tp(0), reference, group)
+                row.update(async_tp_max_rel=measured.max_rel, async_tp_norm_rel=measured.norm_rel,
+                           rule_async_tp="pass" if measured.within(unfused) else "FAIL")
+            except Exception as error:  # torch's op may refuse a shape; tpfuse's columns still count
+                row["async_tp_status"] = f"{type(error).__name__}: {error}"
     row["wrong"] = wrong
 
     row["t_gemm_ms"], row["host_gemm_us"] = run.time(gemm)
@@ -337,8 +413,75 @@ def measure_shape(row: dict, run: Run, sets: list, windows: SymmetricWindows) ->
             row["async_tp_status"] = "ok"
         except Exception as error:
             row["async_tp_status"] = f"{type(error).__name__}: {error}"
+    if fp8_sets:
+        partials = windows.partials if seq_symmetric else [partial for _, _, partial, _, _ in sets]
+        measure_fp8(row, run, sets, fp8_sets, partials, comm_sym if seq_symmetric else comm_ring, fused)
     row["status"] = "ok"
     return row
+
+
+def measure_fp8(row: dict, run: Run, sets: list, fp8_sets: list, partials: list, comm, fused_bf16) -> None:
+    """The *_fp8 columns: torch._scaled_mm into `partials` alone and followed by `comm` (T_seq's reduce-scatter
+    of them), tpfuse's FP8 call, torch's fused_scaled_matmul_reduce_scatter and tpfuse's BF16 call (fused_bf16),
+    interleaved in one loop; checked against the exact product of the dequantized inputs."""
+    group, fast_accum, count = run.group, run.args.fast_accum, len(fp8_sets)
+    torch_args = [torch_fp8_reduce_scatter_args(*operands, group.group_name) for operands in fp8_sets]
+
+    def gemm(i):
+        a, w, a_scale, w_scale = fp8_sets[i % count]
+        torch._scaled_mm(a, w.t(), a_scale, w_scale, out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
+                         out=partials[i % count])
+
+    def seq(i):
+        gemm(i)
+        comm(i)
+
+    def fused(i):
+        a, w, a_scale, w_scale = fp8_sets[i % count]
+        tpfuse.gemm_reduce_scatter(a, w, group, out=sets[i % count][4], a_scale=a_scale, w_scale=w_scale,
+                                   use_fast_accum=fast_accum)
+
+    def async_tp(i):
+        return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(*torch_args[i % count], out_dtype=torch.bfloat16,
+                                                                     use_fast_accum=fast_accum)
+
+    # torch's op runs once before the loop: where it cannot run (or would not be torch's), its columns are left out.
+    torch_reason, torch_rows = torch_kernel_reason(), None
+    if not torch_reason:
+        try:
+            torch_rows = async_tp(0)
+        except Exception as error:
+            torch_reason = f"{type(error).__name__}: {error}"
+    wrong = 0
+    if run.args.check:
+        a, w, a_scale, w_scale = fp8_sets[0]
+        reference = fp8_reference_rows(a, w, a_scale, w_scale, group)
+        unfused = errors(fp8_unfused_rows(a, w, a_scale, w_scale, group, fast_accum), reference, group)
+        row.update(unfused_fp8_max_rel=unfused.max_rel, unfused_fp8_norm_rel=unfused.norm_rel)
+        wrong += unfused.nonfinite
+        out = sets[0][4]
+        out.fill_(float("nan"))
+        fused(0)
+        measured = errors(out, reference, group)
+        row.update(fused_fp8_max_rel=measured.max_rel, fused_fp8_norm_rel=measured.norm_rel,
+                   rule_fp8="pass" if measured.within(unfused) else "FAIL")
+        wrong += measured.nonfinite
+        if torch_rows is not None:
+            measured = errors(torch_rows, reference, group)
+            row.update(async_tp_fp8_max_rel=measured.max_rel, async_tp_fp8_norm_rel=measured.norm_rel,
+                       rule_async_tp_fp8="pass" if measured.within(unfused) else "FAIL")
+    row["wrong"] += wrong
+
+    calls = {"gemm_fp8": gemm, "seq_fp8": seq, "fused_fp8": fused, "fused_bf16": fused_bf16}
+    if not torch_reason:
+        calls["async_tp_fp8"] = async_tp
+    for name, (gpu_ms, host_us) in run.time_interleaved(calls).items():
+        row[f"t_{name}_ms"], row[f"host_{name}_us"] = gpu_ms, host_us
+    efficiency(row, row["t_fused_fp8_ms"], "_fp8", "_fp8")
+    if not torch_reason:
+        efficiency(row, row["t_async_tp_fp8_ms"], "_async_tp_fp8", "_fp8")
+    row["fused_fp8_over_bf16"] = row["t_fused_bf16_ms"] / row["t_fused_fp8_ms"]
+    row["async_tp_fp8_status"] = torch_reason or "ok"
 
 
 COLUMNS = [  # key, header, width, format ("s": text)
@@ -353,11 +496,25 @@ COLUMNS = [  # key, header, width, format ("s": text)
     ("host_async_tp_us", "host_aTP(us)", 12, ".1f"), ("rule", "rule", 4, "s"), ("rule_async_tp", "rule_aTP", 8, "s"),
     ("wrong", "#wrong", 6, "d"), ("status", "status", 0, "s")
 ]
+FP8_COLUMNS = [  # --fp8's, before #wrong and status
+    ("t_gemm_fp8_ms", "T_gemm_fp8(ms)", 14, ".4f"), ("t_seq_fp8_ms", "T_seq_fp8(ms)", 13, ".4f"),
+    ("t_fused_fp8_ms", "T_fused_fp8(ms)", 15, ".4f"), ("E_fp8", "E_fp8", 6, ".3f"),
+    ("E_hideable_fp8", "E_hide_fp8", 10, ".3f"), ("speedup_fp8", "speedup_fp8", 11, ".3f"),
+    ("t_async_tp_fp8_ms", "T_asyncTP_fp8(ms)", 17, ".4f"), ("E_async_tp_fp8", "E_aTP_fp8", 9, ".3f"),
+    ("speedup_async_tp_fp8", "spd_aTP_fp8", 11, ".3f"), ("t_fused_bf16_ms", "T_fused_bf16(ms)", 16, ".4f"),
+    ("fused_fp8_over_bf16", "bf16/fp8", 8, ".3f"), ("host_fused_fp8_us", "host_fus_fp8(us)", 16, ".1f"),
+    ("host_async_tp_fp8_us", "host_aTP_fp8(us)", 16, ".1f"), ("rule_fp8", "rule_fp8", 8, "s"),
+    ("rule_async_tp_fp8", "rule_aTP_fp8", 12, "s")
+]
 
 
-def table_line(row: dict) -> str:
+def table_columns(fp8: bool) -> list:
+    return COLUMNS[:-2] + FP8_COLUMNS + COLUMNS[-2:] if fp8 else COLUMNS
+
+
+def table_line(row: dict, columns: list = COLUMNS) -> str:
     cells = []
-    for key, _, width, form in COLUMNS:
+    for key, _, width, form in columns:
         value = row.get(key)
         if value is None:
             cells.append("-".rjust(width))
@@ -368,9 +525,9 @@ def table_line(row: dict) -> str:
     return "  " + " ".join(cells)
 
 
-def header_line() -> str:
+def header_line(columns: list = COLUMNS) -> str:
     return "# " + " ".join(f"{header:<{width}}" if form == "s" else f"{header:>{width}}"
-                           for _, header, width, form in COLUMNS)
+                           for _, header, width, form in columns)
 
 
 def finite_or_none(value):
@@ -388,15 +545,18 @@ def geomean(values: list):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def summarize(rows: list) -> dict:
+def summarize(rows: list, fp8: bool = False) -> dict:
     summary = {"shapes": len(rows)}
-    for suffix, name in (("", "fused"), ("_async_tp", "async_tp")):
+    fused_ops = [("", "fused", ""), ("_async_tp", "async_tp", "")]  # row suffix, name, inputs (efficiency's)
+    if fp8:
+        fused_ops += [("_fp8", "fused_fp8", "_fp8"), ("_async_tp_fp8", "async_tp_fp8", "_fp8")]
+    for suffix, name, inputs in fused_ops:
         ran = [row for row in rows if ("E" + suffix) in row]
-        bound = [row for row in ran if row["t_comm_ms"] <= row["t_gemm_ms"]]
-        prefix = "" if not suffix else "async_tp_"
+        bound = [row for row in ran if row["t_comm_ms"] <= row[f"t_gemm{inputs}_ms"]]
+        prefix = suffix[1:] + "_" if suffix else ""
         summary[f"{name}_ran"] = len(ran)
-        if not suffix:
-            summary["compute_bound"] = len(bound)
+        if suffix == inputs:
+            summary[f"{prefix}compute_bound"] = len(bound)
         summary[f"{prefix}E_met"] = sum(row["E" + suffix] >= TARGET_E for row in bound)
         summary[f"{prefix}E_hideable_met"] = sum(row["E_hideable" + suffix] >= TARGET_E for row in ran)
         if bound:
@@ -405,12 +565,19 @@ def summarize(rows: list) -> dict:
             summary[f"{prefix}E_hideable_min"] = min(row["E_hideable" + suffix] for row in ran)
             summary[f"{prefix}speedup_geomean"] = geomean([row["speedup" + suffix] for row in ran])
         summary[f"{prefix}rule_failures"] = sum(row.get("rule" + suffix) == "FAIL" for row in rows)
-    both = [row for row in rows if "t_async_tp_ms" in row and "t_fused_ms" in row]
-    if both:
-        summary["fused_over_async_tp_geomean"] = geomean([row["t_async_tp_ms"] / row["t_fused_ms"] for row in both])
-    timed = [row for row in rows if "host_fused_us" in row and "host_gemm_us" in row]
-    if timed:  # the host time of a tpfuse call beyond torch.mm's (issue 41's budget: 10 us)
-        summary["host_fused_over_mm_us_max"] = max(row["host_fused_us"] - row["host_gemm_us"] for row in timed)
+    ratios = [("fused_over_async_tp", "fused", "async_tp")]  # name, tpfuse's call, the call it is set against
+    if fp8:
+        ratios += [("fused_fp8_over_async_tp_fp8", "fused_fp8", "async_tp_fp8"),
+                   ("fused_fp8_over_bf16", "fused_fp8", "fused_bf16")]
+    for name, ours, other in ratios:  # T_other / T_ours over the shapes that timed both
+        both = [row for row in rows if f"t_{other}_ms" in row and f"t_{ours}_ms" in row]
+        if both:
+            summary[f"{name}_geomean"] = geomean([row[f"t_{other}_ms"] / row[f"t_{ours}_ms"] for row in both])
+    for inputs in ("", "_fp8") if fp8 else ("",):
+        timed = [row for row in rows if f"host_fused{inputs}_us" in row and f"host_gemm{inputs}_us" in row]
+        if timed:  # the host time of a tpfuse call beyond torch.mm's or torch._scaled_mm's (issue 41's budget: 10 us)
+            summary[f"host_fused{inputs}_over_mm_us_max"] = max(
+                row[f"host_fused{inputs}_us"] - row[f"host_gemm{inputs}_us"] for row in timed)
     summary["wrong"] = sum(row.get("wrong", 0) for row in rows)
     summary["failed"] = sum(not row.get("status", "").startswith(("ok", "skipped")) for row in rows)
     return summary
@@ -471,8 +638,19 @@ def meta(run: Run, args, seed: int) -> dict:
         "nccl_library": nccl.path,
         "options": {"mode": "python", "warmup": args.warmup, "iters": args.iters, "check": args.check,
                     "shapes": args.shapes, "tp": args.tp, "layout": args.layout, "gpus": run.world_size,
-                    "seed": seed, "gate": args.gate},
+                    "seed": seed, "gate": args.gate, "fp8": args.fp8, "fast_accum": args.fast_accum},
     }
+
+
+def comparison(args) -> str:
+    """What the run sets against what, for the summary line."""
+    text = ("tpfuse.gemm_reduce_scatter against torch.mm + reduce_scatter_tensor and torch's "
+            "fused_matmul_reduce_scatter")
+    if args.fp8:
+        accumulation = ", fast accumulation" if args.fast_accum else ""
+        text += (f"; on E4M3 inputs ({args.fp8} scales{accumulation}) against torch._scaled_mm + "
+                 "reduce_scatter_tensor, torch's fused_scaled_matmul_reduce_scatter and tpfuse's BF16 call")
+    return text
 
 
 def main(argv=None) -> int:
@@ -502,10 +680,20 @@ def main(argv=None) -> int:
         f"rule: each of the fused op's errors (max and L2, relative to the FP32 reference reduce-scatter) <= "
         f"{ERROR_FACTOR}x the unfused path's (torch.mm + reduce_scatter_tensor)",
     ]
+    if args.fp8:
+        notes.append(
+            f"*_fp8: E4M3 inputs (w N x K/P whatever the layout), {args.fp8} FP32 scales, use_fast_accum "
+            f"{args.fast_accum}, timed interleaved in one loop: T_gemm_fp8 torch._scaled_mm, T_seq_fp8 it + T_seq's "
+            "reduce-scatter, T_fused_fp8 tpfuse.gemm_reduce_scatter, *_async_tp_fp8 "
+            "torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter, T_fused_bf16 tpfuse's BF16 call, "
+            "fused_fp8_over_bf16 = T_fused_bf16 / T_fused_fp8; E_fp8 and speedup_fp8 as above with T_gemm_fp8 and "
+            f"T_seq_fp8; rule_fp8: errors against the FP64 reference of the dequantized inputs <= {ERROR_FACTOR}x "
+            "torch._scaled_mm + reduce_scatter_tensor's")
     for note in notes:
         run.log(note)
+    columns = table_columns(args.fp8 is not None)
     if run.rank == 0:
-        print(header_line(), flush=True)
+        print(header_line(columns), flush=True)
     rows = []
     for index, shape in enumerate(shapes):
         run.log(f"shape {index + 1}/{len(shapes)}: {shape.proj} M={shape.m} N={shape.n} K/P={shape.k_per_rank}")
@@ -516,11 +704,11 @@ def main(argv=None) -> int:
                    "wrong": 0, "status": f"{type(error).__name__}: {error}"}
         rows.append(row)
         if run.rank == 0:
-            print(table_line(row), flush=True)
+            print(table_line(row, columns), flush=True)
         torch.cuda.empty_cache()
-    summary = summarize(rows)
-    run.log("summary: " + ", ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
-                                    for key, value in summary.items()))
+    summary = summarize(rows, args.fp8 is not None)
+    run.log(f"summary of {comparison(args)}: " + ", ".join(
+        f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}" for key, value in summary.items()))
     if run.rank == 0 and args.json:
         with open(args.json, "w") as file:
             json.dump(finite_or_none({"meta": info, "notes": notes, "results": rows, "summary": summary}), file,
@@ -529,7 +717,8 @@ def main(argv=None) -> int:
         run.log(f"wrote {args.json}")
     tpfuse.close()
     dist.destroy_process_group()
-    return 1 if summary["rule_failures"] or summary["wrong"] or summary["failed"] else 0
+    rule_failures = summary["rule_failures"] + summary.get("fp8_rule_failures", 0)
+    return 1 if rule_failures or summary["wrong"] or summary["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ alignment (a token-major A, a B or a bias), shape (a B whose K is not A's), scal
 rank's rowwise ones, a rowwise A_scale of every rank's rows (torch's replicated form), not FP32, or on another
 device), out_dtype, bias (not BF16 of N entries), result_scale, arguments (lists of different lengths: torch's
 kernel raises its error).
-stats() counts the calls.
+stats() counts the calls; is_overridden() says whether an override is on.
 """
 
 import logging
@@ -577,6 +577,12 @@ class SymmMemOverride:
 
     def __exit__(self, *exc) -> None:
         self.restore()
+
+
+def is_overridden(dispatch_key: str = "CUDA") -> bool:
+    """Whether an override on `dispatch_key` is active now: calls of torch's symm_mem ops there reach tpfuse."""
+    with SymmMemOverride._lock:
+        return dispatch_key in SymmMemOverride._active
 
 
 def use_for_symm_mem() -> SymmMemOverride:

@@ -1,8 +1,15 @@
-"""The benchmark's pure parts: docs/SPEC.md's sweep, shape parsing, the summary's counts, JSON without NaN."""
+"""The benchmark's pure parts: docs/SPEC.md's sweep, shape and option parsing, the input sets' count and FP8
+operands, torch's FP8 op's arguments in the installed schema, the interleaved timing loop (on a fake clock), the
+summary's counts, the table and JSON without NaN."""
 
+import argparse
 import json
 import math
 
+import pytest
+import torch
+
+import tpfuse
 from tpfuse import bench
 
 
@@ -54,3 +61,154 @@ def test_without_torchs_communicator_the_symmetric_path_says_why(monkeypatch):
     windows = bench.SymmetricWindows(run, 512, 8192, 3)
     assert windows.partials == [] and "torch's NCCL communicator" in windows.reason
     windows.free()  # nothing to free: no NCCL call
+
+
+def test_fp8_options():
+    args = bench.parse_args([])
+    assert args.fp8 is None and not args.fast_accum
+    args = bench.parse_args(["--fp8", "rowwise", "--fast-accum"])
+    assert args.fp8 == "rowwise" and args.fast_accum
+    assert bench.parse_args(["--fp8", "tensorwise"]).fp8 == "tensorwise"
+    for argv in (["--fast-accum"], ["--fp8", "blockwise"], ["--fp8"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+
+
+def test_the_input_sets_stream_twice_the_l2_of_each_format():
+    shape = bench.Shape("mixtral-8x22b.o_proj", 512, 6144, 768)
+    # Per set: BF16 inputs 10,223,616 bytes, E4M3 ones 5,111,808, the BF16 partial, rows and out 7,864,320.
+    assert bench.input_set_count(shape, 8, False, 40_000_000, 1 << 40) == 5  # 80 MB / 18,087,936
+    assert bench.input_set_count(shape, 8, True, 40_000_000, 1 << 40) == 7   # 80 MB / 12,976,128
+    assert bench.input_set_count(shape, 8, True, 50 << 20, 1 << 40) == bench.MAX_INPUT_SETS
+    fp8_set_bytes = 18_087_936 + 5_111_808
+    assert bench.input_set_count(shape, 8, True, 50 << 20, 4 * 3 * fp8_set_bytes) == 3  # a quarter of the free memory
+    assert bench.input_set_count(shape, 8, True, 50 << 20, 0) == 1
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_fp8_input_sets_are_quantized_random_data(scaling):
+    m, n, k = 64, 32, 48
+    shape = bench.Shape("custom", m, n, k)
+
+    def sets(rank):
+        run = type("FakeRun", (), {"device": torch.device("cpu"), "world_size": 4, "rank": rank,
+                                   "args": argparse.Namespace(fp8=scaling)})()
+        return bench.fp8_input_sets(shape, run, seed=5, shape_index=2, count=3)
+
+    rank_0, rank_1 = sets(0), sets(1)
+    assert len(rank_0) == 3
+    for a, w, a_scale, w_scale in rank_0:
+        assert a.dtype == w.dtype == torch.float8_e4m3fn and a.shape == (m, k) and w.shape == (n, k)
+        assert a_scale.dtype == w_scale.dtype == torch.float32
+        if scaling == "tensorwise":
+            assert a_scale.numel() == 1 and w_scale.numel() == 1
+        else:
+            assert a_scale.shape == (m, 1) and w_scale.shape == (1, n)
+        for x, scale in ((a, a_scale), (w, w_scale.reshape(-1, 1))):
+            values = x.float()
+            # Each tensor's (row's) largest magnitude at E4M3's largest, most entries nonzero: normal draws.
+            assert values.abs().max() == 448.0 and (values != 0).float().mean() > 0.9
+            assert (values * scale).std().item() == pytest.approx(1.0, rel=0.2)
+    assert not torch.equal(rank_0[0][0].float(), rank_0[1][0].float())  # sets differ
+    assert not torch.equal(rank_0[0][0].float(), rank_1[0][0].float())  # and ranks
+
+
+def test_torchs_fp8_op_takes_the_arguments_in_the_installed_schema(group):
+    # Through torch's Meta implementation: _scaled_mm(a, w.t()) reduce-scattered along its rows.
+    m, n, k, p = 64, 32, 48, group.size()
+    a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device="meta")
+    w = torch.empty(n, k, dtype=torch.float8_e4m3fn, device="meta")
+    for a_scale, w_scale in ((torch.empty((), device="meta"), torch.empty((), device="meta")),
+                             (torch.empty(m, 1, device="meta"), torch.empty(1, n, device="meta"))):
+        args = bench.torch_fp8_reduce_scatter_args(a, w, a_scale, w_scale, group.group_name)
+        out = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(*args, out_dtype=torch.bfloat16,
+                                                                    use_fast_accum=True)
+        assert out.shape == (m // p, n) and out.dtype == torch.bfloat16
+
+
+def test_torchs_ops_are_timed_only_while_tpfuse_does_not_override_them():
+    assert bench.torch_kernel_reason() == ""
+    with tpfuse.use_for_symm_mem():
+        assert "override" in bench.torch_kernel_reason()
+    assert bench.torch_kernel_reason() == ""
+
+
+def test_interleaved_timing_runs_each_call_in_turn_on_the_next_input_set(group, monkeypatch):
+    clock = [0.0]  # ms; the calls advance it, the events read it
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            self.at = clock[0]
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    run = bench.Run.__new__(bench.Run)
+    run.args, run.group, run.device, run.gate_cycles = argparse.Namespace(warmup=1, iters=3), group, "cpu", 0
+    run.align = lambda: None
+    seen = []
+
+    def call(name, cost):
+        def timed(i):
+            seen.append((name, i))
+            clock[0] += cost * (1 + i)
+        return timed
+
+    times = run.time_interleaved({"mm": call("mm", 1.0), "fused": call("fused", 10.0)})
+    assert seen == [("mm", 0), ("fused", 1), ("mm", 2), ("fused", 3), ("mm", 4), ("fused", 5), ("mm", 6), ("fused", 7)]
+    assert list(times) == ["mm", "fused"]
+    assert times["mm"][0] == 5.0 and times["fused"][0] == 60.0  # medians of 3, 5, 7 and 40, 60, 80: no warm-up
+    assert all(host_us >= 0 for _, host_us in times.values())
+    seen.clear()
+    assert run.time(call("mm", 1.0))[0] == 3.0 and [i for _, i in seen] == [0, 1, 2, 3]
+
+
+def fp8_columns(row, t_gemm, t_fused, t_async_tp, t_fused_bf16, rule="pass"):
+    """row's FP8 columns: T_seq_fp8 = T_gemm_fp8 + T_comm."""
+    row.update(t_gemm_fp8_ms=t_gemm, t_seq_fp8_ms=t_gemm + row["t_comm_ms"], t_fused_fp8_ms=t_fused,
+               t_async_tp_fp8_ms=t_async_tp, t_fused_bf16_ms=t_fused_bf16, rule_fp8=rule, rule_async_tp_fp8="pass",
+               host_gemm_fp8_us=10.0, host_fused_fp8_us=14.0)
+    bench.efficiency(row, t_fused, "_fp8", "_fp8")
+    bench.efficiency(row, t_async_tp, "_async_tp_fp8", "_fp8")
+    return row
+
+
+def test_fp8_efficiency_and_summary():
+    # BF16 compute bound, FP8 link bound (its GEMM faster than the reduce-scatter): E_hideable_fp8 = 0.5 / 0.8.
+    first = fp8_columns(row(2.0, 1.0, 2.05, 2.5), t_gemm=0.8, t_fused=1.3, t_async_tp=1.6, t_fused_bf16=2.6)
+    second = fp8_columns(row(3.0, 1.0, 3.1, 3.5), t_gemm=1.5, t_fused=1.55, t_async_tp=2.0, t_fused_bf16=3.1,
+                         rule="FAIL")
+    assert math.isclose(first["E_hideable_fp8"], 0.5 / 0.8) and math.isclose(first["speedup_fp8"], 1.8 / 1.3)
+    assert math.isclose(second["E_fp8"], 0.95) and math.isclose(second["E_async_tp_fp8"], 0.5)
+    rows = [first, second, {"status": "skipped: M not divisible by 3 GPUs"}]
+    assert not any("fp8" in key for key in bench.summarize(rows))
+    summary = bench.summarize(rows, fp8=True)
+    assert summary["compute_bound"] == 2 and summary["fp8_compute_bound"] == 1
+    assert summary["fused_fp8_ran"] == 2 and summary["async_tp_fp8_ran"] == 2
+    assert summary["fp8_E_met"] == 1 and summary["async_tp_fp8_E_met"] == 0 and math.isclose(summary["fp8_E_min"], 0.95)
+    assert summary["fp8_rule_failures"] == 1 and summary["async_tp_fp8_rule_failures"] == 0
+    assert summary["rule_failures"] == 0
+    assert math.isclose(summary["fused_fp8_over_bf16_geomean"], math.sqrt(2.6 / 1.3 * 3.1 / 1.55))
+    assert math.isclose(summary["fused_fp8_over_async_tp_fp8_geomean"], math.sqrt(1.6 / 1.3 * 2.0 / 1.55))
+    assert summary["host_fused_fp8_over_mm_us_max"] == 4.0
+
+
+def test_the_fp8_table_and_the_comparison():
+    columns = bench.table_columns(True)
+    assert [key for key, *_ in columns[-2:]] == ["wrong", "status"] and columns[:-2] == bench.COLUMNS[:-2] + \
+        bench.FP8_COLUMNS
+    assert len(bench.header_line(columns).split()) == len(columns) + 1
+    line = bench.table_line({"proj": "custom", "m": 96, "t_fused_fp8_ms": 0.5, "rule_fp8": "pass", "wrong": 0,
+                             "status": "ok"}, columns)
+    assert "0.5000" in line and "pass" in line and line.split()[-2:] == ["0", "ok"]
+    assert bench.table_columns(False) == bench.COLUMNS
+    bf16 = bench.comparison(bench.parse_args([]))
+    fp8 = bench.comparison(bench.parse_args(["--fp8", "rowwise", "--fast-accum"]))
+    assert "torch.mm" in bf16 and "_scaled_mm" not in bf16
+    assert fp8.startswith(bf16) and "rowwise scales, fast accumulation" in fp8
+    assert "torch._scaled_mm" in fp8 and "fused_scaled_matmul_reduce_scatter" in fp8 and "BF16 call" in fp8
