@@ -2,7 +2,7 @@
 # The Python package on a GPU machine without network (torch, scikit-build-core, cmake, ninja and pytest
 # already installed; third_party/cutlass present, e.g. carried): installs the package into python3,
 # runs the Python tests (the CPU ones, then the GPU ones under torchrun), the training example
-# (examples/tp_mlp) and `python -m tpfuse.bench` under torchrun, at world size 1 unless TPFUSE_GPU_NPROC
+# (examples/tp_mlp) and `python -m tpfuse.bench` under torchrun (BF16, then --fp8 rowwise), at world size 1 unless TPFUSE_GPU_NPROC
 # says otherwise. Logs, JUnit XML and the benchmark's JSON go to OUT_DIR; a failed step does not stop the later ones; each step's exit code
 # and time are printed last.
 #
@@ -87,6 +87,8 @@ step gpu_tests 240 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPRO
 step example 120 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" examples/tp_mlp/train.py --steps 5
 step bench 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench \
   --json "${OUT_DIR}/bench_python.json" --git-commit "${COMMIT}"
+step bench_fp8 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench --fp8 rowwise \
+  --json "${OUT_DIR}/bench_python_fp8.json" --git-commit "${COMMIT}"
 
 echo
 echo "[gpu_python] ${OUT_DIR}, $((SECONDS - start)) s:"
@@ -94,10 +96,12 @@ for line in "${summary[@]}"; do echo "  ${line}"; done
 for name in cpu_tests gpu_tests; do
   [[ -f "${OUT_DIR}/${name}.log" ]] && echo "  ${name}: $(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "${OUT_DIR}/${name}.log" | tail -n1)"
 done
-if [[ -f "${OUT_DIR}/bench.log" ]]; then
-  line="$(grep -E '^\[tpfuse.bench\] summary' "${OUT_DIR}/bench.log" | tail -n1)"
-  echo "  bench: ${line:-no summary; its last error: $(grep -E '(Error|Exception):' "${OUT_DIR}/bench.log" | grep -v ChildFailedError | tail -n1)}"
-fi
+for name in bench bench_fp8; do
+  if [[ -f "${OUT_DIR}/${name}.log" ]]; then
+    line="$(grep -E '^\[tpfuse.bench\] summary' "${OUT_DIR}/${name}.log" | tail -n1)"
+    echo "  ${name}: ${line:-no summary; its last error: $(grep -E '(Error|Exception):' "${OUT_DIR}/${name}.log" | grep -v ChildFailedError | tail -n1)}"
+  fi
+done
 failed=0
 for line in "${summary[@]}"; do [[ "${line}" =~ exit\ +0\  ]] || failed=1; done
 exit "${failed}"
