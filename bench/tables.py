@@ -39,6 +39,8 @@ TIMELINE_NK = "2026-12-03-h200-c9ba200/run141/timeline_nk"
 SEPARATE_PROXY = "2026-12-03-h200-c9ba200/run141/separate_nk"  # the current proxy sweep, --separate-loops
 PYTHON = "2026-12-04-h200-6abcf47/run152/bench_python"       # python -m tpfuse.bench, world size 1
 FP8 = "2026-12-04-h200-7f49829/run159"          # E4M3 inputs: the GEMM and the proxy N x K, BF16's proxy beside
+FP8_BF16_PROXY = "timeline_bf16_nk"  # BF16's reduce-scatter proxy in the E4M3 session (its timeline run)
+FP8_BF16_AG = "ag_proxy_nk"             # and its all-gather proxy
 
 geomean = clock_split.geomean
 
@@ -351,30 +353,87 @@ def all_gather(results):
 
 
 def fp8(results):
-    """E4M3 inputs (N x K, P = 8): the GEMM against cuBLASLt's scaled GEMM, and the proxy, per scaling and accumulation."""
-    out = ["| scaling, accumulation | GEMM: cuBLASLt/ours | at or above 1.00 | proxy: fused/GEMM | within 1.05 "
-           "| fused/cuBLASLt's GEMM alone |", "|---|---:|---:|---:|---:|---:|"]
+    """E4M3 inputs (N x K, P = 8): the GEMM against cuBLASLt's scaled GEMM, and both ops' proxies, per scaling
+    and accumulation, BF16's proxies of the same session beside them."""
+    out = ["| scaling, accumulation | GEMM: cuBLASLt/ours | at or above 1.00 | reduce-scatter proxy: fused/GEMM "
+           "| within 1.05 | fused/cuBLASLt's GEMM alone | all-gather proxy: fused/GEMM | within 1.03 |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
     meta = None
     for scaling in ("tensorwise", "rowwise"):
         for accumulation in ("promoted", "fast"):
             meta, gemm_rows = load(results, f"{FP8}/gemm_fp8_{scaling}_{accumulation}")
             _, proxy_rows = load(results, f"{FP8}/proxy_fp8_{scaling}_{accumulation}")
+            _, ag_rows = load(results, f"{FP8}/ag_proxy_fp8_{scaling}_{accumulation}")
             over_cublas = [ratio(r, "cublas", "ours") for r in gemm_rows.values()]
             fused = [ratio(r, "fused_solo", "gemm") for r in proxy_rows.values()]
             fused_cublas = [ratio(r, "fused_solo", "cublas") for r in proxy_rows.values()]
+            gathered = [ratio(r, "fused_solo", "gemm") for r in ag_rows.values()]
             if not over_cublas or not fused:
                 continue
+            ag_cells = (f"{geomean(gathered):.3f} ({span(gathered)}) | {counted(gathered, lambda v: v <= 1.03)} of "
+                        f"{len(gathered)}") if gathered else "- | -"
             out.append(f"| {scaling}, {accumulation} | {geomean(over_cublas):.3f} ({span(over_cublas)}) "
                        f"| {counted(over_cublas, lambda v: v >= 1.0)} of {len(over_cublas)} "
                        f"| {geomean(fused):.3f} ({span(fused)}) | {counted(fused, lambda v: v <= 1.05)} of {len(fused)} "
-                       f"| {geomean(fused_cublas):.3f} ({span(fused_cublas)}) |")
-    _, bf16 = load(results, f"{FP8}/proxy_bf16_nk")
-    bf16_fused = [ratio(r, "fused_solo", "gemm") for r in bf16.values()]
-    head = [f"Measured on {machine(meta)} (`bench/results/{FP8}/gemm_fp8_*.json`, `proxy_fp8_*.json`: the sweep's "
-            "16 shapes at P = 8, N x K, each a geomean over them with its range).", ""] if meta else []
-    tail = ["", f"BF16's proxy in the same session (`proxy_bf16_nk.json`): fused/GEMM geomean {geomean(bf16_fused):.3f} "
-            f"({span(bf16_fused)})."] if bf16_fused else []
-    return head + out + tail
+                       f"| {geomean(fused_cublas):.3f} ({span(fused_cublas)}) | {ag_cells} |")
+    tail = []
+    for what, name in (("reduce-scatter", FP8_BF16_PROXY), ("all-gather", FP8_BF16_AG)):
+        _, bf16 = load(results, f"{FP8}/{name}")
+        values = [ratio(r, "fused_solo", "gemm") for r in bf16.values()]
+        if values:
+            tail.append(f"BF16's {what} proxy in the same session (`{name}.json`): fused/GEMM geomean "
+                        f"{geomean(values):.3f} ({span(values)}).")
+    head = [f"Measured on {machine(meta)} (`bench/results/{FP8}/gemm_fp8_*.json`, `proxy_fp8_*.json`, "
+            "`ag_proxy_fp8_*.json`: the sweep's 16 shapes at P = 8, N x K, each a geomean over them with its "
+            "range).", ""] if meta else []
+    return head + out + ([""] + tail if tail else [])
+
+
+def fp8_projection(results):
+    """E at P = 8 projected from the E4M3 push timelines (bench/projection.py; T_gemm cuBLASLt's from each
+    timeline's own loop), BF16's of the same session beside them, and what FP8 buys on down_proj."""
+    caption = [f"Projected from the push timelines of `bench/results/{FP8}/timeline_*.json` (N x K, the proxy at "
+               "P = 8 with --timeline; T_gemm: the reference GEMM of the same loop, cuBLAS for BF16, cuBLASLt's scaled "
+               "GEMM for E4M3), under each T_comm model of the P = 8 projection above. down_proj: the projected fused "
+               "call at P = 8 (T_fused, which no T_comm model changes), BF16's time over E4M3's, geomean over the "
+               "sweep's 8 down_proj shapes.", ""]
+    comm_meta, comm = load(results, f"{TWO_GPU}/fused_tp8")
+    if len(comm) < 2:
+        return caption
+    comm_p = int((comm_meta or {}).get("options", {}).get("gpus", 2))
+    models = projection.comm_models(*projection.fit_comm(list(comm.values()), comm_p)[:2])
+    modes = [("BF16", "timeline_bf16_nk")] + [
+        (f"{scaling}, {accumulation}", f"timeline_fp8_{scaling}_{accumulation}")
+        for scaling in ("tensorwise", "rowwise") for accumulation in ("promoted", "fast")]
+    names = list(projection.COMM_MODELS)
+    out = caption + [
+           "| inputs | E_hideable >= 0.90, " + " / ".join(names) + " | min E_hideable, " + " / ".join(names)
+           + " | down_proj: fused BF16 / fused E4M3 |", "|---|---:|---:|---:|"]
+    fused = {}
+    for label, name in modes:
+        meta, table = load(results, f"{FP8}/{name}")
+        if not table:
+            continue
+        t_gemm = projection.gemm_times({"meta": meta or {}, "results": list(table.values())})
+        rows = {}
+        for key, r in table.items():
+            proj = projection.project(r, 8, t_gemm.get(projection.shape_key(r)), projection.DEFAULT_LINK_GBPS, models)
+            if proj:
+                rows[key] = proj
+        fused[label] = rows
+        counts, mins = [], []
+        for model in names:
+            values = [p[model]["E_hideable"] for p in rows.values() if p[model]]
+            counts.append(f"{counted(values, lambda v: v >= 0.9)} of {len(values)}" if values else "-")
+            mins.append(f"{min(values):.3f}" if values else "-")
+        gain = "-"
+        if label != "BF16" and "BF16" in fused:
+            ratios = [fused["BF16"][k]["t_fused_ms"] / p["t_fused_ms"] for k, p in rows.items()
+                      if "down_proj" in k[0] and k in fused["BF16"]]
+            gain = f"{geomean(ratios):.3f} ({span(ratios)}), {counted(ratios, lambda v: v >= 1.3)} of {len(ratios)} " \
+                   "at or above 1.30" if ratios else "-"
+        out.append(f"| {label} | {' / '.join(counts)} | {' / '.join(mins)} | {gain} |")
+    return out
 
 
 # The T_comm models of the projection's table (bench/projection.py's COMM_MODELS), and their names in it.
@@ -581,6 +640,7 @@ TABLES = {
     "m256": m256,
     "all_gather": all_gather,
     "fp8": fp8,
+    "fp8_projection": fp8_projection,
     "projection": projection_p8,
     "python": python_host,
     "targets": targets,

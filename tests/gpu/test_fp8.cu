@@ -170,6 +170,36 @@ TEST(Fp8GemmErrors, ScalesAreChecked) {
   EXPECT_EQ(error_sums(c.to_host(), std::vector<float>(c.count, 0.0f)).num_nonfinite, c.count) << "an output was written";
 }
 
+// After a call of the op on `ranks` with random inputs: every rank's output (`outputs`) within 1.1x of
+// the unfused path's error against the FP32 reference (reference(r); the unfused path's FP32 values
+// unfused(r), rounded once to BF16), and the same bits from a second call.
+template <class Ranks, class Outputs, class Reference, class Unfused>
+void expect_within_unfused_and_deterministic(Ranks& ranks, const Outputs& outputs, Reference&& reference,
+                                             Unfused&& unfused) {
+  ErrorSums fused_sums, unfused_sums;
+  std::vector<std::vector<__nv_bfloat16>> first;
+  for (int r = 0; r < ranks.problem.world_size; ++r) {
+    const std::vector<float> ref = reference(r);
+    first.push_back(outputs[r]->to_host());
+    fused_sums.merge(error_sums(first.back(), ref));
+    std::vector<__nv_bfloat16> rounded;
+    for (const float v : unfused(r)) rounded.push_back(__float2bfloat16(v));
+    unfused_sums.merge(error_sums(rounded, ref));
+  }
+  EXPECT_EQ(fused_sums.num_nonfinite, 0u) << "unwritten or non-finite outputs";
+  EXPECT_LT(unfused_sums.stats().norm_rel, 1e-2) << "the unfused path far from the reference: the reference is wrong";
+  EXPECT_TRUE(within_tolerance(fused_sums.stats(), unfused_sums.stats()))
+      << "fused " << fused_sums.stats().max_rel << " / " << fused_sums.stats().norm_rel << ", unfused "
+      << unfused_sums.stats().max_rel << " / " << unfused_sums.stats().norm_rel;
+  ranks.on_each_rank([&](int r) { poison(outputs[r]->ptr, outputs[r]->count); });
+  ASSERT_TRUE(ranks.run().ok());
+  ASSERT_CUDA(ranks.synchronize());
+  for (int r = 0; r < ranks.problem.world_size; ++r) {
+    const auto again = outputs[r]->to_host();
+    EXPECT_EQ(0, std::memcmp(again.data(), first[r].data(), again.size() * 2)) << "rank " << r << " not deterministic";
+  }
+}
+
 // ---- The reduce-scatter on emulated ranks ----------------------------------------------------------
 
 struct Fp8Ranks : LocalRanks<Problem> {
@@ -261,28 +291,9 @@ TEST_P(Fp8ReduceScatterRandom, WithinUnfusedErrorAndDeterministic) {
   ASSERT_TRUE(ranks.run().ok());
   ASSERT_CUDA(ranks.synchronize());
   const auto exact = ranks.partials(false), unfused = ranks.partials(true);
-  ErrorSums fused_sums, unfused_sums;
-  std::vector<std::vector<__nv_bfloat16>> first;
-  for (int d = 0; d < ranks.problem.world_size; ++d) {
-    const auto ref = ranks.rows_of_sum(exact, d);
-    first.push_back(ranks.out[d]->to_host());
-    fused_sums.merge(error_sums(first.back(), ref));
-    std::vector<__nv_bfloat16> unfused_rows;
-    for (const float v : ranks.rows_of_sum(unfused, d)) unfused_rows.push_back(__float2bfloat16(v));
-    unfused_sums.merge(error_sums(unfused_rows, ref));
-  }
-  EXPECT_EQ(fused_sums.num_nonfinite, 0u) << "unwritten or non-finite outputs";
-  EXPECT_LT(unfused_sums.stats().norm_rel, 1e-2) << "the unfused path far from the reference: the reference is wrong";
-  EXPECT_TRUE(within_tolerance(fused_sums.stats(), unfused_sums.stats()))
-      << "fused " << fused_sums.stats().max_rel << " / " << fused_sums.stats().norm_rel << ", unfused "
-      << unfused_sums.stats().max_rel << " / " << unfused_sums.stats().norm_rel;
-  ranks.on_each_rank([&](int r) { poison(ranks.out[r]->ptr, ranks.out[r]->count); });
-  ASSERT_TRUE(ranks.run().ok());
-  ASSERT_CUDA(ranks.synchronize());
-  for (int d = 0; d < ranks.problem.world_size; ++d) {
-    const auto again = ranks.out[d]->to_host();
-    EXPECT_EQ(0, std::memcmp(again.data(), first[d].data(), again.size() * 2)) << "rank " << d << " not deterministic";
-  }
+  expect_within_unfused_and_deterministic(
+      ranks, ranks.out, [&](int d) { return ranks.rows_of_sum(exact, d); },
+      [&](int d) { return ranks.rows_of_sum(unfused, d); });
 }
 
 // P = 2, 4, 8; a band of several owners (decode-sized M: shared tiles), rows not a multiple of a
@@ -433,28 +444,8 @@ TEST_P(Fp8AllGatherRandom, WithinUnfusedErrorAndDeterministic) {
   ranks.fill(/*exact=*/false, 7);
   ASSERT_TRUE(ranks.run().ok());
   ASSERT_CUDA(ranks.synchronize());
-  ErrorSums fused_sums, unfused_sums;
-  std::vector<std::vector<__nv_bfloat16>> first;
-  for (int r = 0; r < ranks.problem.world_size; ++r) {
-    const auto ref = ranks.y_of(r, false);
-    first.push_back(ranks.y[r]->to_host());
-    fused_sums.merge(error_sums(first.back(), ref));
-    std::vector<__nv_bfloat16> unfused;
-    for (const float v : ranks.y_of(r, true)) unfused.push_back(__float2bfloat16(v));
-    unfused_sums.merge(error_sums(unfused, ref));
-  }
-  EXPECT_EQ(fused_sums.num_nonfinite, 0u) << "unwritten or non-finite outputs";
-  EXPECT_LT(unfused_sums.stats().norm_rel, 1e-2) << "the unfused path far from the reference: the reference is wrong";
-  EXPECT_TRUE(within_tolerance(fused_sums.stats(), unfused_sums.stats()))
-      << "fused " << fused_sums.stats().max_rel << " / " << fused_sums.stats().norm_rel << ", unfused "
-      << unfused_sums.stats().max_rel << " / " << unfused_sums.stats().norm_rel;
-  ranks.on_each_rank([&](int r) { poison(ranks.y[r]->ptr, ranks.y[r]->count); });
-  ASSERT_TRUE(ranks.run().ok());
-  ASSERT_CUDA(ranks.synchronize());
-  for (int r = 0; r < ranks.problem.world_size; ++r) {
-    const auto again = ranks.y[r]->to_host();
-    EXPECT_EQ(0, std::memcmp(again.data(), first[r].data(), again.size() * 2)) << "rank " << r << " not deterministic";
-  }
+  expect_within_unfused_and_deterministic(
+      ranks, ranks.y, [&](int r) { return ranks.y_of(r, false); }, [&](int r) { return ranks.y_of(r, true); });
 }
 
 // P = 1, 2, 4, 8: rows per rank not a multiple of 64 (1000 / 2), of 64 at P = 4 (bands of two
