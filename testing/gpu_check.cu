@@ -82,9 +82,14 @@ constexpr int kRefTileK = 16;
 __device__ float to_float(bf16 v) { return __bfloat162float(v); }
 __device__ float to_float(uint8_t v) { return e4m3_to_float(v); }
 
+// Blockwise scales (a_block_scale not null: Scaling::kBlockwise's layouts, tpfuse/problem.h): each
+// 128 of K's FP32 sums multiplied by A's and W's scales of that block and summed in FP64 (the exact
+// product of the dequantized inputs but for those FP32 sums, exact for small integers).
 template <class T>
 __global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const T* a, const T* w, float* c, int64_t m,
-                                                                  int64_t n, int64_t k, bool w_is_nxk) {
+                                                                  int64_t n, int64_t k, bool w_is_nxk,
+                                                                  const float* a_block_scale = nullptr,
+                                                                  const float* w_block_scale = nullptr) {
   __shared__ float a_tile[kRefTileK][kRefTile + 1];  // [k][row]
   __shared__ float w_tile[kRefTileK][kRefTile + 1];  // [k][column]
   const int tx = threadIdx.x % 16;
@@ -92,6 +97,7 @@ __global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const T* a, co
   const int64_t row0 = int64_t(blockIdx.y) * kRefTile;
   const int64_t col0 = int64_t(blockIdx.x) * kRefTile;
   float acc[4][4] = {};
+  double scaled[4][4] = {};  // blockwise: the scaled blocks' sum
 
   for (int64_t k0 = 0; k0 < k; k0 += kRefTileK) {
     // Loads walk the contiguous dimension of each operand.
@@ -121,6 +127,22 @@ __global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const T* a, co
         for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], wv[j], acc[i][j]);
     }
     __syncthreads();
+    if (a_block_scale != nullptr && ((k0 + kRefTileK) % kScaleBlock == 0 || k0 + kRefTileK >= k)) {
+      const int64_t scale_blocks = k / kScaleBlock, block = k0 / kScaleBlock;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t r = row0 + ty + 16 * i;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t col = col0 + tx + 16 * j;
+          if (r < m && col < n) {
+            scaled[i][j] += double(acc[i][j]) * double(a_block_scale[r * scale_blocks + block]) *
+                            double(w_block_scale[(col / kScaleBlock) * scale_blocks + block]);
+          }
+          acc[i][j] = 0.0f;
+        }
+      }
+    }
   }
 
 #pragma unroll
@@ -128,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) reference_gemm_kernel(const T* a, co
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t r = row0 + ty + 16 * i, col = col0 + tx + 16 * j;
-      if (r < m && col < n) c[r * n + col] = acc[i][j];
+      if (r < m && col < n) c[r * n + col] = a_block_scale != nullptr ? float(scaled[i][j]) : acc[i][j];
     }
   }
 }
@@ -266,6 +288,13 @@ void reference_gemm(const Problem& problem, const bf16* a, const bf16* w, float*
 void reference_gemm_e4m3(const Problem& problem, const uint8_t* a, const uint8_t* w, const InputScales& scales,
                          float* ref, cudaStream_t stream) {
   const dim3 grid(unsigned((problem.n + kRefTile - 1) / kRefTile), unsigned((problem.m + kRefTile - 1) / kRefTile));
+  if (problem.scaling == Scaling::kBlockwise) {
+    reference_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, w, ref, problem.m, problem.n, problem.k_per_rank,
+                                                         problem.weight_layout == WeightLayout::kNxK, scales.a,
+                                                         scales.w);
+    TESTING_CHECK(cudaGetLastError());
+    return;
+  }
   reference_gemm_kernel<<<grid, kThreads, 0, stream>>>(a, w, ref, problem.m, problem.n, problem.k_per_rank,
                                                        problem.weight_layout == WeightLayout::kNxK);
   TESTING_CHECK(cudaGetLastError());

@@ -37,7 +37,8 @@ void poison_bf16(bf16* data, size_t count, cudaStream_t stream);
 void reference_gemm(const Problem& problem, const bf16* a, const bf16* w, float* ref, cudaStream_t stream);
 
 // The same for E4M3 inputs (problem.dtype, N x K weight): the exact products summed in FP32, then
-// multiplied by their row's and column's scales as problem.scaling says (the dequantized product).
+// multiplied by their row's and column's scales as problem.scaling says (the dequantized product);
+// blockwise, each 128 of K's sum multiplied by its blocks' scales, the blocks summed in FP64.
 void reference_gemm_e4m3(const Problem& problem, const uint8_t* a, const uint8_t* w, const InputScales& scales,
                          float* ref, cudaStream_t stream);
 

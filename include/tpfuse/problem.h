@@ -47,7 +47,15 @@ enum class Scaling {
   kNone,
   kTensorwise,  // one scale for A_r, one for W_r
   kRowwise,     // one for each row of A_r (m; the all-gather's X_r: m/P), one for each output column of W_r (n)
+  // DeepSeek-V3's: one for each row of A_r and kScaleBlock of K (m x k_per_rank/kScaleBlock, row-major),
+  // one for each kScaleBlock x kScaleBlock block of W_r (ceil(n/kScaleBlock) x k_per_rank/kScaleBlock,
+  // row-major). Applied where each 128 of K is added into the FP32 accumulators, so kPromoted only, and
+  // k_per_rank a multiple of kScaleBlock. The reduce-scatter and the plain GEMM take it.
+  kBlockwise,
 };
+
+// The K extent of a blockwise scale, and the N extent of a weight's (Scaling::kBlockwise).
+constexpr int64_t kScaleBlock = 128;
 
 const char* to_string(Scaling scaling);
 

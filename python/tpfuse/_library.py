@@ -26,7 +26,7 @@ import torch  # imported first: it loads its libnccl.so.2 (step 1 above)
 
 from .errors import StatusCode, UnsupportedError, error_for
 
-C_API_VERSION = 6  # TPFUSE_C_API_VERSION this package speaks
+C_API_VERSION = 7  # TPFUSE_C_API_VERSION this package speaks
 NCCL_UNIQUE_ID_BYTES = 128  # TPFUSE_NCCL_UNIQUE_ID_BYTES
 WEIGHT_LAYOUT_CODES = {"kn": 0, "nk": 1}  # TPFUSE_WEIGHT_KXN, TPFUSE_WEIGHT_NXK
 # The inputs' dtype: TPFUSE_DTYPE_BF16, TPFUSE_DTYPE_E4M3 (every op serves it).

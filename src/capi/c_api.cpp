@@ -94,9 +94,10 @@ Status scaling_of(int scaling_code, int accumulation_code, tpfuse::Scaling* scal
     case TPFUSE_SCALING_NONE: *scaling = tpfuse::Scaling::kNone; break;
     case TPFUSE_SCALING_TENSORWISE: *scaling = tpfuse::Scaling::kTensorwise; break;
     case TPFUSE_SCALING_ROWWISE: *scaling = tpfuse::Scaling::kRowwise; break;
+    case TPFUSE_SCALING_BLOCKWISE: *scaling = tpfuse::Scaling::kBlockwise; break;
     default:
       return Status::InvalidArgument("scaling = " + std::to_string(scaling_code) +
-                                     " is not TPFUSE_SCALING_NONE (0), _TENSORWISE (1) or _ROWWISE (2)");
+                                     " is not TPFUSE_SCALING_NONE (0), _TENSORWISE (1), _ROWWISE (2) or _BLOCKWISE (3)");
   }
   switch (accumulation_code) {
     case TPFUSE_ACCUMULATION_PROMOTED: *accumulation = tpfuse::Accumulation::kPromoted; return Status::Ok();

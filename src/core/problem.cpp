@@ -43,11 +43,14 @@ Status check_dtype(DType dtype) {
 }
 
 // E4M3 inputs come with their scaling and a K-major weight (FP8 WGMMA reads K-major operands only);
-// BF16 ones with no scaling.
-Status check_scaling(DType dtype, WeightLayout layout, Scaling scaling, Accumulation accumulation) {
-  if (scaling != Scaling::kNone && scaling != Scaling::kTensorwise && scaling != Scaling::kRowwise) {
+// BF16 ones with no scaling. Blockwise scales are applied at each 128-K promotion (kPromoted), one
+// scale per 128 of K (k_per_rank a multiple of kScaleBlock).
+Status check_scaling(DType dtype, WeightLayout layout, Scaling scaling, Accumulation accumulation,
+                     int64_t k_per_rank) {
+  if (scaling != Scaling::kNone && scaling != Scaling::kTensorwise && scaling != Scaling::kRowwise &&
+      scaling != Scaling::kBlockwise) {
     return Status::InvalidArgument("problem.scaling = " + std::to_string(int(scaling)) +
-                                   " is not a Scaling (kNone, kTensorwise or kRowwise)");
+                                   " is not a Scaling (kNone, kTensorwise, kRowwise or kBlockwise)");
   }
   if (accumulation != Accumulation::kPromoted && accumulation != Accumulation::kFast) {
     return Status::InvalidArgument("problem.accumulation = " + std::to_string(int(accumulation)) +
@@ -60,11 +63,22 @@ Status check_scaling(DType dtype, WeightLayout layout, Scaling scaling, Accumula
   }
   if (scaling == Scaling::kNone) {
     return Status::InvalidArgument(std::string("problem.dtype = ") + to_string(dtype) +
-                                   " needs a scaling (kTensorwise or kRowwise), not kNone");
+                                   " needs a scaling (kTensorwise, kRowwise or kBlockwise), not kNone");
   }
   if (layout != WeightLayout::kNxK) {
     return Status::Unsupported(std::string("problem.weight_layout = ") + to_string(layout) + " with " +
                                to_string(dtype) + " inputs: FP8 takes an N x K weight (K contiguous) only");
+  }
+  if (scaling == Scaling::kBlockwise) {
+    if (accumulation != Accumulation::kPromoted) {
+      return Status::InvalidArgument("problem.accumulation = fast with blockwise scaling: its scales are applied "
+                                     "where each 128 of K is promoted into FP32 (kPromoted only)");
+    }
+    if (k_per_rank % kScaleBlock != 0) {
+      return Status::InvalidArgument("problem.k_per_rank = " + std::to_string(k_per_rank) +
+                                     " is not a multiple of " + std::to_string(kScaleBlock) +
+                                     " (blockwise scales cover 128 of K each)");
+    }
   }
   return Status::Ok();
 }
@@ -109,6 +123,7 @@ const char* to_string(Scaling scaling) {
     case Scaling::kNone: return "none";
     case Scaling::kTensorwise: return "tensorwise";
     case Scaling::kRowwise: return "rowwise";
+    case Scaling::kBlockwise: return "blockwise";
   }
   return "unknown";
 }
@@ -164,7 +179,8 @@ Status validate(const Problem& problem) {
     return Status::InvalidArgument("problem.weight_layout = " + std::to_string(int(problem.weight_layout)) +
                                    " is not a WeightLayout (kKxN or kNxK)");
   }
-  TPFUSE_RETURN_IF_ERROR(check_scaling(problem.dtype, problem.weight_layout, problem.scaling, problem.accumulation));
+  TPFUSE_RETURN_IF_ERROR(check_scaling(problem.dtype, problem.weight_layout, problem.scaling, problem.accumulation,
+                                       problem.k_per_rank));
   return check_batch(problem.m, problem.world_size, problem.batch);
 }
 
@@ -189,6 +205,10 @@ Status validate(const AllGatherProblem& problem) {
   gemm.scaling = problem.scaling;
   gemm.accumulation = problem.accumulation;
   const Status s = validate(gemm);
+  if (s.ok() && problem.scaling == Scaling::kBlockwise) {
+    return Status::Unsupported("problem.scaling = blockwise in the all-gather: not built yet (the reduce-scatter "
+                               "and the plain GEMM take it)");
+  }
   if (s.ok()) return s;
   // Name the all-gather's fields.
   std::string message = s.message();

@@ -217,7 +217,7 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
-    if (smem[i] > size_t(device.max_smem_per_block) || !op.takes(v) || !serves(v, grid.dtype, grid.accumulation)) {
+    if (smem[i] > size_t(device.max_smem_per_block) || !op.takes(v) || !serves(v, grid.dtype, grid.accumulation, grid.scaling)) {
       continue;
     }
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
@@ -383,6 +383,7 @@ Status select_plain_gemm_config(const Problem& problem, const DeviceInfo& device
   grid.n = problem.n;
   grid.dtype = problem.dtype;
   grid.accumulation = problem.accumulation;
+  grid.scaling = problem.scaling;
   const int64_t num_k_blocks = k_blocks_of(problem.k_per_rank, problem.dtype);
   return select_config({grid, std::max(int(num_k_blocks), 1), device, overrides}, PlainGemmTiles(), config);
 }

@@ -25,6 +25,7 @@ struct TileGrid {
   int64_t n = 0;
   DType dtype = DType::kBF16;  // the inputs': only variants of it are taken
   Accumulation accumulation = Accumulation::kPromoted;  // E4M3 inputs': only variants of it are taken
+  Scaling scaling = Scaling::kNone;                     // E4M3 inputs': blockwise only on its variants
 
   int64_t tiles(int block_m, int block_n) const {
     return bands * ((rows_per_band + block_m - 1) / block_m) * ((n + block_n - 1) / block_n);

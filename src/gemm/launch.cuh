@@ -33,14 +33,14 @@ Status with_variant(int variant, WeightLayout layout, Fn&& fn) {
     } else {
       if (layout == WeightLayout::kNxK) {
         return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, true, v.staged_chunks, v.consumers, v.dtype,
-                                          v.promoted, OpSync>{});
+                                          v.promoted, v.block_scaled, OpSync>{});
       }
       // An MN-major (K x N) weight is BF16's only: FP8 WGMMA reads K-major operands (validate()).
       if constexpr (v.dtype != DType::kBF16) {
         return Status::Internal("kernel variant " + std::to_string(variant) + " takes an N x K weight only");
       } else {
         return fn(kernels::MainloopConfig<v.block_m, v.block_n, v.stages, false, v.staged_chunks, v.consumers,
-                                          v.dtype, v.promoted, OpSync>{});
+                                          v.dtype, v.promoted, v.block_scaled, OpSync>{});
       }
     }
   }
@@ -96,8 +96,9 @@ Status resident_grid(Kernel kernel, size_t smem, int wanted, int* grid) {
 // whose products land in rows past m, which no epilogue stores or pushes. (A tile starting there
 // holds no rows past the box: it starts at or after that multiple.)
 //
-// E4M3 inputs come with their scales (problem.scaling): one value each (tensorwise), or one per row
-// of A and per output column (rowwise); 4-byte aligned FP32 device pointers.
+// E4M3 inputs come with their scales (problem.scaling): one value each (tensorwise), one per row
+// of A and per output column (rowwise), or per row of A and 128 of K and per 128 x 128 block of W
+// (blockwise); 4-byte aligned FP32 device pointers.
 template <class Config, class Schedule>
 Status make_mainloop_params(const Problem& problem, const void* a, const void* w, const InputScales& scales,
                             const Schedule& schedule, kernels::MainloopParams<Schedule>* p) {
@@ -115,6 +116,10 @@ Status make_mainloop_params(const Problem& problem, const void* a, const void* w
         return Status::InvalidArgument(std::string(name) + " is not 4-byte aligned");
       }
     }
+    if ((problem.scaling == Scaling::kBlockwise) != Config::kBlockScaled) {
+      return Status::Internal(std::string("a problem of ") + to_string(problem.scaling) + " scales on a variant " +
+                              (Config::kBlockScaled ? "of" : "not of") + " blockwise ones");
+    }
     const int step = problem.scaling == Scaling::kRowwise ? 1 : 0;
     p->a_scale = scales.a;
     p->w_scale = scales.w;
@@ -122,6 +127,7 @@ Status make_mainloop_params(const Problem& problem, const void* a, const void* w
     p->w_scale_step = step;
     p->scale_rows = int(problem.m);
     p->scale_cols = int(problem.n);
+    p->k_scale_blocks = Config::kBlockScaled ? int(problem.k_per_rank / kScaleBlock) : 0;
   } else if (scales.a != nullptr || scales.w != nullptr) {
     return Status::InvalidArgument("scales are for E4M3 inputs: BF16 ones take none");
   }

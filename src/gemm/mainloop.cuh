@@ -32,7 +32,7 @@ namespace tpfuse::kernels {
 
 // A compiled variant (gemm/variants.h) in one weight layout, with the op's shared-memory part.
 template <int kBlockM_, int kBlockN_, int kStages_, bool kWeightKMajor_, int kStagedChunks_, int kConsumers_,
-          DType kDType_, bool kPromoted_, class OpSync_>
+          DType kDType_, bool kPromoted_, bool kBlockScaled_, class OpSync_>
 struct MainloopConfig {
   // The inputs' (A's and W's) element type. A stage holds kStageRowBytes of each row whatever it is,
   // so its K extent is the dtype's (64 BF16, 128 E4M3) and its bytes are the same.
@@ -42,6 +42,9 @@ struct MainloopConfig {
   static constexpr bool kScaled = kDType != DType::kBF16;
   static constexpr bool kPromoted = kPromoted_;
   static_assert(!kPromoted || kScaled, "promotion is E4M3's");
+  // Blockwise scales (Scaling::kBlockwise) multiply each stage's sums as they are promoted, instead of
+  // the slab's accumulators after its K loop: one stage is one 128 of K of the scales.
+  static constexpr bool kBlockScaled = kBlockScaled_;
   static constexpr int kInputBytes = element_bytes(kDType);
   using Element = ElementBits<kDType>;  // what the stages hold
   static constexpr int kBlockM = kBlockM_;
@@ -95,6 +98,8 @@ struct MainloopConfig {
   static_assert(kWgCols == 64 || kWgCols == 128 || kWgCols == 192 || kWgCols == 256,
                 "a consumer issues m64n{64,128,192,256} WGMMAs");
   static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
+  static_assert(!kBlockScaled || (kPromoted && kBlockK == kScaleBlock && kWgCols == kScaleBlock && kWgAlongN == 1),
+                "blockwise scales: promoted stages of one scale block, a slab inside one block of W's scales");
 };
 
 template <class Config>
@@ -157,13 +162,16 @@ struct MainloopParams {
   int a_last_bytes;    // what a stage's load through a_last brings
   // E4M3 inputs' scales (tpfuse::Scaling), FP32: A row i's is a_scale[i * a_scale_step], output
   // column j's w_scale[j * w_scale_step] (step 0: one for the tensor). Rows from scale_rows on and
-  // columns from scale_cols on are never stored and read none.
+  // columns from scale_cols on are never stored and read none. Blockwise (k_scale_blocks > 0, the
+  // scales of a row): A row i's over K block b is a_scale[i * k_scale_blocks + b], W's for output
+  // columns [128 c, 128 c + 128) w_scale[c * k_scale_blocks + b].
   const float* a_scale;
   const float* w_scale;
   int a_scale_step;
   int w_scale_step;
   int scale_rows;
   int scale_cols;
+  int k_scale_blocks;
 };
 
 // The dynamic shared memory, aligned to 1024 bytes (swizzled TMA tiles need it; launches reserve the slack).
@@ -221,6 +229,11 @@ struct EpilogueBase {
   template <class Mainloop>
   __device__ float a_scale(const Mainloop& m, int row) const {
     return row < m.scale_rows ? __ldg(m.a_scale + row * m.a_scale_step) : 0.0f;
+  }
+  // Blockwise: A row `row`'s scale over K block `k_block`.
+  template <class Mainloop>
+  __device__ float a_block_scale(const Mainloop& m, int row, int k_block) const {
+    return row < m.scale_rows ? __ldg(m.a_scale + row * m.k_scale_blocks + k_block) : 0.0f;
   }
 };
 
@@ -396,12 +409,26 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 // each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done (its
 // stage is then released at once). Two sets taken in turn, one block in flight while the other is
 // added, and the two consumers issuing their blocks in turn, measured no faster (docs/EXPERIMENTS.md).
-template <class Config, class Epilogue>
-__device__ __forceinline__ void consume_tile_promoted(int num_k_blocks, StorageOf<Config>& smem, Slab<Config> slab,
+// Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
+// A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
+// columns (from `col` on, inside one scale block), each the product of the two in FP32, loaded before
+// the block's WGMMAs so that they are in by the time it is done.
+template <class Config, class Schedule, class Epilogue>
+__device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
+                                                      int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
                                                       float (&acc)[Config::kAccPerThread], StageCursor& ring,
                                                       Epilogue& epilogue) {
   float block_sum[Config::kAccPerThread];
-  for (int kb = 0; kb < num_k_blocks; ++kb) {
+  const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
+  const float* w_block_scales = p.w_scale + (col / int(kScaleBlock)) * p.k_scale_blocks;
+  for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
+    float scale[2] = {1.0f, 1.0f};  // of the thread's rows
+    if constexpr (Config::kBlockScaled) {
+      const int k_block = k_slice.k_block_begin + kb;
+      const float w_scale = __ldg(w_block_scales + k_block);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block) * w_scale;
+    }
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
@@ -409,8 +436,17 @@ __device__ __forceinline__ void consume_tile_promoted(int num_k_blocks, StorageO
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
     release_stage<Config>(smem, stage);
+    if constexpr (Config::kBlockScaled) {
+      // Element i of the accumulator layout is row 8 * ((i / 2) % 2) past the thread's first (scale_slab).
 #pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + block_sum[i] : block_sum[i];
+      for (int i = 0; i < Config::kAccPerThread; ++i) {
+        const float s = scale[(i / 2) % 2];
+        acc[i] = kb > 0 ? fmaf(block_sum[i], s, acc[i]) : block_sum[i] * s;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + block_sum[i] : block_sum[i];
+    }
     ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
   }
@@ -550,14 +586,18 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
         } else {
           a_row = Epilogue::template a_load<Config>(epilogue_params, mainloop, tile).row;
         }
-        prefetch_scales<Config, !Epilogue::kAFromPeers>(mainloop, a_row + slab.row, tile.col_begin + slab.col);
+        // (Blockwise scales are loaded as each K block starts instead: consume_tile_promoted.)
+        if constexpr (!Config::kBlockScaled) {
+          prefetch_scales<Config, !Epilogue::kAFromPeers>(mainloop, a_row + slab.row, tile.col_begin + slab.col);
+        }
       }
       if constexpr (Config::kPromoted) {
-        consume_tile_promoted<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
+        consume_tile_promoted<Config>(mainloop, k_slice, a_row + slab.row, tile.col_begin + slab.col, smem, slab, acc,
+                                      ring, epilogue);
       } else {
         consume_tile<Config>(k_slice.num_k_blocks, smem, slab, acc, ring, epilogue);
       }
-      if constexpr (Config::kScaled) {
+      if constexpr (Config::kScaled && !Config::kBlockScaled) {
         scale_slab<Config>(mainloop, epilogue, a_row + slab.row, tile.col_begin + slab.col, acc);
       }
       epilogue.template end_tile<Config>(tile, slab, acc, smem, ring);

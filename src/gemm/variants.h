@@ -30,6 +30,9 @@ struct GemmVariant {
   // E4M3: each stage's WGMMA sums (128 of K) added into FP32 registers (Accumulation::kPromoted),
   // which needs a second set of accumulators, so tiles of 128 x 128 at most.
   bool promoted = false;
+  // E4M3, promoted: each stage's sums multiplied by its blockwise scales as they are added
+  // (Scaling::kBlockwise), which needs a tile's columns inside one 128-column block of W's scales.
+  bool block_scaled = false;
 };
 
 inline constexpr GemmVariant kGemmVariants[] = {
@@ -45,6 +48,7 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 256, 3, 0, 2, true, true, DType::kE4M3},        // E4M3, the tensor cores' own accumulation
     {128, 128, 5, 0, 2, true, true, DType::kE4M3, true},  // E4M3, promoted: two sets of accumulators
     {128, 192, 4, 0, 2, false, false, DType::kE4M3, true},  // E4M3, promoted, wider: two sets of 96 a thread
+    {128, 128, 5, 0, 2, true, true, DType::kE4M3, true, true},  // E4M3, blockwise scales at each promotion
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 
@@ -58,9 +62,12 @@ constexpr int64_t k_blocks_of(int64_t k, DType dtype) { return (k + block_k_of(d
 template <DType kDType>
 using ElementBits = std::conditional_t<element_bytes(kDType) == 2, uint16_t, uint8_t>;
 
-// Whether variant v runs a problem of inputs of `dtype` accumulated as `accumulation` (BF16's ignore it).
-constexpr bool serves(const GemmVariant& v, DType dtype, Accumulation accumulation) {
-  return v.dtype == dtype && (dtype == DType::kBF16 || v.promoted == (accumulation == Accumulation::kPromoted));
+// Whether variant v runs a problem of inputs of `dtype` accumulated as `accumulation` and scaled as
+// `scaling` (BF16's ignore both).
+constexpr bool serves(const GemmVariant& v, DType dtype, Accumulation accumulation, Scaling scaling) {
+  if (v.dtype != dtype) return false;
+  if (dtype == DType::kBF16) return true;
+  return v.promoted == (accumulation == Accumulation::kPromoted) && v.block_scaled == (scaling == Scaling::kBlockwise);
 }
 
 // Whether some compiled variant takes inputs of `dtype` (problem validation asks).
@@ -95,13 +102,16 @@ constexpr bool register_epilogue_takes(const GemmVariant& v) {
 }
 // The fused ops' and the 128 x 128 tiles: an op whose epilogue stores its tiles as the plain GEMM
 // does (the all-gather's; its tile traits, ops/ag_gemm/config.cpp).
-constexpr bool storing_ops_take(const GemmVariant& v) { return v.storing_ops; }
+// Blockwise scales are not in the all-gather yet.
+constexpr bool storing_ops_take(const GemmVariant& v) { return v.storing_ops && !v.block_scaled; }
 static_assert([] {
   for (const GemmVariant& v : kGemmVariants) {
     if ((v.fused_ops || v.storing_ops) && v.consumers != kConsumers) return false;
     if (v.fused_ops && !v.storing_ops) return false;
+    if (v.block_scaled && (!v.promoted || v.block_n != kScaleBlock || v.block_m != 128)) return false;
   }
   return true;
-}(), "the fused ops take variants of two consumers only, and the ops that store their tiles take those");
+}(), "the fused ops take variants of two consumers only, and the ops that store their tiles take those; "
+     "blockwise scales take promoted 128 x 128 tiles");
 
 }  // namespace tpfuse

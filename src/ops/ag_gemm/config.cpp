@@ -47,6 +47,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     grid.n = problem.n_per_rank;
     grid.dtype = problem.dtype;
     grid.accumulation = problem.accumulation;
+    grid.scaling = problem.scaling;
     TPFUSE_RETURN_IF_ERROR(
         select_split_k_gemm_config(grid, int(num_k_blocks), device, overrides, AllGatherTiles(), &c->gemm));
     c->gemm.group_rows = group_rows_for(1, overrides);
@@ -74,6 +75,7 @@ Status select_all_gather_config(const AllGatherProblem& problem, const DeviceInf
     pairs.n = problem.n_per_rank;
     pairs.dtype = problem.dtype;
     pairs.accumulation = problem.accumulation;
+    pairs.scaling = problem.scaling;
     const bool one_wave = one_status.ok() && AllGatherSchedule(all_gather_shape(problem, one, 0)).bands_interleaved();
     if (rows < kSlabRows) {
       sources_per_band = p;

@@ -134,6 +134,7 @@ Status select_gemm_rs_config(const Problem& problem, const DeviceInfo& device, c
     grid.n = problem.n;
     grid.dtype = problem.dtype;
     grid.accumulation = problem.accumulation;
+    grid.scaling = problem.scaling;
     // Shared tiles may split K as the plain GEMM does (their tiles fill few SMs); the others take
     // whole tiles.
     if (share_tiles) {
