@@ -41,6 +41,9 @@ PYTHON = "2026-12-04-h200-6abcf47/run152/bench_python"       # python -m tpfuse.
 FP8 = "2026-12-04-h200-7f49829/run159"          # E4M3 inputs: the GEMM and the proxy N x K, BF16's proxy beside
 FP8_BF16_PROXY = "timeline_bf16_nk"  # BF16's reduce-scatter proxy in the E4M3 session (its timeline run)
 FP8_BF16_AG = "ag_proxy_nk"             # and its all-gather proxy
+FP8_TIMELINES = "2026-12-05-h200-42e76c1/run162"  # E4M3's push timelines at P = 8, BF16's of the same session
+# The all-gather's E4M3 proxies, where FP8's run has none: the first of these runs that has the mode.
+FP8_AG_RUNS = ("2026-12-05-h200-6f9df61/run160", "2026-12-05-h200-42e76c1/run162")
 
 geomean = clock_split.geomean
 
@@ -363,7 +366,12 @@ def fp8(results):
         for accumulation in ("promoted", "fast"):
             meta, gemm_rows = load(results, f"{FP8}/gemm_fp8_{scaling}_{accumulation}")
             _, proxy_rows = load(results, f"{FP8}/proxy_fp8_{scaling}_{accumulation}")
-            _, ag_rows = load(results, f"{FP8}/ag_proxy_fp8_{scaling}_{accumulation}")
+            ag_rows, ag_run = {}, None
+            for run in (FP8,) + FP8_AG_RUNS:
+                _, ag_rows = load(results, f"{run}/ag_proxy_fp8_{scaling}_{accumulation}")
+                if ag_rows:
+                    ag_run = run
+                    break
             over_cublas = [ratio(r, "cublas", "ours") for r in gemm_rows.values()]
             fused = [ratio(r, "fused_solo", "gemm") for r in proxy_rows.values()]
             fused_cublas = [ratio(r, "fused_solo", "cublas") for r in proxy_rows.values()]
@@ -372,6 +380,8 @@ def fp8(results):
                 continue
             ag_cells = (f"{geomean(gathered):.3f} ({span(gathered)}) | {counted(gathered, lambda v: v <= 1.03)} of "
                         f"{len(gathered)}") if gathered else "- | -"
+            if gathered and ag_run != FP8:
+                ag_cells += f" (`{ag_run}`)"
             out.append(f"| {scaling}, {accumulation} | {geomean(over_cublas):.3f} ({span(over_cublas)}) "
                        f"| {counted(over_cublas, lambda v: v >= 1.0)} of {len(over_cublas)} "
                        f"| {geomean(fused):.3f} ({span(fused)}) | {counted(fused, lambda v: v <= 1.05)} of {len(fused)} "
@@ -392,7 +402,7 @@ def fp8(results):
 def fp8_projection(results):
     """E at P = 8 projected from the E4M3 push timelines (bench/projection.py; T_gemm cuBLASLt's from each
     timeline's own loop), BF16's of the same session beside them, and what FP8 buys on down_proj."""
-    caption = [f"Projected from the push timelines of `bench/results/{FP8}/timeline_*.json` (N x K, the proxy at "
+    caption = [f"Projected from the push timelines of `bench/results/{FP8_TIMELINES}/timeline_*.json` (N x K, the proxy at "
                "P = 8 with --timeline; T_gemm: the reference GEMM of the same loop, cuBLAS for BF16, cuBLASLt's scaled "
                "GEMM for E4M3), under each T_comm model of the P = 8 projection above. down_proj: the projected fused "
                "call at P = 8 (T_fused, which no T_comm model changes), BF16's time over E4M3's, geomean over the "
@@ -411,7 +421,7 @@ def fp8_projection(results):
            + " | down_proj: fused BF16 / fused E4M3 |", "|---|---:|---:|---:|"]
     fused = {}
     for label, name in modes:
-        meta, table = load(results, f"{FP8}/{name}")
+        meta, table = load(results, f"{FP8_TIMELINES}/{name}")
         if not table:
             continue
         t_gemm = projection.gemm_times({"meta": meta or {}, "results": list(table.values())})

@@ -1,6 +1,8 @@
 #include "gemm/config.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <iterator>
 #include <sstream>
 
 #include "gemm/shared_storage.h"
@@ -212,8 +214,15 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
   const bool want_batches =
       block_m == 128 && block_n == 256 && !split_tail && grid.tiles(128, 256) * splits <= device.num_sms;
 
-  // The best variant that fits: that tile and staging, else that tile, else any; deeper first.
+  // The best variant that fits: that tile and staging, else that tile, else any; deeper first. Where
+  // no variant for these inputs has that tile (promoted E4M3 has no 128 x 256), the nearest width
+  // first: its 128 x 192 measured faster than its 128 x 128 on every shape of the sweep
+  // (docs/EXPERIMENTS.md).
   const SmemByVariant& smem = op.smem();
+  const bool tile_compiled = std::any_of(std::begin(kGemmVariants), std::end(kGemmVariants), [&](const GemmVariant& v) {
+    return op.takes(v) && serves(v, grid.dtype, grid.accumulation, grid.scaling) && v.block_m == block_m &&
+           v.block_n == block_n;
+  });
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
@@ -222,7 +231,8 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
     }
     const bool same_tile = v.block_m == block_m && v.block_n == block_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
-    const int rank = (4 * same_tile + 2 * same_staging) * 16 + v.stages;
+    const int width_closeness = tile_compiled ? 0 : 511 - std::abs(v.block_n - block_n);  // in 0..511
+    const int rank = ((4 * same_tile + 2 * same_staging) * 512 + width_closeness) * 16 + v.stages;
     if (rank > best_rank) {
       best = i;
       best_rank = rank;

@@ -143,6 +143,7 @@ TEST(Config, E4M3RunsItsOwnVariants) {
         EXPECT_EQ(gemm.tile().promoted, accumulation == Accumulation::kPromoted) << what;
         EXPECT_EQ(swap_ab_rows(p, h100(), {}), 0) << what;
         if (gemm.tile().promoted) EXPECT_LE(gemm.tile().block_m * gemm.tile().block_n, 128 * 192) << what;
+        EXPECT_FALSE(gemm.tile().block_scaled) << what;
         if (world_size == 1) continue;
         GemmRsConfig rs;
         const Status r = select_gemm_rs_config(p, h100(), {}, &rs);
@@ -156,6 +157,27 @@ TEST(Config, E4M3RunsItsOwnVariants) {
     }
   }
   EXPECT_GT(checked, 100);
+}
+
+// Promoted E4M3's plain GEMM takes its widest tile, 128 x 192, where BF16's would be 128 x 256 (the
+// sweep's per-rank shapes from M = 2048 on); the fused ops, which do not take it, 128 x 128.
+TEST(Config, PromotedE4M3GemmTakesItsWidestTile) {
+  for (const int64_t m : {2048, 8192, 32768}) {
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 1024}, {8192, 3584}, {6144, 768}, {6144, 2048}}) {
+      Problem p = make(m, n, k, 1);
+      p.dtype = DType::kE4M3;
+      p.scaling = Scaling::kTensorwise;
+      GemmConfig gemm;
+      ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &gemm).ok()) << p.to_string();
+      EXPECT_EQ(gemm.tile().block_n, 192) << p.to_string() << " -> " << gemm.to_string();
+      EXPECT_TRUE(gemm.tile().promoted) << p.to_string();
+      p.world_size = 8;
+      p.m = m * 8;
+      GemmRsConfig rs;
+      ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
+      EXPECT_EQ(rs.gemm.tile().block_n, 128) << p.to_string() << " -> " << rs.to_string();
+    }
+  }
 }
 
 // Whatever the device's shared memory, the choice is a compiled variant that fits it, or an error
