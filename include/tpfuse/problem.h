@@ -50,7 +50,8 @@ enum class Scaling {
   // DeepSeek-V3's: one for each row of A_r and kScaleBlock of K (m x k_per_rank/kScaleBlock, row-major),
   // one for each kScaleBlock x kScaleBlock block of W_r (ceil(n/kScaleBlock) x k_per_rank/kScaleBlock,
   // row-major). Applied where each 128 of K is added into the FP32 accumulators, so kPromoted only, and
-  // k_per_rank a multiple of kScaleBlock. The reduce-scatter and the plain GEMM take it.
+  // k_per_rank a multiple of kScaleBlock. The all-gather's X_r: (m/P) x k/kScaleBlock, gathered with
+  // its rows.
   kBlockwise,
 };
 

@@ -49,10 +49,10 @@ enum {
   TPFUSE_SCALING_TENSORWISE = 1, /* one value each */
   TPFUSE_SCALING_ROWWISE = 2,    /* a_scale: one per row of a (m; the all-gather's x: m/P), w_scale: one per
                                     output column (n; the all-gather's n_per_rank) */
-  TPFUSE_SCALING_BLOCKWISE = 3,  /* a_scale: m x k_per_rank/128, one per row and 128 of K; w_scale:
-                                    ceil(n/128) x k_per_rank/128, one per 128 x 128 block of w; both
-                                    row-major. Promoted accumulation, k_per_rank a multiple of 128; the
-                                    reduce-scatter and the GEMM only (the all-gather: TPFUSE_UNSUPPORTED) */
+  TPFUSE_SCALING_BLOCKWISE = 3,  /* a_scale: m x k_per_rank/128, one per row and 128 of K (the all-gather's
+                                    x: m/P x k/128); w_scale: ceil(n/128) x k_per_rank/128, one per 128 x 128
+                                    block of w; both row-major. Promoted accumulation, k_per_rank a multiple
+                                    of 128 */
 };
 
 /* How FP8 products are accumulated (tpfuse::Accumulation); BF16 inputs ignore it. */

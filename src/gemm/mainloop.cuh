@@ -411,8 +411,9 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 // added, and the two consumers issuing their blocks in turn, measured no faster (docs/EXPERIMENTS.md).
 // Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
 // A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
-// columns (from `col` on, inside one scale block), each the product of the two in FP32, loaded before
-// the block's WGMMAs so that they are in by the time it is done.
+// columns (from `col` on, inside one scale block), each the product of the two in FP32. They are
+// loaded once the block's stage is full (an op whose A arrives from peers has its scales landed by
+// then) and before its WGMMAs are issued, so that they are in by the time those are done.
 template <class Config, class Schedule, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
                                                       int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
@@ -422,6 +423,8 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
   const float* w_block_scales = p.w_scale + (col / int(kScaleBlock)) * p.k_scale_blocks;
   for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
+    const int stage = ring.stage;
+    ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
     float scale[2] = {1.0f, 1.0f};  // of the thread's rows
     if constexpr (Config::kBlockScaled) {
       const int k_block = k_slice.k_block_begin + kb;
@@ -429,8 +432,6 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
 #pragma unroll
       for (int h = 0; h < 2; ++h) scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block) * w_scale;
     }
-    const int stage = ring.stage;
-    ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
     cute::warpgroup_wait<0>();
 #pragma unroll

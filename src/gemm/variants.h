@@ -102,8 +102,7 @@ constexpr bool register_epilogue_takes(const GemmVariant& v) {
 }
 // The fused ops' and the 128 x 128 tiles: an op whose epilogue stores its tiles as the plain GEMM
 // does (the all-gather's; its tile traits, ops/ag_gemm/config.cpp).
-// Blockwise scales are not in the all-gather yet.
-constexpr bool storing_ops_take(const GemmVariant& v) { return v.storing_ops && !v.block_scaled; }
+constexpr bool storing_ops_take(const GemmVariant& v) { return v.storing_ops; }
 static_assert([] {
   for (const GemmVariant& v : kGemmVariants) {
     if ((v.fused_ops || v.storing_ops) && v.consumers != kConsumers) return false;

@@ -66,8 +66,9 @@ class AllGatherEpilogue : public EpilogueBase {
     CUtensorMap own_x_half;              // X_r, box 64 x 64
     CUtensorMap gathered_half;           // 4D (k, row in block, source, parity), box 64 x 64
     const uint8_t* x;                    // X_r, rows_per_rank x k elements of the problem's dtype
-    // Rowwise E4M3: X_r's row scales (FP32, rows_per_rank), gathered with the rows into every gathered
-    // buffer's scales, [source][row] FP32 from scales_offset bytes into a parity half. Null otherwise
+    // Rowwise and blockwise E4M3: X_r's row scales (FP32, rows_per_rank x scales_per_row: one a row, or
+    // one a row and 128 of K), gathered with the rows into every gathered buffer's scales,
+    // [source][row][scales_per_row] FP32 from scales_offset bytes into a parity half. Null otherwise
     // (tensorwise: this rank's scale, MainloopParams' a_scale, serves every row).
     const float* x_scales;
     size_t scales_offset;
@@ -83,6 +84,7 @@ class AllGatherEpilogue : public EpilogueBase {
     uint64_t timeout_ns;
     float* split_partials;               // split K: this rank's FP32 partials (gemm/split_k.h)
     uint32_t* splits_done;               // and their counters, 0 between calls
+    int scales_per_row;                  // x_scales' (above)
   };
 
   static constexpr bool kHasCopier = true;
@@ -101,8 +103,10 @@ class AllGatherEpilogue : public EpilogueBase {
   }
 
   // E4M3 inputs, consumers: a tile's first row as the gathered X counts its rows ([source][row]),
-  // and row `row`'s scale. A peer's rows' scales are read where they landed (through L2: this SM may
-  // hold an older copy of the line), after the K loop that waited for them; this rank's from X_r's.
+  // and row `row`'s scale (blockwise: over K block `k_block`). A peer's rows' scales are read where they
+  // landed (through L2: this SM may hold an older copy of the line), after the K loop, or blockwise the
+  // wait for a stage of the rows (the producer waited for the rows, and their scales, before loading
+  // them); this rank's from X_r's.
   __device__ int scale_row(const Tile& tile) const { return tile.owner_rank * p_.rows_per_rank + tile.segment_row; }
   template <class Mainloop>
   __device__ float a_scale(const Mainloop& m, int row) const {
@@ -110,6 +114,14 @@ class AllGatherEpilogue : public EpilogueBase {
     if (row >= p_.world_size * p_.rows_per_rank) return 0.0f;  // past the last source's rows: never stored
     const int source = row / p_.rows_per_rank;
     return source == p_.rank ? __ldg(p_.x_scales + (row - source * p_.rows_per_rank)) : __ldcg(gathered_scales_ + row);
+  }
+  template <class Mainloop>
+  __device__ float a_block_scale(const Mainloop&, int row, int k_block) const {
+    if (row >= p_.world_size * p_.rows_per_rank) return 0.0f;
+    const int source = row / p_.rows_per_rank;
+    const size_t at = size_t(row) * p_.scales_per_row + k_block;
+    return source == p_.rank ? __ldg(p_.x_scales + (at - size_t(source) * p_.rows_per_rank * p_.scales_per_row))
+                             : __ldcg(gathered_scales_ + at);
   }
 
   // Producer thread, before a tile's K stages: its own band from X_r; a peer's band once the pieces
@@ -255,21 +267,24 @@ class AllGatherEpilogue : public EpilogueBase {
     }
   }
 
-  // Row block `block`'s scales (rowwise E4M3) into every destination's gathered scales, at this
-  // call's parity half (`parity_at` bytes in): a few loads in flight, then their stores.
+  // Row block `block`'s scales (rowwise or blockwise E4M3: contiguous, scales_per_row a row) into
+  // every destination's gathered scales, at this call's parity half (`parity_at` bytes in): a few
+  // loads in flight, then their stores.
   __device__ static void push_scales(const Params& p, int block, size_t parity_at, int destinations) {
-    const int first = block * kCopyRows, end = min(first + kCopyRows, p.rows_per_rank);
-    const size_t at = parity_at + p.scales_offset + size_t(p.rank) * p.rows_per_rank * sizeof(float);
+    const size_t per_row = size_t(p.scales_per_row);
+    const size_t first = size_t(block) * kCopyRows * per_row;
+    const size_t end = size_t(min((block + 1) * kCopyRows, p.rows_per_rank)) * per_row;
+    const size_t at = parity_at + p.scales_offset + size_t(p.rank) * p.rows_per_rank * per_row * sizeof(float);
     constexpr int kInFlight = 8;
-    for (int row = first; row < end; row += kInFlight) {
+    for (size_t s = first; s < end; s += kInFlight) {
       float scale[kInFlight];
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) scale[i] = row + i < end ? __ldg(p.x_scales + row + i) : 0.0f;
+      for (int i = 0; i < kInFlight; ++i) scale[i] = s + i < end ? __ldg(p.x_scales + s + i) : 0.0f;
       for (int d = 1; d <= destinations; ++d) {
-        float* to = reinterpret_cast<float*>(p.gathered_at[destination(p, d)] + at) + row;
+        float* to = reinterpret_cast<float*>(p.gathered_at[destination(p, d)] + at) + s;
 #pragma unroll
         for (int i = 0; i < kInFlight; ++i) {
-          if (row + i < end) to[i] = scale[i];
+          if (s + i < end) to[i] = scale[i];
         }
       }
     }

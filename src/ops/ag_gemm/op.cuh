@@ -130,10 +130,14 @@ struct AllGatherOp {
                                                      kSlabRows, Config::kBlockK, &e.gathered_half));
     }
     e.x = static_cast<const uint8_t*>(x);
-    // Rowwise scales are gathered behind the gathered X (E4M3 takes half of the bytes sized for BF16).
-    e.x_scales = problem.scaling == Scaling::kRowwise ? scales.a : nullptr;
+    // Rowwise and blockwise scales are gathered behind the gathered X (E4M3 takes half of the bytes
+    // sized for BF16; a row's blockwise scales are 1/32 of its bytes).
+    const bool row_scales = problem.scaling == Scaling::kRowwise || problem.scaling == Scaling::kBlockwise;
+    e.x_scales = row_scales ? scales.a : nullptr;
+    e.scales_per_row = problem.scaling == Scaling::kBlockwise ? int(k / kScaleBlock) : 1;
     e.scales_offset = size_t(problem.m) * size_t(k) * element_bytes(dtype);
-    if (e.x_scales != nullptr && e.scales_offset + size_t(problem.m) * sizeof(float) > comm.parity.data_bytes) {
+    const size_t scales_bytes = size_t(problem.m) * size_t(e.scales_per_row) * sizeof(float);
+    if (e.x_scales != nullptr && e.scales_offset + scales_bytes > comm.parity.data_bytes) {
       return Status::Internal("the gathered rows' scales do not fit the workspace");
     }
     for (int r = 0; r < comm.world_size; ++r) {
