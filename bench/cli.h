@@ -37,7 +37,7 @@ struct Options {
   int tp = 8;  // P: K per rank = K_total / P
   WeightLayout weight_layout = WeightLayout::kKxN;
   // --fp8: E4M3 inputs scaled tensorwise or rowwise (modes gemm and proxy, either op; N x K weights),
-  // promoted or with --fast-accum; kNone: BF16 inputs.
+  // promoted or with --fast-accum, or blockwise (gemm and proxy --op rs, promoted); kNone: BF16 inputs.
   Scaling scaling = Scaling::kNone;
   Accumulation accumulation = Accumulation::kPromoted;
   int gpus = 0;  // 0: every visible GPU

@@ -20,9 +20,11 @@ struct GemmSets {
   size_t c_count = 0;                          // m x n
   std::vector<DeviceBuffer> a, w;              // random: m x k_per_rank, and the weight as laid out
   std::vector<DeviceBuffer> c_cublas, c_ours;  // poisoned
-  // E4M3 problems: each set's scales (one each, or m and n: problem.scaling), and cuBLASLt's scaled
-  // GEMM, the baseline there.
+  // E4M3 problems: each set's scales (shaped as problem.scaling says: scale_shapes), the same as
+  // cuBLASLt reads them (blockwise: copies in its layouts, made here, outside the timed calls), and
+  // cuBLASLt's scaled GEMM, the baseline there.
   std::vector<DeviceBuffer> a_scale, w_scale;
+  std::vector<testing::CublasLtScales> cublaslt_scales;
   std::shared_ptr<testing::CublasLtFp8> cublaslt;
 
   InputScales scales(int set) const {

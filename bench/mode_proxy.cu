@@ -13,8 +13,9 @@
 //       multiplies the preset blocks -> Y (m x n/P). Shapes M, N/P, K (the default sweep is the
 //       column-parallel layers'); T_gemm: the gathered X (m x k) times W_0. Target fused/gemm <= 1.03.
 //   ranks 1 .. P-1 never run
-// --fp8 (both ops): E4M3 inputs with their scales in the input sets, and T_cublas is cuBLASLt's scaled
-// GEMM; the all-gather's preset blocks are E4M3 too, and rowwise their rows' scales are preset with them.
+// --fp8 (both ops; blockwise the reduce-scatter's only): E4M3 inputs with their scales in the input
+// sets, and T_cublas is cuBLASLt's scaled GEMM; the all-gather's preset blocks are E4M3 too, and
+// rowwise their rows' scales are preset with them.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -274,6 +274,17 @@ void fill_random_scales(float* data, size_t count, uint64_t seed, cudaStream_t s
   TESTING_CHECK(cudaGetLastError());
 }
 
+ScaleShapes scale_shapes(const Problem& problem) {
+  switch (problem.scaling) {
+    case Scaling::kRowwise: return {{problem.m, 1}, {problem.n, 1}};
+    case Scaling::kBlockwise: {
+      const int64_t k_blocks = (problem.k_per_rank + kScaleBlock - 1) / kScaleBlock;
+      return {{problem.m, k_blocks}, {(problem.n + kScaleBlock - 1) / kScaleBlock, k_blocks}};
+    }
+    default: return {};  // tensorwise
+  }
+}
+
 void poison_bf16(bf16* data, size_t count, cudaStream_t stream) {
   TESTING_CHECK(cudaMemsetAsync(data, 0xFF, count * sizeof(bf16), stream));
 }

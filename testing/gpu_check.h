@@ -29,6 +29,19 @@ void fill_small_ints_e4m3(uint8_t* data, size_t count, uint64_t seed, cudaStream
 // Scales of E4M3 data, as amax scaling makes them for values in e4m3's range: uniform in
 // [0.5, 2) / 448.
 void fill_random_scales(float* data, size_t count, uint64_t seed, cudaStream_t stream);
+
+// An E4M3 problem's scales as row-major FP32 matrices (problem.scaling, tpfuse/problem.h): 1 x 1
+// each (tensorwise); m x 1 and n x 1 (rowwise); m x k_per_rank/128 and ceil(n/128) x k_per_rank/128
+// (blockwise; K blocks rounded up, so that a problem validate() refuses still gets whole buffers).
+struct ScaleShape {
+  int64_t rows = 1, cols = 1;
+  size_t count() const { return size_t(rows) * size_t(cols); }
+};
+struct ScaleShapes {
+  ScaleShape a, w;
+};
+ScaleShapes scale_shapes(const Problem& problem);
+
 // Fills with 0xFFFF, a NaN, so that any element a kernel fails to write shows up.
 void poison_bf16(bf16* data, size_t count, cudaStream_t stream);
 

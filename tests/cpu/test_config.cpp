@@ -10,6 +10,7 @@
 
 #include "gemm/config.h"
 #include "gemm/shared_storage.h"
+#include "ops/ag_gemm/config.h"
 #include "ops/gemm_rs/config.h"
 #include "ops/gemm_rs/partial_rounds.h"
 #include "ops/gemm_rs/schedule.h"
@@ -178,6 +179,107 @@ TEST(Config, PromotedE4M3GemmTakesItsWidestTile) {
       EXPECT_EQ(rs.gemm.tile().block_n, 128) << p.to_string() << " -> " << rs.to_string();
     }
   }
+}
+
+// Blockwise scales run the block-scaled variant (128 x 128, promoted), in the plain GEMM and the
+// reduce-scatter, on the default device and whatever the overrides or the device's shared memory (or
+// an error where it does not fit, never another variant), and in the all-gather on the default
+// device; no other problem runs it. Small M splits K as other E4M3 does.
+TEST(Config, BlockwiseRunsTheBlockScaledVariantOnly) {
+  const auto e4m3 = [](Problem p, Scaling scaling, Accumulation accumulation) {
+    p.weight_layout = WeightLayout::kNxK;
+    p.dtype = DType::kE4M3;
+    p.scaling = scaling;
+    p.accumulation = accumulation;
+    return p;
+  };
+  std::vector<ConfigOverrides> overrides(1);
+  for (const int block_n : {256, 192, 128, 64}) overrides.emplace_back().block_n = block_n;
+  for (const int split_k : {1, 2, 4}) overrides.emplace_back().split_k = split_k;
+  for (const int shared_tiles : {0, 1}) overrides.emplace_back().shared_tiles = shared_tiles;
+  for (const int registers : {0, 1}) overrides.emplace_back().register_epilogue = registers;
+  DeviceInfo short_smem = h100();
+  short_smem.max_smem_per_block = 160 * 1024;  // less than the variant's five stages
+  int blockwise_choices = 0, other_choices = 0, blockwise_errors = 0;
+  for (const Problem& shape : covered_problems()) {
+    if (shape.k_per_rank % kScaleBlock != 0) continue;
+    const Problem blockwise = e4m3(shape, Scaling::kBlockwise, Accumulation::kPromoted);
+    for (const DeviceInfo& device : {h100(), DeviceInfo{132, 200 * 1024, 9, 0}, short_smem}) {
+      for (const ConfigOverrides& o : overrides) {
+        const std::string what = blockwise.to_string() + ", " + o.to_string() + ", " +
+                                 std::to_string(device.max_smem_per_block) + " B";
+        const auto expect_block_scaled = [&](const Status& s, const GemmConfig& c, const SmemByVariant& smem) {
+          if (!s.ok()) {
+            const bool defaults = o.to_string() == "none" && device.max_smem_per_block == h100().max_smem_per_block;
+            EXPECT_FALSE(defaults) << what << ": " << s.to_string();
+            ++blockwise_errors;
+            return;
+          }
+          EXPECT_TRUE(c.tile().block_scaled) << what << " -> " << c.to_string();
+          EXPECT_TRUE(c.tile().promoted) << what;
+          EXPECT_EQ(c.tile().dtype, DType::kE4M3) << what;
+          EXPECT_EQ(c.tile().block_m, 128) << what;
+          EXPECT_EQ(c.tile().block_n, 128) << what;
+          expect_fits(c, device, smem, what);
+          ++blockwise_choices;
+        };
+        GemmConfig gemm;
+        expect_block_scaled(select_plain_gemm_config(blockwise, device, o, &gemm), gemm, gemm_smem());
+        EXPECT_EQ(swap_ab_rows(blockwise, device, o), 0) << what;
+        if (blockwise.world_size == 1) continue;
+        GemmRsConfig rs;
+        expect_block_scaled(select_gemm_rs_config(blockwise, device, o, &rs), rs.gemm, gemm_rs_smem_bytes());
+      }
+    }
+    // Every other problem of the shape: never the block-scaled variant.
+    std::vector<Problem> others = {shape, e4m3(shape, Scaling::kNone, Accumulation::kPromoted)};
+    others.back().dtype = DType::kBF16;
+    for (const Scaling scaling : {Scaling::kTensorwise, Scaling::kRowwise}) {
+      for (const Accumulation accumulation : {Accumulation::kPromoted, Accumulation::kFast}) {
+        others.push_back(e4m3(shape, scaling, accumulation));
+      }
+    }
+    for (const Problem& p : others) {
+      for (const ConfigOverrides& o : overrides) {
+        const std::string what = p.to_string() + ", " + o.to_string();
+        GemmConfig gemm;
+        if (select_plain_gemm_config(p, h100(), o, &gemm).ok()) {
+          EXPECT_FALSE(gemm.tile().block_scaled) << what << " -> " << gemm.to_string();
+          ++other_choices;
+        }
+        GemmRsConfig rs;
+        if (p.world_size > 1 && select_gemm_rs_config(p, h100(), o, &rs).ok()) {
+          EXPECT_FALSE(rs.gemm.tile().block_scaled) << what << " -> " << rs.to_string();
+        }
+        AllGatherProblem gathered{p.m, p.n, p.k_per_rank, p.world_size, p.weight_layout, p.dtype};
+        gathered.scaling = p.scaling;
+        gathered.accumulation = p.accumulation;
+        AllGatherConfig ag;
+        if (select_all_gather_config(gathered, h100(), o, &ag).ok()) {
+          EXPECT_FALSE(ag.gemm.tile().block_scaled) << what << " -> " << ag.gemm.to_string();
+        }
+      }
+    }
+    AllGatherProblem gathered{blockwise.m, blockwise.n, blockwise.k_per_rank, blockwise.world_size,
+                              WeightLayout::kNxK, DType::kE4M3};
+    gathered.scaling = Scaling::kBlockwise;
+    gathered.accumulation = Accumulation::kPromoted;
+    AllGatherConfig ag;
+    const Status s = select_all_gather_config(gathered, h100(), {}, &ag);
+    ASSERT_TRUE(s.ok()) << gathered.to_string() << ": " << s.to_string();
+    EXPECT_TRUE(ag.gemm.tile().block_scaled) << gathered.to_string() << " -> " << ag.gemm.to_string();
+  }
+  EXPECT_GT(blockwise_choices, 1000);
+  EXPECT_GT(other_choices, 1000);
+  EXPECT_GT(blockwise_errors, 0) << "160 KiB fits no block-scaled variant";
+
+  // At decode-sized M the plain GEMM splits K as for other E4M3 (the GPU tests' split case).
+  GemmConfig small_m;
+  ASSERT_TRUE(
+      select_plain_gemm_config(e4m3(make(64, 2048, 4096, 1), Scaling::kBlockwise, Accumulation::kPromoted), h100(),
+                               {}, &small_m)
+          .ok());
+  EXPECT_GT(small_m.split_k, 1) << small_m.to_string();
 }
 
 // Whatever the device's shared memory, the choice is a compiled variant that fits it, or an error

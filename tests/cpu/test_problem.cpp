@@ -173,6 +173,61 @@ TEST(Validate, E4M3TakesScalesAndAKMajorWeight) {
   EXPECT_NE(printed.find("dtype=E4M3 scaling=rowwise accumulation=promoted"), std::string::npos) << printed;
 }
 
+// Blockwise scales: E4M3 promoted, K per rank in whole 128-blocks of the scales (the message names
+// k_per_rank; the all-gather's, k); fast accumulation refused; an unknown scaling names every Scaling.
+TEST(Validate, BlockwiseScales) {
+  const auto blockwise = [](int64_t k_per_rank, Accumulation accumulation) {
+    Problem p{64, 256, k_per_rank, 8, WeightLayout::kNxK, DType::kE4M3};
+    p.scaling = Scaling::kBlockwise;
+    p.accumulation = accumulation;
+    return p;
+  };
+  EXPECT_STREQ(to_string(Scaling::kBlockwise), "blockwise");
+  EXPECT_EQ(kScaleBlock, 128);
+  for (const int64_t k : {128, 256, 3584}) {
+    EXPECT_TRUE(validate(blockwise(k, Accumulation::kPromoted)).ok()) << k;
+  }
+  const Status fast = validate(blockwise(256, Accumulation::kFast));
+  EXPECT_EQ(fast.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(fast.message().find("problem.accumulation = fast with blockwise scaling"), std::string::npos)
+      << fast.message();
+  for (const int64_t k : {16, 64, 192, 1040}) {  // multiples of 16 (E4M3 rows), not of 128
+    const Status s = validate(blockwise(k, Accumulation::kPromoted));
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << k;
+    EXPECT_NE(s.message().find("problem.k_per_rank = " + std::to_string(k) + " is not a multiple of 128"),
+              std::string::npos)
+        << s.message();
+  }
+  Problem kxn = blockwise(256, Accumulation::kPromoted);
+  kxn.weight_layout = WeightLayout::kKxN;
+  EXPECT_EQ(validate(kxn).code(), StatusCode::kUnsupported) << validate(kxn).message();
+  Problem bf16{64, 256, 256, 8, WeightLayout::kNxK, DType::kBF16};
+  bf16.scaling = Scaling::kBlockwise;
+  EXPECT_NE(validate(bf16).message().find("scales are for E4M3 inputs"), std::string::npos) << validate(bf16).message();
+  const std::string printed = blockwise(256, Accumulation::kPromoted).to_string();
+  EXPECT_NE(printed.find("dtype=E4M3 scaling=blockwise accumulation=promoted"), std::string::npos) << printed;
+
+  AllGatherProblem gathered{64, 256, 256, 8, WeightLayout::kNxK, DType::kE4M3};
+  gathered.scaling = Scaling::kBlockwise;
+  EXPECT_TRUE(validate(gathered).ok()) << validate(gathered).message();
+  gathered.k = 192;  // an invalid problem is named as such first, in the all-gather's fields
+  const Status k192 = validate(gathered);
+  EXPECT_EQ(k192.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(k192.message().find("problem.k = 192 is not a multiple of 128"), std::string::npos) << k192.message();
+
+  Problem unknown = blockwise(256, Accumulation::kPromoted);
+  unknown.scaling = static_cast<Scaling>(9);
+  const Status s = validate(unknown);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("problem.scaling = 9 is not a Scaling (kNone, kTensorwise, kRowwise or kBlockwise)"),
+            std::string::npos)
+      << s.message();
+  unknown.scaling = Scaling::kNone;
+  EXPECT_NE(validate(unknown).message().find("needs a scaling (kTensorwise, kRowwise or kBlockwise), not kNone"),
+            std::string::npos)
+      << validate(unknown).message();
+}
+
 // Rows in sequences: the batch divides m, each sequence divides over the ranks, and with several
 // sequences a shard is whole 64-row slabs (else kUnsupported, naming the shard); one rank takes
 // any batch. The all-gather's problem checks the same.

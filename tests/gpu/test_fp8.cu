@@ -1,14 +1,17 @@
 // E4M3 inputs: the plain GEMM, the reduce-scatter and the all-gather on emulated ranks, tensorwise
-// and rowwise, promoted and fast. The reference is the dequantized product (exact FP8 products, FP32 sums, then
-// the scales); the baseline is cuBLASLt's scaled FP8 GEMM with the same accumulation (the unfused
-// path's partials).
+// and rowwise, promoted and fast; blockwise (promoted) in the plain GEMM and the reduce-scatter, which
+// the all-gather refuses. The reference is the dequantized product (exact FP8 products, FP32 sums, then
+// the scales; blockwise, each 128 of K's FP32 sum scaled, summed in FP64); the baseline is cuBLASLt's
+// scaled FP8 GEMM with the same scales and accumulation (the unfused path's partials).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_testing.cuh"
@@ -29,31 +32,73 @@ void cublaslt_scaled_mm(const Problem& p, const uint8_t* a, const uint8_t* w, co
   cublaslt.gemm(p, a, w, scales, c, nullptr);
 }
 
-// A problem's scales on the device: one each (tensorwise), or m and n (rowwise). Powers of two in
-// 2^-3 .. 2^3 where `exact` (products of small integers stay exact), else fill_random_scales'.
+// How a test's scales are drawn. The exact ones are powers of two, so that products of small
+// integers stay exact.
+enum class ScaleValues {
+  kRandom,  // fill_random_scales'
+  kPowers,  // each its own, in 2^-3 .. 2^3
+  // Blockwise, 2^-20 .. 2^20: A row i's over K block b is 2^(f_i + g_b), W block c's 2^(h_c - g_b),
+  // so that each output element's K blocks all take the same product 2^(f_i + h_c), in 2^-6 .. 2^6
+  // (its sums then stay as exact as tensorwise ones), while a block paired with another's scale is
+  // off by 2^(g_b - g_b').
+  kCancelling,
+};
+
+// A problem's scales on the device, shaped as its scaling says (scale_shapes).
 struct Scales {
   std::unique_ptr<DeviceArray<float>> a, w;
 
-  Scales(const Problem& p, uint64_t seed, bool exact) {
-    const bool rowwise = p.scaling == Scaling::kRowwise;
-    a = make(rowwise ? size_t(p.m) : 1, seed, exact);
-    w = make(rowwise ? size_t(p.n) : 1, seed + 1, exact);
+  Scales(const Problem& p, uint64_t seed, ScaleValues values) {
+    const ScaleShapes shapes = scale_shapes(p);
+    if (values != ScaleValues::kCancelling) {
+      a = make(shapes.a.count(), seed, values);
+      w = make(shapes.w.count(), seed + 1, values);
+      return;
+    }
+    std::mt19937_64 random(seed);
+    const auto power = [&](int bound) { return int(random() % (2 * bound + 1)) - bound; };
+    std::vector<int> g;
+    for (int64_t b = 0; b < shapes.a.cols; ++b) g.push_back(power(17));
+    g[0] = 17;  // both ends of the range reached
+    if (g.size() > 1) g[1] = -17;
+    std::vector<float> a_host, w_host;
+    for (int64_t i = 0; i < shapes.a.rows; ++i) {
+      const int f = power(3);
+      for (const int gb : g) a_host.push_back(std::ldexp(1.0f, f + gb));
+    }
+    for (int64_t c = 0; c < shapes.w.rows; ++c) {
+      const int h = power(3);
+      for (const int gb : g) w_host.push_back(std::ldexp(1.0f, h - gb));
+    }
+    a = upload(a_host);
+    w = upload(w_host);
   }
   InputScales get() const { return {a->ptr, w->ptr}; }
 
-  static std::unique_ptr<DeviceArray<float>> make(size_t count, uint64_t seed, bool exact) {
-    auto device = std::make_unique<DeviceArray<float>>(count);
-    if (!exact) {
+  static std::unique_ptr<DeviceArray<float>> make(size_t count, uint64_t seed, ScaleValues values) {
+    if (values == ScaleValues::kRandom) {
+      auto device = std::make_unique<DeviceArray<float>>(count);
       fill_random_scales(device->ptr, count, seed, nullptr);
       return device;
     }
     std::mt19937_64 random(seed);
     std::vector<float> host(count);
     for (float& s : host) s = std::ldexp(1.0f, int(random() % 7) - 3);
+    return upload(host);
+  }
+  static std::unique_ptr<DeviceArray<float>> upload(const std::vector<float>& host) {
+    auto device = std::make_unique<DeviceArray<float>>(host.size());
     cudaMemcpy(device->ptr, host.data(), device->bytes(), cudaMemcpyHostToDevice);
     return device;
   }
 };
+
+ScaleValues exact_or_random(bool exact) { return exact ? ScaleValues::kPowers : ScaleValues::kRandom; }
+
+// Whether every element of `out` still holds the poison (a NaN): nothing was written.
+bool unwritten(const DeviceArray<__nv_bfloat16>& out) {
+  return error_sums(out.to_host(), std::vector<float>(out.count, 0.0f)).num_nonfinite == out.count;
+}
 
 Problem e4m3_problem(int p, int m, int n, int k, Scaling scaling, Accumulation accumulation) {
   Problem problem{m, n, k, p, WeightLayout::kNxK, DType::kE4M3};
@@ -88,6 +133,13 @@ std::vector<Fp8Case> cases(std::initializer_list<std::vector<int>> shapes) {
   return out;
 }
 
+// Each shape blockwise, promoted (its only accumulation).
+std::vector<Fp8Case> blockwise_cases(std::initializer_list<std::vector<int>> shapes) {
+  std::vector<Fp8Case> out;
+  for (const auto& s : shapes) out.push_back({s[0], s[1], s[2], s[3], Scaling::kBlockwise, Accumulation::kPromoted});
+  return out;
+}
+
 // ---- The plain GEMM -------------------------------------------------------------------------------
 
 class Fp8Gemm : public ::testing::TestWithParam<Fp8Case> {};
@@ -97,7 +149,7 @@ TEST_P(Fp8Gemm, WithinCublasLtErrorAndDeterministic) {
   Bytes a(size_t(p.m) * p.k_per_rank), w(size_t(p.n) * p.k_per_rank);
   DeviceArray<__nv_bfloat16> c(size_t(p.m) * p.n), c_cublas(size_t(p.m) * p.n);
   DeviceArray<float> ref(size_t(p.m) * p.n);
-  const Scales scales(p, 5, /*exact=*/false);
+  const Scales scales(p, 5, ScaleValues::kRandom);
   fill_random_e4m3(a.ptr, a.count, 11 + p.m, nullptr);
   fill_random_e4m3(w.ptr, w.count, 17 + p.n, nullptr);
   poison(c.ptr, c.count);
@@ -112,7 +164,7 @@ TEST_P(Fp8Gemm, WithinCublasLtErrorAndDeterministic) {
   EXPECT_EQ(ours.num_nonfinite, 0u) << "unwritten (poisoned) or non-finite outputs";
   const ErrorStats theirs = error_sums(c_cublas.to_host(), ref_host).stats();
   // BF16 outputs of the dequantized product: both within a few BF16 roundings of it.
-  EXPECT_LT(theirs.norm_rel, 1e-2) << "cuBLASLt far from the reference: the reference is wrong";
+  EXPECT_LT(theirs.norm_rel, 1e-2) << "cuBLASLt far from the reference: the reference (or cuBLASLt's scales) is wrong";
   EXPECT_TRUE(within_tolerance(ours.stats(), theirs))
       << "ours " << ours.stats().max_rel << " / " << ours.stats().norm_rel << ", cuBLASLt " << theirs.max_rel << " / "
       << theirs.norm_rel;
@@ -124,10 +176,16 @@ TEST_P(Fp8Gemm, WithinCublasLtErrorAndDeterministic) {
 }
 
 // Rows not a multiple of a tile, columns past the last whole tile, one K block and many; small M
-// (split K) and the sweep's o_proj shape.
+// (split K) and the sweep's o_proj shape. Blockwise the same, K a multiple of 128 (and m of 4, as
+// cuBLASLt's blockwise scales want).
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8Gemm,
                          ::testing::ValuesIn(cases({{1, 200, 1000, 128}, {1, 1000, 2064, 1040}, {1, 64, 8192, 1024},
                                                     {1, 2048, 8192, 1024}, {1, 4096, 6144, 4096}})),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Blockwise, Fp8Gemm,
+                         ::testing::ValuesIn(blockwise_cases({{1, 200, 1000, 128}, {1, 1000, 2064, 1024},
+                                                              {1, 68, 1040, 512}, {1, 64, 8192, 1024},
+                                                              {1, 2048, 8192, 1024}, {1, 4096, 6144, 4096}})),
                          case_name);
 
 class Fp8GemmExact : public ::testing::TestWithParam<Fp8Case> {};
@@ -138,7 +196,7 @@ TEST_P(Fp8GemmExact, SmallIntegersBitForBit) {
   Bytes a(size_t(p.m) * p.k_per_rank), w(size_t(p.n) * p.k_per_rank);
   DeviceArray<__nv_bfloat16> c(size_t(p.m) * p.n);
   DeviceArray<float> ref(size_t(p.m) * p.n);
-  const Scales scales(p, 9, /*exact=*/true);
+  const Scales scales(p, 9, ScaleValues::kPowers);
   fill_small_ints_e4m3(a.ptr, a.count, 3, nullptr);
   fill_small_ints_e4m3(w.ptr, w.count, 4, nullptr);
   poison(c.ptr, c.count);
@@ -157,7 +215,7 @@ TEST(Fp8GemmErrors, ScalesAreChecked) {
   const Problem p = e4m3_problem(1, 256, 256, 128, Scaling::kRowwise, Accumulation::kPromoted);
   Bytes a(size_t(p.m) * p.k_per_rank), w(size_t(p.n) * p.k_per_rank);
   DeviceArray<__nv_bfloat16> c(size_t(p.m) * p.n);
-  const Scales scales(p, 1, true);
+  const Scales scales(p, 1, ScaleValues::kPowers);
   poison(c.ptr, c.count);
   const Status missing = gemm(p, a.ptr, w.ptr, InputScales{scales.a->ptr, nullptr}, c.ptr, nullptr);
   EXPECT_EQ(missing.code(), StatusCode::kInvalidArgument);
@@ -167,7 +225,7 @@ TEST(Fp8GemmErrors, ScalesAreChecked) {
   EXPECT_EQ(scaled_bf16.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(scaled_bf16.message().find("scales are for E4M3 inputs"), std::string::npos) << scaled_bf16.message();
   ASSERT_CUDA(cudaDeviceSynchronize());
-  EXPECT_EQ(error_sums(c.to_host(), std::vector<float>(c.count, 0.0f)).num_nonfinite, c.count) << "an output was written";
+  EXPECT_TRUE(unwritten(c)) << "an output was written";
 }
 
 // After a call of the op on `ranks` with random inputs: every rank's output (`outputs`) within 1.1x of
@@ -187,7 +245,8 @@ void expect_within_unfused_and_deterministic(Ranks& ranks, const Outputs& output
     unfused_sums.merge(error_sums(rounded, ref));
   }
   EXPECT_EQ(fused_sums.num_nonfinite, 0u) << "unwritten or non-finite outputs";
-  EXPECT_LT(unfused_sums.stats().norm_rel, 1e-2) << "the unfused path far from the reference: the reference is wrong";
+  EXPECT_LT(unfused_sums.stats().norm_rel, 1e-2)
+      << "the unfused path far from the reference: the reference (or cuBLASLt's scales) is wrong";
   EXPECT_TRUE(within_tolerance(fused_sums.stats(), unfused_sums.stats()))
       << "fused " << fused_sums.stats().max_rel << " / " << fused_sums.stats().norm_rel << ", unfused "
       << unfused_sums.stats().max_rel << " / " << unfused_sums.stats().norm_rel;
@@ -206,6 +265,7 @@ struct Fp8Ranks : LocalRanks<Problem> {
   std::vector<std::unique_ptr<Bytes>> a, w;
   std::vector<std::unique_ptr<Scales>> scales;
   RankArrays out;
+  ConfigOverrides overrides;  // run's
 
   explicit Fp8Ranks(const Problem& p) : LocalRanks(p, 0, {}), out(ranks_arrays(size_t(p.rows_per_rank()) * p.n)) {
     on_each_rank([&](int) {
@@ -214,12 +274,14 @@ struct Fp8Ranks : LocalRanks<Problem> {
     });
   }
 
-  void fill(bool exact, uint64_t seed) {
+  // Small integers with exact scales, or random inputs.
+  void fill(ScaleValues values, uint64_t seed) {
+    const bool exact = values != ScaleValues::kRandom;
     scales.clear();
     on_each_rank([&](int r) {
       (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(a[r]->ptr, a[r]->count, seed * 1000 + 3 * r, nullptr);
       (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(w[r]->ptr, w[r]->count, seed * 1000 + 3 * r + 1, nullptr);
-      scales.emplace_back(new Scales(problem, seed * 1000 + 3 * r + 2, exact));
+      scales.emplace_back(new Scales(problem, seed * 1000 + 3 * r + 2, values));
       poison(out[r]->ptr, out[r]->count);
     });
   }
@@ -230,7 +292,7 @@ struct Fp8Ranks : LocalRanks<Problem> {
     std::vector<InputScales> sp;
     for (const auto& s : scales) sp.push_back(s->get());
     return launch_gemm_rs(comm, problem, first_ranks(problem.world_size), ap.data(), wp.data(), nullptr, op.data(),
-                          streams.data(), {}, nullptr, sp.data());
+                          streams.data(), overrides, nullptr, sp.data());
   }
 
   // Every rank's dequantized partial (m x n, FP32), and cuBLASLt's BF16 one as FP32 (the unfused path's).
@@ -266,12 +328,9 @@ struct Fp8Ranks : LocalRanks<Problem> {
 class Fp8ReduceScatter : public ::testing::TestWithParam<Fp8Case> {};
 class Fp8ReduceScatterRandom : public ::testing::TestWithParam<Fp8Case> {};
 
-// Small integers and power-of-2 scales (K/P small enough that every partial is exact in BF16):
-// bit for bit against the exact sum.
-TEST_P(Fp8ReduceScatter, SmallIntegersBitForBit) {
-  Fp8Ranks ranks(GetParam().problem());
-  ASSERT_NE(ranks.comm, nullptr);
-  ranks.fill(/*exact=*/true, 1);
+// After the exact fill (and whatever a test changed of it): one call, every rank's rows bit for bit
+// against the exact sum.
+void expect_reduce_scatter_bit_for_bit(Fp8Ranks& ranks) {
   const Status s = ranks.run();
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_CUDA(ranks.synchronize());
@@ -282,12 +341,21 @@ TEST_P(Fp8ReduceScatter, SmallIntegersBitForBit) {
   }
 }
 
+// Small integers and power-of-2 scales (K/P small enough that every partial is exact in BF16):
+// bit for bit against the exact sum.
+TEST_P(Fp8ReduceScatter, SmallIntegersBitForBit) {
+  Fp8Ranks ranks(GetParam().problem());
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(ScaleValues::kPowers, 1);
+  expect_reduce_scatter_bit_for_bit(ranks);
+}
+
 // Random inputs: within 1.1x of the unfused path's error (cuBLASLt's BF16 partials summed in FP32,
 // rounded once), and the same bits on a second call.
 TEST_P(Fp8ReduceScatterRandom, WithinUnfusedErrorAndDeterministic) {
   Fp8Ranks ranks(GetParam().problem());
   ASSERT_NE(ranks.comm, nullptr);
-  ranks.fill(/*exact=*/false, 7);
+  ranks.fill(ScaleValues::kRandom, 7);
   ASSERT_TRUE(ranks.run().ok());
   ASSERT_CUDA(ranks.synchronize());
   const auto exact = ranks.partials(false), unfused = ranks.partials(true);
@@ -306,6 +374,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8ReduceScatter,
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8ReduceScatterRandom,
                          ::testing::ValuesIn(cases({{2, 1000, 1040, 1024}, {4, 512, 6144, 768}, {8, 2048, 8192, 1024},
                                                     {8, 64, 8192, 1024}, {8, 8192, 4096, 512}})),
+                         case_name);
+// Blockwise the same, and 17 rows a rank.
+INSTANTIATE_TEST_SUITE_P(Blockwise, Fp8ReduceScatterRandom,
+                         ::testing::ValuesIn(blockwise_cases({{2, 1000, 1040, 1024}, {4, 512, 6144, 768},
+                                                              {4, 68, 1040, 512}, {8, 2048, 8192, 1024},
+                                                              {8, 64, 8192, 1024}, {8, 8192, 4096, 512}})),
                          case_name);
 
 // ---- The all-gather on emulated ranks ------------------------------------------------------------
@@ -354,8 +428,10 @@ struct Fp8AllGatherRanks : LocalRanks<AllGatherProblem> {
     on_each_rank([&](int r) {
       (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(x[r]->ptr, x[r]->count, seed * 1000 + 4 * r, nullptr);
       (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(w[r]->ptr, w[r]->count, seed * 1000 + 4 * r + 1, nullptr);
-      x_scales.push_back(Scales::make(rowwise() ? size_t(problem.rows_per_rank()) : 1, seed * 1000 + 4 * r + 2, exact));
-      w_scales.push_back(Scales::make(rowwise() ? size_t(problem.n_per_rank) : 1, seed * 1000 + 4 * r + 3, exact));
+      x_scales.push_back(Scales::make(rowwise() ? size_t(problem.rows_per_rank()) : 1, seed * 1000 + 4 * r + 2,
+                                      exact_or_random(exact)));
+      w_scales.push_back(
+          Scales::make(rowwise() ? size_t(problem.n_per_rank) : 1, seed * 1000 + 4 * r + 3, exact_or_random(exact)));
       poison(y[r]->ptr, y[r]->count);
       cudaMemset(gathered[r]->ptr, 0xFF, gathered[r]->bytes());
     });
@@ -476,11 +552,166 @@ TEST(Fp8AllGatherErrors, ScalesAndLayoutAreChecked) {
   kxn.weight_layout = WeightLayout::kKxN;
   EXPECT_EQ(validate(kxn).code(), StatusCode::kUnsupported) << validate(kxn).message();
   ASSERT_CUDA(ranks.synchronize());
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(error_sums(ranks.y[r]->to_host(), std::vector<float>(ranks.y[r]->count, 0.0f)).num_nonfinite,
-              ranks.y[r]->count)
-        << "an output was written";
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(unwritten(*ranks.y[r])) << "rank " << r << "'s output was written";
+}
+
+// ---- Blockwise scales: the plain GEMM and the reduce-scatter, exact, and the errors --------------
+
+// A blockwise case of small integers: its shape ({P, m, n, k}), its scales' values, a forced split of
+// K (0: the config's), and whether some blocks are zeros (zero_some_blocks).
+struct BlockwiseCase {
+  int p, m, n, k;
+  ScaleValues values = ScaleValues::kPowers;
+  int split_k = 0;
+  bool zero_blocks = false;
+
+  Problem problem() const { return e4m3_problem(p, m, n, k, Scaling::kBlockwise, Accumulation::kPromoted); }
+  ConfigOverrides overrides() const {
+    ConfigOverrides o;
+    o.split_k = split_k;
+    return o;
   }
+};
+
+std::string blockwise_case_name(const ::testing::TestParamInfo<BlockwiseCase>& info) {
+  const BlockwiseCase& c = info.param;
+  return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
+         std::to_string(c.k) + (c.values == ScaleValues::kCancelling ? "_cancelling" : "_powers") +
+         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") + (c.zero_blocks ? "_zero_blocks" : "");
+}
+
+// Zeros in a problem's blocks (m > 5, n > 128, k >= 256): A's scale of row 3 over K block 1, W's
+// of columns 128 .. 255 over K block 0, W's values of columns 0 .. 127 over K block 1, and A's of
+// row 5 over K block 0.
+void zero_some_blocks(const Problem& p, uint8_t* a, uint8_t* w, const Scales& scales) {
+  const int64_t k_blocks = p.k_per_rank / kScaleBlock;
+  cudaMemset(scales.a->ptr + 3 * k_blocks + 1, 0, sizeof(float));
+  cudaMemset(scales.w->ptr + 1 * k_blocks + 0, 0, sizeof(float));
+  cudaMemset2D(w + kScaleBlock, size_t(p.k_per_rank), 0, kScaleBlock, size_t(std::min<int64_t>(p.n, kScaleBlock)));
+  cudaMemset(a + 5 * p.k_per_rank, 0, kScaleBlock);
+}
+
+class Fp8BlockwiseGemmExact : public ::testing::TestWithParam<BlockwiseCase> {};
+
+// Small integers and exact scales: every block's sum, its scaled value and the sums of those exact
+// in FP32 (powers: at most 2^24 of 2^-6 up to K = 4096), so bit for bit; twice, the same bits.
+TEST_P(Fp8BlockwiseGemmExact, SmallIntegersBitForBit) {
+  const BlockwiseCase& bc = GetParam();
+  const Problem p = bc.problem();
+  Bytes a(size_t(p.m) * p.k_per_rank), w(size_t(p.n) * p.k_per_rank);
+  DeviceArray<__nv_bfloat16> c(size_t(p.m) * p.n);
+  DeviceArray<float> ref(size_t(p.m) * p.n);
+  const Scales scales(p, 9, bc.values);
+  fill_small_ints_e4m3(a.ptr, a.count, 3, nullptr);
+  fill_small_ints_e4m3(w.ptr, w.count, 4, nullptr);
+  if (bc.zero_blocks) zero_some_blocks(p, a.ptr, w.ptr, scales);
+  reference_gemm_e4m3(p, a.ptr, w.ptr, scales.get(), ref.ptr, nullptr);
+  const auto ref_host = ref.to_host();
+  std::vector<__nv_bfloat16> first;
+  for (int run = 0; run < 2; ++run) {
+    poison(c.ptr, c.count);
+    const Status s = gemm(p, a.ptr, w.ptr, scales.get(), c.ptr, nullptr, bc.overrides());
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto out = c.to_host();
+    const int64_t bad = first_mismatch(out, ref_host);
+    EXPECT_EQ(bad, -1) << "run " << run << ": first mismatch at " << element_at(bad, p.n);
+    if (run == 0) first = out;
+    EXPECT_EQ(0, std::memcmp(out.data(), first.data(), out.size() * 2)) << "not deterministic";
+  }
+}
+
+// One row and 17 (columns past the last whole scale block), M not a multiple of 128; scales of
+// 2^-20 .. 2^20; zero blocks; K split as the config splits it (M = 64, in 3: tests/cpu's config
+// test), not at all, and in 2 and 4.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8BlockwiseGemmExact,
+    ::testing::Values(BlockwiseCase{1, 1000, 784, 256}, BlockwiseCase{1, 1, 256, 128}, BlockwiseCase{1, 17, 520, 384},
+                      BlockwiseCase{1, 24, 4096, 1024}, BlockwiseCase{1, 256, 1024, 1024, ScaleValues::kCancelling},
+                      BlockwiseCase{1, 1000, 784, 512, ScaleValues::kCancelling},
+                      BlockwiseCase{1, 200, 1000, 512, ScaleValues::kPowers, 0, true},
+                      BlockwiseCase{1, 200, 1000, 512, ScaleValues::kCancelling, 0, true},
+                      BlockwiseCase{1, 64, 2048, 4096}, BlockwiseCase{1, 64, 2048, 4096, ScaleValues::kPowers, 1},
+                      BlockwiseCase{1, 64, 2048, 4096, ScaleValues::kPowers, 2},
+                      BlockwiseCase{1, 64, 2048, 4096, ScaleValues::kPowers, 4},
+                      BlockwiseCase{1, 128, 1024, 1024, ScaleValues::kCancelling, 3}),
+    blockwise_case_name);
+
+class Fp8BlockwiseReduceScatter : public ::testing::TestWithParam<BlockwiseCase> {};
+
+// Small integers and exact scales (every partial exact in BF16: one K block of powers, or up to
+// 256 of K under cancelling scales): bit for bit against the exact sum.
+TEST_P(Fp8BlockwiseReduceScatter, SmallIntegersBitForBit) {
+  const BlockwiseCase& bc = GetParam();
+  Fp8Ranks ranks(bc.problem());
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.overrides = bc.overrides();
+  ranks.fill(bc.values, 1);
+  if (bc.zero_blocks) {
+    ranks.on_each_rank(
+        [&](int r) { zero_some_blocks(ranks.problem, ranks.a[r]->ptr, ranks.w[r]->ptr, *ranks.scales[r]); });
+  }
+  expect_reduce_scatter_bit_for_bit(ranks);
+}
+
+// P = 1, 2, 4, 8; 17 rows a rank, 8 (a band of several owners, K whole and split in two) and one
+// (a band of every owner, from registers); rows a rank not a multiple of a tile; zero blocks.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8BlockwiseReduceScatter,
+    ::testing::Values(BlockwiseCase{1, 256, 512, 256, ScaleValues::kCancelling}, BlockwiseCase{2, 1000, 1040, 128},
+                      BlockwiseCase{2, 34, 520, 256, ScaleValues::kCancelling}, BlockwiseCase{4, 512, 6144, 128},
+                      BlockwiseCase{4, 68, 1040, 256, ScaleValues::kCancelling},
+                      BlockwiseCase{4, 32, 1040, 256, ScaleValues::kCancelling},
+                      BlockwiseCase{4, 32, 1040, 256, ScaleValues::kCancelling, 2},
+                      BlockwiseCase{8, 8, 1024, 256, ScaleValues::kCancelling}, BlockwiseCase{8, 64, 8192, 128},
+                      BlockwiseCase{8, 2048, 8192, 128}, BlockwiseCase{8, 2000, 1000, 256, ScaleValues::kCancelling},
+                      BlockwiseCase{2, 512, 1024, 256, ScaleValues::kCancelling, 0, true}),
+    blockwise_case_name);
+
+// The problems blockwise scales refuse (fast accumulation, K not a multiple of 128) and missing
+// scales: named, and nothing runs, in the GEMM and in the reduce-scatter.
+TEST(Fp8BlockwiseErrors, GemmAndReduceScatterCheckTheirInputs) {
+  const Problem good = e4m3_problem(2, 256, 256, 256, Scaling::kBlockwise, Accumulation::kPromoted);
+  Problem fast = good, k192 = good;
+  fast.accumulation = Accumulation::kFast;
+  k192.k_per_rank = 192;
+  const std::pair<Problem, std::string> refused[] = {{fast, "problem.accumulation = fast with blockwise"},
+                                                     {k192, "problem.k_per_rank = 192 is not a multiple of 128"}};
+
+  Bytes a(size_t(good.m) * good.k_per_rank), w(size_t(good.n) * good.k_per_rank);
+  DeviceArray<__nv_bfloat16> c(size_t(good.m) * good.n);
+  const Scales scales(good, 1, ScaleValues::kPowers);
+  poison(c.ptr, c.count);
+  for (const auto& [problem, message] : refused) {
+    const Status s = gemm(problem, a.ptr, w.ptr, scales.get(), c.ptr, nullptr);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.message();
+  }
+  const Status no_a = gemm(good, a.ptr, w.ptr, InputScales{nullptr, scales.w->ptr}, c.ptr, nullptr);
+  EXPECT_EQ(no_a.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_a.message().find("a_scale must not be null"), std::string::npos) << no_a.message();
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_TRUE(unwritten(c)) << "the GEMM wrote an output";
+
+  Fp8Ranks ranks(good);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(ScaleValues::kPowers, 1);
+  for (const auto& [problem, message] : refused) {
+    ranks.problem = problem;
+    const Status s = ranks.run();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.message();
+  }
+  ranks.problem = good;
+  const auto ap = pointers<const void*>(ranks.a, 2), wp = pointers<const void*>(ranks.w, 2);
+  const auto op = pointers<void*>(ranks.out, 2);
+  const InputScales missing[2] = {ranks.scales[0]->get(), {ranks.scales[1]->a->ptr, nullptr}};
+  const Status no_w = launch_gemm_rs(ranks.comm, good, first_ranks(2), ap.data(), wp.data(), nullptr, op.data(),
+                                     ranks.streams.data(), {}, nullptr, missing);
+  EXPECT_EQ(no_w.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(no_w.message().find("w_scale must not be null"), std::string::npos) << no_w.message();
+  ASSERT_CUDA(ranks.synchronize());
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(unwritten(*ranks.out[r])) << "rank " << r << "'s output was written";
 }
 
 }  // namespace
