@@ -5,7 +5,8 @@ all-gather + GEMM of a column-parallel one.
     y = tpfuse.all_gather_gemm(x, w, group)          # x: M/P x K, w: N/P x K; y: M x N/P
 
 One process per GPU, BF16 in and out; both also take FP8 (torch.float8_e4m3fn) inputs with FP32 scales,
-tensorwise or rowwise, and quantize_all_gather_gemm quantizes BF16 rows to FP8 on their own rank first.
+tensorwise or rowwise (gemm_reduce_scatter blockwise too), and quantize_all_gather_gemm quantizes BF16 rows to
+FP8 on their own rank first.
 Rank r of `group` holds a_r and w_r; every rank gets its M/P rows of sum_r a_r @ w_r^T; with
 all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
 Both take an optional bias and a batch (sequences whose rows each rank holds 1/P of: torch's collectives
@@ -77,8 +78,11 @@ def gemm_reduce_scatter(a: torch.Tensor, w: torch.Tensor, group: Group = None, *
     FP8: a and w both torch.float8_e4m3fn, w N x K/P ("nk") only, K/P a multiple of 16, with FP32 scales on
        a's device: each rank's product is (a @ W) * a_scale * w_scale in FP32 before the bias, the reduction
        and the one rounding to BF16. Tensorwise: a_scale and w_scale one element each; rowwise: a_scale one
-       per row of a ((M, 1) or (M,)), w_scale one per output column ((1, N), (N, 1) or (N,)). Scales are
-       not read on the host: a non-finite scale gives non-finite outputs, not an error.
+       per row of a ((M, 1) or (M,)), w_scale one per output column ((1, N), (N, 1) or (N,)); blockwise
+       (DeepSeek-V3's, tpfuse.float8.quantize_blockwise): a_scale (M, K/P/128), one per row and 128 of K/P,
+       w_scale (ceil(N/128), K/P/128), one per 128 x 128 block of w, both row-major, each applied to its
+       block's partial sums; K/P a multiple of 128, use_fast_accum False. Scales are not read on the host: a
+       non-finite scale gives non-finite outputs, not an error.
        use_fast_accum: the tensor cores' own accumulation (torch._scaled_mm's flag) instead of adding
        their partial sums into FP32 every 128 of K/P. The FP8 call has no backward pass.
     group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
@@ -132,8 +136,9 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, we
        to every gathered row, as torch's fused_all_gather_scaled_matmul applies A_scale); rowwise: x_scale one
        per row of this rank's x ((M/P, 1) or (M/P,): the kernel gathers them with the rows), w_scale one per
        output column ((1, N/P), (N/P, 1) or (N/P,)). Scales are not read on the host: a non-finite scale gives
-       non-finite outputs, not an error. use_fast_accum: the tensor cores' own accumulation (torch._scaled_mm's
-       flag) instead of adding their partial sums into FP32 every 128 of K. The FP8 call has no backward pass.
+       non-finite outputs, not an error. Blockwise scales raise UnsupportedError (gemm_reduce_scatter takes them).
+       use_fast_accum: the tensor cores' own accumulation (torch._scaled_mm's flag) instead of adding their
+       partial sums into FP32 every 128 of K. The FP8 call has no backward pass.
     group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
     bias: optional N/P BF16 entries, added to every row of Y before its one rounding to BF16.
     batch: x holds this rank's rows of `batch` sequences, one after the other, and the gathered X has

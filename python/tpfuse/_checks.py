@@ -18,10 +18,12 @@ POINTER_ALIGNMENT = 16   # bytes
 SCALE_ALIGNMENT = 4      # bytes: the scales are FP32
 MAX_EXTENT = 2**31 - 1   # the kernels index with 32 bits
 SLAB_ROWS = 64           # the kernels' slab: with batch > 1 and P > 1, a rank's rows of a sequence are whole slabs
+SCALE_BLOCK = 128        # tpfuse::kScaleBlock: the K extent of a blockwise scale, and the N extent of a weight's
 
 BF16_CODE = DTYPE_CODES[torch.bfloat16]  # the C ABI's dtype of BF16 inputs
 E4M3 = torch.float8_e4m3fn               # the FP8 inputs both ops serve
 NO_SCALING = SCALING_CODES["none"]
+BLOCKWISE = SCALING_CODES["blockwise"]
 PROMOTED = ACCUMULATION_CODES["promoted"]
 
 _WEIGHT_SHAPES = {"nk": "N x K/P (nn.Linear's weight)", "kn": "K/P x N"}
@@ -30,16 +32,20 @@ _AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
 
 @dataclass(frozen=True)
 class _OperandNames:
-    """How an op's messages name its activations, their scale, their rows and the output columns."""
+    """How an op's messages name it, its activations, their scale, their rows, the output columns and the
+    reduction dimension; and whether it takes blockwise scales."""
 
+    op: str
     operand: str
     scale: str
     rows: str
     columns: str
+    depth: str
+    blockwise: bool
 
 
-_RS_NAMES = _OperandNames("a", "a_scale", "M", "N")
-_AG_NAMES = _OperandNames("x", "x_scale", "M/P", "N/P")
+_RS_NAMES = _OperandNames("the reduce-scatter", "a", "a_scale", "M", "N", "K/P", blockwise=True)
+_AG_NAMES = _OperandNames("the all-gather", "x", "x_scale", "M/P", "N/P", "K", blockwise=False)
 
 
 @dataclass(frozen=True)
@@ -131,11 +137,24 @@ def _check_scale(name: str, scale: torch.Tensor) -> None:
         _fail(f"{name} {tuple(scale.shape)} with strides {scale.stride()} is not contiguous")
 
 
-def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor], fp8: bool, m: int,
-                  n: int, names: _OperandNames) -> int:
+def blockwise_scale_shapes(m: int, n: int, k: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """The shapes of blockwise scales for m x k activations and an n x k weight: one per row and 128 of K, and one
+    per 128 x 128 block of the weight (a partial block where n or k is not a multiple of 128)."""
+    k_blocks = -(-k // SCALE_BLOCK)
+    return (m, k_blocks), (-(-n // SCALE_BLOCK), k_blocks)
+
+
+def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor], fp8: bool, m: int, n: int,
+                  k: int, names: _OperandNames) -> int:
     """The scaling (SCALING_CODES) of the activations' scale (a_scale or x_scale, `names.scale`) and w_scale:
-    none for BF16 inputs; for E4M3 inputs tensorwise (one element each) or rowwise (one per row of the m rows
-    of a or x, w_scale one per output column of the n)."""
+    none for BF16 inputs. For E4M3 inputs the pair of shapes decides, in this order: one element each is
+    tensorwise; a_scale one per row of the m rows of a or x and w_scale one per output column of the n is
+    rowwise; either scale of its blockwise shape (2-D: a_scale (m, k/128), one per row and 128 of K; w_scale
+    (ceil(n/128), k/128), one per 128 x 128 block of w) and not of its rowwise one is blockwise. No pair is
+    both rowwise and blockwise: a blockwise w_scale has ceil(n/128) < n rows, so it is of a rowwise shape only as
+    (1, n) where k/128 = n > 1, and a_scale then has n > 1 columns. Blockwise scales of one element each (m = 1,
+    n and k at most 128) are tensorwise, the same product. Blockwise shapes raise UnsupportedError where the op
+    does not take them."""
     a_name, operands = names.scale, f"{names.operand} and w"
     if not fp8:
         for name, scale in ((a_name, a_scale), ("w_scale", w_scale)):
@@ -144,20 +163,59 @@ def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tenso
         return NO_SCALING
     missing = [name for name, scale in ((a_name, a_scale), ("w_scale", w_scale)) if scale is None]
     if missing:
+        rowwise = f"{a_name} ({names.rows}, 1) and w_scale (1, {names.columns}) for rowwise"
+        blockwise = (f"{a_name} ({names.rows}, {names.depth}/128) and w_scale (ceil({names.columns}/128), "
+                     f"{names.depth}/128) for blockwise")
+        forms = f"{rowwise}, or {blockwise}" if names.blockwise else f"or {rowwise}"
         _fail(f"{operands} are {E4M3}: they need {' and '.join(missing)} (torch.float32: one element each for "
-              f"tensorwise scaling, or {a_name} ({names.rows}, 1) and w_scale (1, {names.columns}) for rowwise)")
+              f"tensorwise scaling, {forms})")
     _check_scale(a_name, a_scale)
     _check_scale("w_scale", w_scale)
     if a_scale.numel() == 1 and w_scale.numel() == 1:
         return SCALING_CODES["tensorwise"]
+    a_shape, w_shape = tuple(a_scale.shape), tuple(w_scale.shape)
+    rowwise_a, rowwise_w = a_shape in ((m, 1), (m,)), w_shape in ((1, n), (n, 1), (n,))
+    if rowwise_a and rowwise_w:
+        return SCALING_CODES["rowwise"]
+    block_a, block_w = blockwise_scale_shapes(m, n, k)
+    if a_shape == block_a and not rowwise_a or w_shape == block_w and not rowwise_w:
+        _check_blockwise_shapes(a_shape, w_shape, block_a, block_w, names)
+        return BLOCKWISE
     rowwise = f"rowwise scaling (tensorwise takes one element in each of {a_name} and w_scale)"
-    if tuple(a_scale.shape) not in ((m, 1), (m,)):
-        _fail(f"{a_name} has shape {tuple(a_scale.shape)}; with w_scale of {w_scale.numel()} elements it must be "
+    if not rowwise_a:
+        _fail(f"{a_name} has shape {a_shape}; with w_scale of {w_scale.numel()} elements it must be "
               f"({m}, 1) or ({m},), one per row of {names.operand} ({names.rows}): {rowwise}")
-    if tuple(w_scale.shape) not in ((1, n), (n, 1), (n,)):
-        _fail(f"w_scale has shape {tuple(w_scale.shape)}; with {a_name} of {a_scale.numel()} elements it must be "
-              f"(1, {n}), ({n}, 1) or ({n},), one per output column ({names.columns}): {rowwise}")
-    return SCALING_CODES["rowwise"]
+    _fail(f"w_scale has shape {w_shape}; with {a_name} of {a_scale.numel()} elements it must be "
+          f"(1, {n}), ({n}, 1) or ({n},), one per output column ({names.columns}): {rowwise}")
+
+
+def _check_blockwise_shapes(a_shape, w_shape, block_a, block_w, names: _OperandNames) -> None:
+    """One of the scales has its blockwise shape (and not a rowwise one): the op must take blockwise scales, and
+    the other scale must have its blockwise shape too."""
+    a_name = names.scale
+    if not names.blockwise:
+        raise UnsupportedError(
+            f"{a_name} {a_shape} and w_scale {w_shape} are blockwise scales ({a_name} one per row of "
+            f"{names.operand} and 128 of {names.depth}, w_scale one per 128 x 128 block of w): {names.op} does not "
+            "take them yet (gemm_reduce_scatter does); it takes tensorwise and rowwise scales")
+    if w_shape != block_w:
+        _fail(f"w_scale has shape {w_shape}; with {a_name} {a_shape} (blockwise: one per row of {names.operand} and "
+              f"128 of {names.depth}) it must be {block_w}, one per 128 x 128 block of w "
+              f"(ceil({names.columns}/128) x {names.depth}/128)")
+    if a_shape != block_a:
+        _fail(f"{a_name} has shape {a_shape}; with w_scale {w_shape} (blockwise: one per 128 x 128 block of w) it must "
+              f"be {block_a}, one per row of {names.operand} ({names.rows}) and 128 of {names.depth}")
+
+
+def _check_blockwise(k: int, use_fast_accum: bool, names: _OperandNames) -> None:
+    """Blockwise scales apply where each 128 of K is added into the FP32 sums: whole blocks, promoted."""
+    if k % SCALE_BLOCK != 0:
+        _fail(f"{names.depth} = {k} is not a multiple of {SCALE_BLOCK}: blockwise scales ({names.scale} "
+              f"({names.rows}, {names.depth}/128), w_scale (ceil({names.columns}/128), {names.depth}/128)) cover "
+              f"{SCALE_BLOCK} of {names.depth} each")
+    if use_fast_accum:
+        _fail("use_fast_accum=True with blockwise scales: they apply where each 128 of "
+              f"{names.depth} is added into the FP32 sums (promoted accumulation), so use_fast_accum must be False")
 
 
 def check_fast_accum(use_fast_accum: bool) -> None:
@@ -248,9 +306,9 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
                   out: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, batch: int = 1,
                   a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
                   use_fast_accum: bool = False) -> Problem:
-    """The reduce-scatter's problem of a, w, out, bias, batch and, for E4M3 inputs, their scales and
-    accumulation, or an InvalidArgumentError naming the bad argument (UnsupportedError for an FP8 type other
-    than E4M3, an FP8 weight stored K x N, and a batched shard that is not whole slabs)."""
+    """The reduce-scatter's problem of a, w, out, bias, batch and, for E4M3 inputs, their scales (tensorwise,
+    rowwise or blockwise) and accumulation, or an InvalidArgumentError naming the bad argument (UnsupportedError
+    for an FP8 type other than E4M3, an FP8 weight stored K x N, and a batched shard that is not whole slabs)."""
     _check_layout_and_group(weight_layout, world_size, _WEIGHT_SHAPES)
     dtype_code = _check_operands(a, w, out, _RS_NAMES)
     fp8 = a.dtype == E4M3
@@ -263,7 +321,9 @@ def check_problem(a: torch.Tensor, w: torch.Tensor, weight_layout: str, world_si
     k_rows = (("K/P", k_per_rank),)
     _check_extents((("M", m), ("N", n), ("K/P", k_per_rank)), (("N", n),) + (() if fp8 else k_rows),
                    k_rows if fp8 else ())
-    scaling = _check_scales(a_scale, w_scale, fp8, m, n, _RS_NAMES)
+    scaling = _check_scales(a_scale, w_scale, fp8, m, n, k_per_rank, _RS_NAMES)
+    if scaling == BLOCKWISE:
+        _check_blockwise(k_per_rank, use_fast_accum, _RS_NAMES)
     _check_batch(batch, m, world_size)
     _check_bias(bias, n, "N")
     accumulation = ACCUMULATION_CODES["fast" if fp8 and use_fast_accum else "promoted"]
@@ -290,8 +350,8 @@ def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: st
                              use_fast_accum: bool = False) -> AllGatherProblem:
     """The all-gather's problem of x, w, bias, batch and, for E4M3 inputs, their scales and accumulation, or an
     InvalidArgumentError naming the bad argument (UnsupportedError for an FP8 type other than E4M3, an FP8
-    weight stored K x N, and a batched shard that is not whole slabs). Rowwise, x_scale holds this rank's
-    rows' scales (the kernel gathers them with the rows)."""
+    weight stored K x N, blockwise scales, and a batched shard that is not whole slabs). Rowwise, x_scale holds
+    this rank's rows' scales (the kernel gathers them with the rows)."""
     _check_layout_and_group(weight_layout, world_size, _AG_WEIGHT_SHAPES)
     dtype_code = _check_operands(x, w, None, _AG_NAMES)
     fp8 = x.dtype == E4M3
@@ -305,7 +365,7 @@ def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: st
     k_rows = (("K", k),)
     _check_extents((("M", m), ("N/P", n_per_rank), ("K", k)), (("N/P", n_per_rank),) + (() if fp8 else k_rows),
                    k_rows if fp8 else ())
-    scaling = _check_scales(x_scale, w_scale, fp8, rows, n_per_rank, _AG_NAMES)
+    scaling = _check_scales(x_scale, w_scale, fp8, rows, n_per_rank, k, _AG_NAMES)
     check_batch_count(batch)
     if rows % batch != 0:
         _fail(f"batch = {batch}: x's {rows} rows are not {batch} shards of equal length (this rank's rows of each "

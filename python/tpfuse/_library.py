@@ -31,8 +31,8 @@ NCCL_UNIQUE_ID_BYTES = 128  # TPFUSE_NCCL_UNIQUE_ID_BYTES
 WEIGHT_LAYOUT_CODES = {"kn": 0, "nk": 1}  # TPFUSE_WEIGHT_KXN, TPFUSE_WEIGHT_NXK
 # The inputs' dtype: TPFUSE_DTYPE_BF16, TPFUSE_DTYPE_E4M3 (every op serves it).
 DTYPE_CODES = {torch.bfloat16: 0, torch.float8_e4m3fn: 1}
-# How E4M3 inputs are scaled: TPFUSE_SCALING_NONE (BF16), _TENSORWISE, _ROWWISE.
-SCALING_CODES = {"none": 0, "tensorwise": 1, "rowwise": 2}
+# How E4M3 inputs are scaled: TPFUSE_SCALING_NONE (BF16), _TENSORWISE, _ROWWISE, _BLOCKWISE.
+SCALING_CODES = {"none": 0, "tensorwise": 1, "rowwise": 2, "blockwise": 3}
 # How E4M3 products are accumulated: TPFUSE_ACCUMULATION_PROMOTED, _FAST (torch's use_fast_accum).
 ACCUMULATION_CODES = {"promoted": 0, "fast": 1}
 

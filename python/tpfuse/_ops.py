@@ -7,10 +7,11 @@ take an optional bias (added before the output's one rounding) and a batch: a's 
 sequences, and each rank holds its 1/P of every sequence (torch's reduce-scatter and all-gather along
 dim 1 of [batch, s, ...]); the drop-ins derive the batch from scatter_dim / gather_dim. The reduce-scatter's
 gemm_reduce_scatter and gemm_reduce_scatter_out also take FP8 (E4M3) a and w with their FP32 scales
-(a_scale, w_scale: tensorwise or rowwise) and use_fast_accum, and so do the all-gather's all_gather_gemm and
-all_gather_gemm_gathered (x_scale, w_scale); their output is BF16 whatever the inputs (the gathered X is x's
-dtype). tpfuse::quantize_all_gather_gemm takes this rank's BF16 rows, quantizes them rowwise to E4M3 on this
-rank (tpfuse.float8.quantize_rowwise, torchao's rowwise recipe) and runs the FP8 all-gather with their scales.
+(a_scale, w_scale: tensorwise, rowwise or blockwise) and use_fast_accum, and so do the all-gather's
+all_gather_gemm and all_gather_gemm_gathered (x_scale, w_scale: tensorwise or rowwise); their output is BF16
+whatever the inputs (the gathered X is x's dtype). tpfuse::quantize_all_gather_gemm takes this rank's BF16
+rows, quantizes them rowwise to E4M3 on this rank (tpfuse.float8.quantize_rowwise, torchao's rowwise recipe) and
+runs the FP8 all-gather with their scales.
 Their fake implementations check the arguments and give the output's shape, so torch.compile traces them
 without a graph break; the real ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
 

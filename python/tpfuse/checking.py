@@ -1,12 +1,14 @@
 """One reference, one unfused path and one set of error measures, shared by the GPU tests and the
 benchmark (docs/SPEC.md's rule: each of the fused op's errors at most 1.1x the unfused path's); for FP8
 (E4M3) inputs of either op, the reference is the exact product of the dequantized inputs and the unfused path
-torch._scaled_mm's."""
+torch._scaled_mm's (for blockwise scales, its tensorwise product of each 128 of K, scaled and summed)."""
 
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .float8 import ACTIVATION_BLOCK, WEIGHT_BLOCK, dequantize_blockwise, quantize_blockwise
 
 ERROR_FACTOR = 1.1
 
@@ -91,16 +93,20 @@ def fp8_operands(m: int, n: int, k_per_rank: int, device: torch.device, seed: in
     return quantized[0], quantized[1], a_scale, w_scale.reshape(1, n) if rowwise else w_scale
 
 
-def dequantized(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x's FP8 values times their scales (one, or one per row of x), exactly, in FP64."""
+def dequantized(x: torch.Tensor, scale: torch.Tensor, block=None) -> torch.Tensor:
+    """x's FP8 values times their scales (one, one per row of x, or with `block` one per block of x), exactly, in
+    FP64."""
+    if block is not None:
+        return dequantize_blockwise(x, scale, block, dtype=torch.float64)
     return x.double() * (scale.double() if scale.numel() == 1 else scale.double().reshape(-1, 1))
 
 
 def fp8_reference_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
-                       group: dist.ProcessGroup, bias=None) -> torch.Tensor:
+                       group: dist.ProcessGroup, bias=None, blockwise: bool = False) -> torch.Tensor:
     """This rank's rows of the FP64 reduce-scatter of the exact products of the dequantized E4M3 inputs
-    (w N x K/P), plus the bias."""
-    partial = dequantized(a, a_scale) @ dequantized(w, w_scale).t()
+    (w N x K/P; blockwise: a's scales per 1 x 128 tile, w's per 128 x 128 block), plus the bias."""
+    a_block, w_block = (ACTIVATION_BLOCK, WEIGHT_BLOCK) if blockwise else (None, None)
+    partial = dequantized(a, a_scale, a_block) @ dequantized(w, w_scale, w_block).t()
     rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1])
     dist.reduce_scatter_tensor(rows, partial, group=group)
     return rows if bias is None else rows + bias.double()
@@ -114,6 +120,48 @@ def fp8_unfused_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_
                                out_dtype=torch.bfloat16, use_fast_accum=use_fast_accum)
     rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1])
     dist.reduce_scatter_tensor(rows, partial, group=group)
+    return rows
+
+
+def fp8_blockwise_operands(m: int, n: int, k_per_rank: int, device: torch.device, seed: int,
+                           small_integers: bool = False):
+    """This rank's a (M x K/P) and w (N x K/P), torch.float8_e4m3fn, with blockwise scales: a_scale (M, K/P/128)
+    and w_scale (ceil(N/128), K/P/128). Random: normal values quantized by tpfuse.float8.quantize_blockwise
+    (DeepSeek-V3's scales). With small_integers: dequantized entries in {-1, 0, 1} (drawn from `seed`) stored as
+    +-2^-t with their block's scale 2^t, t from -3 to 3 drawn per block, so that only each block's own scales
+    give the integer products back (exact in BF16 up to 256)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    if not small_integers:
+        a, a_scale = quantize_blockwise(torch.randn(m, k_per_rank, generator=generator, device=device))
+        w, w_scale = quantize_blockwise(torch.randn(n, k_per_rank, generator=generator, device=device), WEIGHT_BLOCK)
+        return a, w, a_scale, w_scale
+
+    def draw(rows: int, block) -> tuple:
+        values = torch.randint(-1, 2, (rows, k_per_rank), generator=generator, device=device).float()
+        exponents = torch.randint(-3, 4, (-(-rows // block[0]), k_per_rank // 128), generator=generator, device=device)
+        scale = torch.pow(2.0, exponents.float())
+        # Each block's values times 2^-t, exact: what its scale 2^t dequantizes back.
+        return dequantize_blockwise(values, scale.reciprocal(), block).to(torch.float8_e4m3fn), scale
+
+    (a, a_scale), (w, w_scale) = draw(m, ACTIVATION_BLOCK), draw(n, WEIGHT_BLOCK)
+    return a, w, a_scale, w_scale
+
+
+def fp8_blockwise_unfused_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+                               group: dist.ProcessGroup) -> torch.Tensor:
+    """The unfused path of blockwise scales, from torch._scaled_mm's tensorwise product (which every torch from the
+    floor has): each 128 of K/P's product in FP32 (unit scales), times its block's a_scale (one per row) and
+    w_scale (one per 128 output columns), summed in FP32 and rounded to BF16 once; then reduce_scatter_tensor
+    (BF16, sum)."""
+    one = torch.ones((), device=a.device)
+    partial = torch.zeros(a.shape[0], w.shape[0], device=a.device)
+    for block in range(a.shape[1] // 128):
+        k = slice(128 * block, 128 * (block + 1))
+        product = torch._scaled_mm(a[:, k].contiguous(), w[:, k].contiguous().t(), one, one, out_dtype=torch.float32)
+        column_scales = w_scale[:, block].repeat_interleave(128)[:w.shape[0]]
+        partial += product * a_scale[:, block:block + 1] * column_scales
+    rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1], dtype=torch.bfloat16)
+    dist.reduce_scatter_tensor(rows, partial.to(torch.bfloat16), group=group)
     return rows
 
 

@@ -1,8 +1,10 @@
-"""FP8 (e4m3) rowwise quantization of activations, as torchao's float8 training casts them with its rowwise
-recipe: torchao.float8's hp_tensor_to_float8_dynamic(x, torch.float8_e4m3fn, ..., scaling_granularity=
-ScalingGranularity.AXISWISE, axiswise_dim=-1, round_scales_to_power_of_2=True), with the same torch operations
-in the same order (float8_utils.tensor_to_amax, amax_to_scale, _round_scale_down_to_power_of_2 and
-to_fp8_saturated), so that the bits are the same:
+"""FP8 (e4m3) quantization: rowwise, of activations, as torchao's float8 training casts them; blockwise, of
+activations per 1 x 128 tile and of weights per 128 x 128 block, as DeepSeek-V3 quantizes them.
+
+quantize_rowwise is torchao's rowwise recipe: torchao.float8's hp_tensor_to_float8_dynamic(x,
+torch.float8_e4m3fn, ..., scaling_granularity=ScalingGranularity.AXISWISE, axiswise_dim=-1,
+round_scales_to_power_of_2=True), with the same torch operations in the same order (float8_utils.tensor_to_amax,
+amax_to_scale, _round_scale_down_to_power_of_2 and to_fp8_saturated), so that the bits are the same:
 
     amax   = max over the row of |x| in FP32
     scale  = E4M3_MAX / max(amax, EPS), divided in FP64, then rounded to FP32
@@ -11,17 +13,44 @@ to_fp8_saturated), so that the bits are the same:
 
 torch._scaled_mm takes the dequantizing scale, 1 / scale (exact: a power of 2), which quantize_rowwise
 returns. Each row's scale depends on that row alone, so quantizing each rank's rows before an all-gather gives
-the bits that quantizing the gathered rows gives."""
+the bits that quantizing the gathered rows gives.
+
+quantize_blockwise gives tpfuse's blockwise scales (gemm_reduce_scatter's a_scale (M, K/128) and w_scale
+(ceil(N/128), K/128)), as DeepSeek-V3's reference code (act_quant, weight quantization) makes them:
+
+    amax   = max over the block of |x| in FP32, at least EPS (an all-zero block gets a finite scale)
+    scale  = amax / E4M3_MAX                                (the dequantizing scale, FP32)
+    x_fp8  = clamp(x (FP32) / scale, -E4M3_MAX, E4M3_MAX) as e4m3
+
+With power_of_2, the scale is the one torchao rounds to a power of 2 (the rowwise recipe's above, per block): the
+smallest power of 2 at least amax / E4M3_MAX, and x is multiplied by its reciprocal, exactly."""
 
 from typing import Tuple
 
 import torch
+import torch.nn.functional as F
 
-from ._checks import E4M3
+from ._checks import E4M3, is_fp8
+from .errors import InvalidArgumentError
 
 E4M3_MAX = torch.finfo(E4M3).max  # 448
-# torchao's EPS: the smallest amax a scale is made from (an all-zero row gets a finite scale).
+# torchao's EPS: the smallest amax a scale is made from (an all-zero row or block gets a finite scale).
 AMAX_EPS = 1e-12
+# The blocks of tpfuse's blockwise scales: activations' 1 x 128 tiles of K, weights' 128 x 128 blocks (N x K).
+ACTIVATION_BLOCK = (1, 128)
+WEIGHT_BLOCK = (128, 128)
+
+
+def _power_of_2_multipliers(amax: torch.Tensor) -> torch.Tensor:
+    """torchao's quantizing scale of each amax, rounded down to a power of 2 (FP32)."""
+    # torchao divides in FP64 so that eager and compiled code agree.
+    scale = (E4M3_MAX / torch.clamp(amax.to(torch.float64), min=AMAX_EPS)).to(torch.float32)
+    return torch.exp2(torch.floor(torch.log2(scale)))
+
+
+def _saturated(x: torch.Tensor) -> torch.Tensor:
+    """FP32 x as e4m3, clamped to its finite range first."""
+    return x.clamp(min=-E4M3_MAX, max=E4M3_MAX).to(E4M3)
 
 
 def quantize_rowwise(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -29,8 +58,62 @@ def quantize_rowwise(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     dequantizing scales of x's shape with 1 last, the reciprocal of torchao's scale, as torch._scaled_mm takes
     them)."""
     amax = torch.amax(torch.abs(torch.abs(x).to(torch.float32)), dim=-1, keepdim=True)
-    # torchao divides in FP64 so that eager and compiled code agree.
-    scale = (E4M3_MAX / torch.clamp(amax.to(torch.float64), min=AMAX_EPS)).to(torch.float32)
-    scale = torch.exp2(torch.floor(torch.log2(scale)))
-    bits = (x.to(torch.float32) * scale).clamp(min=-E4M3_MAX, max=E4M3_MAX).to(E4M3)
-    return bits, scale.reciprocal()
+    scale = _power_of_2_multipliers(amax)
+    return _saturated(x.to(torch.float32) * scale), scale.reciprocal()
+
+
+def _check_block(block) -> Tuple[int, int]:
+    if len(block) != 2 or not all(isinstance(extent, int) and extent > 0 for extent in block):
+        raise InvalidArgumentError(f"block = {block!r} must be two positive integers (rows, columns)")
+    return tuple(block)
+
+
+def _blocks_of(x: torch.Tensor, block: Tuple[int, int]) -> torch.Tensor:
+    """x's last two dimensions (R x C) as (..., ceil(R/r), r, ceil(C/c), c) blocks, FP32, a partial block padded
+    with zeros."""
+    rows, columns = block
+    pad_rows, pad_columns = -x.shape[-2] % rows, -x.shape[-1] % columns
+    padded = F.pad(x.to(torch.float32), (0, pad_columns, 0, pad_rows))
+    *leading, height, width = padded.shape
+    return padded.view(*leading, height // rows, rows, width // columns, columns)
+
+
+def _per_element(scale: torch.Tensor) -> torch.Tensor:
+    """Block scales (..., R/r, C/c) broadcast over their blocks' elements (..., R/r, 1, C/c, 1)."""
+    return scale[..., :, None, :, None]
+
+
+def quantize_blockwise(x: torch.Tensor, block=ACTIVATION_BLOCK,
+                       power_of_2: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """x as e4m3 with one FP32 dequantizing scale per block of its last two dimensions (R x C): (the e4m3
+    tensor of x's shape, the scales (..., ceil(R/r), ceil(C/c)), contiguous), block = (r, c).
+
+    block=ACTIVATION_BLOCK (1, 128): activations (M x K), one scale per row and 128 of K, gemm_reduce_scatter's
+    a_scale (M, K/128). block=WEIGHT_BLOCK (128, 128): an N x K weight (nn.Linear's), one scale per 128 x 128
+    block, its w_scale (ceil(N/128), K/128); a partial block where R or C is not a multiple of the block's
+    extent (tpfuse's kernels take K a multiple of 128, and any N). Dimensions before the last two are a batch.
+    Scale amax / 448 (DeepSeek-V3), or with power_of_2 the power of 2 torchao rounds it to; an all-zero block
+    gets a finite scale and e4m3 zeros. Pure torch, deterministic, on any device."""
+    rows, columns = _check_block(block)
+    if x.dim() < 2 or not x.dtype.is_floating_point or is_fp8(x.dtype):
+        raise InvalidArgumentError(f"x has {x.dim()} dimensions and dtype {x.dtype}; quantize_blockwise takes a "
+                                   "matrix (or a batch of them) of a floating-point type wider than 8 bits")
+    blocks = _blocks_of(x, (rows, columns))
+    amax = blocks.abs().amax(dim=(-3, -1))
+    if power_of_2:
+        multiplier = _power_of_2_multipliers(amax)
+        scale, quantized = multiplier.reciprocal(), blocks * _per_element(multiplier)
+    else:
+        scale = torch.clamp(amax, min=AMAX_EPS) / E4M3_MAX
+        quantized = blocks / _per_element(scale)
+    padded = _saturated(quantized).flatten(-4, -3).flatten(-2, -1)
+    return padded[..., :x.shape[-2], :x.shape[-1]].contiguous(), scale.contiguous()
+
+
+def dequantize_blockwise(x: torch.Tensor, scale: torch.Tensor, block=ACTIVATION_BLOCK,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """quantize_blockwise's e4m3 x and scales back as `dtype`: each element times its block's scale (exact in
+    torch.float64: an e4m3 value times an FP32 scale fits its 53 bits)."""
+    rows, columns = _check_block(block)
+    expanded = scale.to(dtype).repeat_interleave(rows, dim=-2).repeat_interleave(columns, dim=-1)
+    return x.to(dtype) * expanded[..., :x.shape[-2], :x.shape[-1]]

@@ -39,7 +39,8 @@ contiguous K x N matrix nor the transpose view of a contiguous N x K weight), n_
 alignment (data not 16-byte aligned), shard (a contiguous A of more than one sequence whose shard of a
 sequence is not a multiple of 64 rows, on more than one rank), empty (no Bs), gpu (not Hopper), library
 (tpfuse's library not loadable). The FP8 reduce-scatter's own: dtype (not e4m3 A and B), layout (a row-major
-B), n_or_k (N not a multiple of 8, K of 16), scales (neither tensorwise nor rowwise, not FP32, or on another device),
+B), n_or_k (N not a multiple of 8, K of 16), scales (neither tensorwise nor rowwise, blockwise ones among them:
+the op's schema cannot express them, though tpfuse.gemm_reduce_scatter takes them; not FP32, or on another device),
 out_dtype (not BF16: None is A's dtype, FP8), bias (torch adds it to every rank's partial, P times in the
 sum; tpfuse's kernels add a bias once), result_scale, shape (output_shape not the product's).
 
@@ -55,9 +56,9 @@ the product, and so do tpfuse's kernels) or none, and no result_scale. Each B is
 gather A again, hidden behind their own GEMM; a rowwise A's gathered scales stay inside the kernel). Its own
 fallback reasons: dtype (not e4m3 A and Bs), layout (a row-major B), n_or_k (N not a multiple of 8, K of 16),
 alignment (a token-major A, a B or a bias), shape (a B whose K is not A's), scales (neither tensorwise nor this
-rank's rowwise ones, a rowwise A_scale of every rank's rows (torch's replicated form), not FP32, or on another
-device), out_dtype, bias (not BF16 of N entries), result_scale, arguments (lists of different lengths: torch's
-kernel raises its error).
+rank's rowwise ones, blockwise ones among them, a rowwise A_scale of every rank's rows (torch's replicated form), not
+FP32, or on another device), out_dtype, bias (not BF16 of N entries), result_scale, arguments (lists of different
+lengths: torch's kernel raises its error).
 stats() counts the calls; is_overridden() says whether an override is on.
 """
 
@@ -253,8 +254,9 @@ def scaled_output_rows(values: dict) -> Tuple[Optional[Fallback], torch.Tensor, 
 
 def _scales_fallback(A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor,
                      B_scale: torch.Tensor) -> Optional[Fallback]:
-    """torch._scaled_mm's two scalings that tpfuse serves: tensorwise (one element each) and rowwise (A_scale
-    A's leading dimensions and 1, B_scale (1, N)); FP32 on A's device."""
+    """torch._scaled_mm's two scalings that tpfuse serves here: tensorwise (one element each) and rowwise (A_scale
+    A's leading dimensions and 1, B_scale (1, N)); FP32 on A's device. Any other shapes fall back, blockwise ones
+    too: the op cannot express them."""
     for name, scale in (("A_scale", A_scale), ("B_scale", B_scale)):
         if scale.dtype != torch.float32:
             return "scales", f"{name} is {scale.dtype}; tpfuse's scales are torch.float32"

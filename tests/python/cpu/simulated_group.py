@@ -3,7 +3,8 @@ tpfuse's ops hand off to the library (_ops._launch, _launch_all_gather, _gemm) a
 collectives compute, in plain torch, from every rank's tensors: the reduce-scatter sums every rank's
 partial (FP64) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order; the
 launches do it per sequence (the C ABI's batch), scale FP8 products by the activations' scale times w_scale
-(rowwise: the all-gather gathers x_scale with the rows) and add the bias in FP64 before the one cast.
+(rowwise: the all-gather gathers x_scale with the rows; blockwise: each 128 of K's products by their own
+scales) and add the bias in FP64 before the one cast.
 Everything above those points (the custom ops, their argument checks, the backward formulas, the layers)
 is the package's own code."""
 
@@ -13,9 +14,24 @@ import threading
 
 import torch
 
-from tpfuse import _ops
+from tpfuse import _library, _ops
 from tpfuse import autograd as tpfuse_autograd
 from tpfuse.checking import weight_as_k_by_n
+
+
+BLOCKWISE = _library.SCALING_CODES["blockwise"]
+SCALE_BLOCK = 128
+
+
+def _blockwise_product(a, w_kn, a_scale, w_scale):
+    """The FP64 product of E4M3 a (M x K) and w_kn (K x N) with blockwise scales: each 128 of K's products summed,
+    times a_scale's column of that block (one per row) and w_scale's (one per 128 columns of the product)."""
+    total = 0
+    for block in range(a.shape[1] // SCALE_BLOCK):
+        k = slice(block * SCALE_BLOCK, (block + 1) * SCALE_BLOCK)
+        column_scales = w_scale[:, block].double().repeat_interleave(SCALE_BLOCK)[:w_kn.shape[1]]
+        total = total + (a[:, k].double() @ w_kn[k].double()) * a_scale[:, block:block + 1].double() * column_scales
+    return total
 
 
 def _scaled(product, a_scale, w_scale):
@@ -99,11 +115,16 @@ class SimulatedGroup:
 
     def _launch(self, a, w, bias, out, problem, group_name, a_scale=None, w_scale=None):
         """The contract of tpfuse_gemm_reduce_scatter: this rank keeps its S/P rows of each of the batch
-        sequences of the summed product (each rank's scaled by a_scale * w_scale: one element each, or one per
-        row of a and one per column), sequence after sequence, plus the bias, rounded once."""
+        sequences of the summed product (each rank's scaled by a_scale * w_scale: one element each, one per
+        row of a and one per column, or blockwise per 128 of K), sequence after sequence, plus the bias, rounded
+        once."""
         self.launches.append((self.rank, "gemm_reduce_scatter"))
         self.problems.append(problem)
-        partial = _scaled(a.double() @ weight_as_k_by_n(w, problem.weight_layout).double(), a_scale, w_scale)
+        w_kn = weight_as_k_by_n(w, problem.weight_layout)
+        if problem.scaling == BLOCKWISE:
+            partial = _blockwise_product(a, w_kn, a_scale, w_scale)
+        else:
+            partial = _scaled(a.double() @ w_kn.double(), a_scale, w_scale)
         total = torch.stack(self._exchange(partial)).sum(0)
         rows = self._sequences(total, problem.batch)[:, self.rank].reshape(out.shape)
         out.copy_(rows if bias is None else rows + bias.double())

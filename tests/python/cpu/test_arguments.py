@@ -190,13 +190,22 @@ def fp8(*shape, dtype=FP8):
     return cpu(*shape, dtype=dtype)
 
 
+def on_device(tensor, device):
+    """tensor itself on the CPU, else an empty one of its shape and strides on `device` (Tensor.to would make a
+    strided scale contiguous)."""
+    if device == "cpu":
+        return tensor
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
+
+
 TENSORWISE = {"a_scale": lambda: scale(), "w_scale": lambda: scale(1)}
 ROWWISE = {"a_scale": lambda: scale(M, 1), "w_scale": lambda: scale(1, N)}
 FP8_CASES = {
     # name: (a, w, keyword arguments, the error, what the message says); P = 4
     "no_scales": (lambda: fp8(M, K), lambda: fp8(N, K), {}, tpfuse.InvalidArgumentError,
                   "a and w are torch.float8_e4m3fn: they need a_scale and w_scale (torch.float32: one element each for "
-                  "tensorwise scaling, or a_scale (M, 1) and w_scale (1, N) for rowwise)"),
+                  "tensorwise scaling, a_scale (M, 1) and w_scale (1, N) for rowwise, or a_scale (M, K/P/128) and "
+                  "w_scale (ceil(N/128), K/P/128) for blockwise)"),
     "no_w_scale": (lambda: fp8(M, K), lambda: fp8(N, K), {"a_scale": lambda: scale(1)}, tpfuse.InvalidArgumentError,
                    "a and w are torch.float8_e4m3fn: they need w_scale (torch.float32"),
     "no_a_scale": (lambda: fp8(M, K), lambda: fp8(N, K), {"w_scale": lambda: scale(1)}, tpfuse.InvalidArgumentError,
@@ -264,15 +273,10 @@ FP8_CASES = {
 def test_fp8_bad_argument_raises_before_launch(group, case, device):
     """Each bad FP8 argument, named: on CPU tensors through the op's implementation, on meta tensors through its
     fake one (what torch.compile traces)."""
-    def on_device(tensor):  # with its strides (Tensor.to would make a strided scale contiguous)
-        if device == "cpu":
-            return tensor
-        return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
-
     make_a, make_w, keywords, error, message = FP8_CASES[case]
-    keywords = {key: on_device(value()) if callable(value) else value for key, value in keywords.items()}
+    keywords = {key: on_device(value(), device) if callable(value) else value for key, value in keywords.items()}
     with pytest.raises(error, match=re.escape(message)):
-        tpfuse.gemm_reduce_scatter(on_device(make_a()), on_device(make_w()), group, **keywords)
+        tpfuse.gemm_reduce_scatter(on_device(make_a(), device), on_device(make_w(), device), group, **keywords)
 
 
 @pytest.mark.parametrize("a_scale, w_scale, scaling", [
@@ -361,16 +365,11 @@ AG_FP8_CASES = {
 def test_all_gather_fp8_bad_argument_raises_before_launch(group, case, device, return_gathered):
     """Each bad FP8 argument of the all-gather, named, through the op's implementation (CPU) and its fake one
     (meta)."""
-    def on_device(tensor):
-        if device == "cpu":
-            return tensor
-        return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=device)
-
     make_x, make_w, keywords, error, message = AG_FP8_CASES[case]
-    keywords = {key: on_device(value()) if callable(value) else value for key, value in keywords.items()}
+    keywords = {key: on_device(value(), device) if callable(value) else value for key, value in keywords.items()}
     with pytest.raises(error, match=re.escape(message)):
-        tpfuse.all_gather_gemm(on_device(make_x()), on_device(make_w()), group, return_gathered=return_gathered,
-                               **keywords)
+        tpfuse.all_gather_gemm(on_device(make_x(), device), on_device(make_w(), device), group,
+                               return_gathered=return_gathered, **keywords)
 
 
 @pytest.mark.parametrize("x_scale, w_scale, scaling", [
@@ -425,6 +424,112 @@ def test_fp8_drop_ins_take_bf16_only(group):
             "Bs[0] has dtype torch.float8_e4m3fn: fused_all_gather_matmul multiplies torch.bfloat16 matrices; for "
             "torch.float8_e4m3fn inputs call tpfuse.all_gather_gemm with x_scale and w_scale")):
         tpfuse.fused_all_gather_matmul(cpu(8, K), [fp8(N, K).t()], 0, group.group_name)
+
+
+# --- Blockwise scales: a_scale (M, K/P/128), w_scale (ceil(N/128), K/P/128); BK = K/P of two 128-blocks ---
+
+BK = 256
+
+
+@pytest.mark.parametrize("m, n, k, a_scale, w_scale, scaling", [
+    # K/P/128 = 1: (M, 1) is a_scale of both forms; w_scale tells them apart (ceil(N/128) rows, or one per column)
+    (M, N, 128, (M, 1), (1, 1), "blockwise"), (M, N, 128, (M, 1), (1, N), "rowwise"),
+    (M, N, 128, (M, 1), (N, 1), "rowwise"),
+    (M, N, BK, (M, 2), (1, 2), "blockwise"), (M, 256, BK, (M, 2), (2, 2), "blockwise"),
+    (M, 200, 384, (M, 3), (2, 3), "blockwise"),  # N not a multiple of 128: w's last block is partial
+    # K/P/128 = N: w_scale (1, N) is of both forms; a_scale tells them apart
+    (M, 8, 1024, (M, 8), (1, 8), "blockwise"), (M, 8, 1024, (M, 1), (1, 8), "rowwise"),
+    (1, N, 128, (1, 1), (1, 1), "tensorwise"),  # every scale one element: tensorwise, the same product
+])
+def test_blockwise_is_told_apart_by_the_pair_of_shapes(m, n, k, a_scale, w_scale, scaling):
+    problem = _checks.check_problem(fp8(m, k), fp8(n, k), "nk", 1 if m == 1 else 4, a_scale=scale(*a_scale),
+                                    w_scale=scale(*w_scale))
+    assert problem.scaling == _library.SCALING_CODES[scaling]
+    assert problem.accumulation == _library.ACCUMULATION_CODES["promoted"] and problem.dtype_code == 1
+
+
+BLOCKWISE = {"a_scale": lambda: scale(M, 2), "w_scale": lambda: scale(1, 2)}
+BLOCKWISE_CASES = {
+    # name: (a, w, keyword arguments, what the message says); K/P = BK unless a and w say otherwise, P = 4
+    "w_scale_rowwise": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "w_scale": lambda: scale(1, N)},
+                        "w_scale has shape (1, 48); with a_scale (64, 2) (blockwise: one per row of a and 128 of K/P) "
+                        "it must be (1, 2), one per 128 x 128 block of w (ceil(N/128) x K/P/128)"),
+    "w_scale_rows": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "w_scale": lambda: scale(2, 2)},
+                     "w_scale has shape (2, 2); with a_scale (64, 2) (blockwise"),
+    "w_scale_transposed": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "w_scale": lambda: scale(2, 1)},
+                           "w_scale has shape (2, 1); with a_scale (64, 2) (blockwise"),
+    "a_scale_columns": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "a_scale": lambda: scale(M, 3)},
+                        "a_scale has shape (64, 3); with w_scale (1, 2) (blockwise: one per 128 x 128 block of w) it "
+                        "must be (64, 2), one per row of a (M) and 128 of K/P"),
+    "a_scale_rowwise": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "a_scale": lambda: scale(M, 1)},
+                        "a_scale has shape (64, 1); with w_scale (1, 2) (blockwise"),
+    "a_scale_transposed": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "a_scale": lambda: scale(2, M)},
+                           "a_scale has shape (2, 64); with w_scale (1, 2) (blockwise"),
+    # torch._scaled_mm's blockwise a scale is column-major; tpfuse's are row-major
+    "a_scale_column_major": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "a_scale": lambda: scale(2, M).t()},
+                             "a_scale (64, 2) with strides (1, 64) is not contiguous"),
+    "w_scale_column_major": (lambda: fp8(M, BK), lambda: fp8(256, BK),
+                             {**BLOCKWISE, "w_scale": lambda: scale(2, 2).t()},
+                             "w_scale (2, 2) with strides (1, 2) is not contiguous"),
+    "a_scale_float64": (lambda: fp8(M, BK), lambda: fp8(N, BK),
+                        {**BLOCKWISE, "a_scale": lambda: scale(M, 2, dtype=torch.float64)},
+                        "a_scale has dtype torch.float64; scales are torch.float32"),
+    "w_scale_bf16": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "w_scale": lambda: scale(1, 2, dtype=BF16)},
+                     "w_scale has dtype torch.bfloat16; scales are torch.float32"),
+    "k_not_multiple_of_128": (lambda: fp8(M, 192), lambda: fp8(N, 192), BLOCKWISE,
+                              "K/P = 192 is not a multiple of 128: blockwise scales (a_scale (M, K/P/128), w_scale "
+                              "(ceil(N/128), K/P/128)) cover 128 of K/P each"),
+    "k_below_128": (lambda: fp8(M, 64), lambda: fp8(N, 64), {"a_scale": lambda: scale(M, 1),
+                                                             "w_scale": lambda: scale(1, 1)},
+                    "K/P = 64 is not a multiple of 128"),
+    "fast_accum": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**BLOCKWISE, "use_fast_accum": True},
+                   "use_fast_accum=True with blockwise scales: they apply where each 128 of K/P is added into the FP32 "
+                   "sums (promoted accumulation), so use_fast_accum must be False"),
+}
+
+
+@pytest.mark.parametrize("case", BLOCKWISE_CASES)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("with_out", [False, True])
+def test_blockwise_bad_argument_raises_before_launch(group, case, device, with_out):
+    """Each bad blockwise argument, named (InvalidArgumentError): through the op (CPU), its fake implementation
+    (meta) and the out= op."""
+    make_a, make_w, keywords, message = BLOCKWISE_CASES[case]
+    keywords = {key: on_device(value(), device) if callable(value) else value for key, value in keywords.items()}
+    out = torch.empty(M // group.size(), make_w().shape[0], dtype=BF16, device=device) if with_out else None
+    with pytest.raises(tpfuse.InvalidArgumentError, match=re.escape(message)):
+        tpfuse.gemm_reduce_scatter(on_device(make_a(), device), on_device(make_w(), device), group, out=out,
+                                   **keywords)
+
+
+AG_BLOCKWISE_CASES = {
+    # name: (x, w, x_scale, w_scale); x is this rank's M/P = 64 rows
+    "two_k_blocks": (lambda: fp8(M, BK), lambda: fp8(N, BK), lambda: scale(M, 2), lambda: scale(1, 2)),
+    "one_k_block": (lambda: fp8(M, 128), lambda: fp8(N, 128), lambda: scale(M, 1), lambda: scale(1, 1)),
+    "w_scale_misshapen": (lambda: fp8(M, BK), lambda: fp8(N, BK), lambda: scale(M, 2), lambda: scale(1, N)),
+}
+
+
+@pytest.mark.parametrize("case", AG_BLOCKWISE_CASES)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("return_gathered", [False, True])
+def test_all_gather_refuses_blockwise_scales_before_launch(group, case, device, return_gathered):
+    """The all-gather takes no blockwise scales yet: UnsupportedError, before the library, whatever else is wrong
+    with them."""
+    x, w, x_scale, w_scale = (on_device(make(), device) for make in AG_BLOCKWISE_CASES[case])
+    with pytest.raises(tpfuse.UnsupportedError, match=re.escape(
+            f"x_scale {tuple(x_scale.shape)} and w_scale {tuple(w_scale.shape)} are blockwise scales (x_scale one per "
+            "row of x and 128 of K, w_scale one per 128 x 128 block of w): the all-gather does not take them yet "
+            "(gemm_reduce_scatter does); it takes tensorwise and rowwise scales")):
+        tpfuse.all_gather_gemm(x, w, group, return_gathered=return_gathered, x_scale=x_scale, w_scale=w_scale)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_quantize_all_gather_refuses_a_blockwise_w_scale(group, device):
+    with pytest.raises(tpfuse.UnsupportedError, match=re.escape("x_scale (64, 1) and w_scale (1, 2) are blockwise "
+                                                                "scales")):
+        tpfuse.quantize_all_gather_gemm(cpu(M, BK).to(device), fp8(N, BK).to(device), group,
+                                        w_scale=scale(1, 2).to(device))
 
 
 @pytest.mark.parametrize("case", SLAB_CASES)

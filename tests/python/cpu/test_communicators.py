@@ -235,8 +235,9 @@ def test_an_eager_call_after_capture_keeps_the_captured_buffers_through_growth(g
 
 
 def test_the_eager_path_passes_fp8_codes_and_scales(group, library, capturing, monkeypatch):
-    """FP8 through the eager path: the C function gets E4M3's dtype, the scaling and accumulation codes and the
-    scales' pointers; the checked problem is remembered per shape, scales' shapes and use_fast_accum."""
+    """FP8 through the eager path: the C function gets E4M3's dtype, the scaling (tensorwise, rowwise, blockwise)
+    and accumulation codes and the scales' pointers; the checked problem is remembered per shape, scales' shapes
+    and use_fast_accum."""
     from tpfuse import _checks, _ops
     monkeypatch.setattr(_ops, "library", lambda: library)
     monkeypatch.setattr(_ops, "_capturing", lambda: False)
@@ -247,16 +248,19 @@ def test_the_eager_path_passes_fp8_codes_and_scales(group, library, capturing, m
     fp8 = torch.float8_e4m3fn
     a, w = torch.zeros(64, 32, dtype=fp8), torch.zeros(48, 32, dtype=fp8)
     rowwise, tensorwise = (torch.ones(64, 1), torch.ones(1, 48)), (torch.ones(()), torch.ones(1))
-    for scales, use_fast_accum in ((rowwise, True), (rowwise, True), (tensorwise, False)):
-        out = tpfuse.gemm_reduce_scatter(a, w, group, a_scale=scales[0], w_scale=scales[1],
-                                         use_fast_accum=use_fast_accum)
+    blockwise = (torch.ones(64, 2), torch.ones(1, 2))  # for K/P = 256
+    for scales, use_fast_accum, k in ((rowwise, True, 32), (rowwise, True, 32), (tensorwise, False, 32),
+                                      (blockwise, False, 256)):
+        out = tpfuse.gemm_reduce_scatter(a.new_zeros(64, k), w.new_zeros(48, k), group, a_scale=scales[0],
+                                         w_scale=scales[1], use_fast_accum=use_fast_accum)
         assert out.shape == (64 // group.size(), 48) and out.dtype == torch.bfloat16
     launches = [args for name, args in library.calls if name == "tpfuse_gemm_reduce_scatter"]
     # comm, m, n, k, world_size, weight_layout, dtype, scaling, accumulation, batch, a, w, a_scale, w_scale, ...
     assert [args[6:10] + args[12:14] for args in launches] == [
         (1, 2, 1, 1, rowwise[0].data_ptr(), rowwise[1].data_ptr())] * 2 + [
-        (1, 1, 0, 1, tensorwise[0].data_ptr(), tensorwise[1].data_ptr())]
-    assert len(_checks._problems) == 2
+        (1, 1, 0, 1, tensorwise[0].data_ptr(), tensorwise[1].data_ptr()),
+        (1, 3, 0, 1, blockwise[0].data_ptr(), blockwise[1].data_ptr())]
+    assert len(_checks._problems) == 3
     with pytest.raises(tpfuse.InvalidArgumentError, match="they need w_scale"):
         tpfuse.gemm_reduce_scatter(a, w, group, a_scale=rowwise[0])
     tpfuse.close(group)

@@ -1,8 +1,10 @@
-"""FP8 all-gather on the CPU: tpfuse.float8.quantize_rowwise against a reference written from torchao's rowwise
-recipe with Python's own arithmetic (and against torchao itself where it is installed); the FP8 all_gather_gemm
-and quantize_all_gather_gemm on a simulated group (simulated_group.py) exact against the dequantized product of
-the gathered rows, with the C ABI's codes in the launch; quantizing before the gather equal to quantizing
-after it."""
+"""FP8 on the CPU: tpfuse.float8.quantize_rowwise against a reference written from torchao's rowwise recipe with
+Python's own arithmetic (and against torchao itself where it is installed); the FP8 all_gather_gemm and
+quantize_all_gather_gemm on a simulated group (simulated_group.py) exact against the dequantized product of the
+gathered rows, with the C ABI's codes in the launch; quantizing before the gather equal to quantizing after it.
+Blockwise: quantize_blockwise against a reference written from DeepSeek-V3's recipe (and torchao's power-of-2
+rounding) with Python's arithmetic, its layouts, round trip bounds, zero blocks and partial blocks;
+gemm_reduce_scatter with blockwise scales on a simulated group, exact against the dequantized product."""
 
 import math
 import struct
@@ -11,7 +13,9 @@ import pytest
 import torch
 
 import tpfuse
-from tpfuse.float8 import quantize_rowwise
+from tpfuse import _library
+from tpfuse.float8 import (ACTIVATION_BLOCK, WEIGHT_BLOCK, dequantize_blockwise, quantize_blockwise,
+                           quantize_rowwise)
 from simulated_group import SimulatedGroup
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
@@ -33,19 +37,25 @@ def e4m3(value: float) -> float:
     return round(value / quantum) * quantum
 
 
+def reference_quantized(values, power_of_2: bool):
+    """One row or block of values (Python floats of BF16 or FP32 values) quantized, in Python floats: (the e4m3
+    values, the dequantizing scale). power_of_2: torchao's recipe; else DeepSeek-V3's, scale amax / 448 (FP32)
+    and values divided by it (FP32)."""
+    amax = max(max(abs(value) for value in values), 1e-12)
+    if not power_of_2:
+        scale = float32(amax / E4M3_MAX)  # (FP64's quotients rounded to FP32 are FP32's own)
+        return [e4m3(min(max(float32(value / scale), -E4M3_MAX), E4M3_MAX)) for value in values], scale
+    # 2^floor(log2(448 / amax)), frexp giving m 2^e with m in [0.5, 1). (torchao's FP32 log2 agrees here: 448 /
+    # amax is a power of 2 exactly or differs from one by far more than log2's rounding.)
+    power = 2.0 ** (math.frexp(float32(E4M3_MAX / amax))[1] - 1)
+    return [e4m3(min(max(value * power, -E4M3_MAX), E4M3_MAX)) for value in values], 1.0 / power
+
+
 def reference_rowwise(x: torch.Tensor):
     """Each row of BF16 x as torchao's rowwise recipe quantizes it, in Python floats: (the e4m3 values, the
     dequantizing scale) per row."""
-    rows, scales = [], []
-    for row in x.double().tolist():
-        amax = max(abs(value) for value in row)
-        scale = float32(E4M3_MAX / max(amax, 1e-12))
-        # 2^floor(log2(scale)): frexp gives scale = m 2^e with m in [0.5, 1). (torchao's FP32 log2 agrees here:
-        # 448 / a BF16 amax is a power of 2 exactly or differs from one by far more than log2's rounding.)
-        power = 2.0 ** (math.frexp(scale)[1] - 1)
-        rows.append([e4m3(min(max(value * power, -E4M3_MAX), E4M3_MAX)) for value in row])
-        scales.append(1.0 / power)
-    return rows, scales
+    quantized = [reference_quantized(row, power_of_2=True) for row in x.double().tolist()]
+    return [row for row, _ in quantized], [scale for _, scale in quantized]
 
 
 def activations(rows: int, k: int, seed: int) -> torch.Tensor:
@@ -165,3 +175,151 @@ def test_quantize_all_gather_gemm_is_quantize_after_gather(groups, monkeypatch, 
     rows, scales = quantize_rowwise(torch.cat(xs))
     for rank, y in enumerate(ys):
         assert torch.equal(y, dequantized_product(rows, scales, weights[rank], w_scales[rank]).to(BF16))
+
+
+# --- Blockwise ---
+
+def reference_blockwise(x: torch.Tensor, block, power_of_2: bool):
+    """x (R x C) quantized per block (r x c) in Python floats: (the e4m3 values as R rows, the scales as
+    ceil(R/r) rows of ceil(C/c))."""
+    rows, columns = block
+    values = x.double().tolist()
+    height, width = len(values), len(values[0])
+    quantized = [[0.0] * width for _ in range(height)]
+    scales = []
+    for top in range(0, height, rows):
+        scales.append([])
+        for left in range(0, width, columns):
+            cells = [(i, j) for i in range(top, min(top + rows, height)) for j in range(left, min(left + columns, width))]
+            codes, scale = reference_quantized([values[i][j] for i, j in cells], power_of_2)
+            for (i, j), code in zip(cells, codes):
+                quantized[i][j] = code
+            scales[-1].append(scale)
+    return quantized, scales
+
+
+def weights(n: int, k: int, seed: int) -> torch.Tensor:
+    """BF16 weights (n > 128) of magnitudes 2^-20 to 2^20 (one per 128-row band), the first band's last block
+    all zeros and the second band's one nonzero entry."""
+    generator = torch.Generator().manual_seed(seed)
+    bands = torch.pow(2.0, torch.randint(-20, 21, (-(-n // 128), 1, 1), generator=generator).double())
+    w = (torch.randn(-(-n // 128), 128, k, generator=generator, dtype=torch.float64) * bands).reshape(-1, k)[:n]
+    w[:, -128:] = 0
+    w[130, -5] = -7.5
+    return w.to(BF16)
+
+
+@pytest.mark.parametrize("power_of_2", [False, True])
+@pytest.mark.parametrize("kind", ["activations", "weights"])
+def test_quantize_blockwise_is_the_reference_recipe(kind, power_of_2):
+    """Activations per 1 x 128 tile, weights per 128 x 128 block (N = 200: a partial block of 72 rows), against the
+    recipe in Python floats: the same e4m3 values and scales, the scales in tpfuse's layouts, FP32, contiguous."""
+    if kind == "activations":
+        x, block, scale_shape = activations(16, 384, seed=3), ACTIVATION_BLOCK, (16, 3)
+    else:
+        x, block, scale_shape = weights(200, 384, seed=4), WEIGHT_BLOCK, (2, 3)
+    bits, scales = quantize_blockwise(x, block, power_of_2=power_of_2)
+    values, reference_scales = reference_blockwise(x, block, power_of_2)
+    assert bits.dtype == FP8 and bits.shape == x.shape and bits.is_contiguous()
+    assert scales.dtype == torch.float32 and scales.shape == scale_shape and scales.is_contiguous()
+    assert bits.double().tolist() == values
+    assert scales.double().tolist() == reference_scales
+    assert torch.all(scales > 0) and torch.all(torch.isfinite(scales))
+
+
+@pytest.mark.parametrize("power_of_2", [False, True])
+def test_blockwise_round_trip_is_within_e4m3s_rounding(power_of_2):
+    """Each entry dequantized (FP64, exact) is within half an e4m3 step of x: 2^-4 of it for normal e4m3 values,
+    2^-10 of the block's scale for subnormal ones (and FP32's rounding of x / scale beside it)."""
+    for x, block in ((activations(32, 512, seed=5), ACTIVATION_BLOCK), (weights(200, 256, seed=6), WEIGHT_BLOCK),
+                     (torch.randn(130, 200, generator=torch.Generator().manual_seed(7)), WEIGHT_BLOCK)):
+        bits, scales = quantize_blockwise(x, block, power_of_2=power_of_2)
+        round_trip = dequantize_blockwise(bits, scales, block, dtype=torch.float64)
+        element_scales = dequantize_blockwise(torch.ones_like(x, dtype=FP8), scales, block, dtype=torch.float64)
+        error = (round_trip - x.double()).abs()
+        bound = (2.0 ** -4 + 2.0 ** -20) * x.double().abs() + 2.0 ** -10 * element_scales
+        assert torch.all(error <= bound), f"{(error - bound).max()} past the bound"
+        assert torch.equal(round_trip, bits.double() * element_scales)
+
+
+@pytest.mark.parametrize("power_of_2", [False, True])
+def test_each_tiles_largest_entry_maps_to_448(power_of_2):
+    """DeepSeek-V3's scale maps each nonzero tile's largest magnitude to 448; a power of 2 at least amax / 448 maps
+    it into (224, 448], which e4m3 rounds into [224, 448]."""
+    x = activations(32, 512, seed=11)
+    bits, _ = quantize_blockwise(x, power_of_2=power_of_2)
+    largest = bits.double().abs().view(32, 4, 128).amax(dim=-1)
+    nonzero = x.double().abs().view(32, 4, 128).amax(dim=-1) > 0
+    assert torch.all(largest[~nonzero] == 0) and torch.all(largest <= E4M3_MAX)
+    assert torch.all(largest[nonzero] >= 224) if power_of_2 else torch.all(largest[nonzero] == E4M3_MAX)
+
+
+@pytest.mark.parametrize("power_of_2", [False, True])
+def test_zero_blocks_dequantize_to_zeros(power_of_2):
+    x = torch.zeros(4, 256, dtype=BF16)
+    x[1, 200] = 1.0  # one block of one nonzero entry beside three zero blocks
+    bits, scales = quantize_blockwise(x, ACTIVATION_BLOCK, power_of_2=power_of_2)
+    zero_blocks = torch.ones(4, 2, dtype=torch.bool)
+    zero_blocks[1, 1] = False
+    assert torch.all(torch.isfinite(scales)) and torch.all(scales > 0)
+    assert torch.all(scales[zero_blocks] == scales[0, 0])  # the EPS clamp's scale
+    round_trip = dequantize_blockwise(bits, scales, ACTIVATION_BLOCK)
+    assert not torch.isnan(round_trip).any() and torch.equal(round_trip, x.float())
+
+
+def test_power_of_2_scales_are_torchaos():
+    """power_of_2: powers of 2 at least amax / 448 (so nothing saturates), and with one block per row, the bits
+    and scales of quantize_rowwise, torchao's rowwise recipe."""
+    x = activations(64, 256, seed=8)
+    bits, scales = quantize_blockwise(x, (1, 256), power_of_2=True)
+    rowwise_bits, rowwise_scales = quantize_rowwise(x)
+    assert torch.equal(bits.view(torch.uint8), rowwise_bits.view(torch.uint8)) and torch.equal(scales, rowwise_scales)
+    _, scales = quantize_blockwise(weights(200, 256, seed=9), WEIGHT_BLOCK, power_of_2=True)
+    assert torch.equal(torch.exp2(torch.round(torch.log2(scales))), scales)
+
+
+def test_quantize_blockwise_is_deterministic_and_takes_batches_and_any_float():
+    x = torch.randn(2, 3, 64, 256, generator=torch.Generator().manual_seed(10))
+    bits, scales = quantize_blockwise(x)
+    again = quantize_blockwise(x)
+    assert torch.equal(bits.view(torch.uint8), again[0].view(torch.uint8)) and torch.equal(scales, again[1])
+    assert scales.shape == (2, 3, 64, 2)
+    first_bits, first_scales = quantize_blockwise(x[1, 2])
+    assert torch.equal(bits[1, 2].view(torch.uint8), first_bits.view(torch.uint8))
+    assert torch.equal(scales[1, 2], first_scales)
+    for dtype in (BF16, torch.float16, torch.float64):  # FP32 amax and division whatever the input
+        assert torch.equal(quantize_blockwise(x.to(dtype).float())[1], quantize_blockwise(x.to(dtype))[1])
+
+
+@pytest.mark.parametrize("x, block, message", [
+    (torch.zeros(256), ACTIVATION_BLOCK, "x has 1 dimensions and dtype torch.float32"),
+    (torch.zeros(4, 256, dtype=FP8), ACTIVATION_BLOCK, "x has 2 dimensions and dtype torch.float8_e4m3fn"),
+    (torch.zeros(4, 256, dtype=torch.int32), ACTIVATION_BLOCK, "dtype torch.int32"),
+    (torch.zeros(4, 256), (0, 128), "block = (0, 128) must be two positive integers"),
+    (torch.zeros(4, 256), (128,), "block = (128,) must be two positive integers"),
+])
+def test_quantize_blockwise_bad_arguments(x, block, message):
+    with pytest.raises(tpfuse.InvalidArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        quantize_blockwise(x, block)
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_blockwise_reduce_scatter_on_a_simulated_group(groups, monkeypatch, p, batch):
+    """Each rank's activations and weight (N = 200: a partial block) quantized blockwise with power-of-2 scales
+    (FP64 sums of the products exact) through gemm_reduce_scatter: the C ABI's blockwise code and promoted
+    accumulation in every launch, and each rank's rows, sequence after sequence, exact against the reduce-scatter
+    of the dequantized products."""
+    sim = SimulatedGroup(groups[p], monkeypatch)
+    m, n, k = 64 * p * batch, 200, 256
+    a = [quantize_blockwise(activations(m, k, seed=90 + r), power_of_2=True) for r in range(p)]
+    w = [quantize_blockwise(weights(n, k, seed=95 + r), WEIGHT_BLOCK, power_of_2=True) for r in range(p)]
+    outs = sim.run(lambda r: tpfuse.gemm_reduce_scatter(a[r][0], w[r][0], groups[p], a_scale=a[r][1],
+                                                        w_scale=w[r][1], batch=batch))
+    assert {(q.dtype_code, q.scaling, q.accumulation) for q in sim.problems} == {
+        (1, _library.SCALING_CODES["blockwise"], 0)}
+    total = sum(dequantize_blockwise(*a[r], dtype=torch.float64) @
+                dequantize_blockwise(*w[r], WEIGHT_BLOCK, dtype=torch.float64).t() for r in range(p))
+    for rank, out in enumerate(outs):
+        expected = total.view(batch, p, -1, n)[:, rank].reshape(-1, n)
+        assert out.dtype == BF16 and torch.equal(out, expected.to(BF16))

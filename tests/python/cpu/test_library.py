@@ -124,9 +124,17 @@ def test_a_failed_status_raises_with_the_librarys_message():
     with pytest.raises(tpfuse.InvalidArgumentError, match="dtype = 2 is neither"):
         library.call("tpfuse_all_gather_gemm", None, 512, 64, 64, 1, 1, 2, 0, 0, 1, *NULLS)
     # E4M3 comes with a scaling and an N x K weight; BF16 with no scaling; the codes are the header's.
-    with pytest.raises(tpfuse.InvalidArgumentError, match=r"problem.dtype = E4M3 needs a scaling \(kTensorwise or "
-                                                          r"kRowwise\), not kNone"):
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"problem.dtype = E4M3 needs a scaling \(kTensorwise, "
+                                                          r"kRowwise or kBlockwise\), not kNone"):
         library.call("tpfuse_gemm", 512, 64, 64, 1, 1, 0, 0, *NULLS[:6])
+    # Blockwise (the code the package passes) is accepted by the GEMM, promoted and K a multiple of 128 only.
+    blockwise = _library.SCALING_CODES["blockwise"]
+    with pytest.raises(tpfuse.InvalidArgumentError, match="a must not be null"):
+        library.call("tpfuse_gemm", 512, 64, 256, 1, 1, blockwise, 0, *NULLS[:6])
+    with pytest.raises(tpfuse.InvalidArgumentError, match="accumulation = fast with blockwise scaling"):
+        library.call("tpfuse_gemm", 512, 64, 256, 1, 1, blockwise, 1, *NULLS[:6])
+    with pytest.raises(tpfuse.InvalidArgumentError, match="k_per_rank = 64 is not a multiple of 128"):
+        library.call("tpfuse_gemm", 512, 64, 64, 1, 1, blockwise, 0, *NULLS[:6])
     with pytest.raises(tpfuse.UnsupportedError, match="problem.weight_layout = KxN with E4M3 inputs: FP8 takes an "
                                                       "N x K weight"):
         library.call("tpfuse_gemm", 512, 64, 64, 0, 1, 1, 0, *NULLS[:6])

@@ -155,6 +155,21 @@ def test_compile_traces_the_fp8_op_in_one_graph(group, rowwise):
     assert out.shape == (64 // group.size(), 48)
 
 
+def test_compile_traces_the_blockwise_op_in_one_graph(group):
+    """Blockwise scales (N = 200: a partial block of w) through the fake implementation, in one graph and through
+    AOT autograd: BF16 rows of the BF16 call's shape."""
+    def layer(a, w, a_scale, w_scale):
+        return tpfuse.gemm_reduce_scatter(a, w, group, a_scale=a_scale, w_scale=w_scale) * 2
+
+    inputs = (meta(256, 384, dtype=FP8), meta(200, 384, dtype=FP8), meta(256, 3, dtype=torch.float32),
+              meta(2, 3, dtype=torch.float32))
+    capture = GraphCapture()
+    out = torch.compile(layer, fullgraph=True, backend=capture)(*inputs)
+    assert out.shape == (256 // group.size(), 200) and out.dtype == BF16
+    assert capture.calls_of(torch.ops.tpfuse.gemm_reduce_scatter) == 1
+    assert torch.compile(layer, fullgraph=True, backend="aot_eager")(*inputs).shape == (256 // group.size(), 200)
+
+
 def test_compile_through_aot_autograd_default_group_and_out(group):
     def layer(a, w, out):
         tpfuse.gemm_reduce_scatter(a, w, weight_layout="kn", out=out)
@@ -345,6 +360,15 @@ def test_every_launch_passes_the_c_abis_arguments_with_the_inputs_dtype(group, m
                      a_scale=scales[0], w_scale=scales[1])
     assert [args[6:9] + args[12:14] for _, args in calls] == [
         (1, 2, 1, a_scale.data_ptr(), w_scale.data_ptr()), (1, 1, 0, a_scale.data_ptr(), w_scale.data_ptr())]
+    calls.clear()
+    # Blockwise, through the public function, its op and the out= op: TPFUSE_SCALING_BLOCKWISE, promoted.
+    a8, w8 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn), torch.zeros(200, 256, dtype=torch.float8_e4m3fn)
+    a_blocks, w_blocks = torch.ones(64, 2), torch.ones(2, 2)
+    tpfuse.gemm_reduce_scatter(a8, w8, group, a_scale=a_blocks, w_scale=w_blocks)
+    tpfuse.gemm_reduce_scatter(a8, w8, group, out=torch.zeros(64 // group.size(), 200, dtype=BF16),
+                               a_scale=a_blocks, w_scale=w_blocks)
+    assert [args[1:9] + args[12:14] for _, args in calls] == [
+        (64, 200, 256, group.size(), 1, 1, 3, 0, a_blocks.data_ptr(), w_blocks.data_ptr())] * 2
     calls.clear()
     gathered = torch.zeros(64, 32, dtype=torch.float8_e4m3fn)
     for use_fast_accum, scales in ((True, (a_scale, w_scale)), (False, (a_scale[:1, 0], w_scale[0, :1]))):

@@ -452,6 +452,16 @@ SCALED_FALLBACKS = {
                      "A_scale (8, 1) and B_scale (1, 16)"),
     "scale_dtype": (scaled_fallback(B_scale=torch.ones((), dtype=torch.float64)), "scales",
                     "B_scale is torch.float64; tpfuse's scales are torch.float32"),
+    # Blockwise scales (A's one per row and 128 of K; B's per 128 x 128 block, in DeepSeek-V3's N/128 x K/128 or
+    # torch's K/128 x N/128): the op cannot express them, though tpfuse's gemm_reduce_scatter takes them.
+    "blockwise": (scaled_fallback(A=fp8_ints(8, 256), B=fp8_ints(16, 256).t(), A_scale=torch.ones(8, 2),
+                                  B_scale=torch.ones(1, 2)), "scales",
+                  "A_scale (8, 2) and B_scale (1, 2) are neither one element each (tensorwise) nor rowwise: "
+                  "A_scale (8, 1) and B_scale (1, 16)"),
+    "blockwise_k_by_n": (scaled_fallback(A=fp8_ints(8, 256), B=fp8_ints(16, 256).t(), A_scale=torch.ones(8, 2),
+                                         B_scale=torch.ones(2, 1)), "scales", "A_scale (8, 2) and B_scale (2, 1)"),
+    "blockwise_one_k_block": (scaled_fallback(A=fp8_ints(8, 128), B=fp8_ints(16, 128).t(), A_scale=torch.ones(8, 1),
+                                              B_scale=torch.ones(1, 1)), "scales", "A_scale (8, 1) and B_scale (1, 1)"),
     "rows": (scaled_fallback(A=fp8_ints(7, 32)), "rows", "A.shape[0] = 7 does not divide"),
     "shard": (scaled_fallback(A=fp8_ints(2, 8, 32), dim=1), "shard",
               "is 2 sequences whose share on each of the 2 ranks is 4 rows"),
@@ -611,6 +621,13 @@ SCALED_ALL_GATHER_FALLBACKS = {
                      "A_scale (8, 1) is rowwise, and B_scales[0] () is not (1, 16), one per output column"),
     "b_scale_rowwise": (scaled_all_gather_fallback(B_scales=[torch.ones(1, 16)]), "scales",
                         "A_scale () is one element (tensorwise), and B_scales[0] (1, 16) is not"),
+    # Blockwise scales, which the op cannot express (and tpfuse's all-gather does not take)
+    "blockwise": (scaled_all_gather_fallback(A=fp8_ints(8, 256), Bs=[fp8_ints(16, 256).t()],
+                                             A_scale=torch.ones(8, 2), B_scales=[torch.ones(1, 2)]), "scales",
+                  "A_scale (8, 2) is neither one element (tensorwise) nor this rank's rowwise scales (8, 1)"),
+    "blockwise_one_k_block": (scaled_all_gather_fallback(A=fp8_ints(8, 128), Bs=[fp8_ints(16, 128).t()],
+                                                         A_scale=torch.ones(8, 1), B_scales=[torch.ones(1, 1)]),
+                              "scales", "A_scale (8, 1) is rowwise, and B_scales[0] (1, 1) is not (1, 16)"),
     "alignment": (scaled_all_gather_fallback(A=fp8_misaligned(8, 32)), "alignment", "A's data is not 16-byte aligned"),
 }
 

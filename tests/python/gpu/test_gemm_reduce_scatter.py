@@ -4,7 +4,9 @@ reference, the drop-in (dims 0 and 1) and the symm_mem override on dim 1, CUDA g
 1000 back-to-back calls of varying M, bad tensors, and tpfuse's own NCCL communicator. FP8 (E4M3) inputs,
 tensorwise and rowwise, promoted and fast: the rule against torch._scaled_mm + reduce_scatter_tensor with the
 exact product of the dequantized inputs as the reference, the exact mode, the batch, the bias, torch.compile,
-the override of symm_mem.fused_scaled_matmul_reduce_scatter, bad tensors and a non-finite scale."""
+the override of symm_mem.fused_scaled_matmul_reduce_scatter, bad tensors and a non-finite scale. Blockwise scales
+(DeepSeek-V3's): the rule against torch._scaled_mm per 128 of K/P, scaled and summed, + reduce_scatter_tensor,
+the op's path equal to the eager one, and the exact mode with each block's own power-of-2 scales."""
 
 import random
 
@@ -15,8 +17,9 @@ import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.
 
 import tpfuse
 from tpfuse import _communicators
-from tpfuse.checking import (assert_bit_for_bit, errors, fp8_operands, fp8_reference_rows, fp8_unfused_rows,
-                             random_operands, reference_rows, unfused_rows, weight_as_k_by_n)
+from tpfuse.checking import (assert_bit_for_bit, errors, fp8_blockwise_operands, fp8_blockwise_unfused_rows,
+                             fp8_operands, fp8_reference_rows, fp8_unfused_rows, random_operands, reference_rows,
+                             unfused_rows, weight_as_k_by_n)
 
 LAYOUTS = ["nk", "kn"]
 SHAPES = [  # M (a multiple of 8 * P: any P up to 8 divides it), N, K/P
@@ -411,3 +414,56 @@ def test_fp8_non_finite_scale_gives_non_finite_rows_not_an_error(group, device):
     out = fp8_call(a, w, group, a_scale, w_scale)
     assert torch.isfinite(out).all()
 
+
+# --- Blockwise scales (tpfuse.float8.quantize_blockwise's: a_scale (M, K/P/128), w_scale (ceil(N/128), K/P/128)):
+# K/P a multiple of 128, promoted accumulation only ---
+
+BLOCKWISE_SHAPES = [  # M (a multiple of 8 * P), N (a multiple of 16, for torch._scaled_mm), K/P
+    (512, 1024, 256),
+    (2048, 8192, 1024),
+    (8 * 8 * 3, 208, 384),  # no whole tiles; w's last 128-row block partial
+]
+
+
+@pytest.mark.parametrize("m, n, k", BLOCKWISE_SHAPES)
+def test_blockwise_within_the_rule_of_the_unfused_path(group, device, m, n, k):
+    """Against the exact product of the dequantized inputs (FP64), each error at most 1.1x that of the unfused
+    path (torch._scaled_mm of each 128 of K/P, scaled by its blocks' scales and summed in FP32, +
+    reduce_scatter_tensor); the op's path gives the eager path's bits, and reruns bit for bit."""
+    a, w, a_scale, w_scale = fp8_blockwise_operands(m, n, k, device, seed_of(group, m + n + k + 1))
+    out = torch.full((m // group.size(), n), float("nan"), dtype=torch.bfloat16, device=device)
+    assert fp8_call(a, w, group, a_scale, w_scale, out=out) is out
+    reference = fp8_reference_rows(a, w, a_scale, w_scale, group, blockwise=True)
+    fused = errors(out, reference, group)
+    unfused = errors(fp8_blockwise_unfused_rows(a, w, a_scale, w_scale, group), reference, group)
+    assert fused.within(unfused), f"fused {fused} against unfused {unfused}"
+    assert torch.equal(fp8_call(a, w, group, a_scale, w_scale), out)
+    assert torch.equal(torch.ops.tpfuse.gemm_reduce_scatter(a, w, "nk", group.group_name, None, 1, a_scale, w_scale,
+                                                            False), out)
+
+
+def test_blockwise_small_integers_are_exact_and_reruns_bit_identical(group, device):
+    """Dequantized entries in {-1, 0, 1} stored as +-2^-t, each block's scale 2^t (t from -3 to 3 per row and 128
+    of K/P, and per 128 x 128 block of w): the integer products come out only where every block meets its own
+    scales, exact in BF16 up to 256, so bit for bit. K/P = 256 (two 128-blocks) at P = 1, 128 beyond; N = 520,
+    w's last block 8 rows."""
+    p = group.size()
+    m, n, k = 1024, 520, 256 if p == 1 else 128
+    a, w, a_scale, w_scale = fp8_blockwise_operands(m, n, k, device, seed_of(group, 62), small_integers=True)
+    first = fp8_call(a, w, group, a_scale, w_scale)
+    assert_bit_for_bit(first, fp8_reference_rows(a, w, a_scale, w_scale, group, blockwise=True), group.rank())
+    for _ in range(3):
+        assert torch.equal(fp8_call(a, w, group, a_scale, w_scale), first)
+
+
+def test_blockwise_all_gather_is_refused_and_the_next_call_works(group, device):
+    p = group.size()
+    a, w, a_scale, w_scale = fp8_blockwise_operands(64 * p, 256, 256, device, seed_of(group, 63))
+    with pytest.raises(tpfuse.UnsupportedError, match="the all-gather does not take them yet"):
+        tpfuse.all_gather_gemm(a, w, group, x_scale=a_scale, w_scale=w_scale)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="use_fast_accum=True with blockwise scales"):
+        fp8_call(a, w, group, a_scale, w_scale, use_fast_accum=True)
+    out = fp8_call(a, w, group, a_scale, w_scale)
+    reference = fp8_reference_rows(a, w, a_scale, w_scale, group, blockwise=True)
+    assert errors(out, reference, group).within(
+        errors(fp8_blockwise_unfused_rows(a, w, a_scale, w_scale, group), reference, group))
