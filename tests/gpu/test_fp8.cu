@@ -1,8 +1,8 @@
 // E4M3 inputs: the plain GEMM, the reduce-scatter and the all-gather on emulated ranks, tensorwise
-// and rowwise, promoted and fast; blockwise (promoted) in the plain GEMM and the reduce-scatter, which
-// the all-gather refuses. The reference is the dequantized product (exact FP8 products, FP32 sums, then
-// the scales; blockwise, each 128 of K's FP32 sum scaled, summed in FP64); the baseline is cuBLASLt's
-// scaled FP8 GEMM with the same scales and accumulation (the unfused path's partials).
+// and rowwise, promoted and fast, and blockwise (promoted only). The reference is the dequantized
+// product (exact FP8 products, FP32 sums, then the scales; blockwise, each 128 of K's FP32 sum scaled,
+// summed in FP64); the baseline is cuBLASLt's scaled FP8 GEMM with the same scales and accumulation
+// (the unfused path's partials, or its product of the gathered X).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 
 #include "gpu_testing.cuh"
 #include "local_ranks.cuh"
+#include "ops/sequence_rows.h"
 #include "testing/cublaslt_fp8.h"
 #include "testing/emulated_ranks.h"
 #include "tpfuse/tpfuse.h"
@@ -396,9 +397,9 @@ struct Fp8AllGatherCase : Fp8Case {
   AllGatherProblem problem() const { return e4m3_all_gather(p, m, n, k, scaling, accumulation); }
 };
 
-std::vector<Fp8AllGatherCase> all_gather_cases(std::initializer_list<std::vector<int>> shapes) {
+std::vector<Fp8AllGatherCase> as_all_gather_cases(const std::vector<Fp8Case>& cases) {
   std::vector<Fp8AllGatherCase> out;
-  for (const Fp8Case& c : cases(shapes)) out.push_back({c});
+  for (const Fp8Case& c : cases) out.push_back({c});
   return out;
 }
 
@@ -406,13 +407,17 @@ std::string all_gather_case_name(const ::testing::TestParamInfo<Fp8AllGatherCase
   return case_name(::testing::TestParamInfo<Fp8Case>(info.param, info.index));
 }
 
+// The all-gather's ranks: X_r, W_r, their scales, bias_r, Y_r and every rank's gathered X, and their
+// call (with the bias where `with_bias`, under `overrides`).
 struct Fp8AllGatherRanks : LocalRanks<AllGatherProblem> {
   std::vector<std::unique_ptr<Bytes>> x, w, gathered;
   std::vector<std::unique_ptr<DeviceArray<float>>> x_scales, w_scales;
-  RankArrays y;
+  RankArrays y, bias;
+  bool with_bias = false;
+  ConfigOverrides overrides;
 
   explicit Fp8AllGatherRanks(const AllGatherProblem& p)
-      : LocalRanks(p, 0, {}), y(ranks_arrays(size_t(p.m) * p.n_per_rank)) {
+      : LocalRanks(p, 0, {}), y(ranks_arrays(size_t(p.m) * p.n_per_rank)), bias(ranks_arrays(size_t(p.n_per_rank))) {
     on_each_rank([&](int) {
       x.emplace_back(new Bytes(size_t(p.rows_per_rank()) * p.k));
       w.emplace_back(new Bytes(size_t(p.n_per_rank) * p.k));
@@ -420,76 +425,159 @@ struct Fp8AllGatherRanks : LocalRanks<AllGatherProblem> {
     });
   }
 
-  bool rowwise() const { return problem.scaling == Scaling::kRowwise; }
+  // A rank's scales are shaped as those of its own product, X_r (m/P x k) times W_r; rowwise and
+  // blockwise, X_r's rows' are gathered with them.
+  ScaleShapes rank_scale_shapes() const {
+    return scale_shapes(e4m3_problem(1, int(problem.rows_per_rank()), int(problem.n_per_rank), int(problem.k),
+                                     problem.scaling, problem.accumulation));
+  }
+  bool gathers_scales() const { return problem.scaling != Scaling::kTensorwise; }
 
+  // Small integers with power-of-2 scales (blockwise: x_block_powers and w_block_powers), or random
+  // inputs.
   void fill(bool exact, uint64_t seed) {
     x_scales.clear();
     w_scales.clear();
+    const ScaleShapes shapes = rank_scale_shapes();
+    const bool block_powers = exact && problem.scaling == Scaling::kBlockwise;
     on_each_rank([&](int r) {
       (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(x[r]->ptr, x[r]->count, seed * 1000 + 4 * r, nullptr);
       (exact ? fill_small_ints_e4m3 : fill_random_e4m3)(w[r]->ptr, w[r]->count, seed * 1000 + 4 * r + 1, nullptr);
-      x_scales.push_back(Scales::make(rowwise() ? size_t(problem.rows_per_rank()) : 1, seed * 1000 + 4 * r + 2,
-                                      exact_or_random(exact)));
-      w_scales.push_back(
-          Scales::make(rowwise() ? size_t(problem.n_per_rank) : 1, seed * 1000 + 4 * r + 3, exact_or_random(exact)));
+      (exact ? fill_small_ints_bf16 : fill_random_bf16)(bias[r]->ptr, bias[r]->count, seed * 1000 + 500 + r, nullptr);
+      x_scales.push_back(block_powers ? Scales::upload(x_block_powers(r, 0))
+                                      : Scales::make(shapes.a.count(), seed * 1000 + 4 * r + 2, exact_or_random(exact)));
+      w_scales.push_back(block_powers ? Scales::upload(w_block_powers(r))
+                                      : Scales::make(shapes.w.count(), seed * 1000 + 4 * r + 3, exact_or_random(exact)));
+    });
+    poison_outputs();
+  }
+
+  void poison_outputs() {
+    on_each_rank([&](int r) {
       poison(y[r]->ptr, y[r]->count);
       cudaMemset(gathered[r]->ptr, 0xFF, gathered[r]->bytes());
     });
   }
 
+  // Exact blockwise scales that tell the gathered rows and the K blocks apart: X's row g of the
+  // gathered rows ([source][row]) over K block b takes 2^((5g + 2b + shift) mod 9 - 4), so that the
+  // same row of another source (rows a rank not a multiple of 3), a row up to 8 away, or a K block up
+  // to 8 away takes another scale, and another shift changes every scale; W_r's block c over K block
+  // b takes 2^((c + 2b + r) mod 3 - 1). A block's two scales multiply to 2^-5 .. 2^5, so with small
+  // integers every block's scaled sum and their total are exact in FP32 up to K = 8192.
+  std::vector<float> x_block_powers(int r, int shift) const {
+    const ScaleShape shape = rank_scale_shapes().a;
+    std::vector<float> scales;
+    for (int64_t row = 0; row < shape.rows; ++row) {
+      const int64_t g = r * shape.rows + row;
+      for (int64_t b = 0; b < shape.cols; ++b) scales.push_back(std::ldexp(1.0f, int((5 * g + 2 * b + shift) % 9) - 4));
+    }
+    return scales;
+  }
+  std::vector<float> w_block_powers(int r) const {
+    const ScaleShape shape = rank_scale_shapes().w;
+    std::vector<float> scales;
+    for (int64_t c = 0; c < shape.rows; ++c) {
+      for (int64_t b = 0; b < shape.cols; ++b) scales.push_back(std::ldexp(1.0f, int((c + 2 * b + r) % 3) - 1));
+    }
+    return scales;
+  }
+  // X's blockwise scales of shift `shift` (x_block_powers) in place of the ones there, and the outputs
+  // poisoned.
+  void set_x_block_powers(int shift) {
+    on_each_rank([&](int r) {
+      const std::vector<float> scales = x_block_powers(r, shift);
+      cudaMemcpy(x_scales[r]->ptr, scales.data(), x_scales[r]->bytes(), cudaMemcpyHostToDevice);
+    });
+    poison_outputs();
+  }
+
   Status run() {
     const auto xp = pointers<const void*>(x, problem.world_size), wp = pointers<const void*>(w, problem.world_size);
+    const auto bp = pointers<const void*>(bias, problem.world_size);
     const auto yp = pointers<void*>(y, problem.world_size), gp = pointers<void*>(gathered, problem.world_size);
     std::vector<InputScales> sp;
     for (int r = 0; r < problem.world_size; ++r) sp.push_back({x_scales[r]->ptr, w_scales[r]->ptr});
-    return launch_all_gather(comm, problem, first_ranks(problem.world_size), xp.data(), wp.data(), nullptr, yp.data(),
-                             gp.data(), streams.data(), {}, sp.data());
+    return launch_all_gather(comm, problem, first_ranks(problem.world_size), xp.data(), wp.data(),
+                             with_bias ? bp.data() : nullptr, yp.data(), gp.data(), streams.data(), overrides,
+                             sp.data());
   }
 
-  // The gathered X (every rank's rows in rank order) and, rowwise, its rows' scales.
-  std::vector<uint8_t> expected_gathered() {
-    std::vector<uint8_t> all;
-    on_each_rank([&](int r) {
-      const auto part = x[r]->to_host();
-      all.insert(all.end(), part.begin(), part.end());
-    });
+  // Every rank's rows of `per_rank` (`per_row` values a row) in the gathered X's order: the ranks'
+  // rows in rank order, or with several sequences each rank's shard of each sequence in rank order
+  // (ops/sequence_rows.h).
+  template <class T>
+  std::vector<T> in_gathered_order(const std::vector<std::vector<T>>& per_rank, size_t per_row) const {
+    const SequenceRows sequences(problem.batch, problem.rows_per_rank(), problem.world_size);
+    std::vector<T> all(size_t(problem.m) * per_row);
+    for (int r = 0; r < problem.world_size; ++r) {
+      for (int row = 0; row < int(problem.rows_per_rank()); ++row) {
+        std::copy_n(per_rank[r].begin() + size_t(row) * per_row, per_row,
+                    all.begin() + size_t(sequences.row_of(r, row)) * per_row);
+      }
+    }
     return all;
   }
+  // The gathered X, and (rowwise and blockwise) its rows' scales in the same order.
+  std::vector<uint8_t> expected_gathered() {
+    std::vector<std::vector<uint8_t>> blocks;
+    on_each_rank([&](int r) { blocks.push_back(x[r]->to_host()); });
+    return in_gathered_order(blocks, size_t(problem.k));
+  }
   std::vector<float> gathered_scales() {
-    std::vector<float> all;
-    on_each_rank([&](int r) {
-      const auto part = x_scales[r]->to_host();
-      all.insert(all.end(), part.begin(), part.end());
-    });
-    return all;
+    std::vector<std::vector<float>> scales;
+    on_each_rank([&](int r) { scales.push_back(x_scales[r]->to_host()); });
+    return in_gathered_order(scales, size_t(rank_scale_shapes().a.cols));
   }
 
   // Rank r's Y as the unfused path computes it: the gathered X (and its scales; tensorwise rank r's
-  // one scale) times W_r, as the FP32 reference (cublas = false) or cuBLASLt's BF16 GEMM as FP32.
+  // one scale) times W_r, as the FP32 reference (cublas = false) or cuBLASLt's BF16 GEMM as FP32,
+  // plus rank r's bias where the calls add one.
   std::vector<float> y_of(int r, bool cublas) {
     const Problem gemm = e4m3_problem(1, int(problem.m), int(problem.n_per_rank), int(problem.k), problem.scaling,
                                       problem.accumulation);
     Bytes all(size_t(problem.m) * problem.k);
     const auto host = expected_gathered();
     cudaMemcpy(all.ptr, host.data(), host.size(), cudaMemcpyHostToDevice);
-    DeviceArray<float> row_scales(rowwise() ? size_t(problem.m) : 1);
-    if (rowwise()) {
+    DeviceArray<float> row_scales(gathers_scales() ? scale_shapes(gemm).a.count() : 1);
+    if (gathers_scales()) {
       const auto scales = gathered_scales();
       cudaMemcpy(row_scales.ptr, scales.data(), row_scales.bytes(), cudaMemcpyHostToDevice);
     }
-    const InputScales scales{rowwise() ? row_scales.ptr : x_scales[r]->ptr, w_scales[r]->ptr};
+    const InputScales scales{gathers_scales() ? row_scales.ptr : x_scales[r]->ptr, w_scales[r]->ptr};
+    std::vector<float> values;
     if (cublas) {
       DeviceArray<__nv_bfloat16> c(size_t(problem.m) * problem.n_per_rank);
       cublaslt_scaled_mm(gemm, all.ptr, w[r]->ptr, scales, c.ptr);
-      std::vector<float> values;
       for (const __nv_bfloat16 v : c.to_host()) values.push_back(__bfloat162float(v));
-      return values;
+    } else {
+      DeviceArray<float> ref(size_t(problem.m) * problem.n_per_rank);
+      reference_gemm_e4m3(gemm, all.ptr, w[r]->ptr, scales, ref.ptr, nullptr);
+      values = ref.to_host();
     }
-    DeviceArray<float> ref(size_t(problem.m) * problem.n_per_rank);
-    reference_gemm_e4m3(gemm, all.ptr, w[r]->ptr, scales, ref.ptr, nullptr);
-    return ref.to_host();
+    if (with_bias) {
+      const auto b = bias[r]->to_host();
+      for (size_t i = 0; i < values.size(); ++i) values[i] += __bfloat162float(b[i % b.size()]);
+    }
+    return values;
   }
 };
+
+// One call after the exact fill (and whatever a test changed of it): every rank's Y bit for bit
+// against the exact product, and its gathered X byte for byte.
+void expect_all_gather_bit_for_bit(Fp8AllGatherRanks& ranks) {
+  const Status s = ranks.run();
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_CUDA(ranks.synchronize());
+  ASSERT_TRUE(communicator_status(ranks.comm).ok()) << communicator_status(ranks.comm).to_string();
+  const auto expected = ranks.expected_gathered();
+  for (int r = 0; r < ranks.problem.world_size; ++r) {
+    const int64_t bad = first_mismatch(ranks.y[r]->to_host(), ranks.y_of(r, false));
+    EXPECT_EQ(bad, -1) << "rank " << r << ": first mismatch at " << element_at(bad, ranks.problem.n_per_rank);
+    EXPECT_EQ(0, std::memcmp(ranks.gathered[r]->to_host().data(), expected.data(), expected.size()))
+        << "rank " << r << "'s gathered X";
+  }
+}
 
 class Fp8AllGather : public ::testing::TestWithParam<Fp8AllGatherCase> {};
 class Fp8AllGatherRandom : public ::testing::TestWithParam<Fp8AllGatherCase> {};
@@ -500,16 +588,7 @@ TEST_P(Fp8AllGather, SmallIntegersBitForBit) {
   Fp8AllGatherRanks ranks(GetParam().problem());
   ASSERT_NE(ranks.comm, nullptr);
   ranks.fill(/*exact=*/true, 1);
-  const Status s = ranks.run();
-  ASSERT_TRUE(s.ok()) << s.to_string();
-  ASSERT_CUDA(ranks.synchronize());
-  const auto expected = ranks.expected_gathered();
-  for (int r = 0; r < ranks.problem.world_size; ++r) {
-    const int64_t bad = first_mismatch(ranks.y[r]->to_host(), ranks.y_of(r, false));
-    EXPECT_EQ(bad, -1) << "rank " << r << ": first mismatch at " << element_at(bad, ranks.problem.n_per_rank);
-    EXPECT_EQ(0, std::memcmp(ranks.gathered[r]->to_host().data(), expected.data(), expected.size()))
-        << "rank " << r << "'s gathered X";
-  }
+  expect_all_gather_bit_for_bit(ranks);
 }
 
 // Random inputs: within 1.1x of the unfused path's error (cuBLASLt on the gathered X, the same
@@ -527,13 +606,19 @@ TEST_P(Fp8AllGatherRandom, WithinUnfusedErrorAndDeterministic) {
 // P = 1, 2, 4, 8: rows per rank not a multiple of 64 (1000 / 2), of 64 at P = 4 (bands of two
 // blocks), of 8 at P = 8 (one band of every block), and the sweep's column-parallel depths.
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8AllGather,
-                         ::testing::ValuesIn(all_gather_cases({{1, 256, 512, 256}, {2, 1000, 1040, 128},
-                                                               {4, 256, 1000, 128}, {8, 64, 264, 256},
-                                                               {8, 2048, 1024, 512}})),
+                         ::testing::ValuesIn(as_all_gather_cases(cases({{1, 256, 512, 256}, {2, 1000, 1040, 128},
+                                                                        {4, 256, 1000, 128}, {8, 64, 264, 256},
+                                                                        {8, 2048, 1024, 512}}))),
                          all_gather_case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8AllGatherRandom,
-                         ::testing::ValuesIn(all_gather_cases({{2, 1000, 1040, 1024}, {4, 512, 1536, 4096},
-                                                               {8, 2048, 1024, 4096}, {8, 64, 3584, 4096}})),
+                         ::testing::ValuesIn(as_all_gather_cases(cases({{2, 1000, 1040, 1024}, {4, 512, 1536, 4096},
+                                                                        {8, 2048, 1024, 4096}, {8, 64, 3584, 4096}}))),
+                         all_gather_case_name);
+// Blockwise the same, and 17 rows a rank (a band of every block).
+INSTANTIATE_TEST_SUITE_P(Blockwise, Fp8AllGatherRandom,
+                         ::testing::ValuesIn(as_all_gather_cases(blockwise_cases(
+                             {{2, 1000, 1040, 1024}, {4, 512, 1536, 4096}, {8, 2048, 1024, 4096},
+                              {8, 64, 3584, 4096}, {8, 136, 1024, 2048}}))),
                          all_gather_case_name);
 
 // Missing scales and a K x N weight: named errors, and nothing runs.
@@ -555,7 +640,7 @@ TEST(Fp8AllGatherErrors, ScalesAndLayoutAreChecked) {
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(unwritten(*ranks.y[r])) << "rank " << r << "'s output was written";
 }
 
-// ---- Blockwise scales: the plain GEMM and the reduce-scatter, exact, and the errors --------------
+// ---- Blockwise scales: each op exact, and the errors ------------------------------------------
 
 // A blockwise case of small integers: its shape ({P, m, n, k}), its scales' values, a forced split of
 // K (0: the config's), and whether some blocks are zeros (zero_some_blocks).
@@ -712,6 +797,113 @@ TEST(Fp8BlockwiseErrors, GemmAndReduceScatterCheckTheirInputs) {
   EXPECT_NE(no_w.message().find("w_scale must not be null"), std::string::npos) << no_w.message();
   ASSERT_CUDA(ranks.synchronize());
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(unwritten(*ranks.out[r])) << "rank " << r << "'s output was written";
+}
+
+// A blockwise all-gather case of small integers: its shape ({P, m, n_per_rank, k}), forced splits of
+// K and bands (ConfigOverrides' split_k and shared_tiles; 0 and -1: the config's), its sequences and
+// whether the ranks add a bias.
+struct BlockwiseAllGatherCase {
+  int p, m, n, k;
+  int split_k = 0;
+  int shared_tiles = -1;
+  int batch = 1;
+  bool bias = false;
+
+  AllGatherProblem problem() const {
+    AllGatherProblem problem = e4m3_all_gather(p, m, n, k, Scaling::kBlockwise, Accumulation::kPromoted);
+    problem.batch = batch;
+    return problem;
+  }
+  ConfigOverrides overrides() const {
+    ConfigOverrides o;
+    o.split_k = split_k;
+    o.shared_tiles = shared_tiles;
+    return o;
+  }
+};
+
+std::string blockwise_all_gather_case_name(const ::testing::TestParamInfo<BlockwiseAllGatherCase>& info) {
+  const BlockwiseAllGatherCase& c = info.param;
+  return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
+         std::to_string(c.k) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
+         (c.shared_tiles == 0 ? "_separate" : c.shared_tiles == 1 ? "_shared" : "") +
+         (c.batch > 1 ? "_batch" + std::to_string(c.batch) : "") + (c.bias ? "_bias" : "");
+}
+
+class Fp8BlockwiseAllGather : public ::testing::TestWithParam<BlockwiseAllGatherCase> {};
+
+// Small integers and scales that tell the gathered rows and K blocks apart (x_block_powers): Y bit for
+// bit against the exact product and the gathered X byte for byte; then again with every scale of X
+// changed, which this call finds in the other parity half of the gathered scales.
+TEST_P(Fp8BlockwiseAllGather, SmallIntegersBitForBit) {
+  const BlockwiseAllGatherCase& c = GetParam();
+  Fp8AllGatherRanks ranks(c.problem());
+  ASSERT_NE(ranks.comm, nullptr);
+  ASSERT_NE(ranks.problem.rows_per_rank() % 3, 0) << "two sources' rows would take the same scales";
+  ranks.with_bias = c.bias;
+  ranks.overrides = c.overrides();
+  ranks.fill(/*exact=*/true, 1);
+  expect_all_gather_bit_for_bit(ranks);
+  ranks.set_x_block_powers(/*shift=*/1);
+  expect_all_gather_bit_for_bit(ranks);
+}
+
+// P = 1, 2, 4, 8. One row a rank and 17 (a band of every block; 17 also in bands of one block, most
+// of a tile's rows past its band), 64 (bands of two blocks, a tile's halves from their blocks, as the
+// config takes them at N = 4096), 128 and 500; K split as the config splits it (3, at K = 4096 and few
+// tiles) and forced in 2; sequences (shards of 128 and 64 rows); a bias.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8BlockwiseAllGather,
+    ::testing::Values(BlockwiseAllGatherCase{1, 256, 512, 512}, BlockwiseAllGatherCase{2, 1000, 1040, 256},
+                      BlockwiseAllGatherCase{2, 2, 264, 256}, BlockwiseAllGatherCase{2, 34, 520, 4096},
+                      BlockwiseAllGatherCase{4, 512, 1000, 512}, BlockwiseAllGatherCase{4, 68, 264, 256, 0, 0},
+                      BlockwiseAllGatherCase{8, 8, 256, 4096, 0, -1, 1, true}, BlockwiseAllGatherCase{8, 136, 520, 256},
+                      BlockwiseAllGatherCase{8, 512, 4096, 256, 0, -1, 1, true},
+                      BlockwiseAllGatherCase{2, 256, 520, 1024, 2},
+                      BlockwiseAllGatherCase{2, 512, 776, 256, 0, -1, 2, true},
+                      BlockwiseAllGatherCase{4, 1024, 1000, 256, 0, -1, 4, true},
+                      BlockwiseAllGatherCase{8, 1024, 520, 128, 0, -1, 2}),
+    blockwise_all_gather_case_name);
+
+// The problems blockwise scales refuse (fast accumulation, K not a multiple of 128) and missing
+// scales, in the all-gather: named, and nothing written (Y nor the gathered X).
+TEST(Fp8BlockwiseErrors, AllGatherChecksItsInputs) {
+  const AllGatherProblem good = e4m3_all_gather(2, 256, 256, 256, Scaling::kBlockwise, Accumulation::kPromoted);
+  AllGatherProblem fast = good, k192 = good;
+  fast.accumulation = Accumulation::kFast;
+  k192.k = 192;
+  Fp8AllGatherRanks ranks(good);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/true, 1);
+  for (const auto& [problem, message] : {std::pair{fast, std::string("problem.accumulation = fast with blockwise")},
+                                         std::pair{k192, std::string("problem.k = 192 is not a multiple of 128")}}) {
+    ranks.problem = problem;
+    const Status s = ranks.run();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.message();
+  }
+  ranks.problem = good;
+  // Rank 0 without W_0's scales, then rank 1 without X_1's.
+  const auto xp = pointers<const void*>(ranks.x, 2), wp = pointers<const void*>(ranks.w, 2);
+  const auto yp = pointers<void*>(ranks.y, 2), gp = pointers<void*>(ranks.gathered, 2);
+  for (const int without : {0, 1}) {
+    InputScales scales[2] = {{ranks.x_scales[0]->ptr, ranks.w_scales[0]->ptr},
+                             {ranks.x_scales[1]->ptr, ranks.w_scales[1]->ptr}};
+    (without == 0 ? scales[0].w : scales[1].a) = nullptr;
+    const Status s = launch_all_gather(ranks.comm, good, first_ranks(2), xp.data(), wp.data(), nullptr, yp.data(),
+                                       gp.data(), ranks.streams.data(), {}, scales);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(without == 0 ? "w_scale must not be null" : "a_scale must not be null"),
+              std::string::npos)
+        << s.message();
+  }
+  ASSERT_CUDA(ranks.synchronize());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(unwritten(*ranks.y[r])) << "rank " << r << "'s Y was written";
+    const auto gathered = ranks.gathered[r]->to_host();
+    EXPECT_TRUE(std::all_of(gathered.begin(), gathered.end(), [](uint8_t b) { return b == 0xFF; }))
+        << "rank " << r << "'s gathered X was written";
+  }
 }
 
 }  // namespace
