@@ -177,10 +177,10 @@ std::string usage(const std::vector<std::string>& mode_names) {
          "                   (Kpr: K per rank)\n"
          "  --tp P           tensor-parallel degree: K per rank = K_total / P in the sweep (default 8)\n"
          "  --layout kn|nk   weight layout: kn = K/P x N row-major (default), nk = N x K/P (nn.Linear)\n"
-         "  --fp8 S          modes gemm and proxy: E4M3 inputs scaled S = tensorwise or rowwise (either op), or\n"
-         "                   blockwise (A's per row and 128 of K, W's per 128 x 128 block; gemm and --op rs\n"
-         "                   only, promoted only); needs --layout nk; against cuBLASLt's scaled FP8 GEMM with\n"
-         "                   the same scales; promoted every 128 K\n"
+         "  --fp8 S          modes gemm and proxy (either op): E4M3 inputs scaled S = tensorwise, rowwise or\n"
+         "                   blockwise (A's per row and 128 of K, W's per 128 x 128 block; promoted only, on\n"
+         "                   shapes of M a multiple of 4 and Kpr of 128); needs --layout nk; against cuBLASLt's\n"
+         "                   scaled FP8 GEMM with the same scales; promoted every 128 K\n"
          "  --fast-accum     with --fp8 tensorwise or rowwise: the tensor cores' own accumulation, ours and\n"
          "                   cuBLASLt's\n"
          "  --gpus N         use GPUs 0..N-1 (default: every visible GPU)\n"
@@ -367,9 +367,6 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
     const bool served = options.mode == "gemm" || options.mode == "proxy" || options.mode == "ag-proxy";
     if (!served) return fail("--fp8: modes gemm and proxy only");
     if (options.weight_layout != WeightLayout::kNxK) return fail("--fp8: E4M3 weights are N x K (--layout nk)");
-    if (options.scaling == Scaling::kBlockwise && options.op == FusedOp::kAllGather) {
-      return fail("--fp8 blockwise: the all-gather takes no blockwise scales (modes gemm and proxy --op rs)");
-    }
     if (options.scaling == Scaling::kBlockwise && options.accumulation == Accumulation::kFast) {
       return fail("--fast-accum: blockwise scales are promoted only");
     }
@@ -385,9 +382,11 @@ ParseResult parse_args(const std::vector<std::string>& args, const std::vector<s
   } else if (!parse_shape_list(options.shapes_arg, options.tp, &options.shapes, &error)) {
     return fail(error);
   }
-  // Blockwise scales cover 128 of K each, and cuBLASLt's need M a multiple of 4.
+  // Blockwise scales cover 128 of K each, and cuBLASLt's need M a multiple of 4: on the shapes the op
+  // runs (the all-gather's sweep is the column-parallel layers').
   if (options.scaling == Scaling::kBlockwise) {
-    for (const Shape& s : options.shapes) {
+    const bool column_sweep = options.op == FusedOp::kAllGather && options.shapes_arg == "sweep";
+    for (const Shape& s : column_sweep ? all_gather_sweep_shapes(options.tp, &error) : options.shapes) {
       if (s.m % 4 != 0 || s.k_per_rank % kScaleBlock != 0) {
         return fail("--fp8 blockwise: shape " + std::to_string(s.m) + "," + std::to_string(s.n) + "," +
                     std::to_string(s.k_per_rank) + " needs M a multiple of 4 and K per rank one of 128");

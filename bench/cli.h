@@ -36,8 +36,8 @@ struct Options {
   std::vector<Shape> shapes;
   int tp = 8;  // P: K per rank = K_total / P
   WeightLayout weight_layout = WeightLayout::kKxN;
-  // --fp8: E4M3 inputs scaled tensorwise or rowwise (modes gemm and proxy, either op; N x K weights),
-  // promoted or with --fast-accum, or blockwise (gemm and proxy --op rs, promoted); kNone: BF16 inputs.
+  // --fp8: E4M3 inputs (modes gemm and proxy, either op; N x K weights) scaled tensorwise or rowwise,
+  // promoted or with --fast-accum, or blockwise, promoted; kNone: BF16 inputs.
   Scaling scaling = Scaling::kNone;
   Accumulation accumulation = Accumulation::kPromoted;
   int gpus = 0;  // 0: every visible GPU

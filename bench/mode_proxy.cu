@@ -13,9 +13,9 @@
 //       multiplies the preset blocks -> Y (m x n/P). Shapes M, N/P, K (the default sweep is the
 //       column-parallel layers'); T_gemm: the gathered X (m x k) times W_0. Target fused/gemm <= 1.03.
 //   ranks 1 .. P-1 never run
-// --fp8 (both ops; blockwise the reduce-scatter's only): E4M3 inputs with their scales in the input
-// sets, and T_cublas is cuBLASLt's scaled GEMM; the all-gather's preset blocks are E4M3 too, and
-// rowwise their rows' scales are preset with them.
+// --fp8 (both ops, every scaling): E4M3 inputs with their scales in the input sets, and T_cublas is
+// cuBLASLt's scaled GEMM; the all-gather's preset blocks are E4M3 too, and rowwise and blockwise their
+// rows' scales are preset with them.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -124,14 +124,19 @@ struct AllGatherOp {
   }
   static size_t out_count(const OpProblem& p) { return size_t(p.m) * size_t(p.n_per_rank); }
 
-  // Rowwise E4M3: the gathered rows' scales in parity half `parity` of rank 0's gathered buffer, FP32
-  // [source][m/P] right behind the m x k bytes of the gathered X (ops/ag_gemm/workspace.h).
+  // Rowwise and blockwise E4M3: the gathered rows' scales in parity half `parity` of rank 0's gathered
+  // buffer, FP32 [source][m/P] (blockwise [source][m/P][k/128]) right behind the m x k bytes of the
+  // gathered X (ops/ag_gemm/op.cuh: scales_offset); as many as the gathered product's A has.
+  static bool gathers_scales(const OpProblem& p) {
+    return p.dtype == DType::kE4M3 && (p.scaling == Scaling::kRowwise || p.scaling == Scaling::kBlockwise);
+  }
   static float* gathered_scales(const Communicator& c, const OpProblem& p, int parity) {
     return reinterpret_cast<float*>(static_cast<uint8_t*>(parity_data(c, 0, parity)) + size_t(p.m) * size_t(p.k));
   }
 
-  // Random blocks of X in rank 0's gathered buffer (of X's dtype; rowwise E4M3 with their rows'
-  // scales), the same in both parity halves, and the peers' flags raised there for every future call.
+  // Random blocks of X in rank 0's gathered buffer (of X's dtype; rowwise and blockwise E4M3 with their
+  // rows' scales), the same in both parity halves, and the peers' flags raised there for every future
+  // call.
   static void preset(const LocalCommunicator& comm, const OpProblem& problem, Gpu& gpu, uint64_t run_seed,
                      size_t shape_index) {
     Communicator* c = comm.get();
@@ -142,8 +147,9 @@ struct AllGatherOp {
       void* gathered = parity_data(*c, 0, parity);
       if (problem.dtype == DType::kE4M3) {
         fill_random_e4m3(static_cast<uint8_t*>(gathered), count, seed, gpu.stream);
-        if (problem.scaling == Scaling::kRowwise) {
-          fill_random_scales(gathered_scales(*c, problem, parity), size_t(problem.m), scales_seed, gpu.stream);
+        if (gathers_scales(problem)) {
+          fill_random_scales(gathered_scales(*c, problem, parity), scale_shapes(gemm(problem)).a.count(), scales_seed,
+                             gpu.stream);
         }
       } else {
         fill_random_bf16(static_cast<bf16*>(gathered), count, seed, gpu.stream);
@@ -153,7 +159,7 @@ struct AllGatherOp {
   }
 
   // Rank 0 on input set `set`: its block of X is the first m/P rows of the set's A (E4M3: its rows'
-  // scales the first m/P of the set's, or the set's one scale).
+  // scales the first m/P rows of the set's, or the set's one scale).
   static void run(const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
                   const std::vector<DeviceBuffer>& out, int set, cudaStream_t stream, const ConfigOverrides& overrides,
                   PushTimeline* = nullptr) {
@@ -167,8 +173,8 @@ struct AllGatherOp {
   }
 
   // The FP32 reference of the gathered X rank 0 multiplied: its own rows of A, then the preset blocks;
-  // E4M3 dequantized with the rows' scales likewise (rowwise: its own from the set's, the peers'
-  // preset; tensorwise: X_0's one scale serves every row).
+  // E4M3 dequantized with the rows' scales likewise (rowwise and blockwise: its own from the set's, the
+  // peers' preset; tensorwise: X_0's one scale serves every row).
   static void reference(Gpu& gpu, const LocalCommunicator& comm, const OpProblem& problem, const GemmSets& sets,
                         float* ref) {
     const size_t element = size_t(element_bytes(problem.dtype));
@@ -182,14 +188,15 @@ struct AllGatherOp {
                                   cudaMemcpyDeviceToDevice, gpu.stream));
     InputScales scales = sets.scales(0);
     DeviceBuffer row_scales;
-    if (problem.scaling == Scaling::kRowwise) {
-      // scales[parity 0][source][m/P] likewise.
-      const size_t own = size_t(problem.rows_per_rank());
-      row_scales = DeviceBuffer(gpu.device, size_t(problem.m) * sizeof(float));
+    if (gathers_scales(problem)) {
+      // scales[parity 0][source][m/P][1 or k/128] likewise.
+      const ScaleShape shape = scale_shapes(gemm(problem)).a;
+      const size_t own = size_t(problem.rows_per_rank()) * size_t(shape.cols);
+      row_scales = DeviceBuffer(gpu.device, shape.count() * sizeof(float));
       TESTING_CHECK(cudaMemcpyAsync(row_scales.get(), scales.a, own * sizeof(float), cudaMemcpyDeviceToDevice,
                                     gpu.stream));
       TESTING_CHECK(cudaMemcpyAsync(row_scales.as<float>() + own, gathered_scales(*comm.get(), problem, 0) + own,
-                                    (size_t(problem.m) - own) * sizeof(float), cudaMemcpyDeviceToDevice, gpu.stream));
+                                    (shape.count() - own) * sizeof(float), cudaMemcpyDeviceToDevice, gpu.stream));
       scales.a = row_scales.as<const float>();
     }
     if (problem.dtype == DType::kE4M3) {

@@ -7,9 +7,9 @@
 # Steps (default: all, in this order): env tests sanitize gemm proxy timeline ag_proxy baseline fused;
 # fp8 (not in the default) runs the E4M3 tests, then the GEMM and both ops' proxies (the
 # reduce-scatter's and the all-gather's) N x K with E4M3 inputs, tensorwise and rowwise, promoted and
-# fast, and blockwise (promoted; the GEMM and the reduce-scatter's proxy), checked, then the
-# reduce-scatter's proxy at P = 8 N x K with its push timeline, BF16 and each tensorwise and rowwise
-# mode, and bench/projection.py's E at P = 8 from each (as the timeline step, in the same session);
+# fast, and blockwise (promoted), checked, then the reduce-scatter's proxy at P = 8 N x K with its push
+# timeline, BF16 and each tensorwise and rowwise mode, and bench/projection.py's E at P = 8 from each
+# (as the timeline step, in the same session);
 # small_m (not in the default) times the small-M targets: the GEMM at M = 1..512 and the
 # reduce-scatter's proxy at M = 8..512 (P = 8 both layouts, P = 4 and 2 N x K), interleaved and
 # checked, then N x K in separate loops (the cycles x clock split).
@@ -165,7 +165,7 @@ for step in "${steps[@]}"; do
       ;;
     fp8)
       run_step test_fp8 "${build}/tests/gpu/test_fp8"
-      # Blockwise scales are promoted only, and the all-gather takes none.
+      # Blockwise scales are promoted only.
       for scaling in tensorwise rowwise blockwise; do
         for accumulation in promoted fast; do
           [[ ${scaling} == blockwise && ${accumulation} == fast ]] && continue
@@ -175,7 +175,6 @@ for step in "${steps[@]}"; do
             --json "${out}/gemm_fp8_${scaling}_${accumulation}.json"
           run_step "proxy_fp8_${scaling}_${accumulation}" "${bench}" --mode proxy "${flags[@]}" \
             --json "${out}/proxy_fp8_${scaling}_${accumulation}.json"
-          [[ ${scaling} == blockwise ]] && continue
           run_step "ag_proxy_fp8_${scaling}_${accumulation}" "${bench}" --mode proxy --op ag "${flags[@]}" \
             --json "${out}/ag_proxy_fp8_${scaling}_${accumulation}.json"
         done

@@ -132,7 +132,7 @@ TEST(BenchCli, FusedOp) {
 }
 
 // --fp8: E4M3 inputs for modes gemm and proxy (either op), N x K weights, promoted unless --fast-accum;
-// blockwise for gemm and proxy --op rs only, promoted only.
+// blockwise (either op) promoted only, on shapes of M a multiple of 4 and K per rank of 128.
 TEST(BenchCli, Fp8) {
   const ParseResult rowwise = parse_args({"--mode", "proxy", "--layout", "nk", "--fp8", "rowwise"}, kModes);
   ASSERT_EQ(rowwise.outcome, ParseOutcome::kRun) << rowwise.error;
@@ -144,15 +144,17 @@ TEST(BenchCli, Fp8) {
   EXPECT_EQ(fast.options.accumulation, Accumulation::kFast);
   EXPECT_EQ(parse_args({}, kModes).options.scaling, Scaling::kNone);
   EXPECT_NE(usage(kModes).find("blockwise (A's per row and 128 of K, W's per 128 x 128 block"), std::string::npos);
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"--mode", "gemm", "--layout", "nk", "--fp8", "blockwise"},
-           {"--mode", "proxy", "--layout", "nk", "--fp8", "blockwise"},
-           {"--mode", "proxy", "--op", "rs", "--layout", "nk", "--fp8", "blockwise"}}) {
-    const ParseResult blockwise = parse_args(args, kModes);
+  for (const auto& [args, op] : std::vector<std::pair<std::vector<std::string>, FusedOp>>{
+           {{"--mode", "gemm", "--layout", "nk", "--fp8", "blockwise"}, FusedOp::kReduceScatter},
+           {{"--mode", "proxy", "--layout", "nk", "--fp8", "blockwise"}, FusedOp::kReduceScatter},
+           {{"--mode", "proxy", "--op", "rs", "--layout", "nk", "--fp8", "blockwise"}, FusedOp::kReduceScatter},
+           {{"--mode", "proxy", "--op", "ag", "--layout", "nk", "--fp8", "blockwise"}, FusedOp::kAllGather},
+           {{"--mode", "ag-proxy", "--layout", "nk", "--fp8", "blockwise"}, FusedOp::kAllGather}}) {
+    const ParseResult blockwise = parse_args(args, {"gemm", "proxy", "ag-proxy"});
     ASSERT_EQ(blockwise.outcome, ParseOutcome::kRun) << args[1] << ": " << blockwise.error;
     EXPECT_EQ(blockwise.options.scaling, Scaling::kBlockwise);
     EXPECT_EQ(blockwise.options.accumulation, Accumulation::kPromoted);
-    EXPECT_EQ(blockwise.options.op, FusedOp::kReduceScatter);
+    EXPECT_EQ(blockwise.options.op, op) << args[1];
   }
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"--mode", "proxy", "--op", "ag", "--layout", "nk", "--fp8", "rowwise", "--fast-accum"},
@@ -169,10 +171,11 @@ TEST(BenchCli, Fp8) {
             "--fp8: expected tensorwise, rowwise or blockwise, got 'channelwise'"},
            {{"--mode", "gemm", "--layout", "nk", "--fp8", "blockwise", "--fast-accum"},
             "--fast-accum: blockwise scales are promoted only"},
-           {{"--mode", "proxy", "--op", "ag", "--layout", "nk", "--fp8", "blockwise"},
-            "--fp8 blockwise: the all-gather takes no blockwise scales"},
-           {{"--mode", "ag-proxy", "--layout", "nk", "--fp8", "blockwise"},
-            "--fp8 blockwise: the all-gather takes no blockwise scales"},
+           {{"--mode", "ag-proxy", "--layout", "nk", "--fp8", "blockwise", "--fast-accum"},
+            "--fast-accum: blockwise scales are promoted only"},
+           {{"--mode", "proxy", "--op", "ag", "--layout", "nk", "--fp8", "blockwise", "--shapes",
+             "512,1280,8192;512,1280,8200"},
+            "--fp8 blockwise: shape 512,1280,8200 needs M a multiple of 4 and K per rank one of 128"},
            {{"--mode", "proxy", "--fp8", "blockwise"}, "--fp8: E4M3 weights are N x K (--layout nk)"},
            {{"--mode", "gemm", "--layout", "nk", "--fp8", "blockwise", "--shapes", "512,8192,1024;6,8192,1024"},
             "--fp8 blockwise: shape 6,8192,1024 needs M a multiple of 4 and K per rank one of 128"},
