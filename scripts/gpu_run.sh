@@ -46,6 +46,18 @@ run_step() {
   tail -n "${TAIL_LINES:-6}" "${out}/${name}.log" | sed 's/^/   /'
 }
 
+# memcheck, racecheck and synccheck (steps <tool>_NAME) on the tests of BINARY that FILTER names;
+# racecheck without FILTER's entry NOT_RACECHECK, if given (several steps a CTA: the sanitize step says
+# why).
+sanitize_tools() {
+  local name=$1 binary=$2 filter=$3 not_racecheck=${4:-} tool tool_filter
+  for tool in memcheck racecheck synccheck; do
+    tool_filter=${filter}
+    [[ ${tool} == racecheck && -n ${not_racecheck} ]] && tool_filter=${filter//":${not_racecheck}"/}
+    run_step "${tool}_${name}" compute-sanitizer --tool "${tool}" --error-exitcode 1 "${binary}" --gtest_filter="${tool_filter}"
+  done
+}
+
 for step in "${steps[@]}"; do
   case "${step}" in
     env)
@@ -104,18 +116,22 @@ for step in "${steps[@]}"; do
       small_ag+=':*AllGatherExact*/P4_M256_N1000_K128_KxN_allcopy'
       # Sequences (Y stored by shard, the gathered X copied by sequence), with a bias.
       small_ag+=':*AllGatherExact*/P4_M1024_N1000_K256_KxN_batch4_bias'
-      for tool in memcheck racecheck synccheck; do
-        # Racecheck not on the P = 8 bands of two: several steps a CTA, the stage_tile report above.
-        filter="${small_ag}"
-        [[ ${tool} == racecheck ]] && filter="${small_ag//:\*AllGatherExact\*\/P8_M512_N1280_K256_NxK_shared/}"
-        run_step ${tool}_all_gather compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_all_gather" --gtest_filter="${filter}"
-      done
+      # Racecheck not on the P = 8 bands of two: several steps a CTA, the stage_tile report above.
+      sanitize_tools all_gather "${build}/tests/gpu/test_all_gather" "${small_ag}" '*AllGatherExact*/P8_M512_N1280_K256_NxK_shared'
       # The all-gather on 128 x 128 tiles (its variant of its own), random inputs.
       run_step memcheck_all_gather_128x128 compute-sanitizer --tool memcheck --error-exitcode 1 "${build}/tests/gpu/test_all_gather" --gtest_filter='*AllGatherRandom*/P8_M1024_N1024_K6144_KxN'
+      # Blockwise E4M3 scales (their 128 x 128 promoted variant, a K block's scales loaded once its stage
+      # is full): the GEMM (17 rows; K split in two), the reduce-scatter at P = 2 and 8 (17 rows and one
+      # a rank), the all-gather at P = 2 (17 rows a rank in a band of both blocks, K split as the config
+      # splits it; forced splits in bands of one) and 8 (one row a rank with a bias, in a band of every
+      # block, K split as the config splits it; bands of two 64-row blocks, not under racecheck, as above).
+      small_blockwise='*Fp8BlockwiseGemmExact*/P1_M17_N520_K384_powers:*Fp8BlockwiseGemmExact*/P1_M64_N2048_K4096_powers_split2'
+      small_blockwise+=':*Fp8BlockwiseReduceScatter*/P2_M34_N520_K256_cancelling:*Fp8BlockwiseReduceScatter*/P8_M8_N1024_K256_cancelling'
+      small_blockwise+=':*Fp8BlockwiseAllGather*/P2_M34_N520_K4096:*Fp8BlockwiseAllGather*/P2_M256_N520_K1024_split2'
+      small_blockwise+=':*Fp8BlockwiseAllGather*/P8_M8_N256_K4096_bias:*Fp8BlockwiseAllGather*/P8_M512_N4096_K256_bias'
+      sanitize_tools blockwise "${build}/tests/gpu/test_fp8" "${small_blockwise}" '*Fp8BlockwiseAllGather*/P8_M512_N4096_K256_bias'
       # Partial rounds during the K loop: a small shape with its own tiles interleaved.
-      for tool in memcheck racecheck synccheck; do
-        run_step ${tool}_rounds compute-sanitizer --tool ${tool} --error-exitcode 1 "${build}/tests/gpu/test_fused" --gtest_filter='*FusedRandom*/P2_M512_N512_K320_KxN_lag0'
-      done
+      sanitize_tools rounds "${build}/tests/gpu/test_fused" '*FusedRandom*/P2_M512_N512_K320_KxN_lag0'
       ;;
     gemm)
       run_step gemm_kn "${bench}" --mode gemm --layout kn --check --json "${out}/gemm_kn.json" --csv "${out}/gemm_kn.csv"
