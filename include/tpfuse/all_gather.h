@@ -24,7 +24,8 @@ Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, cons
                        const ConfigOverrides& overrides = {});
 
 // The same with inputs of any dtype: E4M3 ones (problem.dtype) are scaled as problem.scaling says
-// (tpfuse/problem.h): scales.a is X_r's (one value, or rows_per_rank, gathered with the rows), scales.w W_r's.
+// (tpfuse/problem.h): scales.a is X_r's (one value; rows_per_rank, or rows_per_rank x k/128 blockwise,
+// gathered with the rows), scales.w W_r's.
 Status all_gather_gemm(Communicator* comm, const AllGatherProblem& problem, const void* x, const void* w,
                        const InputScales& scales, const void* bias, void* y, void* gathered_x, cudaStream_t stream,
                        const ConfigOverrides& overrides = {});

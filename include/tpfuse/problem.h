@@ -39,10 +39,11 @@ constexpr int element_bytes(DType dtype) {
 }
 
 // How inputs of E4M3 are scaled back: each rank's product A_r @ W_r is multiplied in FP32 by
-// a_scale * w_scale (InputScales) before anything else is done with it (the bias, the rounding to
-// BF16, the reduction over ranks: the scales differ by rank). BF16 inputs take kNone. The
-// all-gather's X_r is scaled likewise: rowwise, its rows' scales are gathered with them; tensorwise,
-// this rank's one scale serves every gathered row (as torch's fused_all_gather_scaled_matmul).
+// a_scale * w_scale (InputScales; blockwise, each 128 of K's sums by their blocks') before anything
+// else is done with it (the bias, the rounding to BF16, the reduction over ranks: the scales differ by
+// rank). BF16 inputs take kNone. The all-gather's X_r is scaled likewise: rowwise and blockwise, its
+// rows' scales are gathered with them; tensorwise, this rank's one scale serves every gathered row (as
+// torch's fused_all_gather_scaled_matmul).
 enum class Scaling {
   kNone,
   kTensorwise,  // one scale for A_r, one for W_r
@@ -98,7 +99,7 @@ struct Problem {
   WeightLayout weight_layout = WeightLayout::kNxK;
   DType dtype = DType::kBF16;  // of A_r and W_r
   int64_t batch = 1;           // sequences the rows hold (above); 1: the rows are split as they are
-  Scaling scaling = Scaling::kNone;                    // E4M3 inputs: kTensorwise or kRowwise
+  Scaling scaling = Scaling::kNone;                    // E4M3 inputs: kTensorwise, kRowwise or kBlockwise
   Accumulation accumulation = Accumulation::kPromoted;  // E4M3 inputs
 
   int64_t rows_per_rank() const { return m / world_size; }
@@ -110,8 +111,8 @@ struct Problem {
 // the compiled variants take, k_per_rank whole 16-byte units of it (multiples of 8 BF16, 16 E4M3) and n
 // whole 16-byte units of the BF16 output (and, with a K x N weight, of the inputs' dtype); batch >= 1
 // dividing m, each sequence splitting over the ranks, and (with batch > 1 and P > 1) shards of whole slabs
-// (kUnsupported otherwise); E4M3 with a kNxK weight and a scaling, BF16 with none. The message names the
-// bad argument and its value.
+// (kUnsupported otherwise); E4M3 with a kNxK weight and a scaling (blockwise: promoted accumulation and
+// k_per_rank a multiple of kScaleBlock), BF16 with none. The message names the bad argument and its value.
 Status validate(const Problem& problem);
 
 // The column-parallel layer's shape on one rank (all_gather_gemm, tpfuse/all_gather.h): rank r holds

@@ -119,7 +119,7 @@ TEST(Validate, UnsupportedDType) {
 }
 
 // E4M3 (one byte an element) takes a scaling and an N x K weight, BF16 none; rows are whole 16-byte
-// units of the dtype; the all-gather refuses E4M3 by name (not served yet).
+// units of the dtype; the all-gather's problem by the same rules, naming its own fields.
 TEST(Validate, E4M3TakesScalesAndAKMajorWeight) {
   EXPECT_EQ(element_bytes(DType::kE4M3), 1);
   EXPECT_EQ(element_bytes(DType::kBF16), 2);
