@@ -189,6 +189,9 @@ std::string AllGatherProblem::to_string() const {
   os << "m=" << m << " n_per_rank=" << n_per_rank << " k=" << k << " world_size=" << world_size
      << " weight_layout=" << tpfuse::to_string(weight_layout) << " dtype=" << tpfuse::to_string(dtype);
   if (batch != 1) os << " batch=" << batch;
+  if (dtype != DType::kBF16) {
+    os << " scaling=" << tpfuse::to_string(scaling) << " accumulation=" << tpfuse::to_string(accumulation);
+  }
   return os.str();
 }
 

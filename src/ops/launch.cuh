@@ -138,17 +138,20 @@ inline std::string shared_device(const Communicator& comm, const std::vector<int
 }
 
 // The library's placement: each rank on a device of its own, in a persistent grid of its own there,
-// its parameters indexed at compile time (Launch<1>).
+// its parameters indexed at compile time (Launch<1>). Every rank's parameters are made (and so its
+// operands checked) before any rank launches: a rank that launched would wait for a refused one
+// until its timeout.
 struct OneRankPerDevice {
   static constexpr bool kEmulates = false;
 
   template <class Kernel, class Op>
   static Status launch(const OpCall<Op>& call, size_t smem) {
     using Config = typename Kernel::Config;
+    std::vector<typename Kernel::template Launch<1>> launches(call.local_ranks.size());
     for (size_t i = 0; i < call.local_ranks.size(); ++i) {
       const RankState& rank = call.comm.ranks[call.local_ranks[i]];
       TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
-      typename Kernel::template Launch<1> launch{};
+      typename Kernel::template Launch<1>& launch = launches[i];
       TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(Kernel::template kernel<1>(), smem, call.config.gemm.num_ctas,
                                                     &launch.ctas_per_rank)));
       const typename Op::Config rank_config = Op::config_that_fits(call.problem, call.config, launch.ctas_per_rank);
@@ -158,7 +161,10 @@ struct OneRankPerDevice {
       }
       TPFUSE_RETURN_IF_ERROR(Op::template make_rank_params<Config>(call.comm, rank, call.problem, rank_config,
                                                                    call.operands, int(i), split, &launch.ranks[0]));
-      TPFUSE_RETURN_IF_ERROR((launch_op_kernel<Kernel, 1>(Op::kName, launch, 1, smem, /*cooperative=*/false,
+    }
+    for (size_t i = 0; i < call.local_ranks.size(); ++i) {
+      TPFUSE_CUDA_TRY(cudaSetDevice(call.comm.ranks[call.local_ranks[i]].device));
+      TPFUSE_RETURN_IF_ERROR((launch_op_kernel<Kernel, 1>(Op::kName, launches[i], 1, smem, /*cooperative=*/false,
                                                           call.debug, call.streams[i])));
     }
     return Status::Ok();

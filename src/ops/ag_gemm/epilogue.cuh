@@ -371,7 +371,7 @@ class AllGatherEpilogue : public EpilogueBase {
   int consumer_;
   SlabStore slabs_;
   KSlice k_slice_{};
-  const float* gathered_scales_ = nullptr;  // this call's gathered scales in this rank's buffer (rowwise)
+  const float* gathered_scales_ = nullptr;  // this call's gathered scales in this rank's buffer (rowwise, blockwise)
 };
 
 }  // namespace tpfuse::kernels
