@@ -5,8 +5,8 @@ all-gather + GEMM of a column-parallel one.
     y = tpfuse.all_gather_gemm(x, w, group)          # x: M/P x K, w: N/P x K; y: M x N/P
 
 One process per GPU, BF16 in and out; both also take FP8 (torch.float8_e4m3fn) inputs with FP32 scales,
-tensorwise or rowwise (gemm_reduce_scatter blockwise too), and quantize_all_gather_gemm quantizes BF16 rows to
-FP8 on their own rank first.
+tensorwise, rowwise or blockwise, and quantize_all_gather_gemm quantizes BF16 rows to FP8 on their own rank
+first.
 Rank r of `group` holds a_r and w_r; every rank gets its M/P rows of sum_r a_r @ w_r^T; with
 all_gather_gemm, every rank gets (x_0; x_1; ...) @ w_r^T.
 Both take an optional bias and a batch (sequences whose rows each rank holds 1/P of: torch's collectives
@@ -135,8 +135,12 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, we
        torch._scaled_mm scales its product. Tensorwise: x_scale and w_scale one element each (x_scale applies
        to every gathered row, as torch's fused_all_gather_scaled_matmul applies A_scale); rowwise: x_scale one
        per row of this rank's x ((M/P, 1) or (M/P,): the kernel gathers them with the rows), w_scale one per
-       output column ((1, N/P), (N/P, 1) or (N/P,)). Scales are not read on the host: a non-finite scale gives
-       non-finite outputs, not an error. Blockwise scales raise UnsupportedError (gemm_reduce_scatter takes them).
+       output column ((1, N/P), (N/P, 1) or (N/P,)); blockwise (DeepSeek-V3's, tpfuse.float8.quantize_blockwise):
+       x_scale (M/P, K/128), one per row of this rank's x and 128 of K (gathered with the rows), w_scale
+       (ceil(N/P/128), K/128), one per 128 x 128 block of w, both row-major, each applied to its block's partial
+       sums; K a multiple of 128, use_fast_accum False. One element each is tensorwise, also where those are
+       blockwise shapes (M/P = 1, K = 128, N/P at most 128). Scales are not read on the host: a non-finite scale
+       gives non-finite outputs, not an error.
        use_fast_accum: the tensor cores' own accumulation (torch._scaled_mm's flag) instead of adding their
        partial sums into FP32 every 128 of K. The FP8 call has no backward pass.
     group: a ProcessGroup (its NCCL backend) or its name; None is the default group.
@@ -158,24 +162,29 @@ def all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, we
 
 
 def quantize_all_gather_gemm(x: torch.Tensor, w: torch.Tensor, group: Group = None, *, w_scale: torch.Tensor,
-                             bias: Optional[torch.Tensor] = None, batch: int = 1,
-                             use_fast_accum: bool = False) -> torch.Tensor:
+                             bias: Optional[torch.Tensor] = None, batch: int = 1, use_fast_accum: bool = False,
+                             scaling: str = "rowwise") -> torch.Tensor:
     """all_gather_gemm of x's rows quantized on this rank: Y (M x N/P, BF16) = the gathered e4m3 rows @ W, scaled
-    by each row's scale and w_scale, as torchao's rowwise float8 recipe computes the gathered BF16 x quantized and
-    multiplied by torch._scaled_mm. Bit for bit the same: each row's power-of-2 scale depends on that row alone
-    (tpfuse.float8.quantize_rowwise says how it is made), so quantizing before the gather equals quantizing after
-    it, and the gather moves half the bytes.
+    by their scales and w_scale, as a float8 recipe computes the gathered BF16 x quantized and multiplied. Bit for
+    bit the same: each scale depends on one row's entries alone, so quantizing before the gather equals quantizing
+    after it, and the gather moves half the bytes.
 
     x: M/P x K, contiguous BF16 (this rank's rows).
     w: N/P x K, contiguous torch.float8_e4m3fn (this rank's output columns, as nn.Linear stores its weight), K a
        multiple of 16.
-    w_scale: FP32, one per output column ((1, N/P), as torch._scaled_mm takes it, (N/P, 1) or (N/P,)).
+    scaling: how x is quantized, and so what w_scale must be (FP32, row-major):
+       "rowwise": one power-of-2 scale per row (tpfuse.float8.quantize_rowwise, torchao's rowwise recipe, whose
+       product is torch._scaled_mm's); w_scale one per output column ((1, N/P), as torch._scaled_mm takes it,
+       (N/P, 1) or (N/P,)).
+       "blockwise": one scale per 1 x 128 tile of K (tpfuse.float8.quantize_blockwise, DeepSeek-V3's); w_scale
+       (ceil(N/P/128), K/128), one per 128 x 128 block of w (quantize_blockwise(weight, WEIGHT_BLOCK)'s); K a
+       multiple of 128, use_fast_accum False.
     bias, batch, use_fast_accum, group: as all_gather_gemm's. No backward pass.
     """
     group_name = _group_name(group)
     check_batch_count(batch)
     check_fast_accum(use_fast_accum)
-    return torch.ops.tpfuse.quantize_all_gather_gemm(x, w, w_scale, group_name, bias, batch, use_fast_accum)
+    return torch.ops.tpfuse.quantize_all_gather_gemm(x, w, w_scale, group_name, bias, batch, use_fast_accum, scaling)
 
 
 def fused_all_gather_matmul(A: torch.Tensor, Bs: List[torch.Tensor], gather_dim: int, group_name: str, *,

@@ -23,6 +23,7 @@ SCALE_BLOCK = 128        # tpfuse::kScaleBlock: the K extent of a blockwise scal
 BF16_CODE = DTYPE_CODES[torch.bfloat16]  # the C ABI's dtype of BF16 inputs
 E4M3 = torch.float8_e4m3fn               # the FP8 inputs both ops serve
 NO_SCALING = SCALING_CODES["none"]
+ROWWISE = SCALING_CODES["rowwise"]
 BLOCKWISE = SCALING_CODES["blockwise"]
 PROMOTED = ACCUMULATION_CODES["promoted"]
 
@@ -32,20 +33,18 @@ _AG_WEIGHT_SHAPES = {"nk": "N/P x K (nn.Linear's weight)", "kn": "K x N/P"}
 
 @dataclass(frozen=True)
 class _OperandNames:
-    """How an op's messages name it, its activations, their scale, their rows, the output columns and the
-    reduction dimension; and whether it takes blockwise scales."""
+    """How an op's messages name its activations, their scale, their rows, the output columns and the reduction
+    dimension."""
 
-    op: str
     operand: str
     scale: str
     rows: str
     columns: str
     depth: str
-    blockwise: bool
 
 
-_RS_NAMES = _OperandNames("the reduce-scatter", "a", "a_scale", "M", "N", "K/P", blockwise=True)
-_AG_NAMES = _OperandNames("the all-gather", "x", "x_scale", "M/P", "N/P", "K", blockwise=False)
+_RS_NAMES = _OperandNames("a", "a_scale", "M", "N", "K/P")
+_AG_NAMES = _OperandNames("x", "x_scale", "M/P", "N/P", "K")
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,7 @@ def blockwise_scale_shapes(m: int, n: int, k: int) -> Tuple[Tuple[int, int], Tup
 
 
 def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor], fp8: bool, m: int, n: int,
-                  k: int, names: _OperandNames) -> int:
+                  k: int, names: _OperandNames, form: Optional[int] = None) -> int:
     """The scaling (SCALING_CODES) of the activations' scale (a_scale or x_scale, `names.scale`) and w_scale:
     none for BF16 inputs. For E4M3 inputs the pair of shapes decides, in this order: one element each is
     tensorwise; a_scale one per row of the m rows of a or x and w_scale one per output column of the n is
@@ -153,8 +152,9 @@ def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tenso
     (ceil(n/128), k/128), one per 128 x 128 block of w) and not of its rowwise one is blockwise. No pair is
     both rowwise and blockwise: a blockwise w_scale has ceil(n/128) < n rows, so it is of a rowwise shape only as
     (1, n) where k/128 = n > 1, and a_scale then has n > 1 columns. Blockwise scales of one element each (m = 1,
-    n and k at most 128) are tensorwise, the same product. Blockwise shapes raise UnsupportedError where the op
-    does not take them."""
+    n and k at most 128) are tensorwise: in the reduce-scatter the same product; in the all-gather, this rank's
+    x_scale then applies to every gathered row. `form`, where the activations' scales were made in a known one
+    (quantize_all_gather_gemm's x_scale), decides instead, and w_scale must have that form's shape."""
     a_name, operands = names.scale, f"{names.operand} and w"
     if not fp8:
         for name, scale in ((a_name, a_scale), ("w_scale", w_scale)):
@@ -163,21 +163,27 @@ def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tenso
         return NO_SCALING
     missing = [name for name, scale in ((a_name, a_scale), ("w_scale", w_scale)) if scale is None]
     if missing:
-        rowwise = f"{a_name} ({names.rows}, 1) and w_scale (1, {names.columns}) for rowwise"
-        blockwise = (f"{a_name} ({names.rows}, {names.depth}/128) and w_scale (ceil({names.columns}/128), "
-                     f"{names.depth}/128) for blockwise")
-        forms = f"{rowwise}, or {blockwise}" if names.blockwise else f"or {rowwise}"
         _fail(f"{operands} are {E4M3}: they need {' and '.join(missing)} (torch.float32: one element each for "
-              f"tensorwise scaling, {forms})")
+              f"tensorwise scaling, {a_name} ({names.rows}, 1) and w_scale (1, {names.columns}) for rowwise, or "
+              f"{a_name} ({names.rows}, {names.depth}/128) and w_scale (ceil({names.columns}/128), "
+              f"{names.depth}/128) for blockwise)")
     _check_scale(a_name, a_scale)
     _check_scale("w_scale", w_scale)
-    if a_scale.numel() == 1 and w_scale.numel() == 1:
-        return SCALING_CODES["tensorwise"]
     a_shape, w_shape = tuple(a_scale.shape), tuple(w_scale.shape)
     rowwise_a, rowwise_w = a_shape in ((m, 1), (m,)), w_shape in ((1, n), (n, 1), (n,))
-    if rowwise_a and rowwise_w:
-        return SCALING_CODES["rowwise"]
     block_a, block_w = blockwise_scale_shapes(m, n, k)
+    if form == BLOCKWISE:
+        _check_blockwise_shapes(a_shape, w_shape, block_a, block_w, names)
+        return BLOCKWISE
+    if form == ROWWISE and not rowwise_w:
+        _fail(f"w_scale has shape {w_shape}; with rowwise {a_name} {a_shape} it must be (1, {n}), ({n}, 1) or "
+              f"({n},), one per output column ({names.columns})")
+    if form is not None:
+        return form
+    if a_scale.numel() == 1 and w_scale.numel() == 1:
+        return SCALING_CODES["tensorwise"]
+    if rowwise_a and rowwise_w:
+        return ROWWISE
     if a_shape == block_a and not rowwise_a or w_shape == block_w and not rowwise_w:
         _check_blockwise_shapes(a_shape, w_shape, block_a, block_w, names)
         return BLOCKWISE
@@ -190,14 +196,8 @@ def _check_scales(a_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tenso
 
 
 def _check_blockwise_shapes(a_shape, w_shape, block_a, block_w, names: _OperandNames) -> None:
-    """One of the scales has its blockwise shape (and not a rowwise one): the op must take blockwise scales, and
-    the other scale must have its blockwise shape too."""
+    """Blockwise scales: w_scale and a_scale (or x_scale) each of its blockwise shape."""
     a_name = names.scale
-    if not names.blockwise:
-        raise UnsupportedError(
-            f"{a_name} {a_shape} and w_scale {w_shape} are blockwise scales ({a_name} one per row of "
-            f"{names.operand} and 128 of {names.depth}, w_scale one per 128 x 128 block of w): {names.op} does not "
-            "take them yet (gemm_reduce_scatter does); it takes tensorwise and rowwise scales")
     if w_shape != block_w:
         _fail(f"w_scale has shape {w_shape}; with {a_name} {a_shape} (blockwise: one per row of {names.operand} and "
               f"128 of {names.depth}) it must be {block_w}, one per 128 x 128 block of w "
@@ -347,11 +347,12 @@ def _check_fp8_layout(fp8: bool, weight_layout: str, weight_shapes: dict) -> Non
 def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: str, world_size: int,
                              bias: Optional[torch.Tensor] = None, batch: int = 1,
                              x_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
-                             use_fast_accum: bool = False) -> AllGatherProblem:
-    """The all-gather's problem of x, w, bias, batch and, for E4M3 inputs, their scales and accumulation, or an
-    InvalidArgumentError naming the bad argument (UnsupportedError for an FP8 type other than E4M3, an FP8
-    weight stored K x N, blockwise scales, and a batched shard that is not whole slabs). Rowwise, x_scale holds
-    this rank's rows' scales (the kernel gathers them with the rows)."""
+                             use_fast_accum: bool = False, form: Optional[int] = None) -> AllGatherProblem:
+    """The all-gather's problem of x, w, bias, batch and, for E4M3 inputs, their scales (tensorwise, rowwise or
+    blockwise; `form` as _check_scales takes it) and accumulation, or an InvalidArgumentError naming the bad
+    argument (UnsupportedError for an FP8 type other than E4M3, an FP8 weight stored K x N, and a batched shard
+    that is not whole slabs). Rowwise and blockwise, x_scale holds this rank's rows' scales (the kernel gathers
+    them with the rows)."""
     _check_layout_and_group(weight_layout, world_size, _AG_WEIGHT_SHAPES)
     dtype_code = _check_operands(x, w, None, _AG_NAMES)
     fp8 = x.dtype == E4M3
@@ -365,7 +366,9 @@ def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: st
     k_rows = (("K", k),)
     _check_extents((("M", m), ("N/P", n_per_rank), ("K", k)), (("N/P", n_per_rank),) + (() if fp8 else k_rows),
                    k_rows if fp8 else ())
-    scaling = _check_scales(x_scale, w_scale, fp8, rows, n_per_rank, k, _AG_NAMES)
+    scaling = _check_scales(x_scale, w_scale, fp8, rows, n_per_rank, k, _AG_NAMES, form)
+    if scaling == BLOCKWISE:
+        _check_blockwise(k, use_fast_accum, _AG_NAMES)
     check_batch_count(batch)
     if rows % batch != 0:
         _fail(f"batch = {batch}: x's {rows} rows are not {batch} shards of equal length (this rank's rows of each "
@@ -376,8 +379,15 @@ def check_all_gather_problem(x: torch.Tensor, w: torch.Tensor, weight_layout: st
     return AllGatherProblem(m, n_per_rank, k, world_size, weight_layout, batch, dtype_code, scaling, accumulation)
 
 
-def check_quantized_rows(x: torch.Tensor) -> None:
-    """quantize_all_gather_gemm's x: BF16 rows to quantize (the rest is checked on their FP8 form)."""
+QUANTIZED_FORMS = ("rowwise", "blockwise")  # quantize_all_gather_gemm's scaling
+
+
+def check_quantized_rows(x: torch.Tensor, scaling: str) -> None:
+    """quantize_all_gather_gemm's x: BF16 rows to quantize, in one of QUANTIZED_FORMS (the rest is checked on their
+    FP8 form)."""
+    if scaling not in QUANTIZED_FORMS:
+        _fail(f"scaling = {scaling!r} must be 'rowwise' (one power-of-2 scale per row, torchao's recipe) or "
+              "'blockwise' (one scale per 1 x 128 tile, DeepSeek-V3's)")
     if x.dtype != torch.bfloat16:
         _fail(f"x has dtype {x.dtype}; quantize_all_gather_gemm quantizes torch.bfloat16 rows to {E4M3} (for FP8 x, "
               "call tpfuse.all_gather_gemm with x_scale)")

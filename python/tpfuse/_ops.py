@@ -8,10 +8,11 @@ sequences, and each rank holds its 1/P of every sequence (torch's reduce-scatter
 dim 1 of [batch, s, ...]); the drop-ins derive the batch from scatter_dim / gather_dim. The reduce-scatter's
 gemm_reduce_scatter and gemm_reduce_scatter_out also take FP8 (E4M3) a and w with their FP32 scales
 (a_scale, w_scale: tensorwise, rowwise or blockwise) and use_fast_accum, and so do the all-gather's
-all_gather_gemm and all_gather_gemm_gathered (x_scale, w_scale: tensorwise or rowwise); their output is BF16
-whatever the inputs (the gathered X is x's dtype). tpfuse::quantize_all_gather_gemm takes this rank's BF16
-rows, quantizes them rowwise to E4M3 on this rank (tpfuse.float8.quantize_rowwise, torchao's rowwise recipe) and
-runs the FP8 all-gather with their scales.
+all_gather_gemm and all_gather_gemm_gathered (x_scale, w_scale: tensorwise, rowwise or blockwise); their output
+is BF16 whatever the inputs (the gathered X is x's dtype). tpfuse::quantize_all_gather_gemm takes this rank's BF16
+rows, quantizes them to E4M3 on this rank, rowwise (tpfuse.float8.quantize_rowwise, torchao's rowwise recipe) or
+with scaling='blockwise' per 1 x 128 tile (tpfuse.float8.quantize_blockwise, DeepSeek-V3's), and runs the FP8
+all-gather with their scales.
 Their fake implementations check the arguments and give the output's shape, so torch.compile traces them
 without a graph break; the real ones launch on the caller's current CUDA stream, so they are CUDA-graph capturable."""
 
@@ -26,7 +27,7 @@ from ._checks import (AllGatherProblem, Problem, check_all_gather_problem, check
                       check_quantized_rows)
 from ._communicators import _by_name, communicator
 from ._library import ACCUMULATION_CODES, SCALING_CODES, WEIGHT_LAYOUT_CODES, library
-from .float8 import quantize_rowwise
+from .float8 import quantize_blockwise, quantize_rowwise
 
 _NO_SCALING, _PROMOTED = SCALING_CODES["none"], ACCUMULATION_CODES["promoted"]  # BF16 inputs' codes
 
@@ -193,22 +194,23 @@ def _(x: torch.Tensor, w: torch.Tensor, weight_layout: str, group_name: str, bia
 
 
 def _quantized(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_name: str,
-               bias: Optional[torch.Tensor], batch: int, use_fast_accum: bool):
-    """x's rows quantized (e4m3, their rowwise scales) and the FP8 all-gather's problem."""
-    check_quantized_rows(x)
-    x_fp8, x_scale = quantize_rowwise(x)
+               bias: Optional[torch.Tensor], batch: int, use_fast_accum: bool, scaling: str):
+    """x's rows quantized (e4m3, their rowwise or blockwise scales) and the FP8 all-gather's problem in that
+    form."""
+    check_quantized_rows(x, scaling)
+    x_fp8, x_scale = quantize_blockwise(x) if scaling == "blockwise" else quantize_rowwise(x)
     problem = check_all_gather_problem(x_fp8, w, "nk", _group_size(group_name), bias, batch, x_scale, w_scale,
-                                       use_fast_accum)
+                                       use_fast_accum, form=SCALING_CODES[scaling])
     return x_fp8, x_scale, problem
 
 
 @torch.library.custom_op("tpfuse::quantize_all_gather_gemm", mutates_args=(),
                          schema="(Tensor x, Tensor w, Tensor w_scale, str group_name, Tensor? bias=None, int batch=1, "
-                                "bool use_fast_accum=False) -> Tensor")
+                                "bool use_fast_accum=False, str scaling=\"rowwise\") -> Tensor")
 def quantize_all_gather_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_name: str,
-                             bias: Optional[torch.Tensor] = None, batch: int = 1,
-                             use_fast_accum: bool = False) -> torch.Tensor:
-    x_fp8, x_scale, problem = _quantized(x, w, w_scale, group_name, bias, batch, use_fast_accum)
+                             bias: Optional[torch.Tensor] = None, batch: int = 1, use_fast_accum: bool = False,
+                             scaling: str = "rowwise") -> torch.Tensor:
+    x_fp8, x_scale, problem = _quantized(x, w, w_scale, group_name, bias, batch, use_fast_accum, scaling)
     y = _all_gather_outputs(x_fp8, problem, gathered=False)
     _launch_all_gather(x_fp8, w, bias, y, None, problem, group_name, x_scale=x_scale, w_scale=w_scale)
     return y
@@ -216,8 +218,8 @@ def quantize_all_gather_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Te
 
 @quantize_all_gather_gemm.register_fake
 def _(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, group_name: str, bias: Optional[torch.Tensor] = None,
-      batch: int = 1, use_fast_accum: bool = False) -> torch.Tensor:
-    x_fp8, _, problem = _quantized(x, w, w_scale, group_name, bias, batch, use_fast_accum)
+      batch: int = 1, use_fast_accum: bool = False, scaling: str = "rowwise") -> torch.Tensor:
+    x_fp8, _, problem = _quantized(x, w, w_scale, group_name, bias, batch, use_fast_accum, scaling)
     return _all_gather_outputs(x_fp8, problem, gathered=False)
 
 

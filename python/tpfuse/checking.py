@@ -147,21 +147,29 @@ def fp8_blockwise_operands(m: int, n: int, k_per_rank: int, device: torch.device
     return a, w, a_scale, w_scale
 
 
-def fp8_blockwise_unfused_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
-                               group: dist.ProcessGroup) -> torch.Tensor:
-    """The unfused path of blockwise scales, from torch._scaled_mm's tensorwise product (which every torch from the
-    floor has): each 128 of K/P's product in FP32 (unit scales), times its block's a_scale (one per row) and
-    w_scale (one per 128 output columns), summed in FP32 and rounded to BF16 once; then reduce_scatter_tensor
-    (BF16, sum)."""
+def _blockwise_scaled_mm(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor,
+                         w_scale: torch.Tensor) -> torch.Tensor:
+    """The unfused product of blockwise scales, from torch._scaled_mm's tensorwise product (which every torch from
+    the floor has): each 128 of K's product in FP32 (unit scales), times its block's a_scale (one per row) and
+    w_scale (one per 128 output columns), summed in FP32 and rounded to BF16 once."""
     one = torch.ones((), device=a.device)
-    partial = torch.zeros(a.shape[0], w.shape[0], device=a.device)
+    product = torch.zeros(a.shape[0], w.shape[0], device=a.device)
     for block in range(a.shape[1] // 128):
         k = slice(128 * block, 128 * (block + 1))
-        product = torch._scaled_mm(a[:, k].contiguous(), w[:, k].contiguous().t(), one, one, out_dtype=torch.float32)
+        block_product = torch._scaled_mm(a[:, k].contiguous(), w[:, k].contiguous().t(), one, one,
+                                         out_dtype=torch.float32)
         column_scales = w_scale[:, block].repeat_interleave(128)[:w.shape[0]]
-        partial += product * a_scale[:, block:block + 1] * column_scales
-    rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1], dtype=torch.bfloat16)
-    dist.reduce_scatter_tensor(rows, partial.to(torch.bfloat16), group=group)
+        product += block_product * a_scale[:, block:block + 1] * column_scales
+    return product.to(torch.bfloat16)
+
+
+def fp8_blockwise_unfused_rows(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
+                               group: dist.ProcessGroup) -> torch.Tensor:
+    """The unfused path of blockwise scales: each rank's product by _blockwise_scaled_mm, then
+    reduce_scatter_tensor (BF16, sum)."""
+    partial = _blockwise_scaled_mm(a, w, a_scale, w_scale)
+    rows = partial.new_empty(partial.shape[0] // group.size(), partial.shape[1])
+    dist.reduce_scatter_tensor(rows, partial, group=group)
     return rows
 
 
@@ -175,20 +183,21 @@ def gathered_rows(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 
 def _gathered_fp8(x: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, group: dist.ProcessGroup):
-    """The all-gather's E4M3 rows and their scales: every rank's rows with, rowwise (either scale of more than
-    one element), every rank's row scales ((M, 1)); tensorwise, this rank's one scale, which applies to every
-    gathered row (torch's fused_all_gather_scaled_matmul applies A_scale so)."""
-    rowwise = x_scale.numel() > 1 or w_scale.numel() > 1
-    scales = gathered_rows(x_scale.reshape(-1, 1), group) if rowwise else x_scale
+    """The all-gather's E4M3 rows and their scales: every rank's rows with, rowwise or blockwise (either scale of
+    more than one element), every rank's rows' scales ((M, 1), or (M, K/128)); tensorwise, this rank's one scale,
+    which applies to every gathered row (torch's fused_all_gather_scaled_matmul applies A_scale so)."""
+    per_row = x_scale.numel() > 1 or w_scale.numel() > 1
+    scales = gathered_rows(x_scale.reshape(x.shape[0], -1), group) if per_row else x_scale
     return gathered_rows(x, group), scales
 
 
 def fp8_all_gather_reference(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-                             group: dist.ProcessGroup, bias=None) -> torch.Tensor:
+                             group: dist.ProcessGroup, bias=None, blockwise: bool = False) -> torch.Tensor:
     """The FP8 all-gather's Y exactly (FP64): the gathered, dequantized E4M3 rows times this rank's dequantized w
-    (N/P x K), plus the bias."""
+    (N/P x K; blockwise: x's scales per 1 x 128 tile, w's per 128 x 128 block), plus the bias."""
     rows, scales = _gathered_fp8(x, x_scale, w_scale, group)
-    product = dequantized(rows, scales) @ dequantized(w, w_scale).t()
+    x_block, w_block = (ACTIVATION_BLOCK, WEIGHT_BLOCK) if blockwise else (None, None)
+    product = dequantized(rows, scales, x_block) @ dequantized(w, w_scale, w_block).t()
     return product if bias is None else product + bias.double()
 
 
@@ -199,6 +208,14 @@ def fp8_all_gather_unfused(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tens
     rows, scales = _gathered_fp8(x, x_scale, w_scale, group)
     return torch._scaled_mm(rows, w.t(), scales, w_scale, bias=bias, out_dtype=torch.bfloat16,
                             use_fast_accum=use_fast_accum)
+
+
+def fp8_blockwise_all_gather_unfused(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                                     group: dist.ProcessGroup) -> torch.Tensor:
+    """The FP8 all-gather's unfused path with blockwise scales: all_gather_into_tensor of the E4M3 rows and of
+    their scales, then _blockwise_scaled_mm."""
+    rows, scales = _gathered_fp8(x, x_scale, w_scale, group)
+    return _blockwise_scaled_mm(rows, w, scales, w_scale)
 
 
 def all_gather_reference(x: torch.Tensor, w: torch.Tensor, weight_layout: str,

@@ -56,9 +56,10 @@ the product, and so do tpfuse's kernels) or none, and no result_scale. Each B is
 gather A again, hidden behind their own GEMM; a rowwise A's gathered scales stay inside the kernel). Its own
 fallback reasons: dtype (not e4m3 A and Bs), layout (a row-major B), n_or_k (N not a multiple of 8, K of 16),
 alignment (a token-major A, a B or a bias), shape (a B whose K is not A's), scales (neither tensorwise nor this
-rank's rowwise ones, blockwise ones among them, a rowwise A_scale of every rank's rows (torch's replicated form), not
-FP32, or on another device), out_dtype, bias (not BF16 of N entries), result_scale, arguments (lists of different
-lengths: torch's kernel raises its error).
+rank's rowwise ones, blockwise ones among them, which the op's schema cannot express and tpfuse.all_gather_gemm
+takes; a rowwise A_scale of every rank's rows (torch's replicated form), not FP32, or on another device),
+out_dtype, bias (not BF16 of N entries), result_scale, arguments (lists of different lengths: torch's kernel
+raises its error).
 stats() counts the calls; is_overridden() says whether an override is on.
 """
 

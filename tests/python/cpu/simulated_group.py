@@ -3,8 +3,8 @@ tpfuse's ops hand off to the library (_ops._launch, _launch_all_gather, _gemm) a
 collectives compute, in plain torch, from every rank's tensors: the reduce-scatter sums every rank's
 partial (FP64) and keeps this rank's rows, the all-gather stacks every rank's rows in rank order; the
 launches do it per sequence (the C ABI's batch), scale FP8 products by the activations' scale times w_scale
-(rowwise: the all-gather gathers x_scale with the rows; blockwise: each 128 of K's products by their own
-scales) and add the bias in FP64 before the one cast.
+(rowwise and blockwise, the all-gather gathers x_scale with the rows; blockwise, each 128 of K's products
+by their own scales) and add the bias in FP64 before the one cast.
 Everything above those points (the custom ops, their argument checks, the backward formulas, the layers)
 is the package's own code."""
 
@@ -19,7 +19,7 @@ from tpfuse import autograd as tpfuse_autograd
 from tpfuse.checking import weight_as_k_by_n
 
 
-BLOCKWISE = _library.SCALING_CODES["blockwise"]
+ROWWISE, BLOCKWISE = _library.SCALING_CODES["rowwise"], _library.SCALING_CODES["blockwise"]
 SCALE_BLOCK = 128
 
 
@@ -131,18 +131,23 @@ class SimulatedGroup:
 
     def _launch_all_gather(self, x, w, bias, y, gathered_x, problem, group_name, x_scale=None, w_scale=None):
         """The contract of tpfuse_all_gather_gemm: each sequence's rows gathered in rank order, sequence
-        after sequence (rowwise, each row's x_scale with it), times w, scaled, plus the bias, rounded once."""
+        after sequence (rowwise and blockwise, each row's x_scale with it), times w, scaled, plus the bias,
+        rounded once."""
         self.launches.append((self.rank, "all_gather_gemm"))
         self.all_gather_problems.append(problem)
-        rowwise = x_scale is not None and (x_scale.numel() > 1 or w_scale.numel() > 1)
-        # A rowwise x_scale travels as one more column of FP64 rows beside x's.
-        rows = torch.cat([x.double(), x_scale.double().reshape(-1, 1)], dim=1) if rowwise else x
+        per_row = problem.scaling in (ROWWISE, BLOCKWISE)
+        # A row's scales travel as more columns of FP64 rows beside x's.
+        rows = torch.cat([x.double(), x_scale.double().reshape(x.shape[0], -1)], dim=1) if per_row else x
         parts = self._exchange(rows)
         shards = [parts[r].view(problem.batch, -1, rows.shape[1]) for r in self.rank_order]
         gathered = torch.cat(shards, dim=1).view(problem.m, rows.shape[1])
-        gathered, gathered_scale = (gathered[:, :-1].to(x.dtype), gathered[:, -1]) if rowwise else (gathered, x_scale)
-        product = _scaled(gathered.double() @ weight_as_k_by_n(w, problem.weight_layout).double(), gathered_scale,
-                          w_scale)
+        k = problem.k
+        gathered, gathered_scale = (gathered[:, :k].to(x.dtype), gathered[:, k:]) if per_row else (gathered, x_scale)
+        w_kn = weight_as_k_by_n(w, problem.weight_layout)
+        if problem.scaling == BLOCKWISE:
+            product = _blockwise_product(gathered, w_kn, gathered_scale, w_scale)
+        else:
+            product = _scaled(gathered.double() @ w_kn.double(), gathered_scale, w_scale)
         y.copy_(product if bias is None else product + bias.double())
         if gathered_x is not None:
             gathered_x.copy_(gathered)

@@ -11,6 +11,7 @@ from tpfuse import _checks, _library, _ops
 
 BF16 = torch.bfloat16
 M, N, K = 64, 48, 32  # this rank: a is M x K/P, w is N x K/P (nk) or K/P x N (kn); M divides by 4
+BK = 256  # a K (or K/P) of two 128-blocks, for blockwise scales
 
 
 @pytest.fixture(autouse=True)
@@ -307,7 +308,8 @@ AG_FP8_CASES = {
     # name: (x, w, keyword arguments, the error, what the message says); x is this rank's M/P = 64 rows, P = 4
     "no_scales": (lambda: fp8(M, K), lambda: fp8(N, K), {}, tpfuse.InvalidArgumentError,
                   "x and w are torch.float8_e4m3fn: they need x_scale and w_scale (torch.float32: one element each for "
-                  "tensorwise scaling, or x_scale (M/P, 1) and w_scale (1, N/P) for rowwise)"),
+                  "tensorwise scaling, x_scale (M/P, 1) and w_scale (1, N/P) for rowwise, or x_scale (M/P, K/128) and "
+                  "w_scale (ceil(N/P/128), K/128) for blockwise)"),
     "no_w_scale": (lambda: fp8(M, K), lambda: fp8(N, K), {"x_scale": lambda: scale(1)}, tpfuse.InvalidArgumentError,
                    "x and w are torch.float8_e4m3fn: they need w_scale (torch.float32"),
     "scales_with_bf16": (lambda: cpu(M, K), lambda: cpu(N, K), AG_TENSORWISE, tpfuse.InvalidArgumentError,
@@ -388,30 +390,57 @@ def test_all_gather_fp8_problem_has_the_c_abis_codes(x_scale, w_scale, scaling, 
 
 
 QUANTIZE_CASES = {
-    # name: (x, w, w_scale, the error, what the message says); the rest is all_gather_gemm's checks
-    "x_fp8": (lambda: fp8(M, K), lambda: fp8(N, K), lambda: scale(1, N), tpfuse.InvalidArgumentError,
+    # name: (x, w, keyword arguments, the error, what the message says); the rest is all_gather_gemm's checks
+    "x_fp8": (lambda: fp8(M, K), lambda: fp8(N, K), {"w_scale": lambda: scale(1, N)}, tpfuse.InvalidArgumentError,
               "x has dtype torch.float8_e4m3fn; quantize_all_gather_gemm quantizes torch.bfloat16 rows to "
               "torch.float8_e4m3fn (for FP8 x, call tpfuse.all_gather_gemm with x_scale)"),
-    "x_3d": (lambda: cpu(2, M, K), lambda: fp8(N, K), lambda: scale(1, N), tpfuse.InvalidArgumentError,
+    "x_3d": (lambda: cpu(2, M, K), lambda: fp8(N, K), {"w_scale": lambda: scale(1, N)}, tpfuse.InvalidArgumentError,
              "x has 3 dimensions (2, 64, 32); it must be a matrix"),
-    "w_bf16": (lambda: cpu(M, K), lambda: cpu(N, K), lambda: scale(1, N), tpfuse.InvalidArgumentError,
+    "w_bf16": (lambda: cpu(M, K), lambda: cpu(N, K), {"w_scale": lambda: scale(1, N)}, tpfuse.InvalidArgumentError,
                "x has dtype torch.float8_e4m3fn and w torch.bfloat16"),
-    "w_scale_tensorwise": (lambda: cpu(M, K), lambda: fp8(N, K), lambda: scale(1), tpfuse.InvalidArgumentError,
-                           "w_scale has shape (1,); with x_scale of 64 elements it must be (1, 48), (48, 1) or (48,)"),
-    "k_not_multiple_of_16": (lambda: cpu(M, 40), lambda: fp8(N, 40), lambda: scale(1, N), tpfuse.InvalidArgumentError,
-                             "K = 40 is not a multiple of 16"),
-    "w_e5m2": (lambda: cpu(M, K), lambda: fp8(N, K, dtype=torch.float8_e5m2), lambda: scale(1, N),
+    "w_scale_tensorwise": (lambda: cpu(M, K), lambda: fp8(N, K), {"w_scale": lambda: scale(1)},
+                           tpfuse.InvalidArgumentError,
+                           "w_scale has shape (1,); with rowwise x_scale (64, 1) it must be (1, 48), (48, 1) or (48,), "
+                           "one per output column (N/P)"),
+    "k_not_multiple_of_16": (lambda: cpu(M, 40), lambda: fp8(N, 40), {"w_scale": lambda: scale(1, N)},
+                             tpfuse.InvalidArgumentError, "K = 40 is not a multiple of 16"),
+    "w_e5m2": (lambda: cpu(M, K), lambda: fp8(N, K, dtype=torch.float8_e5m2), {"w_scale": lambda: scale(1, N)},
                tpfuse.UnsupportedError, "w has dtype torch.float8_e5m2"),
+    "scaling_unknown": (lambda: cpu(M, K), lambda: fp8(N, K), {"w_scale": lambda: scale(1), "scaling": "tensorwise"},
+                        tpfuse.InvalidArgumentError, "scaling = 'tensorwise' must be 'rowwise' (one power-of-2 scale "
+                        "per row, torchao's recipe) or 'blockwise' (one scale per 1 x 128 tile, DeepSeek-V3's)"),
+    # The form decides what w_scale must be, whatever else its shape could be.
+    "rowwise_blockwise_w_scale": (lambda: cpu(M, BK), lambda: fp8(N, BK), {"w_scale": lambda: scale(1, 2)},
+                                  tpfuse.InvalidArgumentError, "w_scale has shape (1, 2); with rowwise x_scale (64, 1) "
+                                  "it must be (1, 48), (48, 1) or (48,)"),
+    "blockwise_rowwise_w_scale": (lambda: cpu(M, BK), lambda: fp8(N, BK),
+                                  {"w_scale": lambda: scale(1, N), "scaling": "blockwise"}, tpfuse.InvalidArgumentError,
+                                  "w_scale has shape (1, 48); with x_scale (64, 2) (blockwise: one per row of x and "
+                                  "128 of K) it must be (1, 2), one per 128 x 128 block of w (ceil(N/P/128) x K/128)"),
+    "blockwise_one_k_block_rowwise_w_scale": (lambda: cpu(M, 128), lambda: fp8(N, 128),
+                                              {"w_scale": lambda: scale(N, 1), "scaling": "blockwise"},
+                                              tpfuse.InvalidArgumentError,
+                                              "w_scale has shape (48, 1); with x_scale (64, 1) (blockwise"),
+    "blockwise_w_scale_column_major": (lambda: cpu(M, BK), lambda: fp8(256, BK),
+                                       {"w_scale": lambda: scale(2, 2).t(), "scaling": "blockwise"},
+                                       tpfuse.InvalidArgumentError,
+                                       "w_scale (2, 2) with strides (1, 2) is not contiguous"),
+    "blockwise_k_not_multiple_of_128": (lambda: cpu(M, 192), lambda: fp8(N, 192),
+                                        {"w_scale": lambda: scale(1, 2), "scaling": "blockwise"},
+                                        tpfuse.InvalidArgumentError, "K = 192 is not a multiple of 128"),
+    "blockwise_fast_accum": (lambda: cpu(M, BK), lambda: fp8(N, BK),
+                             {"w_scale": lambda: scale(1, 2), "scaling": "blockwise", "use_fast_accum": True},
+                             tpfuse.InvalidArgumentError, "use_fast_accum=True with blockwise scales"),
 }
 
 
 @pytest.mark.parametrize("case", QUANTIZE_CASES)
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_quantize_all_gather_bad_argument_raises_before_launch(group, case, device):
-    make_x, make_w, make_scale, error, message = QUANTIZE_CASES[case]
-    x, w, w_scale = (make().to(device) for make in (make_x, make_w, make_scale))
+    make_x, make_w, keywords, error, message = QUANTIZE_CASES[case]
+    keywords = {key: on_device(value(), device) if callable(value) else value for key, value in keywords.items()}
     with pytest.raises(error, match=re.escape(message)):
-        tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale)
+        tpfuse.quantize_all_gather_gemm(make_x().to(device), make_w().to(device), group, **keywords)
 
 
 def test_fp8_drop_ins_take_bf16_only(group):
@@ -426,9 +455,8 @@ def test_fp8_drop_ins_take_bf16_only(group):
         tpfuse.fused_all_gather_matmul(cpu(8, K), [fp8(N, K).t()], 0, group.group_name)
 
 
-# --- Blockwise scales: a_scale (M, K/P/128), w_scale (ceil(N/128), K/P/128); BK = K/P of two 128-blocks ---
-
-BK = 256
+# --- Blockwise scales: a_scale (M, K/P/128), w_scale (ceil(N/128), K/P/128); the all-gather's x_scale (M/P, K/128),
+# w_scale (ceil(N/P/128), K/128) ---
 
 
 @pytest.mark.parametrize("m, n, k, a_scale, w_scale, scaling", [
@@ -439,11 +467,17 @@ BK = 256
     (M, 200, 384, (M, 3), (2, 3), "blockwise"),  # N not a multiple of 128: w's last block is partial
     # K/P/128 = N: w_scale (1, N) is of both forms; a_scale tells them apart
     (M, 8, 1024, (M, 8), (1, 8), "blockwise"), (M, 8, 1024, (M, 1), (1, 8), "rowwise"),
-    (1, N, 128, (1, 1), (1, 1), "tensorwise"),  # every scale one element: tensorwise, the same product
+    (1, N, 128, (1, 1), (1, 1), "tensorwise"),  # every scale one element: tensorwise
 ])
-def test_blockwise_is_told_apart_by_the_pair_of_shapes(m, n, k, a_scale, w_scale, scaling):
-    problem = _checks.check_problem(fp8(m, k), fp8(n, k), "nk", 1 if m == 1 else 4, a_scale=scale(*a_scale),
-                                    w_scale=scale(*w_scale))
+@pytest.mark.parametrize("op", ["reduce-scatter", "all-gather"])
+def test_blockwise_is_told_apart_by_the_pair_of_shapes(m, n, k, a_scale, w_scale, scaling, op):
+    """The same rule in both ops, m the rows of a (the reduce-scatter's M, the all-gather's M/P), n w's rows."""
+    if op == "reduce-scatter":
+        problem = _checks.check_problem(fp8(m, k), fp8(n, k), "nk", 1 if m == 1 else 4, a_scale=scale(*a_scale),
+                                        w_scale=scale(*w_scale))
+    else:
+        problem = _checks.check_all_gather_problem(fp8(m, k), fp8(n, k), "nk", 4, x_scale=scale(*a_scale),
+                                                   w_scale=scale(*w_scale))
     assert problem.scaling == _library.SCALING_CODES[scaling]
     assert problem.accumulation == _library.ACCUMULATION_CODES["promoted"] and problem.dtype_code == 1
 
@@ -502,34 +536,63 @@ def test_blockwise_bad_argument_raises_before_launch(group, case, device, with_o
                                    **keywords)
 
 
+AG_BLOCKWISE = {"x_scale": lambda: scale(M, 2), "w_scale": lambda: scale(1, 2)}
 AG_BLOCKWISE_CASES = {
-    # name: (x, w, x_scale, w_scale); x is this rank's M/P = 64 rows
-    "two_k_blocks": (lambda: fp8(M, BK), lambda: fp8(N, BK), lambda: scale(M, 2), lambda: scale(1, 2)),
-    "one_k_block": (lambda: fp8(M, 128), lambda: fp8(N, 128), lambda: scale(M, 1), lambda: scale(1, 1)),
-    "w_scale_misshapen": (lambda: fp8(M, BK), lambda: fp8(N, BK), lambda: scale(M, 2), lambda: scale(1, N)),
+    # name: (x, w, keyword arguments, what the message says); x is this rank's M/P = 64 rows, K = BK, P = 4
+    "w_scale_rowwise": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**AG_BLOCKWISE, "w_scale": lambda: scale(1, N)},
+                        "w_scale has shape (1, 48); with x_scale (64, 2) (blockwise: one per row of x and 128 of K) it "
+                        "must be (1, 2), one per 128 x 128 block of w (ceil(N/P/128) x K/128)"),
+    "w_scale_rows": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**AG_BLOCKWISE, "w_scale": lambda: scale(2, 2)},
+                     "w_scale has shape (2, 2); with x_scale (64, 2) (blockwise"),
+    "x_scale_columns": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**AG_BLOCKWISE, "x_scale": lambda: scale(M, 3)},
+                        "x_scale has shape (64, 3); with w_scale (1, 2) (blockwise: one per 128 x 128 block of w) it "
+                        "must be (64, 2), one per row of x (M/P) and 128 of K"),
+    # x_scale is this rank's rows' (the kernel gathers them), not the gathered M's.
+    "x_scale_gathered_rows": (lambda: fp8(M, BK), lambda: fp8(N, BK),
+                              {**AG_BLOCKWISE, "x_scale": lambda: scale(4 * M, 2)},
+                              "x_scale has shape (256, 2); with w_scale (1, 2) (blockwise"),
+    "x_scale_column_major": (lambda: fp8(M, BK), lambda: fp8(N, BK),
+                             {**AG_BLOCKWISE, "x_scale": lambda: scale(2, M).t()},
+                             "x_scale (64, 2) with strides (1, 64) is not contiguous"),
+    "w_scale_bf16": (lambda: fp8(M, BK), lambda: fp8(N, BK),
+                     {**AG_BLOCKWISE, "w_scale": lambda: scale(1, 2, dtype=BF16)},
+                     "w_scale has dtype torch.bfloat16; scales are torch.float32"),
+    "k_not_multiple_of_128": (lambda: fp8(M, 192), lambda: fp8(N, 192), AG_BLOCKWISE,
+                              "K = 192 is not a multiple of 128: blockwise scales (x_scale (M/P, K/128), w_scale "
+                              "(ceil(N/P/128), K/128)) cover 128 of K each"),
+    "fast_accum": (lambda: fp8(M, BK), lambda: fp8(N, BK), {**AG_BLOCKWISE, "use_fast_accum": True},
+                   "use_fast_accum=True with blockwise scales: they apply where each 128 of K is added into the FP32 "
+                   "sums (promoted accumulation), so use_fast_accum must be False"),
 }
 
 
 @pytest.mark.parametrize("case", AG_BLOCKWISE_CASES)
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 @pytest.mark.parametrize("return_gathered", [False, True])
-def test_all_gather_refuses_blockwise_scales_before_launch(group, case, device, return_gathered):
-    """The all-gather takes no blockwise scales yet: UnsupportedError, before the library, whatever else is wrong
-    with them."""
-    x, w, x_scale, w_scale = (on_device(make(), device) for make in AG_BLOCKWISE_CASES[case])
-    with pytest.raises(tpfuse.UnsupportedError, match=re.escape(
-            f"x_scale {tuple(x_scale.shape)} and w_scale {tuple(w_scale.shape)} are blockwise scales (x_scale one per "
-            "row of x and 128 of K, w_scale one per 128 x 128 block of w): the all-gather does not take them yet "
-            "(gemm_reduce_scatter does); it takes tensorwise and rowwise scales")):
-        tpfuse.all_gather_gemm(x, w, group, return_gathered=return_gathered, x_scale=x_scale, w_scale=w_scale)
+def test_all_gather_blockwise_bad_argument_raises_before_launch(group, case, device, return_gathered):
+    """Each bad blockwise argument of the all-gather, named (InvalidArgumentError): through both ops (CPU) and
+    their fake implementations (meta)."""
+    make_x, make_w, keywords, message = AG_BLOCKWISE_CASES[case]
+    keywords = {key: on_device(value(), device) if callable(value) else value for key, value in keywords.items()}
+    with pytest.raises(tpfuse.InvalidArgumentError, match=re.escape(message)):
+        tpfuse.all_gather_gemm(on_device(make_x(), device), on_device(make_w(), device), group,
+                               return_gathered=return_gathered, **keywords)
 
 
-@pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_quantize_all_gather_refuses_a_blockwise_w_scale(group, device):
-    with pytest.raises(tpfuse.UnsupportedError, match=re.escape("x_scale (64, 1) and w_scale (1, 2) are blockwise "
-                                                                "scales")):
-        tpfuse.quantize_all_gather_gemm(cpu(M, BK).to(device), fp8(N, BK).to(device), group,
-                                        w_scale=scale(1, 2).to(device))
+def test_all_gather_blockwise_problem_has_the_c_abis_codes():
+    """x_scale (M/P, K/128) with w_scale (ceil(N/P/128), K/128), N/P = 200 a partial block: TPFUSE_SCALING_BLOCKWISE,
+    promoted. With one row per rank, K = 128 and N/P at most 128 the scales are one element each, tensorwise by
+    their shapes; quantize_all_gather_gemm's form (its x_scale is one per row) decides instead."""
+    problem = _checks.check_all_gather_problem(fp8(M, 384), fp8(200, 384), "nk", 4, bias=cpu(200), batch=1,
+                                               x_scale=scale(M, 3), w_scale=scale(2, 3))
+    assert (problem.m, problem.n_per_rank, problem.k) == (4 * M, 200, 384)
+    assert (problem.dtype_code, problem.scaling, problem.accumulation) == (1, 3, 0)
+    one_row = (fp8(1, 128), fp8(N, 128), "nk", 4)
+    assert _checks.check_all_gather_problem(*one_row, x_scale=scale(1, 1), w_scale=scale(1, 1)).scaling == 1
+    assert _checks.check_all_gather_problem(*one_row, x_scale=scale(1, 1), w_scale=scale(1, 1),
+                                            form=_library.SCALING_CODES["blockwise"]).scaling == 3
+    assert _checks.check_all_gather_problem(*one_row, x_scale=scale(1, 1), w_scale=scale(1, N),
+                                            form=_library.SCALING_CODES["rowwise"]).scaling == 2
 
 
 @pytest.mark.parametrize("case", SLAB_CASES)

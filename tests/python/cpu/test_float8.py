@@ -119,6 +119,12 @@ def e4m3_weights(n: int, k: int, seed: int) -> torch.Tensor:
     return (torch.randn(n, k, generator=generator) * 8).to(FP8)
 
 
+def gathered(shards, batch: int = 1) -> torch.Tensor:
+    """Every rank's shard of rows (`batch` sequences each), as the all-gather gathers them: each sequence's rows in
+    rank order, sequence after sequence."""
+    return torch.cat([t.reshape(batch, -1, t.shape[-1]) for t in shards], dim=1).reshape(-1, shards[0].shape[-1])
+
+
 def dequantized_product(rows: torch.Tensor, row_scale: torch.Tensor, weight: torch.Tensor,
                         w_scale: torch.Tensor) -> torch.Tensor:
     """torch._scaled_mm's product of e4m3 rows and weight^T, exactly (FP64: e4m3 products and their sums over
@@ -147,13 +153,9 @@ def test_fp8_all_gather_on_a_simulated_group(groups, monkeypatch, p, scaling, us
                                                        use_fast_accum=use_fast_accum))
     assert {(q.dtype_code, q.scaling, q.accumulation) for q in sim.all_gather_problems} == {
         (1, 1 if scaling == "tensorwise" else 2, int(use_fast_accum))}
-
-    def gathered(tensors):  # each sequence's rows in rank order, sequence after sequence
-        return torch.cat([t.view(batch, -1, t.shape[-1]) for t in tensors], dim=1).reshape(-1, tensors[0].shape[-1])
-
-    X = gathered([x.double() for x in xs])
+    X = gathered([x.double() for x in xs], batch)
     for rank, (y, gathered_x) in enumerate(results):
-        row_scale = x_scales[rank] if scaling == "tensorwise" else gathered(x_scales)
+        row_scale = x_scales[rank] if scaling == "tensorwise" else gathered(x_scales, batch)
         expected = dequantized_product(X, row_scale, weights[rank], w_scales[rank])
         assert y.dtype == BF16 and torch.equal(y, expected.to(BF16))
         assert gathered_x.dtype == FP8 and torch.equal(gathered_x.double(), X)
@@ -323,3 +325,72 @@ def test_blockwise_reduce_scatter_on_a_simulated_group(groups, monkeypatch, p, b
     for rank, out in enumerate(outs):
         expected = total.view(batch, p, -1, n)[:, rank].reshape(-1, n)
         assert out.dtype == BF16 and torch.equal(out, expected.to(BF16))
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_blockwise_all_gather_on_a_simulated_group(groups, monkeypatch, p, batch):
+    """Each rank's activations (this rank's rows) and weight (N/P = 200: a partial block) quantized blockwise with
+    power-of-2 scales through all_gather_gemm: the C ABI's blockwise code and promoted accumulation in every launch;
+    each rank's rows and their 1 x 128 tiles' scales gathered in rank order, sequence after sequence, Y exact
+    against the dequantized product, the gathered X the e4m3 rows."""
+    sim = SimulatedGroup(groups[p], monkeypatch)
+    rows, n, k = 64 * batch, 200, 256
+    xs = [quantize_blockwise(activations(rows, k, seed=100 + r), power_of_2=True) for r in range(p)]
+    w = [quantize_blockwise(weights(n, k, seed=105 + r), WEIGHT_BLOCK, power_of_2=True) for r in range(p)]
+    results = sim.run(lambda r: tpfuse.all_gather_gemm(xs[r][0], w[r][0], groups[p], return_gathered=True,
+                                                       batch=batch, x_scale=xs[r][1], w_scale=w[r][1]))
+    assert {(q.dtype_code, q.scaling, q.accumulation) for q in sim.all_gather_problems} == {
+        (1, _library.SCALING_CODES["blockwise"], 0)}
+    X, X_scale = (gathered([x[i] for x in xs], batch) for i in (0, 1))
+    for rank, (y, gathered_x) in enumerate(results):
+        expected = dequantize_blockwise(X, X_scale, dtype=torch.float64) @ \
+            dequantize_blockwise(*w[rank], WEIGHT_BLOCK, dtype=torch.float64).t()
+        assert y.dtype == BF16 and torch.equal(y, expected.to(BF16))
+        assert gathered_x.dtype == FP8 and torch.equal(gathered_x.view(torch.uint8), X.view(torch.uint8))
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_blockwise_quantize_all_gather_gemm_is_quantize_after_gather(groups, monkeypatch, p, batch):
+    """Each rank quantizes its BF16 rows per 1 x 128 tile (DeepSeek-V3's scales) and the FP8 all-gather multiplies
+    them: each rank's e4m3 rows and scales are its share of the gathered BF16 rows quantized, and Y is, bit for
+    bit, all_gather_gemm's of those shares (the blockwise launch each time)."""
+    sim = SimulatedGroup(groups[p], monkeypatch)
+    rows, n, k = 64 * batch, 200, 384
+    xs = [activations(rows, k, seed=110 + r) for r in range(p)]
+    w = [quantize_blockwise(weights(n, k, seed=115 + r), WEIGHT_BLOCK) for r in range(p)]
+    ys = sim.run(lambda r: tpfuse.quantize_all_gather_gemm(xs[r], w[r][0], groups[p], w_scale=w[r][1], batch=batch,
+                                                           scaling="blockwise"))
+    X8, X_scale = quantize_blockwise(gathered(xs, batch))
+    shares = [quantize_blockwise(x) for x in xs]
+    for i, whole in enumerate((X8.view(torch.uint8), X_scale)):
+        assert torch.equal(gathered([share[i].view(torch.uint8) if i == 0 else share[i] for share in shares], batch),
+                           whole)
+    expected = sim.run(lambda r: tpfuse.all_gather_gemm(*shares[r][:1], w[r][0], groups[p], batch=batch,
+                                                        x_scale=shares[r][1], w_scale=w[r][1]))
+    assert {q.scaling for q in sim.all_gather_problems} == {_library.SCALING_CODES["blockwise"]}
+    for y, y_expected in zip(ys, expected):
+        assert torch.equal(y, y_expected)
+
+
+def test_blockwise_quantize_all_gather_gemm_of_one_row_per_rank_gathers_each_ranks_scales(groups, monkeypatch):
+    """One row per rank, K = 128, N/P = 24: every scale is one element, which all_gather_gemm's shape rule takes as
+    tensorwise (this rank's x_scale for every gathered row); quantize_all_gather_gemm's blockwise form launches
+    blockwise, so each rank's row keeps its own scale (2^(r-9) on rank r, exact): Y exact against the dequantized
+    product of the gathered rows quantized."""
+    p, n, k = 2, 24, 128
+    sim = SimulatedGroup(groups[p], monkeypatch)
+    generator = torch.Generator().manual_seed(120)
+    xs = [torch.randint(-7, 8, (1, k), generator=generator).double() * 2.0 ** (r - 3) for r in range(p)]
+    for r, x in enumerate(xs):
+        x[0, 0] = 7 * 2.0 ** (r - 3)  # the tile's amax: its scale amax / 448 = 2^(r-9)
+    xs = [x.to(BF16) for x in xs]
+    w, w_scale = e4m3_weights(n, k, seed=121), powers_of_2(1, 1, seed=122)
+    ys = sim.run(lambda r: tpfuse.quantize_all_gather_gemm(xs[r], w, groups[p], w_scale=w_scale, scaling="blockwise"))
+    assert {q.scaling for q in sim.all_gather_problems} == {_library.SCALING_CODES["blockwise"]}
+    X8, X_scale = quantize_blockwise(torch.cat(xs))
+    assert torch.equal(X_scale, torch.tensor([[2.0 ** -9], [2.0 ** -8]]))
+    expected = dequantized_product(X8, X_scale, w, w_scale)
+    for y in ys:
+        assert torch.equal(y, expected.to(BF16))

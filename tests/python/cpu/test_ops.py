@@ -222,7 +222,7 @@ def test_all_gather_ops_are_registered_with_their_schemas():
         "Tensor? x_scale=None, Tensor? w_scale=None, bool use_fast_accum=False) -> (Tensor, Tensor)"
     assert str(torch.ops.tpfuse.quantize_all_gather_gemm.default._schema) == "tpfuse::quantize_all_gather_gemm(" \
         "Tensor x, Tensor w, Tensor w_scale, str group_name, Tensor? bias=None, int batch=1, " \
-        "bool use_fast_accum=False) -> Tensor"
+        "bool use_fast_accum=False, str scaling=\"rowwise\") -> Tensor"
 
 
 @pytest.mark.parametrize("scales", [((), (1,)), ((64, 1), (1, 48)), ((64,), (48,))])
@@ -244,6 +244,20 @@ def test_all_gather_fp8_fake_shapes(group, scales, use_fast_accum):
     assert y.shape == (64 * p, 48) and y.dtype == BF16
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_all_gather_blockwise_fake_shapes(group, batch):
+    """Blockwise scales (N/P = 200: a partial block of w): Y BF16 and the gathered X e4m3, the BF16 call's
+    shapes; quantize_all_gather_gemm's blockwise form too."""
+    p, scales = group.size(), (meta(128, 3, dtype=torch.float32), meta(2, 3, dtype=torch.float32))
+    x, w = meta(128, 384, dtype=FP8), meta(200, 384, dtype=FP8)
+    y, gathered = tpfuse.all_gather_gemm(x, w, group, return_gathered=True, batch=batch, x_scale=scales[0],
+                                         w_scale=scales[1])
+    assert (y.shape, y.dtype, gathered.shape, gathered.dtype) == ((128 * p, 200), BF16, (128 * p, 384), FP8)
+    y = tpfuse.quantize_all_gather_gemm(meta(128, 384), w, group, w_scale=scales[1], batch=batch,
+                                        scaling="blockwise")
+    assert y.shape == (128 * p, 200) and y.dtype == BF16
+
+
 @pytest.mark.parametrize("rowwise", [False, True])
 def test_compile_traces_the_fp8_all_gather_in_one_graph(group, rowwise):
     def layer(x, w, x_scale, w_scale):
@@ -262,13 +276,31 @@ def test_compile_traces_the_fp8_all_gather_in_one_graph(group, rowwise):
     assert out.shape == (16 * group.size(), 48)
 
 
-def test_compile_traces_the_quantizing_all_gather_in_one_graph(group):
+@pytest.mark.parametrize("scaling, k, w_scale", [("rowwise", 32, (1, 48)), ("blockwise", 256, (1, 2))])
+def test_compile_traces_the_quantizing_all_gather_in_one_graph(group, scaling, k, w_scale):
     capture = GraphCapture()
-    layer = lambda x, w, w_scale: tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale)  # noqa: E731
-    out = torch.compile(layer, fullgraph=True, backend=capture)(meta(16, 32), meta(48, 32, dtype=FP8),
-                                                                 meta(1, 48, dtype=torch.float32))
+
+    def layer(x, w, w_scale):
+        return tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale, scaling=scaling)
+
+    out = torch.compile(layer, fullgraph=True, backend=capture)(meta(16, k), meta(48, k, dtype=FP8),
+                                                                 meta(*w_scale, dtype=torch.float32))
     assert out.shape == (16 * group.size(), 48) and out.dtype == BF16
     assert capture.calls_of(torch.ops.tpfuse.quantize_all_gather_gemm) == 1
+
+
+def test_compile_traces_the_blockwise_all_gather_in_one_graph(group):
+    def layer(x, w, x_scale, w_scale):
+        y, gathered = tpfuse.all_gather_gemm(x, w, group, return_gathered=True, x_scale=x_scale, w_scale=w_scale)
+        return y.float() + gathered.float().sum()
+
+    inputs = (meta(16, 256, dtype=FP8), meta(200, 256, dtype=FP8), meta(16, 2, dtype=torch.float32),
+              meta(2, 2, dtype=torch.float32))
+    capture = GraphCapture()
+    out = torch.compile(layer, fullgraph=True, backend=capture)(*inputs)
+    assert out.shape == (16 * group.size(), 200)
+    assert capture.calls_of(torch.ops.tpfuse.all_gather_gemm_gathered) == 1
+    assert torch.compile(layer, fullgraph=True, backend="aot_eager")(*inputs).shape == (16 * group.size(), 200)
 
 
 @pytest.mark.parametrize("weight_layout, w_shape", [("nk", (48, 32)), ("kn", (32, 48))])
@@ -381,3 +413,20 @@ def test_every_launch_passes_the_c_abis_arguments_with_the_inputs_dtype(group, m
     assert [args[6:9] + args[12:17] for _, args in calls] == [
         (1, 2, 1, a_scale.data_ptr(), w_scale.data_ptr(), None, y.data_ptr(), gathered.data_ptr()),
         (1, 1, 0, a_scale.data_ptr(), w_scale.data_ptr(), None, y.data_ptr(), gathered.data_ptr())]
+    calls.clear()
+    # Blockwise, through the public all-gather (both ops) and quantize_all_gather_gemm: TPFUSE_SCALING_BLOCKWISE,
+    # promoted, x_scale this rank's (M/P, K/128).
+    x8, w8 = torch.zeros(64, 256, dtype=torch.float8_e4m3fn), torch.zeros(200, 256, dtype=torch.float8_e4m3fn)
+    x_blocks, w_blocks = torch.ones(64, 2), torch.ones(2, 2)
+    tpfuse.all_gather_gemm(x8, w8, group, x_scale=x_blocks, w_scale=w_blocks)
+    tpfuse.all_gather_gemm(x8, w8, group, return_gathered=True, x_scale=x_blocks, w_scale=w_blocks)
+    p = group.size()
+    # comm, m, n, k, world_size, weight_layout, dtype, scaling, accumulation, batch, x, w, x_scale, w_scale
+    assert [args[1:10] + args[12:14] for _, args in calls] == [
+        (64 * p, 200, 256, p, 1, 1, 3, 0, 1, x_blocks.data_ptr(), w_blocks.data_ptr())] * 2
+    calls.clear()
+    tpfuse.quantize_all_gather_gemm(torch.zeros(64, 256, dtype=BF16), w8, group, w_scale=w_blocks,
+                                    scaling="blockwise")
+    [(_, args)] = calls
+    assert args[1:10] + args[13:14] == (64 * p, 200, 256, p, 1, 1, 3, 0, 1, w_blocks.data_ptr())
+    assert args[12] is not None

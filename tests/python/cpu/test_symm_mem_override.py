@@ -621,13 +621,26 @@ SCALED_ALL_GATHER_FALLBACKS = {
                      "A_scale (8, 1) is rowwise, and B_scales[0] () is not (1, 16), one per output column"),
     "b_scale_rowwise": (scaled_all_gather_fallback(B_scales=[torch.ones(1, 16)]), "scales",
                         "A_scale () is one element (tensorwise), and B_scales[0] (1, 16) is not"),
-    # Blockwise scales, which the op cannot express (and tpfuse's all-gather does not take)
+    # Blockwise scales (A's this rank's rows' one per 128 of K; B's per 128 x 128 block, in DeepSeek-V3's N/128 x K/128
+    # or torch's K/128 x N/128), which the op cannot express, though tpfuse.all_gather_gemm takes them
     "blockwise": (scaled_all_gather_fallback(A=fp8_ints(8, 256), Bs=[fp8_ints(16, 256).t()],
                                              A_scale=torch.ones(8, 2), B_scales=[torch.ones(1, 2)]), "scales",
                   "A_scale (8, 2) is neither one element (tensorwise) nor this rank's rowwise scales (8, 1)"),
+    "blockwise_k_by_n": (scaled_all_gather_fallback(A=fp8_ints(8, 256), Bs=[fp8_ints(16, 256).t()],
+                                                    A_scale=torch.ones(8, 2), B_scales=[torch.ones(2, 1)]), "scales",
+                         "A_scale (8, 2) is neither one element (tensorwise) nor this rank's rowwise scales (8, 1)"),
+    "blockwise_3d": (scaled_all_gather_fallback(A=fp8_ints(2, 4, 256), Bs=[fp8_ints(16, 256).t()],
+                                                A_scale=torch.ones(2, 4, 2), B_scales=[torch.ones(1, 2)], dim=1),
+                     "scales", "A_scale (2, 4, 2) is neither one element (tensorwise) nor this rank's rowwise scales "
+                     "(2, 4, 1)"),
     "blockwise_one_k_block": (scaled_all_gather_fallback(A=fp8_ints(8, 128), Bs=[fp8_ints(16, 128).t()],
                                                          A_scale=torch.ones(8, 1), B_scales=[torch.ones(1, 1)]),
                               "scales", "A_scale (8, 1) is rowwise, and B_scales[0] (1, 1) is not (1, 16)"),
+    # One row per rank, K = 128, N at most 128: every blockwise scale is one element; torch takes A_scale as the
+    # row's (rowwise), and B_scale of one element is not one per column
+    "blockwise_one_row": (scaled_all_gather_fallback(A=fp8_ints(1, 128), Bs=[fp8_ints(16, 128).t()],
+                                                     A_scale=torch.ones(1, 1), B_scales=[torch.ones(1, 1)]),
+                          "scales", "A_scale (1, 1) is rowwise, and B_scales[0] (1, 1) is not (1, 16)"),
     "alignment": (scaled_all_gather_fallback(A=fp8_misaligned(8, 32)), "alignment", "A's data is not 16-byte aligned"),
 }
 

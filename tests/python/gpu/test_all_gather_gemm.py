@@ -6,7 +6,10 @@ rowwise, promoted and fast: the rule against all_gather_into_tensor + torch._sca
 of the dequantized inputs as the reference, the exact mode, the batch, the bias, torch.compile, the override of
 symm_mem.fused_all_gather_scaled_matmul (dims 0 and 1, two Bs), bad tensors, a non-finite scale;
 quantize_all_gather_gemm bit for bit against quantizing the gathered BF16 rows, and Inductor's graph of
-torchao's rowwise recipe rewritten onto it by tpfuse.inductor's pass."""
+torchao's rowwise recipe rewritten onto it by tpfuse.inductor's pass. Blockwise scales (DeepSeek-V3's): the rule
+against all_gather_into_tensor + torch._scaled_mm per 128 of K, scaled and summed, the exact mode with each tile's
+and block's own power-of-2 scales, the batch, bad arguments, and quantize_all_gather_gemm's blockwise form as its
+rowwise one."""
 
 import pytest
 import torch
@@ -15,9 +18,10 @@ import torch.distributed._symmetric_memory  # noqa: F401 -- registers torch.ops.
 
 import tpfuse
 from tpfuse.checking import (all_gather_reference, all_gather_unfused, assert_bit_for_bit, dequantized, errors,
-                             fp8_all_gather_reference, fp8_all_gather_unfused, fp8_operands, gathered_rows,
-                             random_operands, reference_rows, weight_as_k_by_n)
-from tpfuse.float8 import quantize_rowwise
+                             fp8_all_gather_reference, fp8_all_gather_unfused, fp8_blockwise_all_gather_unfused,
+                             fp8_blockwise_operands, fp8_operands, gathered_rows, random_operands, reference_rows,
+                             weight_as_k_by_n)
+from tpfuse.float8 import quantize_blockwise, quantize_rowwise
 
 LAYOUTS = ["nk", "kn"]
 SHAPES = [  # rows of x per rank (M/P), N/P, K
@@ -321,24 +325,36 @@ def test_symm_mem_override_serves_the_fp8_all_gather(group, device, scaling, gat
         assert errors(out.reshape(-1, columns), reference, group).within(errors(unfused, reference, group))
 
 
-def test_quantize_all_gather_gemm_is_bit_identical_to_quantizing_the_gathered_rows(group, device):
-    """Each rank quantizes its BF16 rows (torchao's rowwise recipe) and the FP8 all-gather multiplies them: the
-    same bits as gathering the BF16 rows, quantizing them all, and running the FP8 all-gather on this rank's share
-    of them; within the rule of torch._scaled_mm on the quantized gathered rows (torchao's unfused path)."""
+@pytest.mark.parametrize("scaling", ["rowwise", "blockwise"])
+def test_quantize_all_gather_gemm_is_bit_identical_to_quantizing_the_gathered_rows(group, device, scaling):
+    """Each rank quantizes its BF16 rows (rowwise: torchao's recipe; blockwise: per 1 x 128 tile, DeepSeek-V3's
+    scales) and the FP8 all-gather multiplies them: the same bits as gathering the BF16 rows, quantizing them all,
+    and running the FP8 all-gather on this rank's share of them; within the rule of the unfused path on the
+    quantized gathered rows (torch._scaled_mm, torchao's; blockwise, per 128 of K); reruns bit for bit."""
+    blockwise = scaling == "blockwise"
+    quantize = quantize_blockwise if blockwise else quantize_rowwise
     rows, n, k = 256, 1024, 512
     generator = torch.Generator(device=device).manual_seed(seed_of(group, 62))
     x = (torch.randn(rows, k, generator=generator, device=device) * 3).to(torch.bfloat16)
-    _, w, _, w_scale = fp8_operands(8, n, k, device, seed_of(group, 63), "rowwise")
-    y = tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale)
-    all_rows, all_scales = quantize_rowwise(gathered_rows(x, group))
+    if blockwise:
+        _, w, _, w_scale = fp8_blockwise_operands(8, n, k, device, seed_of(group, 63))
+    else:
+        _, w, _, w_scale = fp8_operands(8, n, k, device, seed_of(group, 63), "rowwise")
+    y = tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale, scaling=scaling)
+    all_rows, all_scales = quantize(gathered_rows(x, group))
     mine = slice(group.rank() * rows, (group.rank() + 1) * rows)
-    x8, x_scale = quantize_rowwise(x)
+    x8, x_scale = quantize(x)
     assert torch.equal(x8.view(torch.uint8), all_rows[mine].view(torch.uint8)) and torch.equal(x_scale,
                                                                                               all_scales[mine])
     assert torch.equal(y, fp8_call(x8, w, group, x_scale, w_scale))
-    reference = fp8_all_gather_reference(x8, w, x_scale, w_scale, group)
-    unfused = torch._scaled_mm(all_rows, w.t(), all_scales, w_scale, out_dtype=torch.bfloat16)
+    reference = fp8_all_gather_reference(x8, w, x_scale, w_scale, group, blockwise=blockwise)
+    if blockwise:
+        unfused = fp8_blockwise_all_gather_unfused(x8, w, x_scale, w_scale, group)
+    else:
+        unfused = torch._scaled_mm(all_rows, w.t(), all_scales, w_scale, out_dtype=torch.bfloat16)
     assert errors(y, reference, group).within(errors(unfused, reference, group))
+    for _ in range(2):
+        assert torch.equal(tpfuse.quantize_all_gather_gemm(x, w, group, w_scale=w_scale, scaling=scaling), y)
 
 
 def test_inductor_pass_runs_torchaos_rowwise_recipe_on_tpfuse(group, device):
@@ -390,3 +406,70 @@ def test_fp8_non_finite_scale_gives_non_finite_rows_not_an_error(group, device):
     tpfuse.status(group)
     assert torch.isnan(y).all()
     assert torch.isfinite(fp8_call(x, w, group, x_scale, w_scale)).all()
+
+
+# --- Blockwise scales (tpfuse.float8.quantize_blockwise's): x_scale (M/P, K/128), this rank's rows' (gathered with
+# them), w_scale (ceil(N/P/128), K/128); K a multiple of 128, promoted accumulation only ---
+
+BLOCKWISE_SHAPES = [  # rows of x per rank (M/P), N/P (a multiple of 16, for torch._scaled_mm), K
+    (128, 1024, 256),
+    (512, 2048, 1024),
+    (3 * 8, 208, 384),  # no whole tiles; w's last 128-row block partial
+]
+
+
+@pytest.mark.parametrize("rows, n, k", BLOCKWISE_SHAPES)
+def test_blockwise_within_the_rule_of_the_unfused_path(group, device, rows, n, k):
+    """Against the exact product of the dequantized gathered rows (FP64, each tile and block times its scale), each
+    error at most 1.1x that of the unfused path (all_gather_into_tensor of the rows and their scales, then
+    torch._scaled_mm of each 128 of K, scaled by its blocks' scales and summed in FP32); the gathered X every rank's
+    e4m3 rows, bit for bit; the op's path gives the function's bits, and reruns bit for bit."""
+    x, w, x_scale, w_scale = fp8_blockwise_operands(rows, n, k, device, seed_of(group, rows + n + k + 1))
+    y, gathered = fp8_call(x, w, group, x_scale, w_scale, return_gathered=True)
+    assert y.shape == (rows * group.size(), n) and y.dtype == torch.bfloat16
+    assert torch.equal(gathered.view(torch.uint8), gathered_rows(x, group).view(torch.uint8))
+    reference = fp8_all_gather_reference(x, w, x_scale, w_scale, group, blockwise=True)
+    fused = errors(y, reference, group)
+    unfused = errors(fp8_blockwise_all_gather_unfused(x, w, x_scale, w_scale, group), reference, group)
+    assert fused.within(unfused), f"fused {fused} against unfused {unfused}"
+    assert torch.equal(fp8_call(x, w, group, x_scale, w_scale), y)
+    assert torch.equal(torch.ops.tpfuse.all_gather_gemm(x, w, "nk", group.group_name, None, 1, x_scale, w_scale,
+                                                        False), y)
+
+
+def test_blockwise_small_integers_are_exact_and_reruns_bit_identical(group, device):
+    """Dequantized entries in {-1, 0, 1} stored as +-2^-t, each scale 2^t (t from -3 to 3 per row and 128 of K,
+    drawn on each rank, and per 128 x 128 block of w): the integer products come out only where every gathered row
+    meets its own rank's tile scales, exact in BF16 up to 256, so bit for bit. K = 256 (two 128-blocks), N/P = 520
+    (w's last block 8 rows)."""
+    rows, n, k = 256, 520, 256
+    x, w, x_scale, w_scale = fp8_blockwise_operands(rows, n, k, device, seed_of(group, 68), small_integers=True)
+    first = fp8_call(x, w, group, x_scale, w_scale)
+    assert_bit_for_bit(first, fp8_all_gather_reference(x, w, x_scale, w_scale, group, blockwise=True), group.rank())
+    for _ in range(3):
+        assert torch.equal(fp8_call(x, w, group, x_scale, w_scale), first)
+
+
+def test_blockwise_batch_is_the_dim_0_path_in_sequence_order(group, device):
+    """x and x_scale hold this rank's 128 rows of each of 3 sequences: Y and the gathered X are the dim-0 path's on
+    the same x, reordered sequence by sequence, bit for bit."""
+    p, batch, shard, n, k = group.size(), 3, 128, 1024, 256
+    x, w, x_scale, w_scale = fp8_blockwise_operands(batch * shard, n, k, device, seed_of(group, 69))
+    y, gathered = fp8_call(x, w, group, x_scale, w_scale, return_gathered=True, batch=batch)
+    y_rows, gathered_by_rank = fp8_call(x, w, group, x_scale, w_scale, return_gathered=True)
+    assert torch.equal(y, by_sequence(y_rows, batch, p))
+    assert torch.equal(gathered.view(torch.uint8), by_sequence(gathered_by_rank.view(torch.uint8), batch, p))
+
+
+def test_blockwise_bad_arguments_raise_and_the_next_call_works(group, device):
+    x, w, x_scale, w_scale = fp8_blockwise_operands(64, 256, 256, device, seed_of(group, 70))
+    with pytest.raises(tpfuse.InvalidArgumentError, match="use_fast_accum=True with blockwise scales"):
+        fp8_call(x, w, group, x_scale, w_scale, use_fast_accum=True)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="x_scale is on cpu"):
+        fp8_call(x, w, group, x_scale.cpu(), w_scale)
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"w_scale has shape \(1, 256\); with x_scale \(64, 2\)"):
+        fp8_call(x, w, group, x_scale, torch.ones(1, 256, device=device))
+    y = fp8_call(x, w, group, x_scale, w_scale)
+    reference = fp8_all_gather_reference(x, w, x_scale, w_scale, group, blockwise=True)
+    assert errors(y, reference, group).within(
+        errors(fp8_blockwise_all_gather_unfused(x, w, x_scale, w_scale, group), reference, group))
