@@ -1,9 +1,12 @@
 """A transformer block's MLP trained with tensor + sequence parallelism on tpfuse's layers, beside the same
 model on torch's unfused collectives, from the same initial weights and data; each step's loss is printed
 for both. The model is trained twice so: on activations laid out [s, b, h] (Megatron's; sequence_dim=0)
-and on the same data laid out [b, s, h] (TorchTitan's; sequence_dim=1), whose losses match the first's.
+and on the same data laid out [b, s, h] (TorchTitan's; sequence_dim=1), whose losses match the first's. With
+--fp8 blockwise, tpfuse's layers are trained a third time on each layout, with the blockwise FP8 recipe
+(tpfuse.float8.BlockwiseRecipe: DeepSeek-V3's 1 x 128 and 128 x 128 blocks; the weight's gradient in BF16, or
+FP8 with --fp8-wgrad fp8), from the same initial weights and data, and their losses are printed beside BF16's.
 
-    torchrun --nproc-per-node=P examples/tp_mlp/train.py [--steps 10] [--compile]
+    torchrun --nproc-per-node=P examples/tp_mlp/train.py [--steps 10] [--compile] [--fp8 blockwise]
 
 P = 1, 2, 4 or 8 GPUs of one node (Hopper); with tpfuse installed (pip install .), or PYTHONPATH=python.
 Activations are sharded on the sequence between blocks: each rank holds S/P tokens of every sequence. The
@@ -20,6 +23,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 import tpfuse
+from tpfuse.float8 import BlockwiseRecipe
 from tpfuse.nn import ColumnParallelLinear, RowParallelLinear, allreduce_sequence_parallel_grads
 
 
@@ -78,6 +82,10 @@ def main():
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) every model")
+    parser.add_argument("--fp8", choices=["blockwise"], help="also train tpfuse's layers with this FP8 recipe "
+                        "(--dim and --hidden / P multiples of 128)")
+    parser.add_argument("--fp8-wgrad", choices=["bf16", "fp8"], default="bf16",
+                        help="the FP8 recipe's weight gradient (default bf16)")
     args = parser.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -90,13 +98,20 @@ def main():
     torch.manual_seed(0)  # every rank draws the same full layers, then keeps its shard
     fc1 = torch.nn.Linear(args.dim, args.hidden, device=device, dtype=torch.bfloat16)
     fc2 = torch.nn.Linear(args.hidden, args.dim, device=device, dtype=torch.bfloat16)
+    recipe = BlockwiseRecipe(wgrad=args.fp8_wgrad) if args.fp8 else None
+
+    def tpfuse_block(sequence_dim, fp8=None):
+        return Block(layer_norm(args.dim, device),
+                     ColumnParallelLinear.from_linear(fc1, group, sequence_dim=sequence_dim, fp8=fp8),
+                     RowParallelLinear.from_linear(fc2, group, sequence_dim=sequence_dim, fp8=fp8))
+
     models = {}  # LayerNorm starts at ones and zeros: every copy alike
     for layout, sequence_dim in (("[s,b,h]", 0), ("[b,s,h]", 1)):
-        fused = Block(layer_norm(args.dim, device),
-                      ColumnParallelLinear.from_linear(fc1, group, sequence_dim=sequence_dim),
-                      RowParallelLinear.from_linear(fc2, group, sequence_dim=sequence_dim))
+        fused = tpfuse_block(sequence_dim)
         unfused = Block(layer_norm(args.dim, device), UnfusedColumn(fused.fc1), UnfusedRow(fused.fc2))
         models[f"{layout} tpfuse"], models[f"{layout} unfused"] = fused, unfused
+        if recipe is not None:
+            models[f"{layout} {args.fp8}"] = tpfuse_block(sequence_dim, recipe)
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=args.lr) for name, model in models.items()}
     runs = {name: torch.compile(model, fullgraph=True) if args.compile else model for name, model in models.items()}
 
@@ -113,10 +128,11 @@ def main():
     data = {"[s,b,h]": (inputs.contiguous(), targets.contiguous()),
             "[b,s,h]": (inputs.transpose(1, 2).contiguous(), targets.transpose(1, 2).contiguous())}
 
+    width = max(16, *(len(name) for name in models))
     if rank == 0:
         print(f"P = {p}, tokens {args.seq} x {args.batch}, dim {args.dim}, hidden {args.hidden}, "
-              f"compile {args.compile}")
-        print(f"{'step':>4}  " + "  ".join(f"{name:>16}" for name in models))
+              f"compile {args.compile}, fp8 {recipe}")
+        print(f"{'step':>4}  " + "  ".join(f"{name:>{width}}" for name in models))
     for step in range(args.steps):
         losses = {}
         for name, model in models.items():
@@ -131,7 +147,7 @@ def main():
             dist.all_reduce(total, group=group)
             losses[name] = total.item() / (args.seq * args.batch * args.dim)
         if rank == 0:
-            print(f"{step:>4}  " + "  ".join(f"{loss:>16.6f}" for loss in losses.values()), flush=True)
+            print(f"{step:>4}  " + "  ".join(f"{loss:>{width}.6f}" for loss in losses.values()), flush=True)
 
     tpfuse.close()
     dist.destroy_process_group()

@@ -19,7 +19,9 @@ all_gather_gemm, all_gather_gemm_gathered, fused_all_gather_matmul) its backward
 traces forward and backward without a graph break. `gemm_reduce_scatter_out` writes into `out` and has
 no backward; neither have the ops on FP8 inputs (their backward raises UnsupportedError: the forward keeps
 nothing for it). The layers' functions below give the ops their bias and their
-sequences (a sequence dimension past 0 is the ops' batch) and add Megatron's FP32 `main_grad` accumulation.
+sequences (a sequence dimension past 0 is the ops' batch) and add Megatron's FP32 `main_grad` accumulation;
+with the blockwise FP8 recipe (tpfuse.float8.BlockwiseRecipe) they quantize the ops' inputs themselves, forward
+and backward, and keep what their backward needs.
 """
 
 import logging
@@ -30,8 +32,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import SLAB_ROWS, weight_of
+from ._checks import E4M3, SCALE_BLOCK, SLAB_ROWS, weight_of
 from .errors import InvalidArgumentError, UnsupportedError
+from .float8 import WEIGHT_BLOCK, BlockwiseRecipe, blockwise_weight_grad, dequantize_blockwise, quantize_blockwise
 
 # The layout name under which the paired op reads the same w as W^T.
 SWAPPED_LAYOUT = {"nk": "kn", "kn": "nk"}
@@ -292,13 +295,17 @@ def _keep_main_grad(ctx, main_grad: Optional[torch.Tensor], mode: Optional[str])
     ctx.main_grad, ctx.mode = main_grad, mode
 
 
-def _accumulate_or_return(ctx, weight: torch.Tensor, operand: torch.Tensor,
-                          grad: torch.Tensor) -> Optional[torch.Tensor]:
+def _accumulate_or_return(ctx, weight: torch.Tensor, operand: torch.Tensor, grad: torch.Tensor,
+                          fp8_wgrad: bool = False) -> Optional[torch.Tensor]:
     """The weight (N x K, nn.Linear's layout) gradient grad^T @ operand: returned (no main_grad), or added
-    into main_grad in FP32, returning what main_grad_mode says."""
-    if ctx.mode is None:
+    into main_grad in FP32, returning what main_grad_mode says. fp8_wgrad: the FP8 product of the blockwise
+    recipe (tpfuse.float8.blockwise_weight_grad, FP32), returned in the weight's dtype."""
+    if ctx.mode is None and not fp8_wgrad:
         return grad.t() @ operand
-    ctx.main_grad.add_(fp32_product(grad.t(), operand))
+    product = blockwise_weight_grad(grad, operand) if fp8_wgrad else fp32_product(grad.t(), operand)
+    if ctx.mode is None:
+        return product.to(weight.dtype)
+    ctx.main_grad.add_(product)
     if ctx.mode == "none":
         return None
     return torch.zeros_like(weight) if ctx.mode == "zeros" else torch.empty_like(weight)
@@ -358,6 +365,120 @@ class RowParallelLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_bias, None, None, None, None, None
 
 
+# --- the layers with the blockwise FP8 recipe (tpfuse.float8.BlockwiseRecipe) ---
+
+def check_fp8_recipe(fp8: Optional[BlockwiseRecipe], weight_shape, layer: str = "the layer") -> None:
+    """fp8 is None (BF16) or a BlockwiseRecipe whose blocks tile the weight shard (N x K, nn.Linear's layout): K is
+    the forward's reduction dimension and N the input gradient's, both quantized per 128."""
+    if fp8 is None:
+        return
+    if not isinstance(fp8, BlockwiseRecipe):
+        raise InvalidArgumentError(f"fp8 = {fp8!r} must be None (BF16) or a tpfuse.float8.BlockwiseRecipe")
+    rows, columns = weight_shape
+    for extent, features, reduction in ((columns, "input", "forward's"), (rows, "output", "input gradient's")):
+        if extent % SCALE_BLOCK:
+            raise InvalidArgumentError(
+                f"{layer} with fp8={fp8}: its weight shard is {rows} x {columns} (output x input features of this "
+                f"rank), and its {extent} {features} features, the {reduction} reduction dimension, are not a "
+                f"multiple of {SCALE_BLOCK} (the recipe quantizes them per 1 x {SCALE_BLOCK} tile and "
+                f"{SCALE_BLOCK} x {SCALE_BLOCK} block)")
+
+
+def _quantized(x: torch.Tensor, weight: torch.Tensor):
+    """The forward's FP8 operands: x per 1 x 128 tile of its features, the weight per 128 x 128 block, with their
+    scales: (x_fp8, x_scale, w_fp8, w_scale)."""
+    return (*quantize_blockwise(x), *quantize_blockwise(weight, WEIGHT_BLOCK))
+
+
+def _dgrad_operands(grad: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor):
+    """The input gradient's FP8 operands: grad per 1 x 128 tile of its features (its reduction dimension here), and
+    W^T as the op's "nk" weight, whose 128 x 128 blocks are the forward's transposed (the same e4m3 values and
+    scales, no second quantization): (grad_fp8, grad_scale, w_t_fp8, w_t_scale)."""
+    return (*quantize_blockwise(grad.contiguous()), w_fp8.t().contiguous(), w_scale.t().contiguous())
+
+
+def _dequantized(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """E4M3 rows and their 1 x 128 tiles' scales as BF16 (dequantized in FP32, then rounded once)."""
+    return dequantize_blockwise(data, scale).to(torch.bfloat16)
+
+
+class BlockwiseColumnParallelLinearFunction(torch.autograd.Function):
+    """ColumnParallelLinearFunction with the blockwise FP8 recipe: y = AG(x8) @ W8^T + bias by the FP8 all-gather,
+    grad_x = RS(g8 @ W8) by the FP8 reduce-scatter, grad_W = g^T @ X with X the FP8 rows the forward gathered
+    (kept, or gathered again, with their scales), dequantized."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, save_gathered_input, mode, fp8_wgrad):
+        x_fp8, x_scale, w_fp8, w_scale = _quantized(x, weight)
+        if save_gathered_input:
+            y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x_fp8, w_fp8, "nk", group_name, bias, batch,
+                                                                    x_scale, w_scale)
+        else:
+            y, gathered = torch.ops.tpfuse.all_gather_gemm(x_fp8, w_fp8, "nk", group_name, bias, batch, x_scale,
+                                                           w_scale), None
+        ctx.save_for_backward(x_fp8 if gathered is None else gathered, x_scale, weight, w_fp8, w_scale)
+        _keep_main_grad(ctx, main_grad, mode)
+        ctx.group_name, ctx.world_size, ctx.batch, ctx.regather = group_name, world_size, batch, gathered is None
+        ctx.has_bias, ctx.fp8_wgrad = bias is not None, fp8_wgrad
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved, x_scale, weight, w_fp8, w_scale = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_fp8, grad_scale, w_t, w_t_scale = _dgrad_operands(grad, w_fp8, w_scale)
+            grad_x = torch.ops.tpfuse.gemm_reduce_scatter(grad_fp8, w_t, "nk", ctx.group_name, None, ctx.batch,
+                                                          grad_scale, w_t_scale)
+        if ctx.needs_input_grad[1]:
+            # The scales of the gathered rows (a 32nd of their bytes), and the rows themselves where not kept
+            # (their bytes: torch's all-gather of FP8 through uint8).
+            gathered_scale = gather_sequences(x_scale, ctx.group_name, ctx.world_size, ctx.batch)
+            gathered = gather_sequences(saved.view(torch.uint8), ctx.group_name, ctx.world_size,
+                                        ctx.batch).view(E4M3) if ctx.regather else saved
+            grad_w = _accumulate_or_return(ctx, weight, _dequantized(gathered, gathered_scale), grad, ctx.fp8_wgrad)
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None, None, None
+
+
+class BlockwiseRowParallelLinearFunction(torch.autograd.Function):
+    """RowParallelLinearFunction with the blockwise FP8 recipe: out = RS(x8 @ W8^T) + bias by the FP8 reduce-scatter,
+    (grad_x, G8) = the FP8 all-gather of g8 times W8, grad_W = G^T @ x with G8 dequantized (x kept in BF16)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, mode, fp8_wgrad):
+        x_fp8, x_scale, w_fp8, w_scale = _quantized(x, weight)
+        out = torch.ops.tpfuse.gemm_reduce_scatter(x_fp8, w_fp8, "nk", group_name, bias, batch, x_scale, w_scale)
+        ctx.save_for_backward(x, weight, w_fp8, w_scale)
+        _keep_main_grad(ctx, main_grad, mode)
+        ctx.group_name, ctx.world_size, ctx.batch, ctx.has_bias = group_name, world_size, batch, bias is not None
+        ctx.fp8_wgrad = fp8_wgrad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, w_fp8, w_scale = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_fp8, grad_scale, w_t, w_t_scale = _dgrad_operands(grad, w_fp8, w_scale)
+            grad_x, gathered_fp8 = torch.ops.tpfuse.all_gather_gemm_gathered(grad_fp8, w_t, "nk", ctx.group_name, None,
+                                                                             ctx.batch, grad_scale, w_t_scale)
+        if ctx.needs_input_grad[1]:
+            # G as the dgrad gathered it, with its scales (a 32nd of its bytes); without a dgrad, torch's BF16
+            # all-gather, as the BF16 layer's.
+            if grad_x is None:
+                gathered = gather_sequences(grad, ctx.group_name, ctx.world_size, ctx.batch)
+            else:
+                gathered = _dequantized(gathered_fp8, gather_sequences(grad_scale, ctx.group_name, ctx.world_size,
+                                                                       ctx.batch))
+            grad_w = _accumulate_or_return(ctx, weight, x, gathered, ctx.fp8_wgrad)
+        # This rank's rows only, as the BF16 layer's.
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None, None
+
+
 def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
     if not gradient_accumulation_fusion or not weight.requires_grad:
         return None, None
@@ -394,7 +515,8 @@ def _kernels_serve(layer: str, x: torch.Tensor, sequence_dim: int, batch: int, s
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                            group: dist.ProcessGroup, *, sequence_dim: int = 0, save_gathered_input: bool = True,
-                           gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+                           gradient_accumulation_fusion: bool = False,
+                           fp8: Optional[BlockwiseRecipe] = None) -> torch.Tensor:
     """The column-parallel linear layer with sequence parallelism: x (..., S/P, ..., K), this rank's tokens of
     the sequence (dimension sequence_dim: 0 for [s, b, h], 1 for [b, s, h]), all-gathered and multiplied by
     this rank's weight (N/P x K, nn.Linear's layout) in one kernel, which also adds its bias (N/P):
@@ -402,18 +524,25 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
 
     save_gathered_input: keep the gathered x (S x K per rank) for the weight's gradient (memory), else
     gather x again in backward (time: one all-gather of x, not hidden behind a GEMM).
-    gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode)."""
+    gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode).
+    fp8: None (BF16), or a tpfuse.float8.BlockwiseRecipe: FP8 forward and input gradient (the weight's gradient as
+    the recipe says); the weight shard's dimensions multiples of 128 (check_fp8_recipe)."""
     _check_sequence_dim(x, sequence_dim)
+    check_fp8_recipe(fp8, weight.shape)
     world_size, batch = group.size(), math.prod(x.shape[:sequence_dim])
     if not _kernels_serve("ColumnParallelLinear", x, sequence_dim, batch, math.prod(x.shape[sequence_dim:-1]),
                           world_size):
         y = column_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
                                    save_gathered_input=save_gathered_input,
-                                   gradient_accumulation_fusion=gradient_accumulation_fusion)
+                                   gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8)
         return y.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    y = ColumnParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
-                                           world_size, batch, save_gathered_input, mode)
+    arguments = (x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name, world_size, batch,
+                 save_gathered_input, mode)
+    if fp8 is None:
+        y = ColumnParallelLinearFunction.apply(*arguments)
+    else:
+        y = BlockwiseColumnParallelLinearFunction.apply(*arguments, fp8.wgrad == "fp8")
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] * world_size, y.shape[-1]
     return y.view(shape)
@@ -421,12 +550,15 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                         group: dist.ProcessGroup, *, sequence_dim: int = 0,
-                        gradient_accumulation_fusion: bool = False) -> torch.Tensor:
+                        gradient_accumulation_fusion: bool = False,
+                        fp8: Optional[BlockwiseRecipe] = None) -> torch.Tensor:
     """The row-parallel linear layer with sequence parallelism: x (..., S, ..., K/P), this rank's input
     features of every token, times this rank's weight (N x K/P, nn.Linear's layout), summed over the group
     and scattered by tokens of the sequence (dimension sequence_dim) in one kernel, which also adds the bias
-    (N, whole on every rank) to the summed rows: this rank's tokens (..., S/P, ..., N)."""
+    (N, whole on every rank) to the summed rows: this rank's tokens (..., S/P, ..., N). gradient_accumulation_fusion
+    and fp8: as column_parallel_linear's."""
     _check_sequence_dim(x, sequence_dim)
+    check_fp8_recipe(fp8, weight.shape)
     world_size = group.size()
     if x.shape[sequence_dim] % world_size:
         raise InvalidArgumentError(f"x {tuple(x.shape)}: its sequence (dim {sequence_dim}) of {x.shape[sequence_dim]} "
@@ -434,11 +566,14 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     batch, shard_rows = math.prod(x.shape[:sequence_dim]), math.prod(x.shape[sequence_dim:-1]) // world_size
     if not _kernels_serve("RowParallelLinear", x, sequence_dim, batch, shard_rows, world_size):
         out = row_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
-                                  gradient_accumulation_fusion=gradient_accumulation_fusion)
+                                  gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8)
         return out.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
-    out = RowParallelLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name,
-                                          world_size, batch, mode)
+    arguments = (x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name, world_size, batch, mode)
+    if fp8 is None:
+        out = RowParallelLinearFunction.apply(*arguments)
+    else:
+        out = BlockwiseRowParallelLinearFunction.apply(*arguments, fp8.wgrad == "fp8")
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] // world_size, out.shape[-1]
     return out.view(shape)

@@ -23,8 +23,13 @@ quantize_blockwise gives tpfuse's blockwise scales (gemm_reduce_scatter's a_scal
     x_fp8  = clamp(x (FP32) / scale, -E4M3_MAX, E4M3_MAX) as e4m3
 
 With power_of_2, the scale is the one torchao rounds to a power of 2 (the rowwise recipe's above, per block): the
-smallest power of 2 at least amax / E4M3_MAX, and x is multiplied by its reciprocal, exactly."""
+smallest power of 2 at least amax / E4M3_MAX, and x is multiplied by its reciprocal, exactly.
 
+BlockwiseRecipe is tpfuse.nn's FP8 option for these blocks (its docstring says what runs in FP8), and
+blockwise_weight_grad its FP8 weight gradient: both operands quantized per 128 tokens of each feature
+(TOKEN_BLOCK), each 128 tokens' products summed in FP32 and scaled, as an FP8 GEMM with blockwise scales does."""
+
+from dataclasses import dataclass
 from typing import Tuple
 
 import torch
@@ -39,6 +44,9 @@ AMAX_EPS = 1e-12
 # The blocks of tpfuse's blockwise scales: activations' 1 x 128 tiles of K, weights' 128 x 128 blocks (N x K).
 ACTIVATION_BLOCK = (1, 128)
 WEIGHT_BLOCK = (128, 128)
+# The weight gradient's operands (M tokens x features, the tokens its reduction dimension): 128 tokens of a feature.
+TOKEN_BLOCK = (128, 1)
+WGRAD_PRECISIONS = ("bf16", "fp8")
 
 
 def _power_of_2_multipliers(amax: torch.Tensor) -> torch.Tensor:
@@ -117,3 +125,47 @@ def dequantize_blockwise(x: torch.Tensor, scale: torch.Tensor, block=ACTIVATION_
     rows, columns = _check_block(block)
     expanded = scale.to(dtype).repeat_interleave(rows, dim=-2).repeat_interleave(columns, dim=-1)
     return x.to(dtype) * expanded[..., :x.shape[-2], :x.shape[-1]]
+
+
+def blockwise_weight_grad(grad: torch.Tensor, operand: torch.Tensor) -> torch.Tensor:
+    """grad^T @ operand (M x N and M x K, the M tokens summed over: N x K, FP32) as an FP8 GEMM with blockwise scales
+    computes it: both quantized per 128 tokens of each feature (TOKEN_BLOCK, quantize_blockwise; a last partial
+    block of fewer tokens), each block's products of the e4m3 values summed in FP32 (exact products: e4m3 values
+    are exact in FP32, and in TF32), times the two blocks' scales, and added into the FP32 sum, block after block.
+
+    An emulation in torch ops on any device (torch has no FP8 GEMM taking these scales on every version tpfuse
+    supports): M/128 FP32 GEMMs of depth 128, correct, not fast."""
+    grad_fp8, grad_scale = quantize_blockwise(grad, TOKEN_BLOCK)            # (ceil(M/128), N)
+    operand_fp8, operand_scale = quantize_blockwise(operand, TOKEN_BLOCK)   # (ceil(M/128), K)
+    total = torch.zeros(grad.shape[1], operand.shape[1], dtype=torch.float32, device=grad.device)
+    tokens = TOKEN_BLOCK[0]
+    for block in range(grad_scale.shape[0]):
+        rows = slice(block * tokens, (block + 1) * tokens)
+        products = torch.mm(grad_fp8[rows].t().float(), operand_fp8[rows].float())
+        total += products.mul_(grad_scale[block, :, None]).mul_(operand_scale[block])
+    return total
+
+
+@dataclass(frozen=True)
+class BlockwiseRecipe:
+    """tpfuse.nn's FP8 training recipe with DeepSeek-V3's blocks (the layers' `fp8=` option):
+
+    - forward: the input quantized per 1 x 128 tile of its features (ACTIVATION_BLOCK), the weight per 128 x 128
+      block (WEIGHT_BLOCK), from the BF16 master weight at each forward; the fused op multiplies them with their
+      blockwise scales and adds the bias; the output is BF16.
+    - the input's gradient (dgrad): the incoming gradient quantized per 1 x 128 tile of its features, times the
+      weight's transpose, whose blocks are the forward's transposed (the same e4m3 values and scales), through the
+      fused op the BF16 backward uses.
+    - the weight's gradient (wgrad): "bf16" (default), the BF16 GEMM of the BF16 layer, on the activations and the
+      gradient as this rank has them (a tensor a fused op gathered in FP8, dequantized to BF16); or "fp8",
+      blockwise_weight_grad of the same operands (both quantized per 128 tokens). Into main_grad in FP32 either way.
+
+    Both dimensions of a layer's weight shard are reduction dimensions (the forward's and the dgrad's), so both
+    must be multiples of 128."""
+
+    wgrad: str = "bf16"
+
+    def __post_init__(self):
+        if self.wgrad not in WGRAD_PRECISIONS:
+            raise InvalidArgumentError(f"wgrad = {self.wgrad!r} must be one of {WGRAD_PRECISIONS}: the weight "
+                                       "gradient's GEMM in BF16 or in FP8")

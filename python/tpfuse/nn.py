@@ -16,6 +16,9 @@ The options of both layers, as Megatron's:
 - skip_bias_add: return (output, bias) without adding the bias.
 - gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32
   (tpfuse.autograd.main_grad_mode).
+- fp8: None (BF16, the default), or tpfuse.float8.BlockwiseRecipe(wgrad="bf16" or "fp8"): DeepSeek-V3's
+  blockwise FP8 for the forward and the input's gradient, the weight's gradient in BF16 or FP8 (the recipe's
+  docstring); the weight shard's dimensions must be multiples of 128 (InvalidArgumentError at construction).
 The sharded parameters carry Megatron's tensor_model_parallel, partition_dim and partition_stride.
 
 The row layer's bias, like every parameter used on the sequence shard (LayerNorm's), gets this rank's
@@ -31,8 +34,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .autograd import column_parallel_linear, row_parallel_linear
+from .autograd import check_fp8_recipe, column_parallel_linear, row_parallel_linear
 from .errors import InvalidArgumentError
+from .float8 import BlockwiseRecipe
 
 
 def _group(group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
@@ -83,12 +87,15 @@ class _ParallelLinear(torch.nn.Module):
 
     def __init__(self, in_features: int, out_features: int, weight_shape, bias_features: int, bias: bool,
                  group: Optional[dist.ProcessGroup], *, sequence_dim: int, stride: int, init_method, rng_tracker,
-                 skip_bias_add: bool, gradient_accumulation_fusion: bool, device, dtype):
+                 skip_bias_add: bool, gradient_accumulation_fusion: bool, fp8: Optional[BlockwiseRecipe], device,
+                 dtype):
         super().__init__()
         self.group = _group(group)
+        check_fp8_recipe(fp8, weight_shape, f"{type(self).__name__}(in_features={in_features}, "
+                                            f"out_features={out_features}) on {self.group.size()} ranks")
         self.in_features, self.out_features, self.stride = in_features, out_features, stride
         self.sequence_dim, self.skip_bias_add = sequence_dim, skip_bias_add
-        self.gradient_accumulation_fusion = gradient_accumulation_fusion
+        self.gradient_accumulation_fusion, self.fp8 = gradient_accumulation_fusion, fp8
         self.weight = torch.nn.Parameter(torch.empty(weight_shape, device=device, dtype=dtype))
         _set_tensor_parallel(self.weight, self._shard_dim, stride)
         # The shard from the tracker's fork, so that shards differ where each rank's fork is seeded apart.
@@ -123,12 +130,13 @@ class _ParallelLinear(torch.nn.Module):
         """The layer's output, or (output, bias) without the bias added where skip_bias_add is set."""
         bias = None if self.skip_bias_add else self.bias
         out = parallel_linear(x, self.weight, bias, self.group, sequence_dim=self.sequence_dim,
-                              gradient_accumulation_fusion=self.gradient_accumulation_fusion, **options)
+                              gradient_accumulation_fusion=self.gradient_accumulation_fusion, fp8=self.fp8, **options)
         return (out, self.bias) if self.skip_bias_add else out
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"world_size={self.group.size()}, sequence_dim={self.sequence_dim}")
+                f"world_size={self.group.size()}, sequence_dim={self.sequence_dim}" +
+                ("" if self.fp8 is None else f", fp8={self.fp8}"))
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -147,14 +155,16 @@ class ColumnParallelLinear(_ParallelLinear):
                  bias: bool = True, *, sequence_dim: int = 0, stride: int = 1,
                  init_method: Optional[Callable[[torch.Tensor], None]] = None, rng_tracker=None,
                  skip_bias_add: bool = False, save_gathered_input: bool = True,
-                 gradient_accumulation_fusion: bool = False, device=None, dtype=torch.bfloat16):
+                 gradient_accumulation_fusion: bool = False, fp8: Optional[BlockwiseRecipe] = None, device=None,
+                 dtype=torch.bfloat16):
         if stride < 1:
             raise InvalidArgumentError(f"stride = {stride} must be 1 or more")
         shard = _shard_extent(out_features, "out_features", _group(group).size(), stride)
         super().__init__(in_features, out_features, (shard, in_features), shard, bias, group,
                          sequence_dim=sequence_dim, stride=stride,
                          init_method=init_method, rng_tracker=rng_tracker, skip_bias_add=skip_bias_add,
-                         gradient_accumulation_fusion=gradient_accumulation_fusion, device=device, dtype=dtype)
+                         gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8, device=device,
+                         dtype=dtype)
         if self.bias is not None:
             _set_tensor_parallel(self.bias, 0, stride)
         self.save_gathered_input = save_gathered_input
@@ -177,13 +187,14 @@ class RowParallelLinear(_ParallelLinear):
     def __init__(self, in_features: int, out_features: int, group: Optional[dist.ProcessGroup] = None,
                  bias: bool = True, *, sequence_dim: int = 0,
                  init_method: Optional[Callable[[torch.Tensor], None]] = None, rng_tracker=None,
-                 skip_bias_add: bool = False, gradient_accumulation_fusion: bool = False, device=None,
-                 dtype=torch.bfloat16):
+                 skip_bias_add: bool = False, gradient_accumulation_fusion: bool = False,
+                 fp8: Optional[BlockwiseRecipe] = None, device=None, dtype=torch.bfloat16):
         shard = _shard_extent(in_features, "in_features", _group(group).size())
         super().__init__(in_features, out_features, (out_features, shard), out_features, bias, group,
                          sequence_dim=sequence_dim, stride=1,
                          init_method=init_method, rng_tracker=rng_tracker, skip_bias_add=skip_bias_add,
-                         gradient_accumulation_fusion=gradient_accumulation_fusion, device=device, dtype=dtype)
+                         gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8, device=device,
+                         dtype=dtype)
         if self.bias is not None:
             self.bias.sequence_parallel = True
 
