@@ -20,6 +20,7 @@ import sys
 DEFAULT_FIELDS = {
     "gemm": ["t_ours_ms", "t_cublas_ms"],
     "proxy": ["t_fused_solo_ms", "t_gemm_ms"],
+    "ag-proxy": ["t_fused_solo_ms", "t_gemm_ms"],  # proxy --op ag
     "fused": ["t_fused_ms"],
     "baseline": ["t_gemm_ms", "t_comm_ms"],
 }

@@ -54,4 +54,8 @@ int64_t first_mismatch(const std::vector<bf16>& out, const std::vector<float>& r
 // "row R, column C" of element `index` of a row-major matrix of `cols` columns.
 std::string element_at(int64_t index, int64_t cols);
 
+// element_at(index, cols), then the element's value against the reference's (as BF16), and how many
+// elements differ: "row R, column C: V, expected E (D of N differ)".
+std::string mismatch_at(const std::vector<bf16>& out, const std::vector<float>& ref, int64_t index, int64_t cols);
+
 }  // namespace tpfuse::testing

@@ -337,8 +337,10 @@ void expect_reduce_scatter_bit_for_bit(Fp8Ranks& ranks) {
   ASSERT_CUDA(ranks.synchronize());
   const auto partials = ranks.partials(false);
   for (int d = 0; d < ranks.problem.world_size; ++d) {
-    const int64_t bad = first_mismatch(ranks.out[d]->to_host(), ranks.rows_of_sum(partials, d));
-    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at " << element_at(bad, ranks.problem.n);
+    const auto out = ranks.out[d]->to_host();
+    const auto ref = ranks.rows_of_sum(partials, d);
+    const int64_t bad = first_mismatch(out, ref);
+    EXPECT_EQ(bad, -1) << "rank " << d << ": first mismatch at " << mismatch_at(out, ref, bad, ranks.problem.n);
   }
 }
 
@@ -572,8 +574,10 @@ void expect_all_gather_bit_for_bit(Fp8AllGatherRanks& ranks) {
   ASSERT_TRUE(communicator_status(ranks.comm).ok()) << communicator_status(ranks.comm).to_string();
   const auto expected = ranks.expected_gathered();
   for (int r = 0; r < ranks.problem.world_size; ++r) {
-    const int64_t bad = first_mismatch(ranks.y[r]->to_host(), ranks.y_of(r, false));
-    EXPECT_EQ(bad, -1) << "rank " << r << ": first mismatch at " << element_at(bad, ranks.problem.n_per_rank);
+    const auto y = ranks.y[r]->to_host();
+    const auto ref = ranks.y_of(r, false);
+    const int64_t bad = first_mismatch(y, ref);
+    EXPECT_EQ(bad, -1) << "rank " << r << ": first mismatch at " << mismatch_at(y, ref, bad, ranks.problem.n_per_rank);
     EXPECT_EQ(0, std::memcmp(ranks.gathered[r]->to_host().data(), expected.data(), expected.size()))
         << "rank " << r << "'s gathered X";
   }
@@ -700,7 +704,7 @@ TEST_P(Fp8BlockwiseGemmExact, SmallIntegersBitForBit) {
     ASSERT_CUDA(cudaDeviceSynchronize());
     const auto out = c.to_host();
     const int64_t bad = first_mismatch(out, ref_host);
-    EXPECT_EQ(bad, -1) << "run " << run << ": first mismatch at " << element_at(bad, p.n);
+    EXPECT_EQ(bad, -1) << "run " << run << ": first mismatch at " << mismatch_at(out, ref_host, bad, p.n);
     if (run == 0) first = out;
     EXPECT_EQ(0, std::memcmp(out.data(), first.data(), out.size() * 2)) << "not deterministic";
   }
@@ -750,7 +754,11 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockwiseCase{4, 32, 1040, 256, ScaleValues::kCancelling, 2},
                       BlockwiseCase{8, 8, 1024, 256, ScaleValues::kCancelling}, BlockwiseCase{8, 64, 8192, 128},
                       BlockwiseCase{8, 2048, 8192, 128}, BlockwiseCase{8, 2000, 1000, 256, ScaleValues::kCancelling},
-                      BlockwiseCase{2, 512, 1024, 256, ScaleValues::kCancelling, 0, true}),
+                      BlockwiseCase{1, 512, 1024, 256, ScaleValues::kCancelling, 0, true},
+                      BlockwiseCase{2, 512, 1024, 256, ScaleValues::kCancelling},
+                      BlockwiseCase{2, 512, 1024, 256, ScaleValues::kCancelling, 0, true},
+                      BlockwiseCase{4, 512, 1024, 512, ScaleValues::kCancelling, 0, true},
+                      BlockwiseCase{8, 2000, 1000, 256, ScaleValues::kCancelling, 0, true}),
     blockwise_case_name);
 
 // The problems blockwise scales refuse (fast accumulation, K not a multiple of 128) and missing

@@ -72,6 +72,9 @@ class AllGatherEpilogue : public EpilogueBase {
     // (tensorwise: this rank's scale, MainloopParams' a_scale, serves every row).
     const float* x_scales;
     size_t scales_offset;
+    // Every row block's scales 16-byte aligned in X_r's scales and in the gathered buffers (and a whole
+    // number of 16 bytes): they go through the copier's ring as the rows do; else a float at a time.
+    bool scales_by_bulk;
     uint8_t* gathered_at[kMaxWorldSize];  // each rank's gathered buffer (parity 0), as this rank addresses it
     size_t parity_elems;                 // distance between the parity halves of a gathered buffer (elements)
     uint32_t* flags_at[kMaxWorldSize];   // each rank's flags, [parity][source][row block]
@@ -214,25 +217,60 @@ class AllGatherEpilogue : public EpilogueBase {
   __device__ void finish() { slabs_.drain(); }
 
  private:
-  // The pieces of copier `cta` (X's elements, of the Element's size) through a ring of kStages buffers
-  // of kStageBytes (contiguous, from `buffers`), loads kAhead stages ahead of the stores.
+  // The pieces of copier `cta` (X's elements, of the Element's size), each with its row block's scales
+  // where it is the block's first, through a ring of kStages buffers of kStageBytes (contiguous, from
+  // `buffers`), loads kAhead stages ahead of the stores.
   template <class Element, int kStages, int kStageBytes, int kAhead>
   __device__ static void copy_pieces(const Params& p, uint8_t* buffers, uint64_t* full, int cta, int destinations) {
-    static_assert(kAhead >= 1 && kAhead < kStages, "a stage is stored while later ones load");
     constexpr int kElementBytes = int(sizeof(Element));
     const uint32_t epoch = comm::call_epoch(p.calls);
+    const size_t parity_at = size_t(epoch & 1) * p.parity_elems * kElementBytes;  // this call's parity half
     // X_r's place in every gathered buffer: this call's parity, this rank's slot.
-    const size_t slot = size_t(epoch & 1) * p.parity_elems + size_t(p.rank) * p.rows_per_rank * p.k;
+    const size_t slot = parity_at + size_t(p.rank) * p.rows_per_rank * p.k * kElementBytes;
     const int num_pieces = p.copy.row_blocks * p.copy.pieces_per_block;
-    // The pieces are read where they land, later (a peer's band, not this GPU's L2): they should not
-    // evict this rank's operands from its L2.
-    const uint64_t evict_first = ptx::l2_evict_first_policy();
+    const StagedCopy<kStages, kStageBytes, kAhead> ring{p, buffers, full, destinations};
     uint32_t uses = 0;  // stages loaded so far: the ring position and its barriers' phase
     for (int piece = cta - p.copy.first_copier; piece < num_pieces; piece += p.copy.copiers) {
       const PieceRange range = piece_range(p.copy, p.rows_per_rank, p.k, piece);
-      const uint32_t bytes = uint32_t(range.end - range.begin) * kElementBytes;
+      ring.move(reinterpret_cast<const uint8_t*>(p.x) + range.begin * kElementBytes, slot + range.begin * kElementBytes,
+                uint32_t(range.end - range.begin) * kElementBytes, uses);
+      // A row block's scales go with its first piece, before that piece counts in.
+      if (p.x_scales != nullptr && piece % p.copy.pieces_per_block == 0) {
+        const size_t per_row = size_t(p.scales_per_row);
+        const size_t first = size_t(range.block) * kCopyRows * per_row;
+        const size_t end = size_t(min((range.block + 1) * kCopyRows, p.rows_per_rank)) * per_row;
+        const size_t at = parity_at + p.scales_offset + (size_t(p.rank) * p.rows_per_rank * per_row + first) * 4;
+        if (p.scales_by_bulk) {
+          ring.move(reinterpret_cast<const uint8_t*>(p.x_scales + first), at, uint32_t(end - first) * 4, uses);
+        } else {
+          push_scales(p, p.x_scales + first, at, end - first, destinations);
+        }
+      }
+      // The piece has landed everywhere before it counts in (an empty piece counts in at once).
+      ptx::bulk_wait_group<0>();
+      ptx::fence_proxy_async_global();
+      ptx::fence_release_sys();
+      count_in(p, range.block, epoch, destinations);
+    }
+  }
+
+  // The copier's ring: moves bytes from this GPU into every destination's gathered buffer by bulk
+  // copies, each stage loaded once and stored to every destination.
+  template <int kStages, int kStageBytes, int kAhead>
+  struct StagedCopy {
+    static_assert(kAhead >= 1 && kAhead < kStages, "a stage is stored while later ones load");
+    const Params& p;
+    uint8_t* buffers;
+    uint64_t* full;
+    int destinations;
+
+    // `bytes` from `src` to byte `at` of every destination's gathered buffer (16-byte aligned, a
+    // whole number of 16 bytes); `uses` counts the ring's stages loaded so far.
+    __device__ void move(const uint8_t* src, size_t at, uint32_t bytes, uint32_t& uses) const {
+      // The bytes are read where they land, later (a peer's band, not this GPU's L2): they should not
+      // evict this rank's operands from its L2.
+      const uint64_t evict_first = ptx::l2_evict_first_policy();
       const int stages = int((bytes + kStageBytes - 1) / kStageBytes);
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(reinterpret_cast<const Element*>(p.x) + range.begin);
       for (int i = 0; i < stages + kAhead; ++i) {
         if (i < stages) {
           // Stage i's buffer was last read by the stores of stage i - kStages; of the store groups
@@ -248,43 +286,29 @@ class AllGatherEpilogue : public EpilogueBase {
         const uint32_t s = (uses + c) % kStages;
         ptx::mbarrier_wait(&full[s], ((uses + c) / kStages) & 1);
         const uint32_t n = min(uint32_t(kStageBytes), bytes - uint32_t(c) * kStageBytes);
-        const size_t at = (slot + range.begin) * kElementBytes + size_t(c) * kStageBytes;
         for (int d = 1; d <= destinations; ++d) {
-          ptx::bulk_store(p.gathered_at[destination(p, d)] + at, buffers + size_t(s) * kStageBytes, n, evict_first);
+          ptx::bulk_store(p.gathered_at[destination(p, d)] + at + size_t(c) * kStageBytes,
+                          buffers + size_t(s) * kStageBytes, n, evict_first);
         }
         ptx::bulk_commit_group();
       }
       uses += stages;
-      // A row block's scales go with its first piece, before that piece counts in.
-      if (p.x_scales != nullptr && piece % p.copy.pieces_per_block == 0) {
-        push_scales(p, range.block, size_t(epoch & 1) * p.parity_elems * kElementBytes, destinations);
-      }
-      // The piece has landed everywhere before it counts in (an empty piece counts in at once).
-      ptx::bulk_wait_group<0>();
-      ptx::fence_proxy_async_global();
-      ptx::fence_release_sys();
-      count_in(p, range.block, epoch, destinations);
     }
-  }
+  };
 
-  // Row block `block`'s scales (rowwise or blockwise E4M3: contiguous, scales_per_row a row) into
-  // every destination's gathered scales, at this call's parity half (`parity_at` bytes in): a few
-  // loads in flight, then their stores.
-  __device__ static void push_scales(const Params& p, int block, size_t parity_at, int destinations) {
-    const size_t per_row = size_t(p.scales_per_row);
-    const size_t first = size_t(block) * kCopyRows * per_row;
-    const size_t end = size_t(min((block + 1) * kCopyRows, p.rows_per_rank)) * per_row;
-    const size_t at = parity_at + p.scales_offset + size_t(p.rank) * p.rows_per_rank * per_row * sizeof(float);
+  // `count` scales from `scales` to byte `at` of every destination's gathered buffer, where they are
+  // not aligned for the ring: a few loads in flight, then their stores.
+  __device__ static void push_scales(const Params& p, const float* scales, size_t at, size_t count, int destinations) {
     constexpr int kInFlight = 8;
-    for (size_t s = first; s < end; s += kInFlight) {
+    for (size_t s = 0; s < count; s += kInFlight) {
       float scale[kInFlight];
 #pragma unroll
-      for (int i = 0; i < kInFlight; ++i) scale[i] = s + i < end ? __ldg(p.x_scales + s + i) : 0.0f;
+      for (int i = 0; i < kInFlight; ++i) scale[i] = s + i < count ? __ldg(scales + s + i) : 0.0f;
       for (int d = 1; d <= destinations; ++d) {
         float* to = reinterpret_cast<float*>(p.gathered_at[destination(p, d)] + at) + s;
 #pragma unroll
         for (int i = 0; i < kInFlight; ++i) {
-          if (s + i < end) to[i] = scale[i];
+          if (s + i < count) to[i] = scale[i];
         }
       }
     }

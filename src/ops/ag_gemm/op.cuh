@@ -140,6 +140,11 @@ struct AllGatherOp {
     if (e.x_scales != nullptr && e.scales_offset + scales_bytes > comm.parity.data_bytes) {
       return Status::Internal("the gathered rows' scales do not fit the workspace");
     }
+    // A row block's scales start at a multiple of kCopyRows rows; the last one ends at rows_per_rank.
+    const size_t rank_scales_bytes = size_t(rows) * size_t(e.scales_per_row) * sizeof(float);
+    e.scales_by_bulk = e.x_scales != nullptr && reinterpret_cast<uintptr_t>(e.x_scales) % 16 == 0 &&
+                       rank_scales_bytes % 16 == 0 && e.scales_offset % 16 == 0 &&
+                       (size_t(parity_elems) * element_bytes(dtype)) % 16 == 0;
     for (int r = 0; r < comm.world_size; ++r) {
       e.gathered_at[r] = static_cast<uint8_t*>(rank.data_at[r]);
       e.flags_at[r] = rank.flags_at[r];
