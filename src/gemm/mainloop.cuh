@@ -411,9 +411,9 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 // added, and the two consumers issuing their blocks in turn, measured no faster (docs/EXPERIMENTS.md).
 // Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
 // A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
-// columns (from `col` on, inside one scale block), each the product of the two in FP32. Those of the
-// tile's first K block are loaded once its stage is full (an op whose A arrives from peers has its
-// scales landed by then), each later block's while the WGMMAs of the one before it run.
+// columns (from `col` on, inside one scale block), each the product of the two in FP32. They are
+// loaded once the block's stage is full (an op whose A arrives from peers has its scales landed by
+// then) and before its WGMMAs are issued.
 template <class Config, class Schedule, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
                                                       int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
@@ -422,27 +422,15 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   float block_sum[Config::kAccPerThread];
   const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
   const float* w_block_scales = p.w_scale + (col / int(kScaleBlock)) * p.k_scale_blocks;
-  // Blockwise: the thread's rows' scales of K block kb (their products with W's), and of kb + 1,
-  // loaded while kb's WGMMAs run.
-  const auto block_scales = [&](int kb, float (&scale)[2]) {
-    const int k_block = k_slice.k_block_begin + kb;
-    const float w_scale = __ldg(w_block_scales + k_block);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block) * w_scale;
-  };
-  float scale[2] = {1.0f, 1.0f}, next_scale[2];
   for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
+    float scale[2] = {1.0f, 1.0f};  // of the thread's rows
     if constexpr (Config::kBlockScaled) {
-      // Once the tile's first stage is full, every K block's scales are there (a_block_scale).
-      if (kb == 0) {
-        block_scales(0, scale);
-      } else {
-        scale[0] = next_scale[0];
-        scale[1] = next_scale[1];
-      }
-      if (kb + 1 < k_slice.num_k_blocks) block_scales(kb + 1, next_scale);
+      const int k_block = k_slice.k_block_begin + kb;
+      const float w_scale = __ldg(w_block_scales + k_block);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block) * w_scale;
     }
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
     cute::warpgroup_wait<0>();
