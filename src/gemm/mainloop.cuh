@@ -422,6 +422,11 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   float block_sum[Config::kAccPerThread];
   const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
   const float* w_block_scales = p.w_scale + (col / int(kScaleBlock)) * p.k_scale_blocks;
+  if constexpr (Config::kBlockScaled) {
+    // From +0: a tile whose blocks all have zero scales gives +0, as the exact sum has it.
+#pragma unroll
+    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
+  }
   for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
@@ -442,8 +447,7 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
 #pragma unroll
       for (int i = 0; i < Config::kAccPerThread; ++i) {
         const float s = scale[(i / 2) % 2];
-        // (Added to +0 at the first block: a block of zero scales adds +0, as the exact sum has it.)
-        acc[i] = fmaf(block_sum[i], s, kb > 0 ? acc[i] : 0.0f);
+        acc[i] = fmaf(block_sum[i], s, acc[i]);
       }
     } else {
 #pragma unroll
