@@ -422,10 +422,11 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   float block_sum[Config::kAccPerThread];
   const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
   const float* w_block_scales = p.w_scale + (col / int(kScaleBlock)) * p.k_scale_blocks;
-  // From +0 (a tile whose blocks all have zero scales gives +0, as the exact sum has it), each block
-  // added alike: no select at the first one.
+  if constexpr (Config::kBlockScaled) {
+    // From +0: a tile whose blocks all have zero scales gives +0, as the exact sum has it.
 #pragma unroll
-  for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
+  }
   for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
@@ -450,7 +451,7 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] += block_sum[i];
+      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + block_sum[i] : block_sum[i];
     }
     ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
