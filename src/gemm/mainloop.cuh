@@ -412,8 +412,8 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
 // Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
 // A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
 // columns (from `col` on, inside one scale block), each the product of the two in FP32. They are
-// loaded once the block's stage is full (an op whose A arrives from peers has its scales landed by
-// then) and before its WGMMAs are issued.
+// loaded once the block's WGMMAs are issued (an op whose A arrives from peers has its scales landed
+// once the stage is full) and used once those are done: their latency is not on the issue path.
 template <class Config, class Schedule, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
                                                       int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
@@ -422,36 +422,33 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   float block_sum[Config::kAccPerThread];
   const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
   const float* w_block_scales = p.w_scale + (col / int(kScaleBlock)) * p.k_scale_blocks;
-  if constexpr (Config::kBlockScaled) {
-    // From +0: a tile whose blocks all have zero scales gives +0, as the exact sum has it.
+  // From +0: a tile whose blocks all have zero scales gives +0, as the exact sum has it; and every
+  // block is added alike (no select at the first one).
 #pragma unroll
-    for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
-  }
+  for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
   for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
-    float scale[2] = {1.0f, 1.0f};  // of the thread's rows
+    issue_k_block<Config>(smem, stage, slab, block_sum, false);
+    float a_scale[2], w_scale;  // of the thread's rows; of the slab's columns
     if constexpr (Config::kBlockScaled) {
       const int k_block = k_slice.k_block_begin + kb;
-      const float w_scale = __ldg(w_block_scales + k_block);
+      w_scale = __ldg(w_block_scales + k_block);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block) * w_scale;
+      for (int h = 0; h < 2; ++h) a_scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block);
     }
-    issue_k_block<Config>(smem, stage, slab, block_sum, false);
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
     release_stage<Config>(smem, stage);
     if constexpr (Config::kBlockScaled) {
+      const float scale[2] = {a_scale[0] * w_scale, a_scale[1] * w_scale};
       // Element i of the accumulator layout is row 8 * ((i / 2) % 2) past the thread's first (scale_slab).
 #pragma unroll
-      for (int i = 0; i < Config::kAccPerThread; ++i) {
-        const float s = scale[(i / 2) % 2];
-        acc[i] = fmaf(block_sum[i], s, acc[i]);
-      }
+      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = fmaf(block_sum[i], scale[(i / 2) % 2], acc[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = kb > 0 ? acc[i] + block_sum[i] : block_sum[i];
+      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] += block_sum[i];
     }
     ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
