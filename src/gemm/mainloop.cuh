@@ -98,8 +98,9 @@ struct MainloopConfig {
   static_assert(kWgCols == 64 || kWgCols == 128 || kWgCols == 192 || kWgCols == 256,
                 "a consumer issues m64n{64,128,192,256} WGMMAs");
   static_assert(kABytes % kPieceBytes == 0 && kWBytes % kPieceBytes == 0, "a stage holds whole pieces");
-  static_assert(!kBlockScaled || (kPromoted && kBlockK == kScaleBlock && kWgCols == kScaleBlock && kWgAlongN == 1),
-                "blockwise scales: promoted stages of one scale block, a slab inside one block of W's scales");
+  static_assert(!kBlockScaled ||
+                    (kPromoted && kBlockK == kScaleBlock && (kWgCols == kScaleBlock || kWgCols == 192) && kWgAlongN == 1),
+                "blockwise scales: promoted stages of one scale block, a slab over one or two blocks of W's scales");
 };
 
 template <class Config>
@@ -405,15 +406,28 @@ __device__ __forceinline__ void consume_tile(int num_k_blocks, StorageOf<Config>
   if (prev_stage >= 0) release_stage<Config>(smem, prev_stage);
 }
 
+// Blockwise: adds a K block's sums times their scales into `acc`, the first kFirstGroups 8-column
+// groups of the accumulator layout (element i's is i / 4) by `first`'s scales, the others by
+// `second`'s; each a pair for the thread's two rows (element i's row is 8 * ((i / 2) % 2) past its
+// first, scale_slab).
+template <int kFirstGroups, int kAcc>
+__device__ __forceinline__ void add_block_scaled(float (&acc)[kAcc], const float (&sum)[kAcc], const float (&first)[2],
+                                                 const float (&second)[2]) {
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = fmaf(sum[i], (i / 4 < kFirstGroups ? first : second)[(i / 2) % 2], acc[i]);
+}
+
 // The same, promoted (Config::kPromoted): the tensor cores' E4M3 sums keep fewer bits than FP32, so
 // each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done (its
 // stage is then released at once). Two sets taken in turn, one block in flight while the other is
 // added, and the two consumers issuing their blocks in turn, measured no faster (docs/EXPERIMENTS.md).
 // Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
 // A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
-// columns (from `col` on, inside one scale block), each the product of the two in FP32. They are
-// loaded once the block's WGMMAs are issued (an op whose A arrives from peers has its scales landed
-// once the stage is full) and used once those are done: their latency is not on the issue path.
+// columns (from `col` on: one block of W's scales, or, 192 wide, the one its first columns are in and
+// the next), each the product of the two in FP32. Each block's are loaded while the WGMMAs of the
+// block before it run (the first's once its own are issued: an op whose A arrives from peers has all
+// of a tile's scales landed once its first stage is full) and multiplied once its own are done, so
+// that no load is waited for on the issue path.
 template <class Config, class Schedule, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
                                                       int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
@@ -421,7 +435,21 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
                                                       Epilogue& epilogue) {
   float block_sum[Config::kAccPerThread];
   const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
-  const float* w_block_scales = p.w_scale + (col / int(kScaleBlock)) * p.k_scale_blocks;
+  // A slab 192 wide starts 0 or 64 columns into a block of W's scales; a next block past the last
+  // column is never stored and reads the first's.
+  const int w_block = col / int(kScaleBlock);
+  const float* w_first = p.w_scale + w_block * p.k_scale_blocks;
+  const float* w_second = (w_block + 1) * int(kScaleBlock) < p.scale_cols ? w_first + p.k_scale_blocks : w_first;
+  struct Raw {  // a K block's scales as loaded: A's of the thread's rows, W's of the slab's blocks
+    float a[2], w[2];
+  } raw, next;
+  const auto load = [&](int kb, Raw& r) {
+    const int k_block = k_slice.k_block_begin + kb;
+    r.w[0] = __ldg(w_first + k_block);
+    r.w[1] = Config::kWgCols > int(kScaleBlock) ? __ldg(w_second + k_block) : r.w[0];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) r.a[h] = epilogue.a_block_scale(p, row + 8 * h, k_block);
+  };
   // From +0: a tile whose blocks all have zero scales gives +0, as the exact sum has it; and every
   // block is added alike (no select at the first one).
 #pragma unroll
@@ -430,22 +458,27 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
-    float a_scale[2], w_scale;  // of the thread's rows; of the slab's columns
     if constexpr (Config::kBlockScaled) {
-      const int k_block = k_slice.k_block_begin + kb;
-      w_scale = __ldg(w_block_scales + k_block);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) a_scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block);
+      if (kb == 0) load(0, raw);
+      if (kb + 1 < k_slice.num_k_blocks) load(kb + 1, next);
     }
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
     release_stage<Config>(smem, stage);
     if constexpr (Config::kBlockScaled) {
-      const float scale[2] = {a_scale[0] * w_scale, a_scale[1] * w_scale};
-      // Element i of the accumulator layout is row 8 * ((i / 2) % 2) past the thread's first (scale_slab).
-#pragma unroll
-      for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = fmaf(block_sum[i], scale[(i / 2) % 2], acc[i]);
+      const float first[2] = {raw.a[0] * raw.w[0], raw.a[1] * raw.w[0]};
+      if constexpr (Config::kWgCols == int(kScaleBlock)) {
+        add_block_scaled<Config::kAccPerThread / 4>(acc, block_sum, first, first);
+      } else {
+        const float second[2] = {raw.a[0] * raw.w[1], raw.a[1] * raw.w[1]};
+        if (col % int(kScaleBlock) == 0) {
+          add_block_scaled<int(kScaleBlock) / 8>(acc, block_sum, first, second);
+        } else {
+          add_block_scaled<int(kScaleBlock) / 16>(acc, block_sum, first, second);
+        }
+      }
+      raw = next;
     } else {
 #pragma unroll
       for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] += block_sum[i];

@@ -31,7 +31,8 @@ struct GemmVariant {
   // which needs a second set of accumulators, so tiles of 128 x 128 at most.
   bool promoted = false;
   // E4M3, promoted: each stage's sums multiplied by its blockwise scales as they are added
-  // (Scaling::kBlockwise), which needs a tile's columns inside one 128-column block of W's scales.
+  // (Scaling::kBlockwise), which needs a slab's columns in one or two 128-column blocks of W's
+  // scales (128 or 192 wide).
   bool block_scaled = false;
 };
 
@@ -49,6 +50,7 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 128, 5, 0, 2, true, true, DType::kE4M3, true},  // E4M3, promoted: two sets of accumulators
     {128, 192, 4, 0, 2, false, false, DType::kE4M3, true},  // E4M3, promoted, wider: two sets of 96 a thread
     {128, 128, 5, 0, 2, true, true, DType::kE4M3, true, true},  // E4M3, blockwise scales at each promotion
+    {128, 192, 4, 0, 2, false, false, DType::kE4M3, true, true},  // the same, wider: two blocks of W's scales a slab
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 
@@ -107,10 +109,12 @@ static_assert([] {
   for (const GemmVariant& v : kGemmVariants) {
     if ((v.fused_ops || v.storing_ops) && v.consumers != kConsumers) return false;
     if (v.fused_ops && !v.storing_ops) return false;
-    if (v.block_scaled && (!v.promoted || v.block_n != kScaleBlock || v.block_m != 128)) return false;
+    if (v.block_scaled && (!v.promoted || (v.block_n != kScaleBlock && v.block_n != 192) || v.block_m != 128)) {
+      return false;
+    }
   }
   return true;
 }(), "the fused ops take variants of two consumers only, and the ops that store their tiles take those; "
-     "blockwise scales take promoted 128 x 128 tiles");
+     "blockwise scales take promoted 128 x 128 or 128 x 192 tiles");
 
 }  // namespace tpfuse

@@ -161,30 +161,35 @@ TEST(Config, E4M3RunsItsOwnVariants) {
 }
 
 // Promoted E4M3's plain GEMM takes its widest tile, 128 x 192, where BF16's would be 128 x 256 (the
-// sweep's per-rank shapes from M = 2048 on); the fused ops, which do not take it, 128 x 128.
+// sweep's per-rank shapes from M = 2048 on), blockwise too; the fused ops, which do not take it,
+// 128 x 128.
 TEST(Config, PromotedE4M3GemmTakesItsWidestTile) {
-  for (const int64_t m : {2048, 8192, 32768}) {
-    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 1024}, {8192, 3584}, {6144, 768}, {6144, 2048}}) {
-      Problem p = make(m, n, k, 1);
-      p.dtype = DType::kE4M3;
-      p.scaling = Scaling::kTensorwise;
-      GemmConfig gemm;
-      ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &gemm).ok()) << p.to_string();
-      EXPECT_EQ(gemm.tile().block_n, 192) << p.to_string() << " -> " << gemm.to_string();
-      EXPECT_TRUE(gemm.tile().promoted) << p.to_string();
-      p.world_size = 8;
-      p.m = m * 8;
-      GemmRsConfig rs;
-      ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
-      EXPECT_EQ(rs.gemm.tile().block_n, 128) << p.to_string() << " -> " << rs.to_string();
+  for (const Scaling scaling : {Scaling::kTensorwise, Scaling::kBlockwise}) {
+    for (const int64_t m : {2048, 8192, 32768}) {
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 1024}, {8192, 3584}, {6144, 768}, {6144, 2048}}) {
+        Problem p = make(m, n, k, 1);
+        p.dtype = DType::kE4M3;
+        p.scaling = scaling;
+        if (scaling == Scaling::kBlockwise && k % kScaleBlock != 0) continue;
+        GemmConfig gemm;
+        ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &gemm).ok()) << p.to_string();
+        EXPECT_EQ(gemm.tile().block_n, 192) << p.to_string() << " -> " << gemm.to_string();
+        EXPECT_TRUE(gemm.tile().promoted) << p.to_string();
+        EXPECT_EQ(gemm.tile().block_scaled, scaling == Scaling::kBlockwise) << p.to_string();
+        p.world_size = 8;
+        p.m = m * 8;
+        GemmRsConfig rs;
+        ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
+        EXPECT_EQ(rs.gemm.tile().block_n, 128) << p.to_string() << " -> " << rs.to_string();
+      }
     }
   }
 }
 
-// Blockwise scales run the block-scaled variant (128 x 128, promoted), in the plain GEMM and the
-// reduce-scatter, on the default device and whatever the overrides or the device's shared memory (or
-// an error where it does not fit, never another variant), and in the all-gather on the default
-// device; no other problem runs it. Small M splits K as other E4M3 does.
+// Blockwise scales run a block-scaled variant (promoted; 128 x 128, or 128 x 192 in the plain GEMM),
+// in the plain GEMM and the reduce-scatter, on the default device and whatever the overrides or the
+// device's shared memory (or an error where it does not fit, never another variant), and in the
+// all-gather on the default device; no other problem runs it. Small M splits K as other E4M3 does.
 TEST(Config, BlockwiseRunsTheBlockScaledVariantOnly) {
   const auto e4m3 = [](Problem p, Scaling scaling, Accumulation accumulation) {
     p.weight_layout = WeightLayout::kNxK;
@@ -208,7 +213,8 @@ TEST(Config, BlockwiseRunsTheBlockScaledVariantOnly) {
       for (const ConfigOverrides& o : overrides) {
         const std::string what = blockwise.to_string() + ", " + o.to_string() + ", " +
                                  std::to_string(device.max_smem_per_block) + " B";
-        const auto expect_block_scaled = [&](const Status& s, const GemmConfig& c, const SmemByVariant& smem) {
+        const auto expect_block_scaled = [&](const Status& s, const GemmConfig& c, const SmemByVariant& smem,
+                                             bool wider) {
           if (!s.ok()) {
             const bool defaults = o.to_string() == "none" && device.max_smem_per_block == h100().max_smem_per_block;
             EXPECT_FALSE(defaults) << what << ": " << s.to_string();
@@ -219,16 +225,17 @@ TEST(Config, BlockwiseRunsTheBlockScaledVariantOnly) {
           EXPECT_TRUE(c.tile().promoted) << what;
           EXPECT_EQ(c.tile().dtype, DType::kE4M3) << what;
           EXPECT_EQ(c.tile().block_m, 128) << what;
-          EXPECT_EQ(c.tile().block_n, 128) << what;
+          if (!wider || c.tile().block_n != 192) EXPECT_EQ(c.tile().block_n, 128) << what;
           expect_fits(c, device, smem, what);
           ++blockwise_choices;
         };
         GemmConfig gemm;
-        expect_block_scaled(select_plain_gemm_config(blockwise, device, o, &gemm), gemm, gemm_smem());
+        expect_block_scaled(select_plain_gemm_config(blockwise, device, o, &gemm), gemm, gemm_smem(), /*wider=*/true);
         EXPECT_EQ(swap_ab_rows(blockwise, device, o), 0) << what;
         if (blockwise.world_size == 1) continue;
         GemmRsConfig rs;
-        expect_block_scaled(select_gemm_rs_config(blockwise, device, o, &rs), rs.gemm, gemm_rs_smem_bytes());
+        expect_block_scaled(select_gemm_rs_config(blockwise, device, o, &rs), rs.gemm, gemm_rs_smem_bytes(),
+                            /*wider=*/false);
       }
     }
     // Every other problem of the shape: never the block-scaled variant.

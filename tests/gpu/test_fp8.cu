@@ -647,17 +647,20 @@ TEST(Fp8AllGatherErrors, ScalesAndLayoutAreChecked) {
 // ---- Blockwise scales: each op exact, and the errors ------------------------------------------
 
 // A blockwise case of small integers: its shape ({P, m, n, k}), its scales' values, a forced split of
-// K (0: the config's), and whether some blocks are zeros (zero_some_blocks).
+// K (0: the config's), whether some blocks are zeros (zero_some_blocks), and a forced tile width
+// (0: the config's).
 struct BlockwiseCase {
   int p, m, n, k;
   ScaleValues values = ScaleValues::kPowers;
   int split_k = 0;
   bool zero_blocks = false;
+  int block_n = 0;
 
   Problem problem() const { return e4m3_problem(p, m, n, k, Scaling::kBlockwise, Accumulation::kPromoted); }
   ConfigOverrides overrides() const {
     ConfigOverrides o;
     o.split_k = split_k;
+    o.block_n = block_n;
     return o;
   }
 };
@@ -666,7 +669,8 @@ std::string blockwise_case_name(const ::testing::TestParamInfo<BlockwiseCase>& i
   const BlockwiseCase& c = info.param;
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + (c.values == ScaleValues::kCancelling ? "_cancelling" : "_powers") +
-         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") + (c.zero_blocks ? "_zero_blocks" : "");
+         (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") + (c.zero_blocks ? "_zero_blocks" : "") +
+         (c.block_n > 0 ? "_wide" + std::to_string(c.block_n) : "");
 }
 
 // Zeros in a problem's blocks (m > 5, n > 128, k >= 256): A's scale of row 3 over K block 1, W's
@@ -723,7 +727,14 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockwiseCase{1, 64, 2048, 4096}, BlockwiseCase{1, 64, 2048, 4096, ScaleValues::kPowers, 1},
                       BlockwiseCase{1, 64, 2048, 4096, ScaleValues::kPowers, 2},
                       BlockwiseCase{1, 64, 2048, 4096, ScaleValues::kPowers, 4},
-                      BlockwiseCase{1, 128, 1024, 1024, ScaleValues::kCancelling, 3}),
+                      BlockwiseCase{1, 128, 1024, 1024, ScaleValues::kCancelling, 3},
+                      // 192 wide: slabs from 0 and 64 columns into a block of W's scales, and the
+                      // last one's second block past N (784, 248).
+                      BlockwiseCase{1, 1000, 784, 256, ScaleValues::kPowers, 0, false, 192},
+                      BlockwiseCase{1, 17, 248, 384, ScaleValues::kPowers, 0, false, 192},
+                      BlockwiseCase{1, 300, 1536, 1024, ScaleValues::kCancelling, 0, false, 192},
+                      BlockwiseCase{1, 200, 1000, 512, ScaleValues::kCancelling, 0, true, 192},
+                      BlockwiseCase{1, 64, 2048, 4096, ScaleValues::kPowers, 2, false, 192}),
     blockwise_case_name);
 
 class Fp8BlockwiseReduceScatter : public ::testing::TestWithParam<BlockwiseCase> {};
