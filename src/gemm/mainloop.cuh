@@ -424,10 +424,9 @@ __device__ __forceinline__ void add_block_scaled(float (&acc)[kAcc], const float
 // Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
 // A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
 // columns (from `col` on: one block of W's scales, or, 192 wide, the one its first columns are in and
-// the next), each the product of the two in FP32. Each block's are loaded while the WGMMAs of the
-// block before it run (the first's once its own are issued: an op whose A arrives from peers has all
-// of a tile's scales landed once its first stage is full) and multiplied once its own are done, so
-// that no load is waited for on the issue path.
+// the next), each the product of the two in FP32. They are loaded once the block's WGMMAs are issued
+// (an op whose A arrives from peers has its scales landed once the stage is full) and multiplied once
+// those are done: no load is waited for on the issue path.
 template <class Config, class Schedule, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
                                                       int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
@@ -440,16 +439,6 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   const int w_block = col / int(kScaleBlock);
   const float* w_first = p.w_scale + w_block * p.k_scale_blocks;
   const float* w_second = (w_block + 1) * int(kScaleBlock) < p.scale_cols ? w_first + p.k_scale_blocks : w_first;
-  struct Raw {  // a K block's scales as loaded: A's of the thread's rows, W's of the slab's blocks
-    float a[2], w[2];
-  } raw, next;
-  const auto load = [&](int kb, Raw& r) {
-    const int k_block = k_slice.k_block_begin + kb;
-    r.w[0] = __ldg(w_first + k_block);
-    r.w[1] = Config::kWgCols > int(kScaleBlock) ? __ldg(w_second + k_block) : r.w[0];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) r.a[h] = epilogue.a_block_scale(p, row + 8 * h, k_block);
-  };
   // From +0: a tile whose blocks all have zero scales gives +0, as the exact sum has it; and every
   // block is added alike (no select at the first one).
 #pragma unroll
@@ -458,27 +447,30 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
     const int stage = ring.stage;
     ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
+    float a_scale[2], w_scale[2];  // of the thread's rows; of the slab's blocks
     if constexpr (Config::kBlockScaled) {
-      if (kb == 0) load(0, raw);
-      if (kb + 1 < k_slice.num_k_blocks) load(kb + 1, next);
+      const int k_block = k_slice.k_block_begin + kb;
+      w_scale[0] = __ldg(w_first + k_block);
+      w_scale[1] = Config::kWgCols > int(kScaleBlock) ? __ldg(w_second + k_block) : w_scale[0];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) a_scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block);
     }
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
     release_stage<Config>(smem, stage);
     if constexpr (Config::kBlockScaled) {
-      const float first[2] = {raw.a[0] * raw.w[0], raw.a[1] * raw.w[0]};
+      const float first[2] = {a_scale[0] * w_scale[0], a_scale[1] * w_scale[0]};
       if constexpr (Config::kWgCols == int(kScaleBlock)) {
         add_block_scaled<Config::kAccPerThread / 4>(acc, block_sum, first, first);
       } else {
-        const float second[2] = {raw.a[0] * raw.w[1], raw.a[1] * raw.w[1]};
+        const float second[2] = {a_scale[0] * w_scale[1], a_scale[1] * w_scale[1]};
         if (col % int(kScaleBlock) == 0) {
           add_block_scaled<int(kScaleBlock) / 8>(acc, block_sum, first, second);
         } else {
           add_block_scaled<int(kScaleBlock) / 16>(acc, block_sum, first, second);
         }
       }
-      raw = next;
     } else {
 #pragma unroll
       for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] += block_sum[i];

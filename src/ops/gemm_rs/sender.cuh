@@ -20,8 +20,7 @@ class SlabSender {
 
  public:
   // Pushed chunks the sender lets the TMA unit hold unread at a time: a step's pushes queued at
-  // once measured slower on the compute-bound shapes (docs/EXPERIMENTS.md). A CTA's last step queues
-  // them all: no loads of its own are left to compete with them for the TMA unit.
+  // once measured slower on the compute-bound shapes (docs/EXPERIMENTS.md).
   static constexpr int kPushQueue = 1;
 
   // The sender thread: stores the slabs the consumers stage, step by step, each into its owner's
@@ -47,14 +46,9 @@ class SlabSender {
         slabs = Layout<Config>::pushed_slabs(p, tile);
         own = Layout<Config>::own_slabs(p, tile);
       }
-      CtaSteps later = steps;
-      later.next();
-      const bool last_step = later.step() >= num_tiles;
       // One call site: the stores are compiled once.
 #pragma unroll 1
-      for (int batch = 0; batch < 2; ++batch, slabs = own) {
-        send_slabs<Config>(p, smem, slabs, handoffs, epoch, /*queue_all=*/last_step);
-      }
+      for (int batch = 0; batch < 2; ++batch, slabs = own) send_slabs<Config>(p, smem, slabs, handoffs, epoch);
     }
   }
 
@@ -62,11 +56,10 @@ class SlabSender {
   // Sender thread: stores the given slabs of a step (a bit per consumer; `handoffs` counts each
   // consumer's hand-offs taken so far), a pushed chunk of one owner as a bulk group of its own and
   // the others of a hand-off as one, hands the chunk buffers back once read, and raises the flags of
-  // the pushed slabs once every group has landed. With queue_all the pushed chunks are not held to
-  // kPushQueue.
+  // the pushed slabs once every group has landed.
   template <class Config>
   __device__ static void send_slabs(const PushReduceParams& p, StorageOf<Config>& smem, uint32_t slabs,
-                                    uint32_t (&handoffs)[Config::kConsumers], uint32_t epoch, bool queue_all) {
+                                    uint32_t (&handoffs)[Config::kConsumers], uint32_t epoch) {
     if (slabs == 0) return;
     SlabOwners flagged[Config::kConsumers];
     int flags[Config::kConsumers];
@@ -92,7 +85,7 @@ class SlabSender {
             } else {
               ptx::tma_store_4d(&p.recv_at[slab.first_owner], smem.chunks[c][i], col, slab.row, p.rank, epoch & 1);
               ptx::bulk_commit_group();
-              if (!queue_all) ptx::bulk_wait_group_read<kPushQueue - 1>();
+              ptx::bulk_wait_group_read<kPushQueue - 1>();
             }
             continue;
           }
