@@ -195,27 +195,15 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
     return Status::InvalidArgument("overrides.block_n = 64: 64-wide tiles are the plain GEMM's and the register "
                                    "epilogue's only (the fused ops take 128, 192 or 256)");
   }
-  // The tile this output wants: the best candidate by the model; where no variant for these inputs
-  // has that tile (promoted E4M3 has no 128 x 256), the best of the candidates that one has, if any
-  // (the width-closeness rule below otherwise).
+  // The tile this output wants: the best candidate by the model.
   const std::vector<TileShape> tiles = op.candidates(grid);
-  const auto compiled = [&](int block_m, int block_n) {
-    return std::any_of(std::begin(kGemmVariants), std::end(kGemmVariants), [&](const GemmVariant& v) {
-      return op.takes(v) && serves(v, grid.dtype, grid.accumulation, grid.scaling) && v.block_m == block_m &&
-             v.block_n == block_n;
-    });
-  };
-  Candidate wanted, wanted_compiled;
+  Candidate wanted;
   for_each_candidate(choice, op, tiles, [&](const Candidate& c) {
     if (wanted.splits == 0 || beats(c, wanted)) wanted = c;
-    if (compiled(c.block_m, c.block_n) && (wanted_compiled.splits == 0 || beats(c, wanted_compiled))) {
-      wanted_compiled = c;
-    }
   });
   if (wanted.splits == 0) {
     return forced_splits_do_not_fit(grid, device, overrides, tiles.front().block_m, 256, num_k_blocks);
   }
-  if (!compiled(wanted.block_m, wanted.block_n) && wanted_compiled.splits != 0) wanted = wanted_compiled;
   const int block_m = wanted.block_m, block_n = wanted.block_n;
   int splits = wanted.splits;
   bool split_tail = wanted.split_tail;
@@ -227,9 +215,14 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
       block_m == 128 && block_n == 256 && !split_tail && grid.tiles(128, 256) * splits <= device.num_sms;
 
   // The best variant that fits: that tile and staging, else that tile, else any; deeper first. Where
-  // no variant for these inputs has that tile, the nearest width first.
+  // no variant for these inputs has that tile (promoted E4M3 has no 128 x 256), the nearest width
+  // first: its 128 x 192 measured faster than its 128 x 128 on every shape of the sweep
+  // (docs/EXPERIMENTS.md).
   const SmemByVariant& smem = op.smem();
-  const bool tile_compiled = compiled(block_m, block_n);
+  const bool tile_compiled = std::any_of(std::begin(kGemmVariants), std::end(kGemmVariants), [&](const GemmVariant& v) {
+    return op.takes(v) && serves(v, grid.dtype, grid.accumulation, grid.scaling) && v.block_m == block_m &&
+           v.block_n == block_n;
+  });
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
