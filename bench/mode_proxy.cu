@@ -235,28 +235,6 @@ std::vector<Column> proxy_columns(const Options& options, bool timeline) {
         {"tl_last_own", "last_own", 8, Format::kFixed, 4, false},
         {"tl_bins", "tl_bins", 0, Format::kText, 0, false},
     });
-#if TPFUSE_PROBE_E1 >= 1
-    // Probe E1 of issue 51 (record_timeline).
-    columns.insert(columns.end(), {
-        {"e1_step_ns", "step_ns", 8, Format::kInteger, 0},
-        {"e1_sweep_ns", "sweep_ns", 8, Format::kInteger, 0},
-        {"e1_sweep_max_ns", "sweep_max", 9, Format::kInteger, 0},
-        {"e1_sweep_frac", "sweep/st", 8, Format::kFixed, 3},
-        {"e1_wait_ns", "wait_ns", 8, Format::kInteger, 0},
-        {"e1_wait_max_ns", "wait_max", 8, Format::kInteger, 0},
-        {"e1_wait_frac", "wait/st", 7, Format::kFixed, 4},
-        {"e1_wait_max_frac", "wmax/st", 7, Format::kFixed, 3},
-        {"e1_late", "late", 6, Format::kInteger, 0},
-        {"e1_late_of", "of", 6, Format::kInteger, 0},
-        {"e1_late_max_ns", "late_max", 8, Format::kInteger, 0},
-        {"e1_tail_max", "tail_max", 8, Format::kFixed, 4},
-        {"e1_tail_mean", "tail_mean", 9, Format::kFixed, 4},
-        {"e1_sweeps", "sweeps", 7, Format::kInteger, 0, false},
-        {"e1_waits", "waits", 7, Format::kInteger, 0, false},
-        {"e1_ctas", "ctas", 5, Format::kInteger, 0, false},
-        {"e1_dropped", "e1_dropped", 10, Format::kInteger, 0, false},
-    });
-#endif
   }
   add_loop_sensor_columns(columns);
   if (options.check) add_error_columns(columns, "solo", "solo");
@@ -288,23 +266,12 @@ void record_timeline(Gpu& gpu, const LocalCommunicator& comm, const Problem& pro
   DeviceBuffer events(gpu.device, size_t(kTimelineCapacity) * sizeof(PushEvent));
   DeviceBuffer header(gpu.device, sizeof(PushTimeline));
   PushTimeline timeline{~0ull, 0, 0, kTimelineCapacity, events.as<PushEvent>()};
-#if TPFUSE_PROBE_E1 >= 1
-  DeviceBuffer probe_events(gpu.device, size_t(kTimelineCapacity) * sizeof(ProbeEvent));
-  timeline.probe_count = 0;
-  timeline.probe_capacity = kTimelineCapacity;
-  timeline.probe_events = probe_events.as<ProbeEvent>();
-#endif
   TESTING_CHECK(cudaMemcpyAsync(header.get(), &timeline, sizeof(timeline), cudaMemcpyHostToDevice, gpu.stream));
   ReduceScatterOp::run(comm, problem, sets, out, 0, gpu.stream, overrides, header.as<PushTimeline>());
   TESTING_CHECK(cudaMemcpyAsync(&timeline, header.get(), sizeof(timeline), cudaMemcpyDeviceToHost, gpu.stream));
   TESTING_CHECK(cudaStreamSynchronize(gpu.stream));
   std::vector<PushEvent> recorded(std::min(timeline.count, kTimelineCapacity));
   TESTING_CHECK(cudaMemcpy(recorded.data(), events.get(), recorded.size() * sizeof(PushEvent), cudaMemcpyDeviceToHost));
-#if TPFUSE_PROBE_E1 >= 1
-  std::vector<ProbeEvent> stamps(std::min(timeline.probe_count, kTimelineCapacity));
-  TESTING_CHECK(
-      cudaMemcpy(stamps.data(), probe_events.get(), stamps.size() * sizeof(ProbeEvent), cudaMemcpyDeviceToHost));
-#endif
   comm.check_status();
 
   const TimelineSummary s = summarize_timeline(timeline.start_ns, timeline.end_ns, recorded, timeline.count, 0);
@@ -319,26 +286,6 @@ void record_timeline(Gpu& gpu, const LocalCommunicator& comm, const Problem& pro
   row["tl_last_push"] = s.last_push;
   if (s.last_own >= 0) row["tl_last_own"] = s.last_own;
   row["tl_bins"] = bins_text(s.bins);
-#if TPFUSE_PROBE_E1 >= 1
-  const ProbeSummary e1 = summarize_probe(timeline.start_ns, timeline.end_ns, stamps, timeline.probe_count);
-  row["e1_step_ns"] = e1.step_ns;
-  row["e1_sweep_ns"] = e1.sweep_ns;
-  row["e1_sweep_max_ns"] = e1.sweep_max_ns;
-  row["e1_sweep_frac"] = e1.sweep_frac;
-  row["e1_wait_ns"] = e1.wait_ns;
-  row["e1_wait_max_ns"] = e1.wait_max_ns;
-  row["e1_wait_frac"] = e1.wait_frac;
-  row["e1_wait_max_frac"] = e1.wait_max_frac;
-  row["e1_late"] = double(e1.late);
-  row["e1_late_of"] = double(e1.late_of);
-  row["e1_late_max_ns"] = e1.late_max_ns;
-  row["e1_tail_max"] = e1.tail_max;
-  row["e1_tail_mean"] = e1.tail_mean;
-  row["e1_sweeps"] = double(e1.sweeps);
-  row["e1_waits"] = double(e1.waits);
-  row["e1_ctas"] = double(e1.ctas);
-  row["e1_dropped"] = double(e1.dropped);
-#endif
 }
 
 template <class Op>
@@ -452,20 +399,7 @@ void run_proxy_of(const Options& options, Report& report) {
                   "; " + target + "; overrides " + options.overrides.to_string() +
                   (options.compare ? "; T_solo_b: rank 0's fused call with " + options.compare->to_string() : ""));
   report.add_note(timing_columns_note(options, gpus.sensors(), /*multi_gpu=*/false));
-#if TPFUSE_PROBE_E1 >= 1
-  report.add_note("probe E1 of issue 51: build TPFUSE_PROBE_E1=" + std::to_string(TPFUSE_PROBE_E1) +
-                  (TPFUSE_PROBE_E1 >= 2 ? " (v4 and the synthetic sweeper)" : " (v4: own slabs without partials)") +
-                  "; the reduce-scatter's results are wrong by design (timing only)");
-#endif
   if (timeline) {
-#if TPFUSE_PROBE_E1 >= 1
-    report.add_note("probe E1 of issue 51, its step stamps (--timeline): durations on each CTA's SM clock; step_ns: a "
-                    "consumer's K loop end to its next; sweep_ns/max: a sweep's start (the sender done with the "
-                    "buffers) to its end; wait_ns/max: a consumer's wait on sweep_done before staging; /st: over the "
-                    "mean step (wmax/st: a wait over its own step); late of of: sweeps that ended after the first "
-                    "consumer began to wait for them, late_max by how much; tail_max/mean: E4, (CTA end - its last K "
-                    "loop end) / the call, over the CTAs");
-#endif
     report.add_note("push timeline (--timeline): one more call of rank 0 after the timed loop, each push's issue "
                     "recorded by the sending thread (%globaltimer); push@25/50/75%: the share of the pushed bytes "
                     "issued by 25/50/75% of that call (first CTA's start to last CTA's end), last_push: the last "

@@ -207,11 +207,6 @@ struct EpilogueBase {
   static constexpr bool kHasSender = false;
   static constexpr bool kHasWatcher = false;
   static constexpr bool kHasCopier = false;
-#if TPFUSE_PROBE_E1 >= 2
-  // Probe E1 of issue 51: a sweeper on every lane of the spare warp (the copier's, which the epilogues
-  // that have one leave idle).
-  static constexpr bool kHasSweeper = false;
-#endif
   static constexpr bool kLayeredA = false;
   // E4M3 inputs: whether a tile's A rows arrive from peers (then a_load waits for them, which only
   // the producer may, and the epilogue says where their scales are: scale_row, a_scale).
@@ -592,13 +587,6 @@ __device__ __forceinline__ void run_persistent(const MainloopParams<Schedule>& m
         Epilogue::template copy<Config>(epilogue_params, smem, cta, num_ctas);
       }
     }
-#if TPFUSE_PROBE_E1 >= 2
-    if constexpr (Epilogue::kHasSweeper && !Epilogue::kHasCopier) {
-      if (threadIdx.x / 32 == kRoleThread<Role::kCopier> / 32) {
-        Epilogue::template sweep<Config>(epilogue_params, mainloop.schedule, smem, cta, num_ctas);
-      }
-    }
-#endif
   } else {
     ptx::setmaxnreg_inc<Config::kConsumerRegs>();
     const int consumer = warpgroup - 1;  // Role::kConsumer

@@ -43,7 +43,6 @@
 #include "ops/gemm_rs/schedule.h"
 #include "ops/gemm_rs/sender.cuh"
 #include "ops/gemm_rs/shared_storage.h"
-#include "ops/gemm_rs/sweeper.cuh"
 #include "ops/gemm_rs/watcher.cuh"
 
 namespace tpfuse::kernels {
@@ -61,26 +60,11 @@ class PushReduceEpilogue : public EpilogueBase {
 
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
-#if TPFUSE_PROBE_E1 >= 2
-  // Probe E1: the synthetic sweeper on the spare warp (sweeper.cuh), for one-owner tiles it takes.
-  static constexpr bool kHasSweeper = !kSharedTiles;
-#endif
 
   template <class Storage>
   __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)
       : p_(params), consumer_(consumer), slabs_(consumer, smem.chunks[consumer]), chunks_(smem.chunks[consumer]),
-        handoff_(&smem.op.handoff[consumer])
-#if TPFUSE_PROBE_E1 >= 1
-        , probe_timeline_(&smem.op.probe_timeline[consumer])
-#endif
-#if TPFUSE_PROBE_E1 >= 2
-        , sweep_done_(&smem.op.sweep_done)
-#endif
-  {
-#if TPFUSE_PROBE_E1 >= 1
-    if (slabs_.leader()) *probe_timeline_ = params.timeline;  // the leader stamps, and reads it back
-#endif
-  }
+        handoff_(&smem.op.handoff[consumer]) {}
 
   // The op's barriers: each consumer's hand-off and rounds, the watcher's news for the producer.
   template <class Config>
@@ -93,11 +77,6 @@ class PushReduceEpilogue : public EpilogueBase {
     }
     ptx::mbarrier_init(&smem.op.extra_ready, 1);
     ptx::mbarrier_init(&smem.op.extra_taken, 1);
-#if TPFUSE_PROBE_E1 >= 2
-    ptx::mbarrier_init(&smem.op.sweep_done, 1);
-    ptx::mbarrier_init(&smem.op.sweep_half[0], 1);
-    ptx::mbarrier_init(&smem.op.sweep_half[1], 1);
-#endif
   }
 
   // Producer thread, before a tile's K stages: where its rows of A are. A segment's rows are the
@@ -124,15 +103,6 @@ class PushReduceEpilogue : public EpilogueBase {
                                int num_ctas) {
     PartialWatcher<kSharedTiles>::template watch<Config>(p, schedule, smem, cta, num_ctas);
   }
-
-#if TPFUSE_PROBE_E1 >= 2
-  // Probe E1: the sweeper warp (all 32 lanes of the spare warp, sweeper.cuh).
-  template <class Config>
-  __device__ static void sweep(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
-                               int num_ctas) {
-    SweepProbe::template sweep<Config>(p, schedule, smem, cta, num_ctas);
-  }
-#endif
 
   // The producer thread's extra stages (reducer.cuh).
   template <class Config>
@@ -174,13 +144,6 @@ class PushReduceEpilogue : public EpilogueBase {
   template <class Config>
   __device__ void end_tile(const Tile& tile, Slab<Config> slab, float (&acc)[Config::kAccPerThread],
                            StorageOf<Config>& smem, StageCursor& ring) {
-#if TPFUSE_PROBE_E1 >= 1
-    if (slabs_.leader()) {
-      PushTimeline* timeline = static_cast<PushTimeline*>(*probe_timeline_);
-      if (timeline != nullptr) record_probe(timeline, ProbeKind::kKLoopEnd, probe_steps_, consumer_);
-    }
-    ++probe_steps_;
-#endif
     if constexpr (kSharedTiles) {
       if (k_slice_.num_splits > 1 && !combine_splits<Config>(tile, slab, acc)) return;
     }
@@ -260,18 +223,6 @@ class PushReduceEpilogue : public EpilogueBase {
       const int count = max(0, min(num_chunks - first, Config::kStagedChunks));
       // The sender's stores of the previous hand-off must have read the chunk buffers.
       if (handoffs_ > 0) ptx::mbarrier_wait(&handoff_->sent, (handoffs_ - 1) & 1);
-#if TPFUSE_PROBE_E1 >= 2
-      // Probe E1: the sweeper's stripe of the previous step is done with the chunk buffers (one
-      // hand-off a slab where it runs: handoffs_ counts this CTA's steps).
-      if constexpr (!kSharedTiles && SweepProbe::kTakes<Config>) {
-        if (p_.probe_sweep && handoffs_ > 0) {
-          PushTimeline* timeline = slabs_.leader() ? static_cast<PushTimeline*>(*probe_timeline_) : nullptr;
-          if (timeline != nullptr) record_probe(timeline, ProbeKind::kWaitBegin, handoffs_, consumer_);
-          ptx::mbarrier_wait(sweep_done_, (handoffs_ - 1) & 1);
-          if (timeline != nullptr) record_probe(timeline, ProbeKind::kWaitEnd, handoffs_, consumer_);
-        }
-      }
-#endif
       slabs_.stage<Config::kStagedChunks>(acc + 32 * first, count);
       if (slabs_.leader()) {
         const bool last = h == Layout<Config>::kHandoffsPerSlab - 1;
@@ -299,15 +250,6 @@ class PushReduceEpilogue : public EpilogueBase {
   uint32_t reduced_ = 0;     // the current tile's slabs that take their peers' partials
   RoundProgress rounds_;     // the reducer's, kept across tiles
   KSlice k_slice_{};         // the current step's
-#if TPFUSE_PROBE_E1 >= 1
-  int probe_steps_ = 0;      // probe E1: this CTA's steps so far (the K-loop stamps')
-#endif
-#if TPFUSE_PROBE_E1 >= 1
-  void* volatile* probe_timeline_;  // smem.op.probe_timeline[consumer_]
-#endif
-#if TPFUSE_PROBE_E1 >= 2
-  uint64_t* sweep_done_;
-#endif
 };
 
 }  // namespace tpfuse::kernels

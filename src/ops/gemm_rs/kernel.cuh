@@ -28,9 +28,6 @@ template <class Config, class Epilogue>
 __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, int ctas_per_rank) {
   PushTimeline* timeline = rank.epilogue.timeline;
   if (timeline != nullptr && threadIdx.x == 0) atomicMin(&timeline->start_ns, ptx::globaltimer_ns());
-#if TPFUSE_PROBE_E1 >= 1
-  if (timeline != nullptr && threadIdx.x == 0) record_probe(timeline, ProbeKind::kCtaStart, 0);
-#endif
   run_persistent<Config, Epilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta, ctas_per_rank);
   // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share. The
   // next call (stream-ordered after this one) uses the next epoch and the other parity.
@@ -38,9 +35,6 @@ __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, 
   if (threadIdx.x == 0) {
     comm::finish_call(rank.calls, cta, ctas_per_rank);
     if (timeline != nullptr) atomicMax(&timeline->end_ns, ptx::globaltimer_ns());
-#if TPFUSE_PROBE_E1 >= 1
-    if (timeline != nullptr) record_probe(timeline, ProbeKind::kCtaEnd, 0);
-#endif
   }
 }
 

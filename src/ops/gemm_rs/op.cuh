@@ -116,12 +116,6 @@ struct GemmRsOp {
     e.split_partials = split.partials;
     e.splits_done = split.splits_done;
     e.timeline = operands.timeline;
-#if TPFUSE_PROBE_E1 >= 2
-    // Probe E1: the synthetic sweeper runs at P = 8 (7 peers) on bands of one segment (not at M = 512,
-    // not on shared tiles); the kernel takes it on 128 x 256 tiles staged whole only.
-    e.probe_sweep = comm.world_size == 8 && config.segments_per_tile == 1 && !config.shared_tiles &&
-                    !config.register_epilogue;
-#endif
     rp->calls = rank.calls;
     return Status::Ok();
   }

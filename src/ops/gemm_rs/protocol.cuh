@@ -45,9 +45,6 @@ struct PushReduceParams {
   float* split_partials;           // split K (shared tiles only): this rank's FP32 partials (gemm/split_k.h)
   uint32_t* splits_done;           // and their counters, 0 between calls
   PushTimeline* timeline;          // the benchmark's record of the pushes; null: none
-#if TPFUSE_PROBE_E1 >= 2
-  int probe_sweep;                 // probe E1: the synthetic sweeper runs (bands of one segment, P > 1)
-#endif
 };
 
 // Index of (source, tile, slab) in an owner's flag array: the same in every owner's.
@@ -136,11 +133,6 @@ struct PushReduceLayout {
 
   // The own slabs that take the peers' partials through extra stages: none without peers.
   __device__ static uint32_t reduced_slabs(const PushReduceParams& p, const Tile& tile) {
-#if TPFUSE_PROBE_E1 >= 1
-    // Probe E1, "v4": the own slabs of one-owner tiles neither wait for, load nor add their peers'
-    // partials (no watcher wait, no rounds, no extra stages); they are stored as they are.
-    if constexpr (!kSharedTiles) return 0;
-#endif
     return p.world_size > 1 ? own_slabs(p, tile) : 0;
   }
 

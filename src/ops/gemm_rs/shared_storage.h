@@ -33,18 +33,6 @@ struct PushReduceSync {
   // producer has taken that news.
   uint64_t extra_ready;
   uint64_t extra_taken;
-#if TPFUSE_PROBE_E1 >= 1
-  // Probe E1: each consumer's copy of the timeline pointer, read where it stamps (kept in a register
-  // across the K loops, the parameter's copy spilled).
-  void* probe_timeline[kConsumers];
-#endif
-#if TPFUSE_PROBE_E1 >= 2
-  // Probe E1's synthetic sweeper (ops/gemm_rs/sweeper.cuh): its step's stripe is done with the chunk
-  // buffers (the consumers may stage); the two halves of its loads have landed.
-  uint64_t sweep_done;
-  uint64_t sweep_half[2];
-  alignas(16) int sweep_note[4];  // the sweeper's step: its stripe's first row and column, rows, columns
-#endif
 
   // The compiled variants: the one-consumer ones for the register epilogue only
   // (gemm_reduce_scatter.cu instantiates no other epilogue with them).
