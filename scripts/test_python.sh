@@ -29,6 +29,19 @@ rm -rf "${WHEEL_DIR}"
 wheel="$(ls "${WHEEL_DIR}"/tpfuse-*.whl)"
 echo "[test_python] built $(basename "${wheel}") in $((SECONDS - start)) s"
 
+# pip from PyPI, a few tries: a registry that drops a connection or times out fails one try, not CI.
+# No cache: the two torch environments take several GB each, and a cached copy would double that.
+pip_install() {
+  local venv="$1"; shift
+  local try
+  for try in 1 2 3; do
+    if "${venv}/bin/python" -m pip install --quiet --no-cache-dir "$@"; then return 0; fi
+    echo "[test_python] pip install $* failed (try ${try} of 3); free space: $(df -h --output=avail "${venv}" | tail -n1)" >&2
+    if [[ ${try} != 3 ]]; then sleep $((30 * try)); fi
+  done
+  return 1
+}
+
 rc=0
 for pass in ${PASSES}; do
   case "${pass}" in
@@ -41,8 +54,8 @@ for pass in ${PASSES}; do
     "${TPFUSE_PYTHON:-python3}" -m venv "${venv}"
   fi
   echo "[test_python] ${pass}: pip install -r ${requirements}, then the wheel"
-  "${venv}/bin/python" -m pip install --quiet -r "${requirements}"
-  "${venv}/bin/python" -m pip install --quiet --no-deps --force-reinstall "${wheel}"
+  pip_install "${venv}" -r "${requirements}"
+  pip_install "${venv}" --no-deps --force-reinstall "${wheel}"
   echo "[test_python] ${pass}: torch $("${venv}/bin/python" -c 'import torch; print(torch.__version__)'), ready in" \
        "$((SECONDS - step)) s ($((SECONDS - start)) s so far); pytest"
   # pytest's exit code 5 (it collected no test) fails too: there are always CPU tests to run.
