@@ -12,7 +12,8 @@
 # Environment: TPFUSE_BUILD_DIR (default build): the environments are $TPFUSE_BUILD_DIR/python-venv
 # and $TPFUSE_BUILD_DIR/python-venv-floor, the wheel's CMake build $TPFUSE_BUILD_DIR/pip (kept, so a
 # rerun is incremental); TPFUSE_PYTHON, the Python to make them with (default python3);
-# TPFUSE_PYTHON_PASSES, the passes to run (default "latest floor").
+# TPFUSE_PYTHON_PASSES, the passes to run (default "latest floor"); TPFUSE_PYTHON_DROP_VENVS=1 removes
+# each environment after its pass (CI's, whose clone is thrown away: the disk holds one torch at a time).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -65,5 +66,6 @@ for pass in ${PASSES}; do
   set -e
   if [[ ${pass_rc} == 5 ]]; then echo "[test_python] ERROR: pytest collected no tests" >&2; fi
   if [[ ${pass_rc} != 0 && ${rc} == 0 ]]; then rc=${pass_rc}; fi
+  if [[ "${TPFUSE_PYTHON_DROP_VENVS:-0}" == 1 ]]; then rm -rf "${venv}"; fi
 done
 exit "${rc}"
