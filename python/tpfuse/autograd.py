@@ -26,7 +26,7 @@ and backward, and keep what their backward needs.
 
 import logging
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -296,13 +296,14 @@ def _keep_main_grad(ctx, main_grad: Optional[torch.Tensor], mode: Optional[str])
 
 
 def _accumulate_or_return(ctx, weight: torch.Tensor, operand: torch.Tensor, grad: torch.Tensor,
-                          fp8_wgrad: bool = False) -> Optional[torch.Tensor]:
+                          fp8_wgrad: bool = False, power_of_2: bool = False) -> Optional[torch.Tensor]:
     """The weight (N x K, nn.Linear's layout) gradient grad^T @ operand: returned (no main_grad), or added
     into main_grad in FP32, returning what main_grad_mode says. fp8_wgrad: the FP8 product of the blockwise
-    recipe (tpfuse.float8.blockwise_weight_grad, FP32), returned in the weight's dtype."""
+    recipe (tpfuse.float8.blockwise_weight_grad, FP32, its scales powers of 2 with power_of_2), returned in the
+    weight's dtype."""
     if ctx.mode is None and not fp8_wgrad:
         return grad.t() @ operand
-    product = blockwise_weight_grad(grad, operand) if fp8_wgrad else fp32_product(grad.t(), operand)
+    product = blockwise_weight_grad(grad, operand, power_of_2) if fp8_wgrad else fp32_product(grad.t(), operand)
     if ctx.mode is None:
         return product.to(weight.dtype)
     ctx.main_grad.add_(product)
@@ -384,17 +385,49 @@ def check_fp8_recipe(fp8: Optional[BlockwiseRecipe], weight_shape, layer: str = 
                 f"{SCALE_BLOCK} x {SCALE_BLOCK} block)")
 
 
-def _quantized(x: torch.Tensor, weight: torch.Tensor):
-    """The forward's FP8 operands: x per 1 x 128 tile of its features, the weight per 128 x 128 block, with their
-    scales: (x_fp8, x_scale, w_fp8, w_scale)."""
-    return (*quantize_blockwise(x), *quantize_blockwise(weight, WEIGHT_BLOCK))
+def quantize_weight(weight: torch.Tensor, fp8: BlockwiseRecipe) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The recipe's FP8 weight: the weight shard (N x K) per 128 x 128 block, (w_fp8, w_scale). The layers make it
+    at each forward, or once for the micro-batches of a step (their forward's is_first_microbatch); the
+    functions below take it as fp8_weight."""
+    return quantize_blockwise(weight.detach(), WEIGHT_BLOCK, fp8.power_of_2_scales)
 
 
-def _dgrad_operands(grad: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor):
+def check_fp8_weight(fp8_weight, fp8: Optional[BlockwiseRecipe], weight: torch.Tensor) -> None:
+    """fp8_weight is None, or (w_fp8, w_scale) as quantize_weight makes them for `weight` under a recipe."""
+    if fp8_weight is None:
+        return
+    if fp8 is None:
+        raise InvalidArgumentError("fp8_weight is given without fp8: it is the blockwise recipe's FP8 weight")
+    if not isinstance(fp8_weight, (tuple, list)) or len(fp8_weight) != 2:
+        raise InvalidArgumentError(f"fp8_weight must be (w_fp8, w_scale) as quantize_weight makes them, not "
+                                   f"{type(fp8_weight).__name__}")
+    w_fp8, w_scale = fp8_weight
+    scale_shape = (-(-weight.shape[0] // SCALE_BLOCK), -(-weight.shape[1] // SCALE_BLOCK))
+    if (not isinstance(w_fp8, torch.Tensor) or not isinstance(w_scale, torch.Tensor) or w_fp8.dtype != E4M3 or
+            w_fp8.shape != weight.shape or w_scale.dtype != torch.float32 or tuple(w_scale.shape) != scale_shape or
+            w_fp8.device != weight.device or w_scale.device != weight.device):
+        described = [f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                     for t in (w_fp8, w_scale)]
+        raise InvalidArgumentError(f"fp8_weight is ({described[0]}, {described[1]}); the weight "
+                                   f"{tuple(weight.shape)} on {weight.device} needs ({E4M3} {tuple(weight.shape)}, "
+                                   f"torch.float32 {scale_shape}) there, as quantize_weight makes them")
+
+
+def _fp8_operands(x: torch.Tensor, weight: torch.Tensor, power_of_2: bool, w_fp8: Optional[torch.Tensor],
+                  w_scale: Optional[torch.Tensor]):
+    """The forward's FP8 operands: x per 1 x 128 tile of its features, the weight per 128 x 128 block (unless given
+    already quantized), with their scales: (x_fp8, x_scale, w_fp8, w_scale)."""
+    if w_fp8 is None:
+        w_fp8, w_scale = quantize_blockwise(weight, WEIGHT_BLOCK, power_of_2)
+    return (*quantize_blockwise(x, power_of_2=power_of_2), w_fp8, w_scale)
+
+
+def _dgrad_operands(grad: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, power_of_2: bool):
     """The input gradient's FP8 operands: grad per 1 x 128 tile of its features (its reduction dimension here), and
     W^T as the op's "nk" weight, whose 128 x 128 blocks are the forward's transposed (the same e4m3 values and
     scales, no second quantization): (grad_fp8, grad_scale, w_t_fp8, w_t_scale)."""
-    return (*quantize_blockwise(grad.contiguous()), w_fp8.t().contiguous(), w_scale.t().contiguous())
+    return (*quantize_blockwise(grad.contiguous(), power_of_2=power_of_2), w_fp8.t().contiguous(),
+            w_scale.t().contiguous())
 
 
 def _dequantized(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -408,8 +441,9 @@ class BlockwiseColumnParallelLinearFunction(torch.autograd.Function):
     (kept, or gathered again, with their scales), dequantized."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, save_gathered_input, mode, fp8_wgrad):
-        x_fp8, x_scale, w_fp8, w_scale = _quantized(x, weight)
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, save_gathered_input, mode, fp8_wgrad,
+                power_of_2, w_fp8, w_scale):
+        x_fp8, x_scale, w_fp8, w_scale = _fp8_operands(x, weight, power_of_2, w_fp8, w_scale)
         if save_gathered_input:
             y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x_fp8, w_fp8, "nk", group_name, bias, batch,
                                                                     x_scale, w_scale)
@@ -419,7 +453,7 @@ class BlockwiseColumnParallelLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x_fp8 if gathered is None else gathered, x_scale, weight, w_fp8, w_scale)
         _keep_main_grad(ctx, main_grad, mode)
         ctx.group_name, ctx.world_size, ctx.batch, ctx.regather = group_name, world_size, batch, gathered is None
-        ctx.has_bias, ctx.fp8_wgrad = bias is not None, fp8_wgrad
+        ctx.has_bias, ctx.fp8_wgrad, ctx.power_of_2 = bias is not None, fp8_wgrad, power_of_2
         return y
 
     @staticmethod
@@ -428,7 +462,7 @@ class BlockwiseColumnParallelLinearFunction(torch.autograd.Function):
         grad = grad.contiguous()
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_fp8, grad_scale, w_t, w_t_scale = _dgrad_operands(grad, w_fp8, w_scale)
+            grad_fp8, grad_scale, w_t, w_t_scale = _dgrad_operands(grad, w_fp8, w_scale, ctx.power_of_2)
             grad_x = torch.ops.tpfuse.gemm_reduce_scatter(grad_fp8, w_t, "nk", ctx.group_name, None, ctx.batch,
                                                           grad_scale, w_t_scale)
         if ctx.needs_input_grad[1]:
@@ -437,9 +471,10 @@ class BlockwiseColumnParallelLinearFunction(torch.autograd.Function):
             gathered_scale = gather_sequences(x_scale, ctx.group_name, ctx.world_size, ctx.batch)
             gathered = gather_sequences(saved.view(torch.uint8), ctx.group_name, ctx.world_size,
                                         ctx.batch).view(E4M3) if ctx.regather else saved
-            grad_w = _accumulate_or_return(ctx, weight, _dequantized(gathered, gathered_scale), grad, ctx.fp8_wgrad)
+            grad_w = _accumulate_or_return(ctx, weight, _dequantized(gathered, gathered_scale), grad, ctx.fp8_wgrad,
+                                           ctx.power_of_2)
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None, None, None, None, None, None
 
 
 class BlockwiseRowParallelLinearFunction(torch.autograd.Function):
@@ -447,13 +482,14 @@ class BlockwiseRowParallelLinearFunction(torch.autograd.Function):
     (grad_x, G8) = the FP8 all-gather of g8 times W8, grad_W = G^T @ x with G8 dequantized (x kept in BF16)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, mode, fp8_wgrad):
-        x_fp8, x_scale, w_fp8, w_scale = _quantized(x, weight)
+    def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, mode, fp8_wgrad, power_of_2, w_fp8,
+                w_scale):
+        x_fp8, x_scale, w_fp8, w_scale = _fp8_operands(x, weight, power_of_2, w_fp8, w_scale)
         out = torch.ops.tpfuse.gemm_reduce_scatter(x_fp8, w_fp8, "nk", group_name, bias, batch, x_scale, w_scale)
         ctx.save_for_backward(x, weight, w_fp8, w_scale)
         _keep_main_grad(ctx, main_grad, mode)
         ctx.group_name, ctx.world_size, ctx.batch, ctx.has_bias = group_name, world_size, batch, bias is not None
-        ctx.fp8_wgrad = fp8_wgrad
+        ctx.fp8_wgrad, ctx.power_of_2 = fp8_wgrad, power_of_2
         return out
 
     @staticmethod
@@ -462,7 +498,7 @@ class BlockwiseRowParallelLinearFunction(torch.autograd.Function):
         grad = grad.contiguous()
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_fp8, grad_scale, w_t, w_t_scale = _dgrad_operands(grad, w_fp8, w_scale)
+            grad_fp8, grad_scale, w_t, w_t_scale = _dgrad_operands(grad, w_fp8, w_scale, ctx.power_of_2)
             grad_x, gathered_fp8 = torch.ops.tpfuse.all_gather_gemm_gathered(grad_fp8, w_t, "nk", ctx.group_name, None,
                                                                              ctx.batch, grad_scale, w_t_scale)
         if ctx.needs_input_grad[1]:
@@ -473,10 +509,15 @@ class BlockwiseRowParallelLinearFunction(torch.autograd.Function):
             else:
                 gathered = _dequantized(gathered_fp8, gather_sequences(grad_scale, ctx.group_name, ctx.world_size,
                                                                        ctx.batch))
-            grad_w = _accumulate_or_return(ctx, weight, x, gathered, ctx.fp8_wgrad)
+            grad_w = _accumulate_or_return(ctx, weight, x, gathered, ctx.fp8_wgrad, ctx.power_of_2)
         # This rank's rows only, as the BF16 layer's.
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_bias, None, None, None, None, None, None
+        return grad_x, grad_w, grad_bias, None, None, None, None, None, None, None, None, None
+
+
+def _recipe_arguments(fp8: BlockwiseRecipe, fp8_weight) -> tuple:
+    """The blockwise functions' last arguments: fp8_wgrad, power_of_2, w_fp8, w_scale (None, None: quantized there)."""
+    return (fp8.wgrad == "fp8", fp8.power_of_2_scales, *(fp8_weight if fp8_weight is not None else (None, None)))
 
 
 def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
@@ -515,8 +556,8 @@ def _kernels_serve(layer: str, x: torch.Tensor, sequence_dim: int, batch: int, s
 
 def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                            group: dist.ProcessGroup, *, sequence_dim: int = 0, save_gathered_input: bool = True,
-                           gradient_accumulation_fusion: bool = False,
-                           fp8: Optional[BlockwiseRecipe] = None) -> torch.Tensor:
+                           gradient_accumulation_fusion: bool = False, fp8: Optional[BlockwiseRecipe] = None,
+                           fp8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """The column-parallel linear layer with sequence parallelism: x (..., S/P, ..., K), this rank's tokens of
     the sequence (dimension sequence_dim: 0 for [s, b, h], 1 for [b, s, h]), all-gathered and multiplied by
     this rank's weight (N/P x K, nn.Linear's layout) in one kernel, which also adds its bias (N/P):
@@ -526,15 +567,19 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     gather x again in backward (time: one all-gather of x, not hidden behind a GEMM).
     gradient_accumulation_fusion: add the weight's gradient into weight.main_grad in FP32 (see main_grad_mode).
     fp8: None (BF16), or a tpfuse.float8.BlockwiseRecipe: FP8 forward and input gradient (the weight's gradient as
-    the recipe says); the weight shard's dimensions multiples of 128 (check_fp8_recipe)."""
+    the recipe says); the weight shard's dimensions multiples of 128 (check_fp8_recipe).
+    fp8_weight: with fp8, the weight as quantize_weight(weight, fp8) made it, to use in place of quantizing it here
+    (one quantization for the micro-batches of a step); it must be of the weight's current values."""
     _check_sequence_dim(x, sequence_dim)
     check_fp8_recipe(fp8, weight.shape)
+    check_fp8_weight(fp8_weight, fp8, weight)
     world_size, batch = group.size(), math.prod(x.shape[:sequence_dim])
     if not _kernels_serve("ColumnParallelLinear", x, sequence_dim, batch, math.prod(x.shape[sequence_dim:-1]),
                           world_size):
         y = column_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
                                    save_gathered_input=save_gathered_input,
-                                   gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8)
+                                   gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8,
+                                   fp8_weight=fp8_weight)
         return y.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
     arguments = (x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name, world_size, batch,
@@ -542,7 +587,7 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     if fp8 is None:
         y = ColumnParallelLinearFunction.apply(*arguments)
     else:
-        y = BlockwiseColumnParallelLinearFunction.apply(*arguments, fp8.wgrad == "fp8")
+        y = BlockwiseColumnParallelLinearFunction.apply(*arguments, *_recipe_arguments(fp8, fp8_weight))
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] * world_size, y.shape[-1]
     return y.view(shape)
@@ -550,15 +595,16 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                         group: dist.ProcessGroup, *, sequence_dim: int = 0,
-                        gradient_accumulation_fusion: bool = False,
-                        fp8: Optional[BlockwiseRecipe] = None) -> torch.Tensor:
+                        gradient_accumulation_fusion: bool = False, fp8: Optional[BlockwiseRecipe] = None,
+                        fp8_weight: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """The row-parallel linear layer with sequence parallelism: x (..., S, ..., K/P), this rank's input
     features of every token, times this rank's weight (N x K/P, nn.Linear's layout), summed over the group
     and scattered by tokens of the sequence (dimension sequence_dim) in one kernel, which also adds the bias
-    (N, whole on every rank) to the summed rows: this rank's tokens (..., S/P, ..., N). gradient_accumulation_fusion
-    and fp8: as column_parallel_linear's."""
+    (N, whole on every rank) to the summed rows: this rank's tokens (..., S/P, ..., N). gradient_accumulation_fusion,
+    fp8 and fp8_weight: as column_parallel_linear's."""
     _check_sequence_dim(x, sequence_dim)
     check_fp8_recipe(fp8, weight.shape)
+    check_fp8_weight(fp8_weight, fp8, weight)
     world_size = group.size()
     if x.shape[sequence_dim] % world_size:
         raise InvalidArgumentError(f"x {tuple(x.shape)}: its sequence (dim {sequence_dim}) of {x.shape[sequence_dim]} "
@@ -566,14 +612,15 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     batch, shard_rows = math.prod(x.shape[:sequence_dim]), math.prod(x.shape[sequence_dim:-1]) // world_size
     if not _kernels_serve("RowParallelLinear", x, sequence_dim, batch, shard_rows, world_size):
         out = row_parallel_linear(x.movedim(sequence_dim, 0), weight, bias, group,
-                                  gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8)
+                                  gradient_accumulation_fusion=gradient_accumulation_fusion, fp8=fp8,
+                                  fp8_weight=fp8_weight)
         return out.movedim(0, sequence_dim)
     main_grad, mode = _main_grad_of(weight, gradient_accumulation_fusion)
     arguments = (x.reshape(-1, x.shape[-1]), weight, bias, main_grad, group.group_name, world_size, batch, mode)
     if fp8 is None:
         out = RowParallelLinearFunction.apply(*arguments)
     else:
-        out = BlockwiseRowParallelLinearFunction.apply(*arguments, fp8.wgrad == "fp8")
+        out = BlockwiseRowParallelLinearFunction.apply(*arguments, *_recipe_arguments(fp8, fp8_weight))
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] // world_size, out.shape[-1]
     return out.view(shape)

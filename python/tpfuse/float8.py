@@ -127,16 +127,16 @@ def dequantize_blockwise(x: torch.Tensor, scale: torch.Tensor, block=ACTIVATION_
     return x.to(dtype) * expanded[..., :x.shape[-2], :x.shape[-1]]
 
 
-def blockwise_weight_grad(grad: torch.Tensor, operand: torch.Tensor) -> torch.Tensor:
+def blockwise_weight_grad(grad: torch.Tensor, operand: torch.Tensor, power_of_2: bool = False) -> torch.Tensor:
     """grad^T @ operand (M x N and M x K, the M tokens summed over: N x K, FP32) as an FP8 GEMM with blockwise scales
     computes it: both quantized per 128 tokens of each feature (TOKEN_BLOCK, quantize_blockwise; a last partial
-    block of fewer tokens), each block's products of the e4m3 values summed in FP32 (exact products: e4m3 values
+    block of fewer tokens; power_of_2 as quantize_blockwise's), each block's products of the e4m3 values summed in FP32 (exact products: e4m3 values
     are exact in FP32, and in TF32), times the two blocks' scales, and added into the FP32 sum, block after block.
 
     An emulation in torch ops on any device (torch has no FP8 GEMM taking these scales on every version tpfuse
     supports): M/128 FP32 GEMMs of depth 128, correct, not fast."""
-    grad_fp8, grad_scale = quantize_blockwise(grad, TOKEN_BLOCK)            # (ceil(M/128), N)
-    operand_fp8, operand_scale = quantize_blockwise(operand, TOKEN_BLOCK)   # (ceil(M/128), K)
+    grad_fp8, grad_scale = quantize_blockwise(grad, TOKEN_BLOCK, power_of_2)            # (ceil(M/128), N)
+    operand_fp8, operand_scale = quantize_blockwise(operand, TOKEN_BLOCK, power_of_2)   # (ceil(M/128), K)
     total = torch.zeros(grad.shape[1], operand.shape[1], dtype=torch.float32, device=grad.device)
     tokens = TOKEN_BLOCK[0]
     for block in range(grad_scale.shape[0]):
@@ -160,12 +160,19 @@ class BlockwiseRecipe:
       gradient as this rank has them (a tensor a fused op gathered in FP8, dequantized to BF16); or "fp8",
       blockwise_weight_grad of the same operands (both quantized per 128 tokens). Into main_grad in FP32 either way.
 
+    power_of_2_scales: every scale of the recipe (the input's, the weight's, the gradient's, and the FP8 wgrad's
+    operands') the power of 2 quantize_blockwise(power_of_2=True) makes, so that quantizing is an exact scaling;
+    False (the default): amax / 448, as DeepSeek-V3's.
+
     Both dimensions of a layer's weight shard are reduction dimensions (the forward's and the dgrad's), so both
     must be multiples of 128."""
 
     wgrad: str = "bf16"
+    power_of_2_scales: bool = False
 
     def __post_init__(self):
         if self.wgrad not in WGRAD_PRECISIONS:
             raise InvalidArgumentError(f"wgrad = {self.wgrad!r} must be one of {WGRAD_PRECISIONS}: the weight "
                                        "gradient's GEMM in BF16 or in FP8")
+        if not isinstance(self.power_of_2_scales, bool):
+            raise InvalidArgumentError(f"power_of_2_scales = {self.power_of_2_scales!r} must be True or False")

@@ -19,6 +19,14 @@ The options of both layers, as Megatron's:
 - fp8: None (BF16, the default), or tpfuse.float8.BlockwiseRecipe(wgrad="bf16" or "fp8"): DeepSeek-V3's
   blockwise FP8 for the forward and the input's gradient, the weight's gradient in BF16 or FP8 (the recipe's
   docstring); the weight shard's dimensions must be multiples of 128 (InvalidArgumentError at construction).
+
+forward(x, is_first_microbatch=None), as TransformerEngine's layers take it: with the FP8 recipe, None
+quantizes the weight at each call; True quantizes it and keeps it, and False uses the kept one for the
+micro-batches after the first of a step, where the weight does not change. Eager, a weight changed in place
+since (an optimizer's step, load_state_dict) or moved is quantized again; a write through `weight.data` is
+not seen (it bypasses the version counter), nor is any change in a compiled graph, which cannot read the
+version counter: pass True on the first micro-batch of each step. BF16 layers accept it and keep nothing.
+
 The sharded parameters carry Megatron's tensor_model_parallel, partition_dim and partition_stride.
 
 The row layer's bias, like every parameter used on the sequence shard (LayerNorm's), gets this rank's
@@ -34,7 +42,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .autograd import check_fp8_recipe, column_parallel_linear, row_parallel_linear
+from .autograd import check_fp8_recipe, column_parallel_linear, quantize_weight, row_parallel_linear
 from .errors import InvalidArgumentError
 from .float8 import BlockwiseRecipe
 
@@ -104,6 +112,8 @@ class _ParallelLinear(torch.nn.Module):
             init_method(self.weight)
         # Zero, as Megatron's: the same on every rank whatever each one's generators.
         self.bias = torch.nn.Parameter(torch.zeros(bias_features, device=device, dtype=dtype)) if bias else None
+        # The FP8 weight kept for a step's micro-batches, and what it was made from (not state: never saved).
+        self._fp8_weight, self._fp8_weight_source = None, None
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, group: Optional[dist.ProcessGroup] = None, *,
@@ -126,11 +136,28 @@ class _ParallelLinear(torch.nn.Module):
     def group_name(self) -> str:
         return self.group.group_name
 
-    def _output(self, parallel_linear, x: torch.Tensor, **options):
+    def _kept_fp8_weight(self, is_first_microbatch: Optional[bool]):
+        """The FP8 weight for this forward (see the module's doc): None to quantize it in the call, or the kept one,
+        made again where is_first_microbatch is True or the weight is not what it was made from."""
+        if is_first_microbatch is not None and not isinstance(is_first_microbatch, bool):
+            raise InvalidArgumentError(f"is_first_microbatch = {is_first_microbatch!r} must be None, True or False")
+        if self.fp8 is None or is_first_microbatch is None:
+            return None
+        weight = self.weight
+        # Eager only: a compiled graph cannot read a tensor's storage or version counter.
+        source = None if torch.compiler.is_compiling() else (weight.data_ptr(), weight._version, weight.device,
+                                                             tuple(weight.shape), self.fp8)
+        if (is_first_microbatch or self._fp8_weight is None or
+                (source is not None and source != self._fp8_weight_source)):
+            self._fp8_weight, self._fp8_weight_source = quantize_weight(weight, self.fp8), source
+        return self._fp8_weight
+
+    def _output(self, parallel_linear, x: torch.Tensor, is_first_microbatch: Optional[bool], **options):
         """The layer's output, or (output, bias) without the bias added where skip_bias_add is set."""
         bias = None if self.skip_bias_add else self.bias
         out = parallel_linear(x, self.weight, bias, self.group, sequence_dim=self.sequence_dim,
-                              gradient_accumulation_fusion=self.gradient_accumulation_fusion, fp8=self.fp8, **options)
+                              gradient_accumulation_fusion=self.gradient_accumulation_fusion, fp8=self.fp8,
+                              fp8_weight=self._kept_fp8_weight(is_first_microbatch), **options)
         return (out, self.bias) if self.skip_bias_add else out
 
     def extra_repr(self) -> str:
@@ -169,8 +196,9 @@ class ColumnParallelLinear(_ParallelLinear):
             _set_tensor_parallel(self.bias, 0, stride)
         self.save_gathered_input = save_gathered_input
 
-    def forward(self, x: torch.Tensor):
-        return self._output(column_parallel_linear, x, save_gathered_input=self.save_gathered_input)
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None):
+        return self._output(column_parallel_linear, x, is_first_microbatch,
+                            save_gathered_input=self.save_gathered_input)
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -198,8 +226,8 @@ class RowParallelLinear(_ParallelLinear):
         if self.bias is not None:
             self.bias.sequence_parallel = True
 
-    def forward(self, x: torch.Tensor):
-        return self._output(row_parallel_linear, x)
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None):
+        return self._output(row_parallel_linear, x, is_first_microbatch)
 
 
 def allreduce_sequence_parallel_grads(module: torch.nn.Module, group: Optional[dist.ProcessGroup] = None) -> None:

@@ -20,7 +20,7 @@ import torch
 
 import tpfuse
 from tpfuse import _checks
-from tpfuse.autograd import column_parallel_linear
+from tpfuse.autograd import column_parallel_linear, row_parallel_linear
 from tpfuse.float8 import (TOKEN_BLOCK, WEIGHT_BLOCK, BlockwiseRecipe, blockwise_weight_grad, dequantize_blockwise,
                            quantize_blockwise)
 from tpfuse.nn import ColumnParallelLinear, RowParallelLinear
@@ -29,6 +29,7 @@ from test_autograd import BF16, GraphsOf
 
 F64 = torch.float64
 RECIPES = [BlockwiseRecipe(), BlockwiseRecipe(wgrad="fp8")]
+POWER_OF_2 = BlockwiseRecipe(wgrad="fp8", power_of_2_scales=True)
 SIZES = [1, 2, 4]
 ROWS_PER_RANK = 80  # tokens per rank: M/128 token blocks and a partial one for the FP8 weight gradient
 
@@ -38,15 +39,15 @@ def fp8_group(group, monkeypatch):
     return SimulatedGroup(group, monkeypatch)
 
 
-def dequantized(x, block=(1, 128), dtype=F64):
-    return dequantize_blockwise(*quantize_blockwise(x, block), block, dtype)
+def dequantized(x, block=(1, 128), dtype=F64, power_of_2=False):
+    return dequantize_blockwise(*quantize_blockwise(x, block, power_of_2), block, dtype)
 
 
 def wgrad_reference(grad, operand, recipe):
     """grad^T @ operand as the recipe's weight gradient multiplies them (BF16 operands), in float64, and the sum of
     the products' magnitudes."""
     if recipe.wgrad == "fp8":
-        grad, operand = dequantized(grad, TOKEN_BLOCK), dequantized(operand, TOKEN_BLOCK)
+        grad, operand = (dequantized(t, TOKEN_BLOCK, power_of_2=recipe.power_of_2_scales) for t in (grad, operand))
     grad, operand = grad.double(), operand.double()
     return grad.t() @ operand, grad.abs().t() @ operand.abs()
 
@@ -69,7 +70,9 @@ class LayerCase:
     out_features), and the float64 reference of the recipe on them: y, x.grad, the weight's and the bias's
     gradients (each with its magnitudes), whole."""
 
-    def __init__(self, layer_type, p, recipe, seed, in_features, out_features, rows_per_rank=ROWS_PER_RANK):
+    def __init__(self, layer_type, p, recipe, seed, in_features, out_features, rows_per_rank=ROWS_PER_RANK,
+                 reference_recipe=None):
+        """reference_recipe: the recipe of the reference, if not the layers' (a premise's check)."""
         generator = torch.Generator().manual_seed(seed)
         self.layer_type, self.p, self.recipe = layer_type, p, recipe
         self.linear = torch.nn.Linear(in_features, out_features, dtype=BF16)
@@ -78,16 +81,21 @@ class LayerCase:
             self.linear.bias.copy_(draws(1, out_features, generator=generator)[0])
         m = rows_per_rank * p
         self.x, self.g = draws(m, in_features, generator=generator), draws(m, out_features, generator=generator)
-        x, w, g = dequantized(self.x), dequantized(self.linear.weight, WEIGHT_BLOCK), dequantized(self.g)
+        reference_recipe = reference_recipe or recipe
+        power_of_2 = reference_recipe.power_of_2_scales
+        x, g = (dequantized(t, power_of_2=power_of_2) for t in (self.x, self.g))
+        w = dequantized(self.linear.weight, WEIGHT_BLOCK, power_of_2=power_of_2)
         bias = self.linear.bias.double()
         self.y = (x @ w.t() + bias, x.abs() @ w.abs().t() + bias.abs())
         self.x_grad = (g @ w, g.abs() @ w.abs())
         # The weight gradient's operands: the column layer's input and the row layer's gradient come gathered
         # in FP8 and are dequantized to BF16; the others are this rank's BF16 tensors.
+        gathered = dequantized(self.x if layer_type is ColumnParallelLinear else self.g, dtype=torch.float32,
+                               power_of_2=power_of_2).to(BF16)
         if layer_type is ColumnParallelLinear:
-            self.w_grad = wgrad_reference(self.g, dequantized(self.x, dtype=torch.float32).to(BF16), recipe)
+            self.w_grad = wgrad_reference(self.g, gathered, reference_recipe)
         else:
-            self.w_grad = wgrad_reference(dequantized(self.g, dtype=torch.float32).to(BF16), self.x, recipe)
+            self.w_grad = wgrad_reference(gathered, self.x, reference_recipe)
         self.b_grad = (self.g.double().sum(0), self.g.double().abs().sum(0))
 
     def rows(self, tensor, rank):
@@ -136,12 +144,12 @@ class LayerCase:
                 check_bound(f"rank {rank} {name}", ours[name], reference)
 
 
-def column_case(p, recipe, seed, rows_per_rank=ROWS_PER_RANK):
-    return LayerCase(ColumnParallelLinear, p, recipe, seed, 256, 256 * p, rows_per_rank)
+def column_case(p, recipe, seed, rows_per_rank=ROWS_PER_RANK, **options):
+    return LayerCase(ColumnParallelLinear, p, recipe, seed, 256, 256 * p, rows_per_rank, **options)
 
 
-def row_case(p, recipe, seed, rows_per_rank=ROWS_PER_RANK):
-    return LayerCase(RowParallelLinear, p, recipe, seed, 256 * p, 256, rows_per_rank)
+def row_case(p, recipe, seed, rows_per_rank=ROWS_PER_RANK, **options):
+    return LayerCase(RowParallelLinear, p, recipe, seed, 256 * p, 256, rows_per_rank, **options)
 
 
 @pytest.mark.parametrize("p", SIZES)
@@ -162,6 +170,23 @@ def test_row_layer_against_the_dequantized_computation(groups, monkeypatch, p, r
     sim = fp8_group(groups[p], monkeypatch)
     case.check(sim.run(lambda rank: case.step(groups[p], rank)))
     assert [problem.scaling for problem in sim.problems + sim.all_gather_problems] == [BLOCKWISE] * (2 * p)
+
+
+@pytest.mark.parametrize("make_case", [column_case, row_case])
+def test_power_of_2_scales(groups, monkeypatch, make_case):
+    """BlockwiseRecipe(power_of_2_scales=True): every quantization of the recipe (input, weight, gradient, the FP8
+    wgrad's operands) with power-of-2 scales: within the bound of the reference quantized so, and past that of
+    the reference with amax / 448 scales (the quantizations differ)."""
+    p = 2
+    case = make_case(p, POWER_OF_2, seed=15)
+    results = fp8_group(groups[p], monkeypatch).run(lambda rank: case.step(groups[p], rank))
+    case.check(results)
+    other = make_case(p, POWER_OF_2, seed=15, reference_recipe=RECIPES[1])
+    for rank, (y, x_grad, layer) in enumerate(results):
+        references = other.references(rank)
+        for name, ours in (("y", y), ("x.grad", x_grad), ("weight.grad", layer.weight.grad)):
+            with pytest.raises(AssertionError, match="past the bound"):
+                check_bound(name, ours, references[name])
 
 
 @pytest.mark.parametrize("make_case", [column_case, row_case])
@@ -271,11 +296,108 @@ def test_two_micro_batches_accumulate_into_main_grad_in_fp32(groups, monkeypatch
                     (first[0] + second[0], first[1] + second[1]))
 
 
+def count_weight_quantizations(monkeypatch) -> list:
+    """A list that gains an entry at each of tpfuse.autograd's quantizations of a weight (per 128 x 128 block)."""
+    calls, quantize = [], tpfuse.autograd.quantize_blockwise
+
+    def counted(x, block=(1, 128), power_of_2=False):
+        if tuple(block) == WEIGHT_BLOCK:
+            calls.append(tuple(x.shape))
+        return quantize(x, block, power_of_2)
+
+    monkeypatch.setattr(tpfuse.autograd, "quantize_blockwise", counted)
+    return calls
+
+
+@pytest.mark.parametrize("make_case", [column_case, row_case])
+def test_the_fp8_weight_is_kept_for_the_micro_batches_of_a_step(groups, monkeypatch, make_case):
+    """forward(x, is_first_microbatch=True) quantizes the weight and False reuses it: one quantization a rank for
+    three micro-batches, against three with None, and the same outputs and gradients bit for bit. After an in-place
+    change of the weight (as an optimizer's step makes), False quantizes it again and uses the new values."""
+    p = 2
+    cases = [make_case(p, RECIPES[1], seed=70 + i) for i in range(3)]
+    sim = fp8_group(groups[p], monkeypatch)
+    quantizations = count_weight_quantizations(monkeypatch)
+
+    def micro_batches(rank, flags, layer=None):
+        layer = layer or cases[0].layer(groups[p], rank)
+        results = []
+        for case, flag in zip(cases, flags):
+            x, g = case.inputs(rank)
+            x = x.clone().requires_grad_()
+            y = layer(x, is_first_microbatch=flag)
+            (y.double() * g.double()).sum().backward()
+            results.append((y, x.grad))
+        return results, layer.weight.grad.clone(), layer
+
+    each_call = sim.run(lambda rank: micro_batches(rank, [None] * 3))
+    assert len(quantizations) == 3 * p
+    quantizations.clear()
+    kept = sim.run(lambda rank: micro_batches(rank, [True, False, False]))
+    assert len(quantizations) == p
+    for (results, w_grad, _), (results0, w_grad0, _) in zip(kept, each_call):
+        assert all(torch.equal(a, b) for pair, pair0 in zip(results, results0) for a, b in zip(pair, pair0))
+        assert torch.equal(w_grad, w_grad0)
+
+    def after_a_step(rank):
+        layer = kept[rank][2]
+        with torch.no_grad():
+            layer.weight.mul_(0.5)
+        fresh = cases[0].layer(groups[p], rank)
+        with torch.no_grad():
+            fresh.weight.copy_(layer.weight)
+        return micro_batches(rank, [False], layer)[0], micro_batches(rank, [None], fresh)[0]
+
+    quantizations.clear()
+    for ours, reference in sim.run(after_a_step):
+        assert torch.equal(ours[0][0], reference[0][0]) and torch.equal(ours[0][1], reference[0][1])
+    assert len(quantizations) == 2 * p
+
+
+def test_micro_batch_flag_and_fp8_weight_errors(groups):
+    group = groups[4]
+    layer = RowParallelLinear(512, 256, group, fp8=RECIPES[0])
+    with pytest.raises(tpfuse.InvalidArgumentError, match="is_first_microbatch = 1 must be None, True or False"):
+        layer(torch.zeros(8, 128, dtype=BF16), is_first_microbatch=1)
+    weight = torch.zeros(256, 128, dtype=BF16)
+    fp8_weight = tpfuse.autograd.quantize_weight(weight, RECIPES[0])
+    assert fp8_weight[0].dtype == torch.float8_e4m3fn and fp8_weight[1].shape == (2, 1)
+    x = torch.zeros(8, 128, dtype=BF16)
+    with pytest.raises(tpfuse.InvalidArgumentError, match="fp8_weight is given without fp8"):
+        row_parallel_linear(x, weight, None, group, fp8_weight=fp8_weight)
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"fp8_weight must be \(w_fp8, w_scale\)"):
+        row_parallel_linear(x, weight, None, group, fp8=RECIPES[0], fp8_weight=fp8_weight[0])
+    wrong = [(fp8_weight[0][:128], fp8_weight[1]), (fp8_weight[0], fp8_weight[1].double()),
+             (weight, fp8_weight[1]), (fp8_weight[0], fp8_weight[1][:1])]
+    for candidate in wrong:
+        with pytest.raises(tpfuse.InvalidArgumentError, match=r"fp8_weight is \(.*\); the weight \(256, 128\) on cpu "
+                                                              r"needs \(torch.float8_e4m3fn \(256, 128\), torch.float32 "
+                                                              r"\(2, 1\)\) there"):
+            row_parallel_linear(x, weight, None, group, fp8=RECIPES[0], fp8_weight=candidate)
+
+
+def test_bf16_layers_take_the_micro_batch_flag(groups, monkeypatch):
+    """is_first_microbatch on a layer without the recipe: accepted, nothing kept, the same output."""
+    p = 2
+    case = column_case(p, RECIPES[0], seed=80)
+    sim = SimulatedGroup(groups[p], monkeypatch)
+
+    def both(rank):
+        layer = case.layer(groups[p], rank, fp8=None)
+        x, _ = case.inputs(rank)
+        return layer(x), layer(x, is_first_microbatch=True), layer(x, is_first_microbatch=False), layer
+
+    for y, first, later, layer in sim.run(both):
+        assert torch.equal(y, first) and torch.equal(y, later) and layer._fp8_weight is None
+
+
 # --- the named errors ---
 
 def test_recipe_and_shape_errors(groups):
     with pytest.raises(tpfuse.InvalidArgumentError, match=r"wgrad = 'fp16' must be one of \('bf16', 'fp8'\)"):
         BlockwiseRecipe(wgrad="fp16")
+    with pytest.raises(tpfuse.InvalidArgumentError, match="power_of_2_scales = 1 must be True or False"):
+        BlockwiseRecipe(power_of_2_scales=1)
     with pytest.raises(tpfuse.InvalidArgumentError, match=r"fp8 = 'blockwise' must be None \(BF16\) or a "
                                                           r"tpfuse.float8.BlockwiseRecipe"):
         ColumnParallelLinear(256, 512, groups[4], fp8="blockwise")
@@ -296,7 +418,8 @@ def test_recipe_and_shape_errors(groups):
 
 def test_default_is_bf16_and_repr_names_the_recipe(groups):
     assert ColumnParallelLinear(256, 512, groups[4]).fp8 is None and RowParallelLinear(512, 256, groups[4]).fp8 is None
-    assert "fp8=BlockwiseRecipe(wgrad='fp8')" in repr(RowParallelLinear(512, 256, groups[4], fp8=RECIPES[1]))
+    assert ("fp8=BlockwiseRecipe(wgrad='fp8', power_of_2_scales=False)" in
+            repr(RowParallelLinear(512, 256, groups[4], fp8=RECIPES[1])))
 
 
 # --- torch.compile ---
@@ -316,6 +439,19 @@ def test_compile_traces_forward_and_backward_with_the_fp8_ops(groups):
                  if node.op == "call_function" and "tpfuse" in str(node.target)
                  and node.args[0].meta["val"].dtype == torch.float8_e4m3fn]
     assert len(fp8_calls) == 4
+
+
+def test_compiled_micro_batches_quantize_the_weight_on_the_first_only(groups, monkeypatch):
+    """fullgraph compiled with is_first_microbatch: True's graph quantizes the weight (once, as traced), False's
+    uses the kept one (no quantization in its graph; compiled, no version check)."""
+    quantizations = count_weight_quantizations(monkeypatch)
+    column = ColumnParallelLinear(256, 1024, groups[4], device="meta", fp8=RECIPES[0])
+    compiled = torch.compile(lambda x, first: column(x, is_first_microbatch=first), fullgraph=True, backend="eager")
+    x = torch.empty(64, 256, dtype=BF16, device="meta", requires_grad=True)
+    for first in (True, False, False):
+        compiled(x, first).sum().backward()
+        assert len(quantizations) == 1, (first, quantizations)
+    assert column._fp8_weight[0].dtype == torch.float8_e4m3fn
 
 
 # --- the FP8 weight gradient alone ---

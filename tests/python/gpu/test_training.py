@@ -349,9 +349,11 @@ FP8_STEPS = 5
 FP8_RECIPES = [BlockwiseRecipe(), BlockwiseRecipe(wgrad="fp8")]
 
 
-def training_losses(group, device, fp8, sequence_dim=0, save_gathered_input=True):
+def training_losses(group, device, fp8, sequence_dim=0, save_gathered_input=True, micro_batches=1):
     """Each step's loss (mean squared error, every rank's tokens) of FP8_STEPS AdamW steps of the MLP (column,
-    GELU, row) on tpfuse's layers, with the recipe fp8 or in BF16 (None), from the same weights and data."""
+    GELU, row) on tpfuse's layers, with the recipe fp8 or in BF16 (None), from the same weights and data. With
+    micro_batches = 2 (sequence_dim 0), each step's sequences go in two micro-batches whose gradients add up, the
+    layers told which is first (is_first_microbatch: the FP8 weight quantized once a step)."""
     p, rank = group.size(), group.rank()
     fc1, fc2, generator = full_mlp(device, seed=8)
     model = torch.nn.Sequential(
@@ -366,8 +368,14 @@ def training_losses(group, device, fp8, sequence_dim=0, save_gathered_input=True
     losses = []
     for x, target in zip(inputs.to(BF16), targets):
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(model(x.contiguous()).float(), target, reduction="sum")
-        loss.backward()
+        loss = 0
+        for i, (x_micro, target_micro) in enumerate(zip(x.chunk(micro_batches, 1), target.chunk(micro_batches, 1))):
+            first = None if micro_batches == 1 else i == 0
+            hidden = torch.nn.functional.gelu(model[0](x_micro.contiguous(), is_first_microbatch=first))
+            micro_loss = torch.nn.functional.mse_loss(model[2](hidden, is_first_microbatch=first).float(),
+                                                      target_micro, reduction="sum")
+            micro_loss.backward()
+            loss = loss + micro_loss
         allreduce_sequence_parallel_grads(model, group)
         optimizer.step()
         total = loss.detach()
@@ -388,6 +396,14 @@ def check_losses_close(fp8_losses, bf16_losses):
 @pytest.mark.parametrize("recipe", FP8_RECIPES, ids=lambda recipe: f"wgrad_{recipe.wgrad}")
 def test_fp8_blockwise_training_losses_close_to_bf16(group, device, recipe):
     check_losses_close(training_losses(group, device, recipe), training_losses(group, device, None))
+
+
+def test_fp8_power_of_2_scales_in_two_micro_batches(group, device):
+    """power_of_2_scales, each step in two micro-batches with the weight quantized on the first only: close to BF16
+    in the same micro-batches."""
+    recipe = BlockwiseRecipe(wgrad="fp8", power_of_2_scales=True)
+    check_losses_close(training_losses(group, device, recipe, micro_batches=2),
+                       training_losses(group, device, None, micro_batches=2))
 
 
 @pytest.mark.parametrize("recipe", FP8_RECIPES, ids=lambda recipe: f"wgrad_{recipe.wgrad}")
