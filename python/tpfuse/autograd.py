@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from ._checks import E4M3, SCALE_BLOCK, SLAB_ROWS, weight_of
+from ._checks import E4M3, SCALE_BLOCK, SLAB_ROWS, blockwise_scale_shapes, weight_of
 from .errors import InvalidArgumentError, UnsupportedError
 from .float8 import WEIGHT_BLOCK, BlockwiseRecipe, blockwise_weight_grad, dequantize_blockwise, quantize_blockwise
 
@@ -402,7 +402,7 @@ def check_fp8_weight(fp8_weight, fp8: Optional[BlockwiseRecipe], weight: torch.T
         raise InvalidArgumentError(f"fp8_weight must be (w_fp8, w_scale) as quantize_weight makes them, not "
                                    f"{type(fp8_weight).__name__}")
     w_fp8, w_scale = fp8_weight
-    scale_shape = (-(-weight.shape[0] // SCALE_BLOCK), -(-weight.shape[1] // SCALE_BLOCK))
+    scale_shape = blockwise_scale_shapes(0, *weight.shape)[1]
     if (not isinstance(w_fp8, torch.Tensor) or not isinstance(w_scale, torch.Tensor) or w_fp8.dtype != E4M3 or
             w_fp8.shape != weight.shape or w_scale.dtype != torch.float32 or tuple(w_scale.shape) != scale_shape or
             w_fp8.device != weight.device or w_scale.device != weight.device):
@@ -411,15 +411,6 @@ def check_fp8_weight(fp8_weight, fp8: Optional[BlockwiseRecipe], weight: torch.T
         raise InvalidArgumentError(f"fp8_weight is ({described[0]}, {described[1]}); the weight "
                                    f"{tuple(weight.shape)} on {weight.device} needs ({E4M3} {tuple(weight.shape)}, "
                                    f"torch.float32 {scale_shape}) there, as quantize_weight makes them")
-
-
-def _fp8_operands(x: torch.Tensor, weight: torch.Tensor, power_of_2: bool, w_fp8: Optional[torch.Tensor],
-                  w_scale: Optional[torch.Tensor]):
-    """The forward's FP8 operands: x per 1 x 128 tile of its features, the weight per 128 x 128 block (unless given
-    already quantized), with their scales: (x_fp8, x_scale, w_fp8, w_scale)."""
-    if w_fp8 is None:
-        w_fp8, w_scale = quantize_blockwise(weight, WEIGHT_BLOCK, power_of_2)
-    return (*quantize_blockwise(x, power_of_2=power_of_2), w_fp8, w_scale)
 
 
 def _dgrad_operands(grad: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, power_of_2: bool):
@@ -443,7 +434,7 @@ class BlockwiseColumnParallelLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, save_gathered_input, mode, fp8_wgrad,
                 power_of_2, w_fp8, w_scale):
-        x_fp8, x_scale, w_fp8, w_scale = _fp8_operands(x, weight, power_of_2, w_fp8, w_scale)
+        x_fp8, x_scale = quantize_blockwise(x, power_of_2=power_of_2)
         if save_gathered_input:
             y, gathered = torch.ops.tpfuse.all_gather_gemm_gathered(x_fp8, w_fp8, "nk", group_name, bias, batch,
                                                                     x_scale, w_scale)
@@ -484,7 +475,7 @@ class BlockwiseRowParallelLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, main_grad, group_name, world_size, batch, mode, fp8_wgrad, power_of_2, w_fp8,
                 w_scale):
-        x_fp8, x_scale, w_fp8, w_scale = _fp8_operands(x, weight, power_of_2, w_fp8, w_scale)
+        x_fp8, x_scale = quantize_blockwise(x, power_of_2=power_of_2)
         out = torch.ops.tpfuse.gemm_reduce_scatter(x_fp8, w_fp8, "nk", group_name, bias, batch, x_scale, w_scale)
         ctx.save_for_backward(x, weight, w_fp8, w_scale)
         _keep_main_grad(ctx, main_grad, mode)
@@ -515,9 +506,11 @@ class BlockwiseRowParallelLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_bias, None, None, None, None, None, None, None, None, None
 
 
-def _recipe_arguments(fp8: BlockwiseRecipe, fp8_weight) -> tuple:
-    """The blockwise functions' last arguments: fp8_wgrad, power_of_2, w_fp8, w_scale (None, None: quantized there)."""
-    return (fp8.wgrad == "fp8", fp8.power_of_2_scales, *(fp8_weight if fp8_weight is not None else (None, None)))
+def _recipe_arguments(fp8: BlockwiseRecipe, weight: torch.Tensor, fp8_weight) -> tuple:
+    """The blockwise functions' last arguments: fp8_wgrad, power_of_2, and the FP8 weight and its scales (the one
+    given, else the weight quantized now)."""
+    return (fp8.wgrad == "fp8", fp8.power_of_2_scales,
+            *(fp8_weight if fp8_weight is not None else quantize_weight(weight, fp8)))
 
 
 def _main_grad_of(weight: torch.Tensor, gradient_accumulation_fusion: bool):
@@ -587,7 +580,7 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     if fp8 is None:
         y = ColumnParallelLinearFunction.apply(*arguments)
     else:
-        y = BlockwiseColumnParallelLinearFunction.apply(*arguments, *_recipe_arguments(fp8, fp8_weight))
+        y = BlockwiseColumnParallelLinearFunction.apply(*arguments, *_recipe_arguments(fp8, weight, fp8_weight))
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] * world_size, y.shape[-1]
     return y.view(shape)
@@ -620,7 +613,7 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     if fp8 is None:
         out = RowParallelLinearFunction.apply(*arguments)
     else:
-        out = BlockwiseRowParallelLinearFunction.apply(*arguments, *_recipe_arguments(fp8, fp8_weight))
+        out = BlockwiseRowParallelLinearFunction.apply(*arguments, *_recipe_arguments(fp8, weight, fp8_weight))
     shape = list(x.shape)
     shape[sequence_dim], shape[-1] = shape[sequence_dim] // world_size, out.shape[-1]
     return out.view(shape)

@@ -129,9 +129,10 @@ def dequantize_blockwise(x: torch.Tensor, scale: torch.Tensor, block=ACTIVATION_
 
 def blockwise_weight_grad(grad: torch.Tensor, operand: torch.Tensor, power_of_2: bool = False) -> torch.Tensor:
     """grad^T @ operand (M x N and M x K, the M tokens summed over: N x K, FP32) as an FP8 GEMM with blockwise scales
-    computes it: both quantized per 128 tokens of each feature (TOKEN_BLOCK, quantize_blockwise; a last partial
-    block of fewer tokens; power_of_2 as quantize_blockwise's), each block's products of the e4m3 values summed in FP32 (exact products: e4m3 values
-    are exact in FP32, and in TF32), times the two blocks' scales, and added into the FP32 sum, block after block.
+    computes it: both quantized per 128 tokens of each feature (TOKEN_BLOCK, quantize_blockwise, with power_of_2 as
+    there; a last partial block of fewer tokens), each block's products of the e4m3 values summed in FP32 (exact
+    products: e4m3 values are exact in FP32, and in TF32), times the two blocks' scales, and added into the FP32
+    sum, block after block.
 
     An emulation in torch ops on any device (torch has no FP8 GEMM taking these scales on every version tpfuse
     supports): M/128 FP32 GEMMs of depth 128, correct, not fast."""

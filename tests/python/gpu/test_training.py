@@ -371,7 +371,7 @@ def training_losses(group, device, fp8, sequence_dim=0, save_gathered_input=True
         loss = 0
         for i, (x_micro, target_micro) in enumerate(zip(x.chunk(micro_batches, 1), target.chunk(micro_batches, 1))):
             first = None if micro_batches == 1 else i == 0
-            hidden = torch.nn.functional.gelu(model[0](x_micro.contiguous(), is_first_microbatch=first))
+            hidden = model[1](model[0](x_micro.contiguous(), is_first_microbatch=first))
             micro_loss = torch.nn.functional.mse_loss(model[2](hidden, is_first_microbatch=first).float(),
                                                       target_micro, reduction="sum")
             micro_loss.backward()
