@@ -528,6 +528,15 @@ def _check_sequence_dim(x: torch.Tensor, sequence_dim: int) -> None:
                                    f"before its features (0 to {x.dim() - 2})")
 
 
+def _check_features(x: torch.Tensor, weight: torch.Tensor) -> None:
+    # NOTE: here and not only in the ops: compiled, the guard it adds settles x's features as the weight's before
+    # the autograd function is traced (torch 2.11's tracing of it fails where they are settled only inside).
+    if x.shape[-1] != weight.shape[1]:
+        raise InvalidArgumentError(f"x {tuple(x.shape)} has {x.shape[-1]} features and the weight shard "
+                                   f"{tuple(weight.shape)} (output x input features, nn.Linear's layout) takes "
+                                   f"{weight.shape[1]}")
+
+
 _log = logging.getLogger(__name__)
 _logged_fallbacks = set()  # the layer kinds whose sequence-major fallback was logged
 
@@ -564,6 +573,7 @@ def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional
     fp8_weight: with fp8, the weight as quantize_weight(weight, fp8) made it, to use in place of quantizing it here
     (one quantization for the micro-batches of a step); it must be of the weight's current values."""
     _check_sequence_dim(x, sequence_dim)
+    _check_features(x, weight)
     check_fp8_recipe(fp8, weight.shape)
     check_fp8_weight(fp8_weight, fp8, weight)
     world_size, batch = group.size(), math.prod(x.shape[:sequence_dim])
@@ -596,6 +606,7 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[to
     (N, whole on every rank) to the summed rows: this rank's tokens (..., S/P, ..., N). gradient_accumulation_fusion,
     fp8 and fp8_weight: as column_parallel_linear's."""
     _check_sequence_dim(x, sequence_dim)
+    _check_features(x, weight)
     check_fp8_recipe(fp8, weight.shape)
     check_fp8_weight(fp8_weight, fp8, weight)
     world_size = group.size()

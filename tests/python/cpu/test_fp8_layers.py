@@ -441,6 +441,22 @@ def test_compile_traces_forward_and_backward_with_the_fp8_ops(groups):
     assert len(fp8_calls) == 4
 
 
+def test_compile_with_dynamic_shapes_traces_the_fp8_ops(groups):
+    """dynamic=True, two sequence lengths through one graph: x's features are settled as the weight's before the
+    autograd functions are traced (torch 2.11 failed to trace them where only the ops settled it)."""
+    column = ColumnParallelLinear(256, 1024, groups[4], device="meta", fp8=RECIPES[0])
+    row = RowParallelLinear(1024, 256, groups[4], device="meta", fp8=RECIPES[0])
+    graphs = GraphsOf()
+    model = torch.compile(torch.nn.Sequential(column, torch.nn.GELU(), row), fullgraph=True, backend=graphs.backend,
+                          dynamic=True)
+    for tokens in (64, 96):
+        x = torch.empty(tokens, 2, 256, dtype=BF16, device="meta", requires_grad=True)
+        y = model(x)
+        y.sum().backward()
+        assert y.shape == x.shape and x.grad.shape == x.shape
+    assert len(graphs.forward) == 1
+
+
 def test_compiled_micro_batches_quantize_the_weight_on_the_first_only(groups, monkeypatch):
     """fullgraph compiled with is_first_microbatch: True's graph quantizes the weight (once, as traced), False's
     uses the kept one (no quantization in its graph; compiled, no version check)."""
@@ -469,3 +485,4 @@ def test_blockwise_weight_grad_is_the_product_of_the_token_blocks():
     assert ((ours.double() - reference[0]).abs() <= 2 ** -20 * reference[1]).all()
     with pytest.raises(AssertionError, match="past the bound"):
         check_bound("the unquantized product", grad.double().t() @ operand.double(), reference)
+

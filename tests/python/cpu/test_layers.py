@@ -117,6 +117,16 @@ def test_sequence_dim_errors(groups):
         row(torch.zeros(2, 6, 8, dtype=BF16))
 
 
+def test_features_errors(groups):
+    """x's features against the weight shard's input features, named before any op runs."""
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"x \(4, 2, 24\) has 24 features and the weight shard "
+                                                          r"\(16, 16\) .* takes 16"):
+        ColumnParallelLinear(16, 64, groups[4])(torch.zeros(4, 2, 24, dtype=BF16))
+    with pytest.raises(tpfuse.InvalidArgumentError, match=r"x \(8, 32\) has 32 features and the weight shard "
+                                                          r"\(16, 8\) .* takes 8"):
+        RowParallelLinear(32, 16, groups[4])(torch.zeros(8, 32, dtype=BF16))
+
+
 # --- main_grad: two micro-batches forward, then both backward (a pipeline's 1F1B warm-up) ---
 
 class MicroBatches:
