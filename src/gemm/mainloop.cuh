@@ -231,10 +231,17 @@ struct EpilogueBase {
   __device__ float a_scale(const Mainloop& m, int row) const {
     return row < m.scale_rows ? __ldg(m.a_scale + row * m.a_scale_step) : 0.0f;
   }
-  // Blockwise: A row `row`'s scale over K block `k_block`.
+  // Blockwise: A row `row`'s scales (one a K block) as the K loop reads them, found once a tile (the
+  // loop's asm clobbers memory: what it reads from the parameters is read, and worked out, again at
+  // every block). Here an offset into MainloopParams' scales, -1 past the last row (scales 0): one
+  // register a row beside the promoted tile's two sets.
   template <class Mainloop>
-  __device__ float a_block_scale(const Mainloop& m, int row, int k_block) const {
-    return row < m.scale_rows ? __ldg(m.a_scale + row * m.k_scale_blocks + k_block) : 0.0f;
+  __device__ int a_block_scales(const Mainloop& m, int row) const {
+    return row < m.scale_rows ? row * m.k_scale_blocks : -1;
+  }
+  template <class Mainloop>
+  __device__ float a_block_scale(const Mainloop& m, int scales, int k_block) const {
+    return scales < 0 ? 0.0f : __ldg(m.a_scale + scales + k_block);
   }
 };
 
@@ -434,6 +441,11 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
                                                       Epilogue& epilogue) {
   float block_sum[Config::kAccPerThread];
   const int row = a_row + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4;  // and row + 8
+  decltype(epilogue.a_block_scales(p, row)) a_scales[2] = {};
+  if constexpr (Config::kBlockScaled) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) a_scales[h] = epilogue.a_block_scales(p, row + 8 * h);
+  }
   // A slab 192 wide starts 0 or 64 columns into a block of W's scales; a next block past the last
   // column is never stored and reads the first's.
   const int w_block = col / int(kScaleBlock);
@@ -453,7 +465,7 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
       w_scale[0] = __ldg(w_first + k_block);
       w_scale[1] = Config::kWgCols > int(kScaleBlock) ? __ldg(w_second + k_block) : w_scale[0];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) a_scale[h] = epilogue.a_block_scale(p, row + 8 * h, k_block);
+      for (int h = 0; h < 2; ++h) a_scale[h] = epilogue.a_block_scale(p, a_scales[h], k_block);
     }
     cute::warpgroup_wait<0>();
 #pragma unroll

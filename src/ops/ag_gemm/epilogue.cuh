@@ -106,10 +106,10 @@ class AllGatherEpilogue : public EpilogueBase {
   }
 
   // E4M3 inputs, consumers: a tile's first row as the gathered X counts its rows ([source][row]),
-  // and row `row`'s scale (blockwise: over K block `k_block`). A peer's rows' scales are read where they
-  // landed (through L2: this SM may hold an older copy of the line), after the K loop, or blockwise the
-  // wait for a stage of the rows (the producer waited for the rows, and their scales, before loading
-  // them); this rank's from X_r's.
+  // and row `row`'s scale (blockwise: where its scales start, read at each K block through L2). A peer's
+  // rows' scales are read where they landed (through L2: this SM may hold an older copy of the line),
+  // after the K loop, or blockwise after the wait for a stage of the rows (the producer waited for the
+  // rows, and their scales, before loading them); this rank's from X_r's.
   __device__ int scale_row(const Tile& tile) const { return tile.owner_rank * p_.rows_per_rank + tile.segment_row; }
   template <class Mainloop>
   __device__ float a_scale(const Mainloop& m, int row) const {
@@ -118,13 +118,17 @@ class AllGatherEpilogue : public EpilogueBase {
     const int source = row / p_.rows_per_rank;
     return source == p_.rank ? __ldg(p_.x_scales + (row - source * p_.rows_per_rank)) : __ldcg(gathered_scales_ + row);
   }
+  // (Blockwise, where a row's scales start: nullptr past the last source's rows.)
   template <class Mainloop>
-  __device__ float a_block_scale(const Mainloop&, int row, int k_block) const {
-    if (row >= p_.world_size * p_.rows_per_rank) return 0.0f;
+  __device__ const float* a_block_scales(const Mainloop&, int row) const {
+    if (row >= p_.world_size * p_.rows_per_rank) return nullptr;
     const int source = row / p_.rows_per_rank;
-    const size_t at = size_t(row) * p_.scales_per_row + k_block;
-    return source == p_.rank ? __ldg(p_.x_scales + (at - size_t(source) * p_.rows_per_rank * p_.scales_per_row))
-                             : __ldcg(gathered_scales_ + at);
+    return source == p_.rank ? p_.x_scales + size_t(row - source * p_.rows_per_rank) * p_.scales_per_row
+                             : gathered_scales_ + size_t(row) * p_.scales_per_row;
+  }
+  template <class Mainloop>
+  __device__ float a_block_scale(const Mainloop&, const float* scales, int k_block) const {
+    return scales == nullptr ? 0.0f : __ldcg(scales + k_block);
   }
 
   // Producer thread, before a tile's K stages: its own band from X_r; a peer's band once the pieces
