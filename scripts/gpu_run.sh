@@ -129,6 +129,11 @@ for step in "${steps[@]}"; do
       small_blockwise+=':*Fp8BlockwiseReduceScatter*/P2_M34_N520_K256_cancelling:*Fp8BlockwiseReduceScatter*/P8_M8_N1024_K256_cancelling'
       small_blockwise+=':*Fp8BlockwiseAllGather*/P2_M34_N520_K4096:*Fp8BlockwiseAllGather*/P2_M256_N520_K1024_split2'
       small_blockwise+=':*Fp8BlockwiseAllGather*/P8_M8_N256_K4096_bias:*Fp8BlockwiseAllGather*/P8_M512_N4096_K256_bias'
+      # The GEMM's 128 x 192 blockwise variant: a slab over two blocks of W's scales (17 rows; zero
+      # blocks; K split in two).
+      small_blockwise+=':*Fp8BlockwiseGemmExact*/P1_M17_N248_K384_powers_wide192'
+      small_blockwise+=':*Fp8BlockwiseGemmExact*/P1_M200_N1000_K512_cancelling_zero_blocks_wide192'
+      small_blockwise+=':*Fp8BlockwiseGemmExact*/P1_M64_N2048_K4096_powers_split2_wide192'
       sanitize_tools blockwise "${build}/tests/gpu/test_fp8" "${small_blockwise}" '*Fp8BlockwiseAllGather*/P8_M512_N4096_K256_bias'
       # Partial rounds during the K loop: a small shape with its own tiles interleaved.
       sanitize_tools rounds "${build}/tests/gpu/test_fused" '*FusedRandom*/P2_M512_N512_K320_KxN_lag0'
