@@ -2,7 +2,7 @@
 # The Python package on a GPU machine without network (torch, scikit-build-core, cmake, ninja and pytest
 # already installed; third_party/cutlass present, e.g. carried): installs the package into python3,
 # runs the Python tests (the CPU ones, then the GPU ones under torchrun), the training example
-# (examples/tp_mlp) and `python -m tpfuse.bench` under torchrun (BF16, then --fp8 rowwise), at world size 1 unless TPFUSE_GPU_NPROC
+# (examples/tp_mlp; BF16, then with --fp8 blockwise beside it) and `python -m tpfuse.bench` under torchrun (BF16, then --fp8 rowwise), at world size 1 unless TPFUSE_GPU_NPROC
 # says otherwise. Logs, JUnit XML and the benchmark's JSON go to OUT_DIR; a failed step does not stop the later ones; each step's exit code
 # and time are printed last.
 #
@@ -85,6 +85,8 @@ step cpu_tests 180 "${PYTHON}" -m pytest tests/python/cpu -rs -v -p no:cacheprov
 step gpu_tests 240 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m pytest tests/python/gpu \
   -rs -v -p no:cacheprovider --junitxml="${OUT_DIR}/gpu_tests.xml"
 step example 120 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" examples/tp_mlp/train.py --steps 5
+step example_fp8 120 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" examples/tp_mlp/train.py --steps 5 \
+  --fp8 blockwise
 step bench 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench \
   --json "${OUT_DIR}/bench_python.json" --git-commit "${COMMIT}"
 step bench_fp8 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench --fp8 rowwise \
