@@ -8,8 +8,9 @@
 # fp8 (not in the default) runs the E4M3 tests, then the GEMM and both ops' proxies (the
 # reduce-scatter's and the all-gather's) N x K with E4M3 inputs, tensorwise and rowwise, promoted and
 # fast, and blockwise (promoted), checked, then the reduce-scatter's proxy at P = 8 N x K with its push
-# timeline, BF16 and each tensorwise and rowwise mode, and bench/projection.py's E at P = 8 from each
-# (as the timeline step, in the same session);
+# timeline, BF16 and each tensorwise and rowwise mode and blockwise, and bench/projection.py's E at P = 8
+# from each (as the timeline step, in the same session); ncu_fp8 (not in the default) profiles the
+# promoted E4M3 GEMM (cuBLASLt's and ours) and the all-gather, blockwise and rowwise, with ncu;
 # small_m (not in the default) times the small-M targets: the GEMM at M = 1..512 and the
 # reduce-scatter's proxy at M = 8..512 (P = 8 both layouts, P = 4 and 2 N x K), interleaved and
 # checked, then N x K in separate loops (the cycles x clock split).
@@ -217,6 +218,20 @@ for step in "${steps[@]}"; do
           [[ ${accumulation} == fast ]] && flags+=(--fast-accum)
           timeline_at_8 "fp8_${scaling}_${accumulation}" "${flags[@]}"
         done
+      done
+      timeline_at_8 fp8_blockwise_promoted --fp8 blockwise
+      ;;
+    ncu_fp8)
+      # Where a promoted E4M3 call's time goes, blockwise beside rowwise: the first launches of the
+      # GEMM mode's kernels (cuBLASLt's and ours, by name) at an o_proj shape, and one all-gather
+      # launch, each with ncu's full set of metrics (CSV, one row a launch).
+      for scaling in blockwise rowwise; do
+        run_step "ncu_gemm_${scaling}" ncu --clock-control none --set full --csv --page raw -k regex:gemm \
+          --launch-count 4 "${bench}" --mode gemm --layout nk --fp8 "${scaling}" --shapes 8192,8192,1024 \
+          --warmup 1 --iters 1 --no-gate
+        run_step "ncu_ag_${scaling}" ncu --clock-control none --set full --csv --page raw -k regex:all_gather_kernel \
+          --launch-skip 2 --launch-count 1 "${bench}" --mode proxy --op ag --layout nk --fp8 "${scaling}" \
+          --shapes 8192,4096,6144 --warmup 1 --iters 1 --no-gate
       done
       ;;
     fused)
