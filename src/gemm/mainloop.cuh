@@ -426,14 +426,15 @@ __device__ __forceinline__ void add_block_scaled(float (&acc)[kAcc], const float
 
 // The same, promoted (Config::kPromoted): the tensor cores' E4M3 sums keep fewer bits than FP32, so
 // each K block (128 of K) sums into a set of its own, added into `acc` in FP32 once it is done (its
-// stage is then released at once). Two sets taken in turn, one block in flight while the other is
-// added, and the two consumers issuing their blocks in turn, measured no faster (docs/EXPERIMENTS.md).
+// stage is then released at once). While a block's WGMMAs run, the consumer waits for the next
+// block's stage and loads its scales: between two blocks' WGMMAs lies only the addition. Two sets
+// taken in turn, one block in flight while the other is added, and the two consumers issuing their
+// blocks in turn, measured no faster (docs/EXPERIMENTS.md).
 // Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
 // A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
 // columns (from `col` on: one block of W's scales, or, 192 wide, the one its first columns are in and
-// the next), each the product of the two in FP32. They are loaded once the block's WGMMAs are issued
-// (an op whose A arrives from peers has its scales landed once the stage is full) and multiplied once
-// those are done: no load is waited for on the issue path.
+// the next), each the product of the two in FP32. A block's scales are loaded once its stage is full
+// (an op whose A arrives from peers has its scales landed then).
 template <class Config, class Schedule, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
                                                       int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
@@ -451,32 +452,47 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   const int w_block = col / int(kScaleBlock);
   const float* w_first = p.w_scale + w_block * p.k_scale_blocks;
   const float* w_second = (w_block + 1) * int(kScaleBlock) < p.scale_cols ? w_first + p.k_scale_blocks : w_first;
+  // K block kb's scales: of the thread's rows (a), of the slab's blocks (w).
+  struct BlockScales {
+    float a[2];
+    float w[2];
+  };
+  auto load_scales = [&](int kb) {
+    BlockScales s = {};
+    if constexpr (Config::kBlockScaled) {
+      const int k_block = k_slice.k_block_begin + kb;
+      s.w[0] = __ldg(w_first + k_block);
+      s.w[1] = Config::kWgCols > int(kScaleBlock) ? __ldg(w_second + k_block) : s.w[0];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) s.a[h] = epilogue.a_block_scale(p, a_scales[h], k_block);
+    }
+    return s;
+  };
   // From +0: a tile whose blocks all have zero scales gives +0, as the exact sum has it; and every
   // block is added alike (no select at the first one).
 #pragma unroll
   for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
+  ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
+  BlockScales next = load_scales(0);
   for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
     const int stage = ring.stage;
-    ptx::mbarrier_wait(&smem.ring.full[stage], ring.phase);
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
-    float a_scale[2], w_scale[2];  // of the thread's rows; of the slab's blocks
-    if constexpr (Config::kBlockScaled) {
-      const int k_block = k_slice.k_block_begin + kb;
-      w_scale[0] = __ldg(w_first + k_block);
-      w_scale[1] = Config::kWgCols > int(kScaleBlock) ? __ldg(w_second + k_block) : w_scale[0];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) a_scale[h] = epilogue.a_block_scale(p, a_scales[h], k_block);
+    const BlockScales scales = next;
+    ring.advance<Config>();
+    if (kb + 1 < k_slice.num_k_blocks) {
+      ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
+      next = load_scales(kb + 1);
     }
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
     release_stage<Config>(smem, stage);
     if constexpr (Config::kBlockScaled) {
-      const float first[2] = {a_scale[0] * w_scale[0], a_scale[1] * w_scale[0]};
+      const float first[2] = {scales.a[0] * scales.w[0], scales.a[1] * scales.w[0]};
       if constexpr (Config::kWgCols == int(kScaleBlock)) {
         add_block_scaled<Config::kAccPerThread / 4>(acc, block_sum, first, first);
       } else {
-        const float second[2] = {a_scale[0] * w_scale[1], a_scale[1] * w_scale[1]};
+        const float second[2] = {scales.a[0] * scales.w[1], scales.a[1] * scales.w[1]};
         if (col % int(kScaleBlock) == 0) {
           add_block_scaled<int(kScaleBlock) / 8>(acc, block_sum, first, second);
         } else {
@@ -487,7 +503,6 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
 #pragma unroll
       for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] += block_sum[i];
     }
-    ring.advance<Config>();
     epilogue.template after_k_block<Config>(kb, acc, smem);
   }
 }
