@@ -164,11 +164,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Arrives on named barrier `id` without waiting (its other threads sync on it).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // True in every thread of the `threads` that sync on named barrier `id` when `pred` is true in any.
 __device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred) {
   uint32_t any;

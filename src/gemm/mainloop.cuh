@@ -433,8 +433,8 @@ __device__ __forceinline__ void add_block_scaled(float (&acc)[kAcc], const float
 // Blockwise (Config::kBlockScaled), a block's sums are multiplied by its scales as they are added:
 // A's of the thread's two rows (the slab's rows are A's from `a_row` on) times W's of the slab's
 // columns (from `col` on: one block of W's scales, or, 192 wide, the one its first columns are in and
-// the next), each the product of the two in FP32. A block's scales are loaded while the block before
-// runs (where A arrives from peers, once the block's stage is full: its scales have landed then).
+// the next), each the product of the two in FP32. A block's scales are loaded once its stage is full
+// (an op whose A arrives from peers has its scales landed then).
 template <class Config, class Schedule, class Epilogue>
 __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Schedule>& p, const KSlice& k_slice,
                                                       int a_row, int col, StorageOf<Config>& smem, Slab<Config> slab,
@@ -474,34 +474,20 @@ __device__ __forceinline__ void consume_tile_promoted(const MainloopParams<Sched
   for (int i = 0; i < Config::kAccPerThread; ++i) acc[i] = 0.0f;
   ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
   BlockScales next = load_scales(0);
-  // Two consumers issue their blocks in turn (named barriers 3 and 4: each waits for the other's issue
-  // before its own), so that one adds its block while the other's WGMMAs run.
-  constexpr bool kInTurn = Config::kConsumers == 2;
-  const int consumer = warpgroup_of(threadIdx.x) - 1;
   for (int kb = 0; kb < k_slice.num_k_blocks; ++kb) {
     const int stage = ring.stage;
-    if (kInTurn && (kb > 0 || consumer == 1)) ptx::named_barrier_sync(3 + consumer, 256);
     issue_k_block<Config>(smem, stage, slab, block_sum, false);
-    if (kInTurn && (kb + 1 < k_slice.num_k_blocks || consumer == 0)) ptx::named_barrier_arrive(4 - consumer, 256);
-    BlockScales scales = next;
+    const BlockScales scales = next;
     ring.advance<Config>();
     if (kb + 1 < k_slice.num_k_blocks) {
-      // Scales that arrive from peers have landed once the stage is full; the others are there already.
-      if constexpr (!Epilogue::kAFromPeers) next = load_scales(kb + 1);
       ptx::mbarrier_wait(&smem.ring.full[ring.stage], ring.phase);
-      if constexpr (Epilogue::kAFromPeers) next = load_scales(kb + 1);
+      next = load_scales(kb + 1);
     }
     cute::warpgroup_wait<0>();
 #pragma unroll
     for (int i = 0; i < Config::kAccPerThread; ++i) cute::warpgroup_fence_operand(block_sum[i]);
     release_stage<Config>(smem, stage);
     if constexpr (Config::kBlockScaled) {
-      // Multiplied here, not before the next issue, where a late scale would hold the issue back.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        cute::warpgroup_fence_operand(scales.a[h]);
-        cute::warpgroup_fence_operand(scales.w[h]);
-      }
       const float first[2] = {scales.a[0] * scales.w[0], scales.a[1] * scales.w[0]};
       if constexpr (Config::kWgCols == int(kScaleBlock)) {
         add_block_scaled<Config::kAccPerThread / 4>(acc, block_sum, first, first);
