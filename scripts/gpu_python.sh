@@ -2,7 +2,7 @@
 # The Python package on a GPU machine without network (torch, scikit-build-core, cmake, ninja and pytest
 # already installed; third_party/cutlass present, e.g. carried): installs the package into python3,
 # runs the Python tests (the CPU ones, then the GPU ones under torchrun), the training example
-# (examples/tp_mlp; BF16, then with --fp8 blockwise beside it) and `python -m tpfuse.bench` under torchrun (BF16, then --fp8 rowwise), at world size 1 unless TPFUSE_GPU_NPROC
+# (examples/tp_mlp; BF16, then with --fp8 blockwise beside it) and `python -m tpfuse.bench` under torchrun (BF16, then --fp8 rowwise and blockwise), at world size 1 unless TPFUSE_GPU_NPROC
 # says otherwise. Logs, JUnit XML and the benchmark's JSON go to OUT_DIR; a failed step does not stop the later ones; each step's exit code
 # and time are printed last.
 #
@@ -91,6 +91,8 @@ step bench 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" 
   --json "${OUT_DIR}/bench_python.json" --git-commit "${COMMIT}"
 step bench_fp8 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench --fp8 rowwise \
   --json "${OUT_DIR}/bench_python_fp8.json" --git-commit "${COMMIT}"
+step bench_fp8_blockwise 300 "${PYTHON}" -m torch.distributed.run --nproc-per-node="${NPROC}" -m tpfuse.bench \
+  --fp8 blockwise --json "${OUT_DIR}/bench_python_fp8_blockwise.json" --git-commit "${COMMIT}"
 
 echo
 echo "[gpu_python] ${OUT_DIR}, $((SECONDS - start)) s:"
@@ -98,7 +100,7 @@ for line in "${summary[@]}"; do echo "  ${line}"; done
 for name in cpu_tests gpu_tests; do
   [[ -f "${OUT_DIR}/${name}.log" ]] && echo "  ${name}: $(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "${OUT_DIR}/${name}.log" | tail -n1)"
 done
-for name in bench bench_fp8; do
+for name in bench bench_fp8 bench_fp8_blockwise; do
   if [[ -f "${OUT_DIR}/${name}.log" ]]; then
     line="$(grep -E '^\[tpfuse.bench\] summary' "${OUT_DIR}/${name}.log" | tail -n1)"
     echo "  ${name}: ${line:-no summary; its last error: $(grep -E '(Error|Exception):' "${OUT_DIR}/${name}.log" | grep -v ChildFailedError | tail -n1)}"

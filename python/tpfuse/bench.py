@@ -17,12 +17,16 @@ slowest rank's median time to queue one call). K per rank is K / --tp (docs/SPEC
 size. The JSON has tpfuse_bench's schema plus the async-TP and host-time columns. Progress goes to
 stderr, the table to stdout.
 
-With --fp8 tensorwise|rowwise (and --fast-accum), each shape also runs with E4M3 inputs (a M x K/P, w the
-N x K/P weight) and FP32 scales, these calls interleaved in one loop: T_gemm_fp8 (torch._scaled_mm),
-T_seq_fp8 (it, then the reduce-scatter on T_seq's path), T_fused_fp8 (tpfuse), T_async_tp_fp8
-(torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter, torch's own kernel: left out, with the reason,
-where it cannot run) and tpfuse's BF16 call again (T_fused_bf16: what FP8 buys); E, speedup and the rule as
-above, against torch._scaled_mm + reduce_scatter_tensor and the exact product of the dequantized inputs.
+With --fp8 tensorwise|rowwise|blockwise (and --fast-accum, not with blockwise), each shape also runs with E4M3
+inputs (a M x K/P, w the N x K/P weight) and FP32 scales, these calls interleaved in one loop: T_gemm_fp8
+(torch._scaled_mm), T_seq_fp8 (it, then the reduce-scatter on T_seq's path), T_fused_fp8 (tpfuse),
+T_async_tp_fp8 (torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter, torch's own kernel) and tpfuse's BF16
+call again (T_fused_bf16: what FP8 buys); E, speedup and the rule as above, against torch._scaled_mm +
+reduce_scatter_tensor and the exact product of the dequantized inputs. Blockwise scales (one per 1 x 128 tile of
+a, one per 128 x 128 block of w) take torch._scaled_mm's blockwise form, and the rule's unfused path is its
+tensorwise product of each 128 of K, scaled and summed (tpfuse.checking's). Torch's fused op, and with blockwise
+scales torch._scaled_mm, run once before the loop: where one raises (or, the fused op, has no blockwise form or
+would run tpfuse), its columns are left out and gemm_fp8_status or async_tp_fp8_status says why.
 """
 
 import argparse
@@ -46,8 +50,9 @@ import torch.distributed._symmetric_memory as symm_mem
 import tpfuse
 from tpfuse import _library
 from tpfuse._communicators import torch_nccl_comm
-from tpfuse.checking import (ERROR_FACTOR, errors, fp8_operands, fp8_reference_rows, fp8_unfused_rows,
-                             random_operands, reference_rows, unfused_rows, weight_as_k_by_n)
+from tpfuse.checking import (ERROR_FACTOR, errors, fp8_blockwise_operands, fp8_blockwise_unfused_rows, fp8_operands,
+                             fp8_reference_rows, fp8_unfused_rows, random_operands, reference_rows, unfused_rows,
+                             weight_as_k_by_n)
 from tpfuse.symm_mem import is_overridden
 
 # docs/SPEC.md's shapes: the table the C++ benchmark is built from too.
@@ -95,13 +100,18 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=None, help="input seed (default: drawn, and reported)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--git-commit", default=None, help="the commit to report (default: git's, in this folder)")
-    parser.add_argument("--fp8", choices=["tensorwise", "rowwise"], default=None,
-                        help="also time E4M3 inputs with FP32 scales of this scaling (the *_fp8 columns)")
+    parser.add_argument("--fp8", choices=["tensorwise", "rowwise", "blockwise"], default=None,
+                        help="also time E4M3 inputs with FP32 scales of this scaling (the *_fp8 columns; blockwise: "
+                             "one per 1 x 128 tile of a and per 128 x 128 block of w)")
     parser.add_argument("--fast-accum", action="store_true",
-                        help="with --fp8: the tensor cores' own accumulation (torch._scaled_mm's use_fast_accum)")
+                        help="with --fp8 tensorwise or rowwise: the tensor cores' own accumulation "
+                             "(torch._scaled_mm's use_fast_accum)")
     args = parser.parse_args(argv)
     if args.fast_accum and args.fp8 is None:
         parser.error("--fast-accum applies to the FP8 calls: give --fp8 tensorwise or --fp8 rowwise")
+    if args.fast_accum and args.fp8 == "blockwise":
+        parser.error("--fast-accum does not apply to --fp8 blockwise: blockwise scales apply where each 128 of K is "
+                     "added into the FP32 sums (promoted accumulation), which fast accumulation skips")
     return args
 
 
@@ -208,11 +218,19 @@ def input_sets(shape: Shape, run: Run, seed: int, shape_index: int) -> list:
 
 def fp8_input_sets(shape: Shape, run: Run, seed: int, shape_index: int, count: int) -> list:
     """`count` rotated E4M3 input sets (a M x K/P, w N x K/P, a_scale, w_scale) of --fp8's scaling: normal
-    values quantized with the scales that map each tensor's (rowwise: each row's) largest magnitude to E4M3's;
-    tensorwise scales one element each, rowwise a_scale (M, 1) and w_scale (1, N). They share the BF16 sets'
-    partial, rows and fused out."""
-    return [fp8_operands(shape.m, shape.n, shape.k_per_rank, run.device, input_seed(seed, shape_index, s, run.rank),
-                         run.args.fp8) for s in range(count)]
+    values quantized with the scales that map each tensor's (rowwise: each row's; blockwise: each 1 x 128 tile's
+    of a and 128 x 128 block's of w) largest magnitude to E4M3's; tensorwise scales one element each, rowwise
+    a_scale (M, 1) and w_scale (1, N), blockwise a_scale (M, K/P/128) and w_scale (ceil(N/128), K/P/128),
+    contiguous (tpfuse's form). They share the BF16 sets' partial, rows and fused out."""
+    m, n, k = shape.m, shape.n, shape.k_per_rank
+
+    def operands(s):
+        set_seed = input_seed(seed, shape_index, s, run.rank)
+        if run.args.fp8 == "blockwise":
+            return fp8_blockwise_operands(m, n, k, run.device, set_seed)
+        return fp8_operands(m, n, k, run.device, set_seed, run.args.fp8)
+
+    return [operands(s) for s in range(count)]
 
 
 class SymmetricWindows:
@@ -319,6 +337,20 @@ def torch_kernel_reason() -> str:
     return ""
 
 
+def scaled_mm_scales(a_scale: torch.Tensor, w_scale: torch.Tensor, scaling: str) -> tuple:
+    """scale_a and scale_b of torch._scaled_mm(a, w.t()) for tpfuse's a_scale and w_scale: the same tensors, but
+    blockwise ones in the layouts torch._scaled_mm's blockwise form takes (it refuses others): a_scale (M, K/P/128)
+    column-major, strides (1, M) (a copy), and w_scale transposed, (K/P/128, ceil(N/128)) with strides
+    (1, K/P/128) (a view)."""
+    if scaling != "blockwise":
+        return a_scale, w_scale
+    return a_scale.t().contiguous().t(), w_scale.t()
+
+
+BLOCKWISE_ASYNC_TP_REASON = ("torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter has no blockwise form (it takes "
+                             "tensorwise or rowwise scales)")
+
+
 def torch_fp8_reduce_scatter_args(a: torch.Tensor, w: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
                                   group_name: str) -> list:
     """The arguments without defaults of torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter for
@@ -420,16 +452,28 @@ def measure_shape(row: dict, run: Run, sets: list, fp8_sets: list, windows: Symm
     return row
 
 
+def first_call(call) -> tuple:
+    """(call(0), '') where it runs, (None, the error) where it raises: a torch call's trial before the loop."""
+    try:
+        return call(0), ""
+    except Exception as error:
+        return None, f"{type(error).__name__}: {error}"
+
+
 def measure_fp8(row: dict, run: Run, sets: list, fp8_sets: list, partials: list, comm, fused_bf16) -> None:
     """The *_fp8 columns: torch._scaled_mm into `partials` alone and followed by `comm` (T_seq's reduce-scatter
     of them), tpfuse's FP8 call, torch's fused_scaled_matmul_reduce_scatter and tpfuse's BF16 call (fused_bf16),
-    interleaved in one loop; checked against the exact product of the dequantized inputs."""
+    interleaved in one loop; checked against the exact product of the dequantized inputs beside the unfused path
+    (blockwise: tpfuse.checking's, from torch._scaled_mm's tensorwise product of each 128 of K). gemm_fp8_status
+    and async_tp_fp8_status say why torch's columns are left out, or "ok"."""
     group, fast_accum, count = run.group, run.args.fast_accum, len(fp8_sets)
+    blockwise = run.args.fp8 == "blockwise"
+    mm_scales = [scaled_mm_scales(a_scale, w_scale, run.args.fp8) for _, _, a_scale, w_scale in fp8_sets]
     torch_args = [torch_fp8_reduce_scatter_args(*operands, group.group_name) for operands in fp8_sets]
 
     def gemm(i):
-        a, w, a_scale, w_scale = fp8_sets[i % count]
-        torch._scaled_mm(a, w.t(), a_scale, w_scale, out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
+        a, w, _, _ = fp8_sets[i % count]
+        torch._scaled_mm(a, w.t(), *mm_scales[i % count], out_dtype=torch.bfloat16, use_fast_accum=fast_accum,
                          out=partials[i % count])
 
     def seq(i):
@@ -445,18 +489,19 @@ def measure_fp8(row: dict, run: Run, sets: list, fp8_sets: list, partials: list,
         return torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(*torch_args[i % count], out_dtype=torch.bfloat16,
                                                                      use_fast_accum=fast_accum)
 
-    # torch's op runs once before the loop: where it cannot run (or would not be torch's), its columns are left out.
-    torch_reason, torch_rows = torch_kernel_reason(), None
+    # A trial before the loop of torch's calls that may not run (torch._scaled_mm's blockwise form, which older torch
+    # lacks, and torch's op): where one cannot run (or would not be torch's), its columns are left out.
+    _, gemm_reason = first_call(gemm) if blockwise else (None, "")
+    torch_reason, torch_rows = (BLOCKWISE_ASYNC_TP_REASON if blockwise else torch_kernel_reason()), None
     if not torch_reason:
-        try:
-            torch_rows = async_tp(0)
-        except Exception as error:
-            torch_reason = f"{type(error).__name__}: {error}"
+        torch_rows, torch_reason = first_call(async_tp)
     wrong = 0
     if run.args.check:
         a, w, a_scale, w_scale = fp8_sets[0]
-        reference = fp8_reference_rows(a, w, a_scale, w_scale, group)
-        unfused = errors(fp8_unfused_rows(a, w, a_scale, w_scale, group, fast_accum), reference, group)
+        reference = fp8_reference_rows(a, w, a_scale, w_scale, group, blockwise=blockwise)
+        baseline = (fp8_blockwise_unfused_rows(a, w, a_scale, w_scale, group) if blockwise else
+                    fp8_unfused_rows(a, w, a_scale, w_scale, group, fast_accum))
+        unfused = errors(baseline, reference, group)
         row.update(unfused_fp8_max_rel=unfused.max_rel, unfused_fp8_norm_rel=unfused.norm_rel)
         wrong += unfused.nonfinite
         out = sets[0][4]
@@ -472,16 +517,18 @@ def measure_fp8(row: dict, run: Run, sets: list, fp8_sets: list, partials: list,
                        rule_async_tp_fp8="pass" if measured.within(unfused) else "FAIL")
     row["wrong"] += wrong
 
-    calls = {"gemm_fp8": gemm, "seq_fp8": seq, "fused_fp8": fused, "fused_bf16": fused_bf16}
+    calls = {} if gemm_reason else {"gemm_fp8": gemm, "seq_fp8": seq}
+    calls.update(fused_fp8=fused, fused_bf16=fused_bf16)
     if not torch_reason:
         calls["async_tp_fp8"] = async_tp
     for name, (gpu_ms, host_us) in run.time_interleaved(calls).items():
         row[f"t_{name}_ms"], row[f"host_{name}_us"] = gpu_ms, host_us
-    efficiency(row, row["t_fused_fp8_ms"], "_fp8", "_fp8")
-    if not torch_reason:
-        efficiency(row, row["t_async_tp_fp8_ms"], "_async_tp_fp8", "_fp8")
+    if not gemm_reason:  # E and speedup need T_gemm_fp8 and T_seq_fp8
+        efficiency(row, row["t_fused_fp8_ms"], "_fp8", "_fp8")
+        if not torch_reason:
+            efficiency(row, row["t_async_tp_fp8_ms"], "_async_tp_fp8", "_fp8")
     row["fused_fp8_over_bf16"] = row["t_fused_bf16_ms"] / row["t_fused_fp8_ms"]
-    row["async_tp_fp8_status"] = torch_reason or "ok"
+    row["gemm_fp8_status"], row["async_tp_fp8_status"] = gemm_reason or "ok", torch_reason or "ok"
 
 
 COLUMNS = [  # key, header, width, format ("s": text)
@@ -648,8 +695,9 @@ def comparison(args) -> str:
             "fused_matmul_reduce_scatter")
     if args.fp8:
         accumulation = ", fast accumulation" if args.fast_accum else ""
+        torch_fused = "" if args.fp8 == "blockwise" else ", torch's fused_scaled_matmul_reduce_scatter"
         text += (f"; on E4M3 inputs ({args.fp8} scales{accumulation}) against torch._scaled_mm + "
-                 "reduce_scatter_tensor, torch's fused_scaled_matmul_reduce_scatter and tpfuse's BF16 call")
+                 f"reduce_scatter_tensor{torch_fused} and tpfuse's BF16 call")
     return text
 
 
@@ -681,14 +729,19 @@ def main(argv=None) -> int:
         f"{ERROR_FACTOR}x the unfused path's (torch.mm + reduce_scatter_tensor)",
     ]
     if args.fp8:
+        unfused = "torch._scaled_mm + reduce_scatter_tensor's"
+        if args.fp8 == "blockwise":
+            unfused = ("torch._scaled_mm's tensorwise product of each 128 of K, scaled and summed in FP32, + "
+                       "reduce_scatter_tensor's")
         notes.append(
             f"*_fp8: E4M3 inputs (w N x K/P whatever the layout), {args.fp8} FP32 scales, use_fast_accum "
             f"{args.fast_accum}, timed interleaved in one loop: T_gemm_fp8 torch._scaled_mm, T_seq_fp8 it + T_seq's "
             "reduce-scatter, T_fused_fp8 tpfuse.gemm_reduce_scatter, *_async_tp_fp8 "
             "torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter, T_fused_bf16 tpfuse's BF16 call, "
             "fused_fp8_over_bf16 = T_fused_bf16 / T_fused_fp8; E_fp8 and speedup_fp8 as above with T_gemm_fp8 and "
-            f"T_seq_fp8; rule_fp8: errors against the FP64 reference of the dequantized inputs <= {ERROR_FACTOR}x "
-            "torch._scaled_mm + reduce_scatter_tensor's")
+            "T_seq_fp8; *_async_tp_fp8 left out where torch's op raises or has no form for the scales, T_gemm_fp8 and "
+            "T_seq_fp8 where torch._scaled_mm refuses blockwise scales (async_tp_fp8_status, gemm_fp8_status: why); "
+            f"rule_fp8: errors against the FP64 reference of the dequantized inputs <= {ERROR_FACTOR}x {unfused}")
     for note in notes:
         run.log(note)
     columns = table_columns(args.fp8 is not None)

@@ -1,6 +1,8 @@
 """The benchmark's pure parts: docs/SPEC.md's sweep, shape and option parsing, the input sets' count and FP8
 operands, torch's FP8 op's arguments in the installed schema, the interleaved timing loop (on a fake clock), the
-summary's counts, the table and JSON without NaN."""
+summary's counts, the table and JSON without NaN; the FP8 measurement with blockwise scales on stand-ins for
+torch._scaled_mm, tpfuse's call and the timing loop (the scales' layouts each takes, the columns left out and why,
+the checking path)."""
 
 import argparse
 import json
@@ -11,6 +13,7 @@ import torch
 
 import tpfuse
 from tpfuse import bench
+from tpfuse.float8 import ACTIVATION_BLOCK, dequantize_blockwise
 
 
 def test_the_sweep_is_specs_sixteen_shapes_with_k_over_tp():
@@ -69,9 +72,16 @@ def test_fp8_options():
     args = bench.parse_args(["--fp8", "rowwise", "--fast-accum"])
     assert args.fp8 == "rowwise" and args.fast_accum
     assert bench.parse_args(["--fp8", "tensorwise"]).fp8 == "tensorwise"
-    for argv in (["--fast-accum"], ["--fp8", "blockwise"], ["--fp8"]):
+    assert bench.parse_args(["--fp8", "blockwise"]).fp8 == "blockwise"
+    for argv in (["--fast-accum"], ["--fp8", "columnwise"], ["--fp8"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
+
+
+def test_fast_accumulation_is_refused_with_blockwise_scales(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--fp8", "blockwise", "--fast-accum"])
+    assert "--fast-accum does not apply to --fp8 blockwise" in capsys.readouterr().err
 
 
 def test_the_input_sets_stream_twice_the_l2_of_each_format():
@@ -111,6 +121,128 @@ def test_fp8_input_sets_are_quantized_random_data(scaling):
             assert (values * scale).std().item() == pytest.approx(1.0, rel=0.2)
     assert not torch.equal(rank_0[0][0].float(), rank_0[1][0].float())  # sets differ
     assert not torch.equal(rank_0[0][0].float(), rank_1[0][0].float())  # and ranks
+
+
+def blockwise_sets(m, n, k, count, rank=0):
+    run = type("FakeRun", (), {"device": torch.device("cpu"), "world_size": 4, "rank": rank,
+                               "args": argparse.Namespace(fp8="blockwise")})()
+    return bench.fp8_input_sets(bench.Shape("custom", m, n, k), run, seed=5, shape_index=2, count=count)
+
+
+def test_blockwise_input_sets_have_tpfuses_scales_and_torchs_layouts_of_them():
+    m, n, k = 64, 160, 256  # N not a multiple of 128: w's last row of blocks partial
+    rank_0 = blockwise_sets(m, n, k, 2)
+    for a, w, a_scale, w_scale in rank_0:
+        assert a.dtype == w.dtype == torch.float8_e4m3fn and a.shape == (m, k) and w.shape == (n, k)
+        assert a_scale.dtype == w_scale.dtype == torch.float32
+        assert a_scale.shape == (m, 2) and w_scale.shape == (2, 2)
+        assert a_scale.is_contiguous() and w_scale.is_contiguous()  # tpfuse's form
+        values = dequantize_blockwise(a, a_scale, ACTIVATION_BLOCK)
+        assert values.std().item() == pytest.approx(1.0, rel=0.2)
+        # torch._scaled_mm's blockwise form: scale_a (M, K/128) strides (1, M), scale_b (K/128, N/128) strides
+        # (1, K/128); the same values.
+        scale_a, scale_b = bench.scaled_mm_scales(a_scale, w_scale, "blockwise")
+        assert scale_a.shape == (m, 2) and scale_a.stride() == (1, m) and torch.equal(scale_a, a_scale)
+        assert scale_b.shape == (2, 2) and scale_b.stride() == (1, 2) and torch.equal(scale_b, w_scale.t())
+    assert not torch.equal(rank_0[0][0].float(), rank_0[1][0].float())
+    assert not torch.equal(rank_0[0][0].float(), blockwise_sets(m, n, k, 1, rank=1)[0][0].float())
+    for scaling in ("tensorwise", "rowwise"):
+        scales = (torch.ones(m, 1), torch.ones(1, n))
+        assert bench.scaled_mm_scales(*scales, scaling) == scales
+
+
+class FakeTimingRun:
+    """measure_fp8's run: the group, the options, and a timing loop that calls each call once (i = its place)
+    and gives it 1 + its place in ms."""
+
+    def __init__(self, group, check):
+        self.group = group
+        self.args = argparse.Namespace(fp8="blockwise", fast_accum=False, check=check)
+        self.timed = []
+
+    def time_interleaved(self, calls):
+        self.timed = list(calls)
+        for i, call in enumerate(calls.values()):
+            call(i)
+        return {name: (1.0 + i, 10.0) for i, name in enumerate(calls)}
+
+
+def measure_blockwise(group, monkeypatch, scaled_mm, check=False):
+    """measure_fp8 on blockwise sets (M 64, N 384, K/P 256) with `scaled_mm` as torch._scaled_mm and a tpfuse call
+    that takes only its contiguous scales; (the row, the run)."""
+    m, n, k, p = 64, 384, 256, group.size()
+    fp8_sets = blockwise_sets(m, n, k, 2)
+    sets = [(None, None, None, None, torch.empty(m // p, n, dtype=torch.bfloat16)) for _ in fp8_sets]
+    partials = [torch.empty(m, n, dtype=torch.bfloat16) for _ in fp8_sets]
+
+    def fused(a, w, group, out, a_scale, w_scale, use_fast_accum):
+        assert a_scale.shape == (m, 2) and w_scale.shape == (3, 2) and not use_fast_accum
+        assert a_scale.is_contiguous() and w_scale.is_contiguous()
+        out.fill_(1.0)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    monkeypatch.setattr(tpfuse, "gemm_reduce_scatter", fused)
+    run, row = FakeTimingRun(group, check), {"t_comm_ms": 0.5, "wrong": 0}
+    bench.measure_fp8(row, run, sets, fp8_sets, partials, lambda i: None, lambda i: None)
+    return row, run
+
+
+def test_blockwise_fp8_times_torchs_blockwise_scaled_mm_and_leaves_its_fused_op_out(group, monkeypatch):
+    seen = []
+
+    def scaled_mm(a, b, scale_a, scale_b, out_dtype, use_fast_accum, out):
+        # The layouts torch._scaled_mm's blockwise form takes (torch 2.11, H100); others raise there.
+        assert scale_a.shape == (64, 2) and scale_a.stride() == (1, 64)
+        assert scale_b.shape == (2, 3) and scale_b.stride() == (1, 2)
+        assert b.shape == (256, 384) and out_dtype == torch.bfloat16 and not use_fast_accum
+        seen.append(out.data_ptr())
+
+    row, run = measure_blockwise(group, monkeypatch, scaled_mm)
+    assert run.timed == ["gemm_fp8", "seq_fp8", "fused_fp8", "fused_bf16"]
+    assert len(seen) == 3  # the trial, T_gemm_fp8's call and T_seq_fp8's
+    assert row["gemm_fp8_status"] == "ok" and row["async_tp_fp8_status"] == bench.BLOCKWISE_ASYNC_TP_REASON
+    assert "blockwise" in row["async_tp_fp8_status"]
+    assert row["t_gemm_fp8_ms"] == 1.0 and row["t_fused_fp8_ms"] == 3.0 and row["fused_fp8_over_bf16"] == 4.0 / 3.0
+    assert math.isclose(row["E_fp8"], (1.0 + 0.5 - 3.0) / 0.5) and row["speedup_fp8"] == 2.0 / 3.0
+    assert not any("async_tp" in key for key in row if key != "async_tp_fp8_status")
+    assert "rule_fp8" not in row  # no check
+
+
+def test_where_torchs_scaled_mm_refuses_blockwise_scales_its_columns_are_left_out_with_the_reason(group, monkeypatch):
+    def scaled_mm(*args, **kwargs):
+        raise RuntimeError("Invalid scaling configuration.")
+
+    row, run = measure_blockwise(group, monkeypatch, scaled_mm)
+    assert run.timed == ["fused_fp8", "fused_bf16"]
+    assert row["gemm_fp8_status"] == "RuntimeError: Invalid scaling configuration."
+    assert row["t_fused_fp8_ms"] == 1.0 and row["fused_fp8_over_bf16"] == 2.0
+    assert not {"t_gemm_fp8_ms", "t_seq_fp8_ms", "E_fp8", "E_hideable_fp8", "speedup_fp8"} & set(row)
+    summary = bench.summarize([dict(row, status="ok")], fp8=True)
+    assert summary["fused_fp8_ran"] == 0 and math.isclose(summary["fused_fp8_over_bf16_geomean"], 2.0)
+    assert "host_fused_fp8_over_mm_us_max" not in summary
+
+
+def test_blockwise_fp8_is_checked_against_the_blockwise_reference_and_unfused_path(group, monkeypatch):
+    p, seen = group.size(), []
+
+    def reference(a, w, a_scale, w_scale, group, blockwise=False):
+        assert blockwise
+        return torch.ones(64 // p, 384, dtype=torch.float64)
+
+    def unfused(a, w, a_scale, w_scale, group):
+        seen.append(a_scale.shape)
+        return torch.full((64 // p, 384), 1.0078125, dtype=torch.bfloat16)  # 2^-7 off
+
+    def tensorwise_unfused(*args, **kwargs):
+        raise AssertionError("the unfused path of one scale product per tensor or row")
+
+    monkeypatch.setattr(bench, "fp8_reference_rows", reference)
+    monkeypatch.setattr(bench, "fp8_blockwise_unfused_rows", unfused)
+    monkeypatch.setattr(bench, "fp8_unfused_rows", tensorwise_unfused)
+    row, _ = measure_blockwise(group, monkeypatch, lambda *args, **kwargs: None, check=True)
+    assert seen == [(64, 2)]
+    assert row["unfused_fp8_max_rel"] == row["unfused_fp8_norm_rel"] == 2 ** -7
+    assert row["fused_fp8_max_rel"] == 0.0 and row["rule_fp8"] == "pass" and row["wrong"] == 0
 
 
 def test_torchs_fp8_op_takes_the_arguments_in_the_installed_schema(group):
@@ -212,3 +344,6 @@ def test_the_fp8_table_and_the_comparison():
     assert "torch.mm" in bf16 and "_scaled_mm" not in bf16
     assert fp8.startswith(bf16) and "rowwise scales, fast accumulation" in fp8
     assert "torch._scaled_mm" in fp8 and "fused_scaled_matmul_reduce_scatter" in fp8 and "BF16 call" in fp8
+    blockwise = bench.comparison(bench.parse_args(["--fp8", "blockwise"]))
+    assert "blockwise scales)" in blockwise and "fused_scaled_matmul_reduce_scatter" not in blockwise
+    assert blockwise.endswith("torch._scaled_mm + reduce_scatter_tensor and tpfuse's BF16 call")
