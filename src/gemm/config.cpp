@@ -37,6 +37,9 @@ constexpr double kSplitReadKBlocks = 2;
 // 128 x 128 tiles whole or in 2 splits measured 0.84x the time of 128 x 256 in 2 or 4:
 // docs/EXPERIMENTS.md).
 constexpr double kSplit128RowKBlocks = 10;
+// Promoted E4M3 (no 128 x 256 variant): a 128 x 192 step's time over a 128 x 128 one's, under the
+// 1.5x of its columns (more WGMMA work between two promotions; measured, docs/EXPERIMENTS.md).
+constexpr double kPromoted192TileTime = 1.3;
 
 // Relative time of a tile shape whose K loop of num_k_blocks is cut into `splits`: the waves of
 // steps over the SMs times a step's cost, which grows with its columns plus a fixed part (pipeline
@@ -179,6 +182,31 @@ void for_each_candidate(const TileChoice& choice, const TileTraits& op, const st
   }
 }
 
+// Among the variants at `block_m` rows that run here (`runs_here(i)`: compiled for the inputs, fitting
+// the device), the width whose waves of steps take least time, a step's time by its width
+// (kPromoted192TileTime for 192); ties to the wider. `wanted_n` where there is none.
+template <class RunsHere>
+int fastest_width_by_waves(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
+                           int block_m, int wanted_n, int num_k_blocks, const TileTraits& op, RunsHere&& runs_here) {
+  int best_n = wanted_n;
+  double best_time = -1;
+  for (int i = 0; i < kNumGemmVariants; ++i) {
+    const GemmVariant& v = kGemmVariants[i];
+    if (!runs_here(i) || v.block_m != block_m) continue;
+    const int splits = splits_for(grid, device, overrides, v.block_m, v.block_n, num_k_blocks, op);
+    if (splits == 0) continue;
+    const int64_t steps = grid.tiles(v.block_m, v.block_n) * splits;
+    const int64_t waves = (steps + device.num_sms - 1) / device.num_sms;
+    const double step_time = (v.block_n == 192 ? kPromoted192TileTime : v.block_n / 128.0) / splits;
+    const double time = double(waves) * step_time;
+    if (best_time < 0 || time < best_time || (time == best_time && v.block_n > best_n)) {
+      best_n = v.block_n;
+      best_time = time;
+    }
+  }
+  return best_n;
+}
+
 // The common choice: the best of the op's candidates by the model, then its variant.
 Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig* config) {
   const TileGrid& grid = choice.grid;
@@ -215,23 +243,29 @@ Status select_config(const TileChoice& choice, const TileTraits& op, GemmConfig*
       block_m == 128 && block_n == 256 && !split_tail && grid.tiles(128, 256) * splits <= device.num_sms;
 
   // The best variant that fits: that tile and staging, else that tile, else any; deeper first. Where
-  // no variant for these inputs has that tile (promoted E4M3 has no 128 x 256), the nearest width
-  // first: its 128 x 192 measured faster than its 128 x 128 on every shape of the sweep
-  // (docs/EXPERIMENTS.md).
+  // no variant for these inputs has that tile (promoted E4M3 has no 128 x 256), the width whose waves
+  // take least time (a partial last wave takes a whole step's time), else the nearest.
   const SmemByVariant& smem = op.smem();
+  const auto compiled = [&](const GemmVariant& v) {
+    return op.takes(v) && serves(v, grid.dtype, grid.accumulation, grid.scaling);
+  };
+  const auto runs_here = [&](int i) {
+    return compiled(kGemmVariants[i]) && smem[i] <= size_t(device.max_smem_per_block);
+  };
   const bool tile_compiled = std::any_of(std::begin(kGemmVariants), std::end(kGemmVariants), [&](const GemmVariant& v) {
-    return op.takes(v) && serves(v, grid.dtype, grid.accumulation, grid.scaling) && v.block_m == block_m &&
-           v.block_n == block_n;
+    return compiled(v) && v.block_m == block_m && v.block_n == block_n;
   });
+  // A forced width keeps the nearest one.
+  const int run_n = tile_compiled || overrides.block_n != 0
+                        ? block_n
+                        : fastest_width_by_waves(grid, device, overrides, block_m, block_n, num_k_blocks, op, runs_here);
   int best = -1, best_rank = -1;
   for (int i = 0; i < kNumGemmVariants; ++i) {
     const GemmVariant& v = kGemmVariants[i];
-    if (smem[i] > size_t(device.max_smem_per_block) || !op.takes(v) || !serves(v, grid.dtype, grid.accumulation, grid.scaling)) {
-      continue;
-    }
-    const bool same_tile = v.block_m == block_m && v.block_n == block_n;
+    if (!runs_here(i)) continue;
+    const bool same_tile = v.block_m == block_m && v.block_n == run_n;
     const bool same_staging = (v.staged_chunks > 0) == want_batches;
-    const int width_closeness = tile_compiled ? 0 : 511 - std::abs(v.block_n - block_n);  // in 0..511
+    const int width_closeness = tile_compiled ? 0 : 511 - std::abs(v.block_n - run_n);  // in 0..511
     const int rank = ((4 * same_tile + 2 * same_staging) * 512 + width_closeness) * 16 + v.stages;
     if (rank > best_rank) {
       best = i;

@@ -186,6 +186,30 @@ TEST(Config, PromotedE4M3GemmTakesItsWidestTile) {
   }
 }
 
+// Where 128 x 192 tiles leave a last wave mostly idle and 128 x 128 ones fill theirs, promoted E4M3's
+// plain GEMM takes 128 x 128: M = 512 of N = 8192 (172 tiles of 128 x 192 on 132 SMs, 256 of
+// 128 x 128); at M = 512 of N = 6144 128 x 192 is one wave (128 tiles) and stays.
+TEST(Config, PromotedE4M3GemmCountsWaves) {
+  for (const Scaling scaling : {Scaling::kRowwise, Scaling::kBlockwise}) {
+    for (const auto& [n, k, width] : {std::tuple<int64_t, int64_t, int>{8192, 1024, 128}, {8192, 3584, 128},
+                                      {6144, 768, 192}, {6144, 2048, 192}}) {
+      Problem p = make(512, n, k, 1);
+      p.dtype = DType::kE4M3;
+      p.scaling = scaling;
+      GemmConfig gemm;
+      ASSERT_TRUE(select_plain_gemm_config(p, h100(), {}, &gemm).ok()) << p.to_string();
+      EXPECT_EQ(gemm.tile().block_m, 128) << p.to_string() << " -> " << gemm.to_string();
+      EXPECT_EQ(gemm.tile().block_n, width) << p.to_string() << " -> " << gemm.to_string();
+      EXPECT_EQ(gemm.split_k, 1) << p.to_string() << " -> " << gemm.to_string();
+      // A forced width is kept, or the nearest compiled one taken.
+      ConfigOverrides wide;
+      wide.block_n = 256;
+      ASSERT_TRUE(select_plain_gemm_config(p, h100(), wide, &gemm).ok()) << p.to_string();
+      EXPECT_EQ(gemm.tile().block_n, 192) << p.to_string() << " -> " << gemm.to_string();
+    }
+  }
+}
+
 // Blockwise scales run a block-scaled variant (promoted; 128 x 128, or 128 x 192 in the plain GEMM),
 // in the plain GEMM and the reduce-scatter, on the default device and whatever the overrides or the
 // device's shared memory (or an error where it does not fit, never another variant), and in the
