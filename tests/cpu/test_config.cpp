@@ -210,10 +210,32 @@ TEST(Config, PromotedE4M3GemmCountsWaves) {
   }
 }
 
-// Blockwise scales run a block-scaled variant (promoted; 128 x 128, or 128 x 192 in the plain GEMM),
-// in the plain GEMM and the reduce-scatter, on the default device and whatever the overrides or the
-// device's shared memory (or an error where it does not fit, never another variant), and in the
-// all-gather on the default device; no other problem runs it. Small M splits K as other E4M3 does.
+// The all-gather takes the blockwise 128 x 192 variant too where its model wants wide tiles (the
+// sweep's gate_up and w1_w3 projections from M = 2048 on), and 128 x 128 where narrower tiles win.
+TEST(Config, BlockwiseAllGatherTakesTheWiderTile) {
+  int wide = 0;
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{1280, 8192}, {7168, 8192}, {1024, 6144}, {4096, 6144}}) {
+    for (const int64_t m : {512, 2048, 8192, 32768}) {
+      AllGatherProblem p{m, n, k, 8, WeightLayout::kNxK, DType::kE4M3};
+      p.scaling = Scaling::kBlockwise;
+      p.accumulation = Accumulation::kPromoted;
+      AllGatherConfig ag;
+      ASSERT_TRUE(select_all_gather_config(p, h100(), {}, &ag).ok()) << p.to_string();
+      EXPECT_TRUE(ag.gemm.tile().block_scaled) << p.to_string();
+      EXPECT_EQ(ag.gemm.tile().block_m, 128) << p.to_string();
+      const int block_n = ag.gemm.tile().block_n;
+      EXPECT_TRUE(block_n == 128 || block_n == 192) << p.to_string() << " -> " << ag.gemm.to_string();
+      if (n >= 4096 && m >= 2048) EXPECT_EQ(block_n, 192) << p.to_string() << " -> " << ag.gemm.to_string();
+      wide += block_n == 192;
+    }
+  }
+  EXPECT_GT(wide, 0);
+}
+
+// Blockwise scales run a block-scaled variant (promoted; 128 x 128, or 128 x 192 in the plain GEMM
+// and the all-gather), in the plain GEMM and the reduce-scatter, on the default device and whatever
+// the overrides or the device's shared memory (or an error where it does not fit, never another
+// variant), and in the all-gather on the default device; no other problem runs it. Small M splits K as other E4M3 does.
 TEST(Config, BlockwiseRunsTheBlockScaledVariantOnly) {
   const auto e4m3 = [](Problem p, Scaling scaling, Accumulation accumulation) {
     p.weight_layout = WeightLayout::kNxK;

@@ -618,11 +618,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8AllGatherRandom,
                          ::testing::ValuesIn(as_all_gather_cases(cases({{2, 1000, 1040, 1024}, {4, 512, 1536, 4096},
                                                                         {8, 2048, 1024, 4096}, {8, 64, 3584, 4096}}))),
                          all_gather_case_name);
-// Blockwise the same, and 17 rows a rank (a band of every block).
+// Blockwise the same, and 17 rows a rank (a band of every block); 2048 x 4096 on the config's
+// 128 x 192 tiles.
 INSTANTIATE_TEST_SUITE_P(Blockwise, Fp8AllGatherRandom,
                          ::testing::ValuesIn(as_all_gather_cases(blockwise_cases(
                              {{2, 1000, 1040, 1024}, {4, 512, 1536, 4096}, {8, 2048, 1024, 4096},
-                              {8, 64, 3584, 4096}, {8, 136, 1024, 2048}}))),
+                              {8, 64, 3584, 4096}, {8, 136, 1024, 2048}, {8, 2048, 4096, 2048}}))),
                          all_gather_case_name);
 
 // Missing scales and a K x N weight: named errors, and nothing runs.
@@ -819,14 +820,15 @@ TEST(Fp8BlockwiseErrors, GemmAndReduceScatterCheckTheirInputs) {
 }
 
 // A blockwise all-gather case of small integers: its shape ({P, m, n_per_rank, k}), forced splits of
-// K and bands (ConfigOverrides' split_k and shared_tiles; 0 and -1: the config's), its sequences and
-// whether the ranks add a bias.
+// K and bands (ConfigOverrides' split_k and shared_tiles; 0 and -1: the config's), its sequences,
+// whether the ranks add a bias, and a forced tile width (0: the config's).
 struct BlockwiseAllGatherCase {
   int p, m, n, k;
   int split_k = 0;
   int shared_tiles = -1;
   int batch = 1;
   bool bias = false;
+  int block_n = 0;
 
   AllGatherProblem problem() const {
     AllGatherProblem problem = e4m3_all_gather(p, m, n, k, Scaling::kBlockwise, Accumulation::kPromoted);
@@ -837,6 +839,7 @@ struct BlockwiseAllGatherCase {
     ConfigOverrides o;
     o.split_k = split_k;
     o.shared_tiles = shared_tiles;
+    o.block_n = block_n;
     return o;
   }
 };
@@ -846,7 +849,8 @@ std::string blockwise_all_gather_case_name(const ::testing::TestParamInfo<Blockw
   return "P" + std::to_string(c.p) + "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" +
          std::to_string(c.k) + (c.split_k > 0 ? "_split" + std::to_string(c.split_k) : "") +
          (c.shared_tiles == 0 ? "_separate" : c.shared_tiles == 1 ? "_shared" : "") +
-         (c.batch > 1 ? "_batch" + std::to_string(c.batch) : "") + (c.bias ? "_bias" : "");
+         (c.batch > 1 ? "_batch" + std::to_string(c.batch) : "") + (c.bias ? "_bias" : "") +
+         (c.block_n > 0 ? "_wide" + std::to_string(c.block_n) : "");
 }
 
 class Fp8BlockwiseAllGather : public ::testing::TestWithParam<BlockwiseAllGatherCase> {};
@@ -870,7 +874,9 @@ TEST_P(Fp8BlockwiseAllGather, SmallIntegersBitForBit) {
 // P = 1, 2, 4, 8. One row a rank and 17 (a band of every block; 17 also in bands of one block, most
 // of a tile's rows past its band), 64 (bands of two blocks, a tile's halves from their blocks, as the
 // config takes them at N = 4096), 128 and 500; K split as the config splits it (3, at K = 4096 and few
-// tiles) and forced in 2; sequences (shards of 128 and 64 rows); a bias.
+// tiles) and forced in 2; sequences (shards of 128 and 64 rows); a bias; and 128 x 192 tiles forced
+// (a slab over two blocks of W's scales; bands of several ranks' rows keep 128 x 128), on partial
+// tiles of N, 125 rows a rank, K split, sequences with a bias among them.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Fp8BlockwiseAllGather,
     ::testing::Values(BlockwiseAllGatherCase{1, 256, 512, 512}, BlockwiseAllGatherCase{2, 1000, 1040, 256},
@@ -881,7 +887,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockwiseAllGatherCase{2, 256, 520, 1024, 2},
                       BlockwiseAllGatherCase{2, 512, 776, 256, 0, -1, 2, true},
                       BlockwiseAllGatherCase{4, 1024, 1000, 256, 0, -1, 4, true},
-                      BlockwiseAllGatherCase{8, 1024, 520, 128, 0, -1, 2}),
+                      BlockwiseAllGatherCase{8, 1024, 520, 128, 0, -1, 2},
+                      BlockwiseAllGatherCase{2, 1000, 1040, 256, 0, -1, 1, false, 192},
+                      BlockwiseAllGatherCase{8, 1024, 264, 256, 0, -1, 1, false, 192},
+                      BlockwiseAllGatherCase{4, 500, 776, 512, 0, -1, 1, false, 192},
+                      BlockwiseAllGatherCase{2, 256, 520, 1024, 2, -1, 1, false, 192},
+                      BlockwiseAllGatherCase{4, 1024, 1000, 256, 0, -1, 4, true, 192}),
     blockwise_all_gather_case_name);
 
 // The problems blockwise scales refuse (fast accumulation, K not a multiple of 128) and missing
