@@ -18,8 +18,10 @@ namespace tpfuse {
 // their operands (bias may be null, or any of its entries); emulated ranks share the first of their
 // streams. Its receive buffer is the
 // communicator's parity_data (comm/communicator.h), laid out as ops/gemm_rs/workspace.h says.
-// `timeline` (the benchmark's, ops/gemm_rs/push_timeline.h) records every launched rank's pushes;
-// null: none. `scales`: E4M3 inputs' (tpfuse/problem.h), indexed as the operands; null for BF16.
+// `timeline` (the benchmark's, ops/gemm_rs/push_timeline.h) records every launched rank's pushes, by
+// kernels compiled to record them (ranks on devices of their own only: emulated ranks are refused);
+// null: none, by the library's kernels. `scales`: E4M3 inputs' (tpfuse/problem.h), indexed as the
+// operands; null for BF16.
 Status launch_gemm_rs(Communicator* comm, const Problem& problem, const std::vector<int>& local_ranks,
                       const void* const* a, const void* const* w, const void* const* bias, void* const* out,
                       const cudaStream_t* streams, const ConfigOverrides& overrides = {},

@@ -10,7 +10,9 @@
 //   config_that_fits(problem, config, ctas_per_rank)        the config for the CTAs a rank got
 //   with_kernel(problem, config, fn)     calls fn(kernel) with a type that names the kernel (an
 //                                        OpKernel: Config, the mainloop's; Launch<kLocalRanks>, its
-//                                        parameter) and kernel<kLocalRanks>() (the __global__)
+//                                        parameter) and kernel<kLocalRanks, kRecordsPushes>() (the
+//                                        __global__; kRecordsPushes, default false: the testing
+//                                        library's push timeline, which only the reduce-scatter has)
 //   make_rank_params<Config>(comm, rank, problem, config, operands, i, split, &params)
 //   after_launch(comm, problem, local_ranks, operands, streams, emulated)   what follows the kernel
 //
@@ -22,8 +24,8 @@
 //
 // The library has one, OneRankPerDevice: every rank a persistent grid of its own on its GPU (the
 // kernels' Launch<1>), and calls whose ranks share a device fail with kUnsupported. Only the testing
-// library emulates those (testing/emulated_ranks.cuh): its placement instantiates the kernels for
-// several ranks, so the library ships none of them.
+// library emulates those (testing/emulated_ranks.cuh), or records a call's pushes
+// (OneRankPerDeviceOf<true>): its placements instantiate those kernels, so the library ships none.
 //
 // Host code only: the kernels are the ops' own.
 #pragma once
@@ -85,8 +87,8 @@ void set_call_params(const Communicator& comm, const RankState& rank, EpiloguePa
   e->timeout_ns = comm.timeout_ns;
 }
 
-// What an op's kernel type names besides its __global__ (kernel<kLocalRanks>()): the mainloop's
-// config and the launch parameter of kLocalRanks ranks.
+// What an op's kernel type names besides its __global__ (kernel<kLocalRanks, kRecordsPushes>()): the
+// mainloop's config and the launch parameter of kLocalRanks ranks.
 template <class MainloopConfig, template <int> class LaunchOf>
 struct OpKernel {
   using Config = MainloopConfig;
@@ -95,7 +97,7 @@ struct OpKernel {
 };
 
 // Launches `grid` CTAs of a kernel over num_ranks ranks of `launch`.
-template <class Kernel, int kLocalRanks>
+template <class Kernel, int kLocalRanks, bool kRecordsPushes = false>
 Status launch_op_kernel(const char* name, const typename Kernel::template Launch<kLocalRanks>& launch, int num_ranks,
                         size_t smem, bool cooperative, bool debug, cudaStream_t stream) {
   using Config = typename Kernel::Config;
@@ -103,8 +105,8 @@ Status launch_op_kernel(const char* name, const typename Kernel::template Launch
     std::fprintf(stderr, "tpfuse: %s launch %d rank(s) x %d CTAs x %d threads, %zu B smem%s\n", name, num_ranks,
                  launch.ctas_per_rank, Config::kThreads, smem, cooperative ? ", cooperative" : "");
   }
-  return launch_persistent<Config>(Kernel::template kernel<kLocalRanks>(), launch, launch.ctas_per_rank * num_ranks,
-                                   smem, cooperative, stream);
+  return launch_persistent<Config>(Kernel::template kernel<kLocalRanks, kRecordsPushes>(), launch,
+                                   launch.ctas_per_rank * num_ranks, smem, cooperative, stream);
 }
 
 // A checked call of an op, its config chosen: what a placement launches.
@@ -140,8 +142,9 @@ inline std::string shared_device(const Communicator& comm, const std::vector<int
 // The library's placement: each rank on a device of its own, in a persistent grid of its own there,
 // its parameters indexed at compile time (Launch<1>). Every rank's parameters are made (and so its
 // operands checked) before any rank launches: a rank that launched would wait for a refused one
-// until its timeout.
-struct OneRankPerDevice {
+// until its timeout. kRecordsPushes: the kernels that record their pushes (the testing library's).
+template <bool kRecordsPushes>
+struct OneRankPerDeviceOf {
   static constexpr bool kEmulates = false;
 
   template <class Kernel, class Op>
@@ -152,8 +155,8 @@ struct OneRankPerDevice {
       const RankState& rank = call.comm.ranks[call.local_ranks[i]];
       TPFUSE_CUDA_TRY(cudaSetDevice(rank.device));
       typename Kernel::template Launch<1>& launch = launches[i];
-      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(Kernel::template kernel<1>(), smem, call.config.gemm.num_ctas,
-                                                    &launch.ctas_per_rank)));
+      TPFUSE_RETURN_IF_ERROR((resident_grid<Config>(Kernel::template kernel<1, kRecordsPushes>(), smem,
+                                                    call.config.gemm.num_ctas, &launch.ctas_per_rank)));
       const typename Op::Config rank_config = Op::config_that_fits(call.problem, call.config, launch.ctas_per_rank);
       SplitKWorkspace split;
       if (rank_config.gemm.split_k > 1) {
@@ -164,12 +167,13 @@ struct OneRankPerDevice {
     }
     for (size_t i = 0; i < call.local_ranks.size(); ++i) {
       TPFUSE_CUDA_TRY(cudaSetDevice(call.comm.ranks[call.local_ranks[i]].device));
-      TPFUSE_RETURN_IF_ERROR((launch_op_kernel<Kernel, 1>(Op::kName, launches[i], 1, smem, /*cooperative=*/false,
-                                                          call.debug, call.streams[i])));
+      TPFUSE_RETURN_IF_ERROR((launch_op_kernel<Kernel, 1, kRecordsPushes>(
+          Op::kName, launches[i], 1, smem, /*cooperative=*/false, call.debug, call.streams[i])));
     }
     return Status::Ok();
   }
 };
+using OneRankPerDevice = OneRankPerDeviceOf<false>;
 
 // Launches the op for the local ranks listed in `local_ranks` (indices into comm->ranks), with their
 // operands, where `Placement` puts them.

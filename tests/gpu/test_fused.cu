@@ -641,6 +641,58 @@ TEST(FusedErrors, BadCallsAreReported) {
       << "a local communicator of 4 ranks needs gemm_reduce_scatter_local";
 }
 
+// The push timeline (ops/gemm_rs/push_timeline.h) is recorded by kernels of the testing library's
+// own: a recorded call at P = 1 stores the same output, bit for bit, as the library's kernel, and
+// records every store of its rows into that output (whole 64-column boxes here) between the call's
+// start and end. Emulated ranks are not compiled to record: refused by name.
+TEST(FusedPushTimeline, RecordsTheCallWithTheSameOutput) {
+  const Problem problem{512, 1024, 256, 1, WeightLayout::kNxK};
+  ReduceScatterRanks ranks(problem);
+  ASSERT_NE(ranks.comm, nullptr);
+  ranks.fill(/*exact=*/false, 17);
+  ASSERT_TRUE(ranks.run(problem).ok());
+  ASSERT_CUDA(ranks.synchronize());
+  const std::vector<__nv_bfloat16> expected = ranks.out[0]->to_host();
+  ranks.poison_outputs();
+
+  constexpr unsigned int kCapacity = 4096;
+  DeviceArray<PushEvent> events(kCapacity);
+  DeviceArray<PushTimeline> header(1);
+  PushTimeline timeline{~0ull, 0, 0, kCapacity, events.ptr};
+  ASSERT_CUDA(cudaMemcpy(header.ptr, &timeline, sizeof(timeline), cudaMemcpyHostToDevice));
+  const void* a = ranks.a[0]->ptr;
+  const void* w = ranks.w[0]->ptr;
+  void* out = ranks.out[0]->ptr;
+  ASSERT_TRUE(launch_gemm_rs(ranks.comm, problem, {0}, &a, &w, nullptr, &out, ranks.streams.data(), {}, header.ptr)
+                  .ok());
+  ASSERT_CUDA(ranks.synchronize());
+  const std::vector<__nv_bfloat16> recorded_out = ranks.out[0]->to_host();
+  EXPECT_EQ(0, std::memcmp(recorded_out.data(), expected.data(), expected.size() * 2));
+
+  timeline = header.to_host()[0];
+  ASSERT_GT(timeline.count, 0u);
+  ASSERT_LE(timeline.count, kCapacity);
+  EXPECT_LT(timeline.start_ns, timeline.end_ns);
+  const std::vector<PushEvent> recorded = events.to_host();
+  uint64_t bytes = 0;
+  for (unsigned int i = 0; i < timeline.count; ++i) {
+    EXPECT_EQ(recorded[i].owner, 0) << "event " << i;
+    EXPECT_GE(recorded[i].issue_ns, timeline.start_ns) << "event " << i;
+    EXPECT_LE(recorded[i].issue_ns, timeline.end_ns) << "event " << i;
+    bytes += recorded[i].bytes;
+  }
+  EXPECT_EQ(bytes, uint64_t(problem.m) * problem.n * 2);
+
+  ReduceScatterRanks emulated(Problem{512, 512, 64, 2, WeightLayout::kNxK});
+  ASSERT_NE(emulated.comm, nullptr);
+  const auto ap = pointers<const void*>(emulated.a, 2), wp = pointers<const void*>(emulated.w, 2);
+  const auto op = pointers<void*>(emulated.out, 2);
+  const Status refused = launch_gemm_rs(emulated.comm, emulated.problem, first_ranks(2), ap.data(), wp.data(), nullptr,
+                                        op.data(), emulated.streams.data(), {}, header.ptr);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("devices of their own"), std::string::npos) << refused.message();
+}
+
 // The library runs one rank per device: its call refuses ranks that share one, which only the
 // testing library emulates.
 TEST(FusedErrors, LibraryRefusesRanksSharingADevice) {

@@ -15,8 +15,11 @@ namespace tpfuse {
 // The kernel of a mainloop config.
 template <class MainloopConfig>
 struct AllGatherKernel : OpKernel<MainloopConfig, kernels::AllGatherLaunch> {
-  template <int kLocalRanks>
-  static auto kernel() { return kernels::all_gather_kernel<MainloopConfig, kLocalRanks>; }
+  template <int kLocalRanks, bool kRecordsPushes = false>
+  static auto kernel() {
+    static_assert(!kRecordsPushes, "the all-gather records no push timeline");
+    return kernels::all_gather_kernel<MainloopConfig, kLocalRanks>;
+  }
 };
 
 struct AllGatherOp {

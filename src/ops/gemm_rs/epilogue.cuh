@@ -49,8 +49,9 @@ namespace tpfuse::kernels {
 
 // kSharedTiles: the instantiation for tiles of several owners' rows (one band of all segments,
 // ops/gemm_rs/schedule.h; of 16-32 rows a segment, unless overridden); the other keeps every slab to
-// one owner, without its arithmetic.
-template <bool kSharedTiles>
+// one owner, without its arithmetic. kRecordsPushes: the testing library's instantiation, which
+// records its pushes in the params' timeline (push_timeline.h); the library's records none.
+template <bool kSharedTiles, bool kRecordsPushes>
 class PushReduceEpilogue : public EpilogueBase {
   template <class Config>
   using Layout = PushReduceLayout<Config, kSharedTiles>;
@@ -60,6 +61,7 @@ class PushReduceEpilogue : public EpilogueBase {
 
   static constexpr bool kHasSender = true;
   static constexpr bool kHasWatcher = true;
+  static constexpr bool kRecordsTimeline = kRecordsPushes;
 
   template <class Storage>
   __device__ PushReduceEpilogue(const Params& params, int consumer, Storage& smem)
@@ -94,7 +96,7 @@ class PushReduceEpilogue : public EpilogueBase {
   template <class Config>
   __device__ static void send(const Params& p, const TileSchedule& schedule, StorageOf<Config>& smem, int cta,
                               int num_ctas) {
-    SlabSender<kSharedTiles>::template send<Config>(p, schedule, smem, cta, num_ctas);
+    SlabSender<kSharedTiles, kRecordsPushes>::template send<Config>(p, schedule, smem, cta, num_ctas);
   }
 
   // The watcher thread (watcher.cuh).

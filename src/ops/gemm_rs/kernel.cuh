@@ -26,20 +26,22 @@ struct GemmRsLaunch {
 
 template <class Config, class Epilogue>
 __device__ __forceinline__ void run_rank(const GemmRsRankParams& rank, int cta, int ctas_per_rank) {
-  PushTimeline* timeline = rank.epilogue.timeline;
-  if (timeline != nullptr && threadIdx.x == 0) atomicMin(&timeline->start_ns, ptx::globaltimer_ns());
+  if constexpr (Epilogue::kRecordsTimeline) {
+    if (threadIdx.x == 0) atomicMin(&rank.epilogue.timeline->start_ns, ptx::globaltimer_ns());
+  }
   run_persistent<Config, Epilogue>(rank.mainloop, rank.epilogue, aligned_shared_storage<Config>(), cta, ctas_per_rank);
   // Every thread of the CTA has read the epoch (at its start) before the CTA adds its share. The
   // next call (stream-ordered after this one) uses the next epoch and the other parity.
   __syncthreads();
   if (threadIdx.x == 0) {
     comm::finish_call(rank.calls, cta, ctas_per_rank);
-    if (timeline != nullptr) atomicMax(&timeline->end_ns, ptx::globaltimer_ns());
+    if constexpr (Epilogue::kRecordsTimeline) atomicMax(&rank.epilogue.timeline->end_ns, ptx::globaltimer_ns());
   }
 }
 
-// Epilogue: PushReduceEpilogue<false> (tiles of one owner's rows), PushReduceEpilogue<true> (of
-// several, staged) or SharedTileEpilogue (of several, from registers).
+// Epilogue: PushReduceEpilogue<false, r> (tiles of one owner's rows), PushReduceEpilogue<true, r> (of
+// several, staged) or SharedTileEpilogue<r> (of several, from registers); r: whether it records its
+// pushes (the testing library's instantiation only).
 template <class Config, int kLocalRanks, class Epilogue>
 __global__ void __launch_bounds__(Config::kThreads, 1) gemm_rs_kernel(const __grid_constant__ GemmRsLaunch<kLocalRanks> launch) {
   // NOTE: a rank indexed at run time makes every parameter access a global load; a real rank (one

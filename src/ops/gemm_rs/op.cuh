@@ -11,11 +11,18 @@
 
 namespace tpfuse {
 
-// The kernel of a mainloop config and an epilogue class.
-template <class MainloopConfig, class Epilogue>
+// The staged epilogue's two instantiations, each by whether it records its pushes.
+template <bool kRecordsPushes>
+using PushReduceOfSharedTiles = kernels::PushReduceEpilogue<true, kRecordsPushes>;
+template <bool kRecordsPushes>
+using PushReduceOfOwnerTiles = kernels::PushReduceEpilogue<false, kRecordsPushes>;
+
+// The kernel of a mainloop config and an epilogue class (by whether it records its pushes: only the
+// testing library's kernels do, into the operands' timeline).
+template <class MainloopConfig, template <bool> class EpilogueOf>
 struct GemmRsKernel : OpKernel<MainloopConfig, kernels::GemmRsLaunch> {
-  template <int kLocalRanks>
-  static auto kernel() { return kernels::gemm_rs_kernel<MainloopConfig, kLocalRanks, Epilogue>; }
+  template <int kLocalRanks, bool kRecordsPushes = false>
+  static auto kernel() { return kernels::gemm_rs_kernel<MainloopConfig, kLocalRanks, EpilogueOf<kRecordsPushes>>; }
 };
 
 struct GemmRsOp {
@@ -27,7 +34,9 @@ struct GemmRsOp {
     const void* const* bias;  // may be null, or any of its entries: no bias
     void* const* out;
     const InputScales* scales = nullptr;  // E4M3 inputs' (tpfuse/problem.h), a rank's each; null for BF16
-    PushTimeline* timeline = nullptr;  // the benchmark's record of the pushes (push_timeline.h); null: none
+    // The benchmark's record of the pushes (push_timeline.h): read only by the testing library's
+    // recording kernels (testing/emulated_ranks.h), which need it; null otherwise.
+    PushTimeline* timeline = nullptr;
   };
   static constexpr const char* kName = "gemm_reduce_scatter";
 
@@ -66,8 +75,8 @@ struct GemmRsOp {
       if (config.register_epilogue) return fn(GemmRsKernel<Mainloop, kernels::SharedTileEpilogue>{});
       // The staged epilogues hand both slabs of a tile on: variants of two consumers only.
       if constexpr (Mainloop::kConsumers == kConsumers) {
-        if (config.shared_tiles) return fn(GemmRsKernel<Mainloop, kernels::PushReduceEpilogue<true>>{});
-        return fn(GemmRsKernel<Mainloop, kernels::PushReduceEpilogue<false>>{});
+        if (config.shared_tiles) return fn(GemmRsKernel<Mainloop, PushReduceOfSharedTiles>{});
+        return fn(GemmRsKernel<Mainloop, PushReduceOfOwnerTiles>{});
       } else {
         return Status::Internal("kernel variant " + std::to_string(config.gemm.variant) +
                                 " (one consumer) takes the register epilogue only");

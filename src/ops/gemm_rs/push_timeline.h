@@ -1,6 +1,6 @@
-// An optional record of one reduce-scatter call's pushes, for the benchmark's push timeline (mode
-// proxy): when each push was issued, its bytes and owner, and the call's start and end. Null in
-// every other call, where it costs a predicated branch.
+// A record of one reduce-scatter call's pushes, for the benchmark's push timeline (mode proxy): when
+// each push was issued, its bytes and owner, and the call's start and end. Only the testing
+// library's kernels record one (testing/recorded_gemm_rs.cu); the library's carry no trace of it.
 #pragma once
 
 #include <cstdint>

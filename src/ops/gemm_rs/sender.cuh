@@ -13,7 +13,8 @@
 
 namespace tpfuse::kernels {
 
-template <bool kSharedTiles>
+// kRecordsPushes: as the epilogue's (epilogue.cuh).
+template <bool kSharedTiles, bool kRecordsPushes>
 class SlabSender {
   template <class Config>
   using Layout = PushReduceLayout<Config, kSharedTiles>;
@@ -76,7 +77,9 @@ class SlabSender {
           flagged[c] = {slab.first_owner, slab.last_owner};
           any_flag = true;
         }
-        if (p.timeline != nullptr && slab.num_chunks > 0) record_handoff(p, slab);
+        if constexpr (kRecordsPushes) {
+          if (slab.num_chunks > 0) record_handoff(p, slab);
+        }
         for (int i = 0; i < slab.num_chunks; ++i) {
           const int col = slab.col + i * kChunkCols;
           if constexpr (!kSharedTiles) {

@@ -38,9 +38,13 @@
 
 namespace tpfuse::kernels {
 
+// kRecordsPushes: the testing library's instantiation, which records its pushes in the params'
+// timeline (push_timeline.h); the library's records none.
+template <bool kRecordsPushes>
 class SharedTileEpilogue : public EpilogueBase {
  public:
   using Params = PushReduceParams;
+  static constexpr bool kRecordsTimeline = kRecordsPushes;
 
   template <class Storage>
   __device__ SharedTileEpilogue(const Params& params, int consumer, Storage& smem)
@@ -208,7 +212,9 @@ class SharedTileEpilogue : public EpilogueBase {
   template <class Config>
   __device__ void push(const Tile& tile, Slab<Config> slab, const float (&acc)[Config::kAccPerThread]) {
     const int col = tile.col_begin + slab.col;
-    if (p_.timeline != nullptr && threadIdx.x % 128 == 0) record<Config>(tile, slab);
+    if constexpr (kRecordsPushes) {
+      if (threadIdx.x % 128 == 0) record<Config>(tile, slab);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // A row half that no lane of the warp pushes (past the tile's rows, or this rank's) is left.
