@@ -330,10 +330,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
       ptx::mbarrier_wait(&smem.ring.empty[stage], ring.phase ^ 1);
       if (kb == 0) smem.ring.stage_tile[stage] = tile;  // published by the arrive below (a release)
       uint64_t* full = &smem.ring.full[stage];
-      // PROBE (issue 50, TMA multicast's upper bound): blockwise tiles load only the first half of W's
-      // pieces, as a 2-CTA cluster multicasting W would from L2; the other half is stale. Not correct.
-      constexpr int kLoadedWPieces = Config::kBlockScaled ? Config::kWPieces / 2 : Config::kWPieces;
-      ptx::mbarrier_arrive_expect_tx(full, a.bytes + Config::kWBytes / Config::kWPieces * kLoadedWPieces);
+      ptx::mbarrier_arrive_expect_tx(full, a.bytes + Config::kWBytes);
       const int k = (k_slice.k_block_begin + kb) * Config::kBlockK;
       if constexpr (Epilogue::kLayeredA) {
         ptx::tma_load_4d(smem.a[stage], a.map, full, k, a.row, a.layer, a.parity);
@@ -345,7 +342,7 @@ __device__ __forceinline__ void produce(const MainloopParams<Schedule>& p, const
         ptx::tma_load_2d(smem.a[stage], a.map, full, k, a.row);
       }
 #pragma unroll
-      for (int piece = 0; piece < kLoadedWPieces; ++piece) {
+      for (int piece = 0; piece < Config::kWPieces; ++piece) {
         typename Config::Element* dst = smem.w[stage] + piece * Config::kWPieceElems;
         const int x = Config::kWeightKMajor ? k : tile.col_begin + piece * 64;
         const int y = Config::kWeightKMajor ? tile.col_begin + piece * (Config::kBlockN / 2) : k;
