@@ -184,7 +184,7 @@ void for_each_candidate(const TileChoice& choice, const TileTraits& op, const st
 
 // Among the variants at `block_m` rows that run here (`runs_here(i)`: compiled for the inputs, fitting
 // the device), the width whose waves of steps take least time, a step's time by its width
-// (kPromoted192TileTime for 192); ties to the wider. `wanted_n` where there is none.
+// (the op's promoted_192_step_time for 192); ties to the wider. `wanted_n` where there is none.
 template <class RunsHere>
 int fastest_width_by_waves(const TileGrid& grid, const DeviceInfo& device, const ConfigOverrides& overrides,
                            int block_m, int wanted_n, int num_k_blocks, const TileTraits& op, RunsHere&& runs_here) {
@@ -197,7 +197,7 @@ int fastest_width_by_waves(const TileGrid& grid, const DeviceInfo& device, const
     if (splits == 0) continue;
     const int64_t steps = grid.tiles(v.block_m, v.block_n) * splits;
     const int64_t waves = (steps + device.num_sms - 1) / device.num_sms;
-    const double step_time = (v.block_n == 192 ? kPromoted192TileTime : v.block_n / 128.0) / splits;
+    const double step_time = (v.block_n == 192 ? op.promoted_192_step_time() : v.block_n / 128.0) / splits;
     const double time = double(waves) * step_time;
     if (best_time < 0 || time < best_time || (time == best_time && v.block_n > best_n)) {
       best_n = v.block_n;
@@ -310,6 +310,8 @@ std::string GemmConfig::to_string() const {
      << group_rows << ", smem " << smem_bytes << " B";
   return os.str();
 }
+
+double TileTraits::promoted_192_step_time() const { return kPromoted192TileTime; }
 
 double StoredTileTraits::split_surcharge(int block_m) const { return block_m == 128 ? kSplit128RowKBlocks : 0; }
 

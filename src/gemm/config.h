@@ -97,6 +97,9 @@ class TileTraits {
   // among the candidates) and the width is not forced: another where it measured faster than the
   // model gives.
   virtual Candidate runs_as(const Candidate& c, const TileChoice& /*choice*/) const { return c; }
+  // Promoted E4M3 (no 128 x 256 variant): a 128 x 192 step's time over a 128 x 128 one's, by which the
+  // compiled width whose waves take least time is picked. The plain GEMM's by default.
+  virtual double promoted_192_step_time() const;
 };
 
 // The hooks of an op whose epilogue stores its tiles as the plain GEMM's does (the plain GEMM, the

@@ -50,7 +50,7 @@ inline constexpr GemmVariant kGemmVariants[] = {
     {128, 128, 5, 0, 2, true, true, DType::kE4M3, true},  // E4M3, promoted: two sets of accumulators
     {128, 192, 4, 0, 2, false, false, DType::kE4M3, true},  // E4M3, promoted, wider: two sets of 96 a thread
     {128, 128, 5, 0, 2, true, true, DType::kE4M3, true, true},  // E4M3, blockwise scales at each promotion
-    {128, 192, 4, 0, 2, false, true, DType::kE4M3, true, true},  // the same, wider: two blocks of W's scales a slab (the all-gather's too)
+    {128, 192, 4, 0, 2, true, true, DType::kE4M3, true, true},  // the same, wider: two blocks of W's scales a slab (the fused ops' too)
 };
 inline constexpr int kNumGemmVariants = int(sizeof(kGemmVariants) / sizeof(kGemmVariants[0]));
 

@@ -161,8 +161,8 @@ TEST(Config, E4M3RunsItsOwnVariants) {
 }
 
 // Promoted E4M3's plain GEMM takes its widest tile, 128 x 192, where BF16's would be 128 x 256 (the
-// sweep's per-rank shapes from M = 2048 on), blockwise too; the fused ops, which do not take it,
-// 128 x 128.
+// sweep's per-rank shapes from M = 2048 on), blockwise too; the reduce-scatter takes it blockwise
+// (its rows of every rank fill many waves here), and 128 x 128 tensorwise, its widest.
 TEST(Config, PromotedE4M3GemmTakesItsWidestTile) {
   for (const Scaling scaling : {Scaling::kTensorwise, Scaling::kBlockwise}) {
     for (const int64_t m : {2048, 8192, 32768}) {
@@ -180,8 +180,28 @@ TEST(Config, PromotedE4M3GemmTakesItsWidestTile) {
         p.m = m * 8;
         GemmRsConfig rs;
         ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
-        EXPECT_EQ(rs.gemm.tile().block_n, 128) << p.to_string() << " -> " << rs.to_string();
+        EXPECT_EQ(rs.gemm.tile().block_n, scaling == Scaling::kBlockwise ? 192 : 128)
+            << p.to_string() << " -> " << rs.to_string();
       }
+    }
+  }
+}
+
+// The reduce-scatter's blockwise width by waves, its 192-wide step weighed at 1.42 of a 128-wide one:
+// at P = 8 on the sweep, 128 x 128 where 128 x 192 leaves a last wave mostly idle (N = 8192 at M = 512
+// and 2048: 172 and 688 tiles on 132 SMs against 256 and 1024), 128 x 192 elsewhere.
+TEST(Config, BlockwiseReduceScatterCountsWaves) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 1024}, {8192, 3584}, {6144, 768}, {6144, 2048}}) {
+    for (const int64_t m : {512, 2048, 8192, 32768}) {
+      Problem p = make(m, n, 8 * k, 8, WeightLayout::kNxK);
+      p.dtype = DType::kE4M3;
+      p.scaling = Scaling::kBlockwise;
+      GemmRsConfig rs;
+      ASSERT_TRUE(select_gemm_rs_config(p, h100(), {}, &rs).ok()) << p.to_string();
+      EXPECT_TRUE(rs.gemm.tile().block_scaled) << p.to_string();
+      EXPECT_EQ(rs.gemm.tile().block_m, 128) << p.to_string();
+      const int width = n == 8192 && m <= 2048 ? 128 : 192;
+      EXPECT_EQ(rs.gemm.tile().block_n, width) << p.to_string() << " -> " << rs.to_string();
     }
   }
 }
@@ -232,10 +252,10 @@ TEST(Config, BlockwiseAllGatherTakesTheWiderTile) {
   EXPECT_GT(wide, 0);
 }
 
-// Blockwise scales run a block-scaled variant (promoted; 128 x 128, or 128 x 192 in the plain GEMM
-// and the all-gather), in the plain GEMM and the reduce-scatter, on the default device and whatever
-// the overrides or the device's shared memory (or an error where it does not fit, never another
-// variant), and in the all-gather on the default device; no other problem runs it. Small M splits K as other E4M3 does.
+// Blockwise scales run a block-scaled variant (promoted; 128 x 128 or 128 x 192), in the plain GEMM
+// and the reduce-scatter, on the default device and whatever the overrides or the device's shared
+// memory (or an error where it does not fit, never another variant), and in the all-gather on the
+// default device; no other problem runs it. Small M splits K as other E4M3 does.
 TEST(Config, BlockwiseRunsTheBlockScaledVariantOnly) {
   const auto e4m3 = [](Problem p, Scaling scaling, Accumulation accumulation) {
     p.weight_layout = WeightLayout::kNxK;
@@ -281,7 +301,7 @@ TEST(Config, BlockwiseRunsTheBlockScaledVariantOnly) {
         if (blockwise.world_size == 1) continue;
         GemmRsConfig rs;
         expect_block_scaled(select_gemm_rs_config(blockwise, device, o, &rs), rs.gemm, gemm_rs_smem_bytes(),
-                            /*wider=*/false);
+                            /*wider=*/true);
       }
     }
     // Every other problem of the shape: never the block-scaled variant.

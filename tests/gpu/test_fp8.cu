@@ -756,7 +756,10 @@ TEST_P(Fp8BlockwiseReduceScatter, SmallIntegersBitForBit) {
 }
 
 // P = 1, 2, 4, 8; 17 rows a rank, 8 (a band of several owners, K whole and split in two) and one
-// (a band of every owner, from registers); rows a rank not a multiple of a tile; zero blocks.
+// (a band of every owner, from registers); rows a rank not a multiple of a tile; zero blocks; and
+// 128 x 192 tiles forced (slabs from 0 and 64 columns into a block of W's scales, the last tile's
+// second block past N), with bands of two ranks' rows (64 a rank at P = 8), 250 rows a rank and zero
+// blocks among them.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Fp8BlockwiseReduceScatter,
     ::testing::Values(BlockwiseCase{1, 256, 512, 256, ScaleValues::kCancelling}, BlockwiseCase{2, 1000, 1040, 128},
@@ -770,7 +773,12 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockwiseCase{2, 512, 1024, 256, ScaleValues::kCancelling},
                       BlockwiseCase{2, 512, 1024, 256, ScaleValues::kCancelling, 0, true},
                       BlockwiseCase{4, 512, 1024, 512, ScaleValues::kCancelling, 0, true},
-                      BlockwiseCase{8, 2000, 1000, 256, ScaleValues::kCancelling, 0, true}),
+                      BlockwiseCase{8, 2000, 1000, 256, ScaleValues::kCancelling, 0, true},
+                      BlockwiseCase{2, 1000, 1040, 256, ScaleValues::kCancelling, 0, false, 192},
+                      BlockwiseCase{8, 2048, 8192, 128, ScaleValues::kPowers, 0, false, 192},
+                      BlockwiseCase{8, 512, 6144, 128, ScaleValues::kPowers, 0, false, 192},
+                      BlockwiseCase{8, 2000, 1000, 256, ScaleValues::kCancelling, 0, false, 192},
+                      BlockwiseCase{4, 512, 1000, 256, ScaleValues::kCancelling, 0, true, 192}),
     blockwise_case_name);
 
 // The problems blockwise scales refuse (fast accumulation, K not a multiple of 128) and missing

@@ -67,6 +67,9 @@ class GemmRsTiles final : public TileTraits {
   Candidate runs_as(const Candidate& c, const TileChoice& choice) const override {
     return one_wave_of_128x128(c, choice);
   }
+  // A step pushes or reduces its tile too, so a 192-wide one costs nearer the 1.5x of its columns
+  // than the plain GEMM's (measured over M = 2048-32768 at P = 8, docs/EXPERIMENTS.md).
+  double promoted_192_step_time() const override { return 1.42; }
 
  private:
   bool register_epilogue_;
