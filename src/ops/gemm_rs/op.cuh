@@ -35,7 +35,7 @@ struct GemmRsOp {
     void* const* out;
     const InputScales* scales = nullptr;  // E4M3 inputs' (tpfuse/problem.h), a rank's each; null for BF16
     // The benchmark's record of the pushes (push_timeline.h): read only by the testing library's
-    // recording kernels (testing/emulated_ranks.h), which need it; null otherwise.
+    // recording kernels (testing/recorded_gemm_rs.cu), which need it; null otherwise.
     PushTimeline* timeline = nullptr;
   };
   static constexpr const char* kName = "gemm_reduce_scatter";
